@@ -1,0 +1,23 @@
+//! Wire formats shared by every Oncilla component.
+//!
+//! This crate owns the gRPC schema (generated from `oncilla.proto` at build
+//! time with a pure-Rust compiler), the binary TCP data protocol, the cluster
+//! token and byte-size parsing. It must never contain policy: no placement, no
+//! pool logic, no I/O beyond encoding and decoding.
+
+pub mod auth;
+pub mod size;
+pub mod wire;
+
+/// Generated protobuf messages and gRPC clients and servers.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("oncilla.v1");
+}
+
+/// Default TCP port of the master's gRPC endpoint.
+pub const DEFAULT_MASTER_PORT: u16 = 7070;
+/// Default Unix socket of the local agent.
+pub const DEFAULT_SOCKET: &str = "/run/oncilla/agent.sock";
+/// Page size used to align extents.
+pub const PAGE: u64 = 4096;

@@ -1,0 +1,300 @@
+//! The TCP data protocol, byte for byte.
+//!
+//! A connection starts with a handshake, then carries any number of
+//! requests, answered strictly in order (so a client may pipeline).
+//! All integers are little-endian.
+//!
+//! ```text
+//! hello   (client) : "OCLD" | version u16 | token_len u16 | token
+//! welcome (server) : code u8 (0 ok, 1 denied, 2 bad version) | msg_len u16 | msg
+//! request (client) : op u8 | 7 reserved | alloc_id u64 | key [16] | offset u64 | len u64   (48 bytes)
+//!                    a WRITE is followed by `len` payload bytes
+//! reply   (server) : status u32 | reserved u32 | len u64                                   (16 bytes)
+//!                    followed by `len` bytes: the data of an ok READ, or a
+//!                    UTF-8 message when status != 0
+//! ```
+//!
+//! `offset` is relative to the start of the allocation; the agent checks it
+//! against the extents it holds before touching memory. This module only
+//! encodes and decodes; it never validates against state.
+
+use std::io::{self, Read, Write};
+
+/// Connection magic.
+pub const MAGIC: [u8; 4] = *b"OCLD";
+/// Protocol version spoken by this build.
+pub const VERSION: u16 = 1;
+/// Size of a request header.
+pub const REQUEST_LEN: usize = 48;
+/// Size of a reply header.
+pub const REPLY_LEN: usize = 16;
+/// Largest payload one request may move; larger copies are split.
+pub const MAX_IO: u64 = 64 << 20;
+/// Size of an access key.
+pub const KEY_LEN: usize = 16;
+/// Longest error message a reply may carry.
+pub const MAX_MESSAGE: u64 = 4096;
+
+/// Malformed bytes on a data connection.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("not an Oncilla data connection (bad magic)")]
+    BadMagic,
+    #[error("unknown operation {0}")]
+    BadOp(u8),
+    #[error("unknown reply status {0}")]
+    BadStatus(u32),
+    #[error("token longer than {max} bytes", max = crate::auth::MAX_TOKEN_LEN)]
+    TokenTooLong,
+    #[error("i/o on data connection: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Handshake outcome sent by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Welcome {
+    Ok = 0,
+    Denied = 1,
+    BadVersion = 2,
+}
+
+/// Writes the client hello.
+///
+/// # Errors
+/// I/O errors; [`WireError::TokenTooLong`].
+pub fn write_hello(w: &mut impl Write, token: &[u8]) -> Result<(), WireError> {
+    let len = u16::try_from(token.len())
+        .ok()
+        .filter(|&l| usize::from(l) <= crate::auth::MAX_TOKEN_LEN)
+        .ok_or(WireError::TokenTooLong)?;
+    let mut buf = Vec::with_capacity(8 + token.len());
+    buf.extend_from_slice(&MAGIC);
+    buf.extend_from_slice(&VERSION.to_le_bytes());
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(token);
+    w.write_all(&buf)?;
+    Ok(())
+}
+
+/// Reads a client hello: the client's version and the token it presents.
+///
+/// # Errors
+/// [`WireError::BadMagic`], [`WireError::TokenTooLong`], I/O errors.
+pub fn read_hello(r: &mut impl Read) -> Result<(u16, Vec<u8>), WireError> {
+    let mut head = [0u8; 8];
+    r.read_exact(&mut head)?;
+    if head[..4] != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    let version = u16::from_le_bytes([head[4], head[5]]);
+    let len = usize::from(u16::from_le_bytes([head[6], head[7]]));
+    if len > crate::auth::MAX_TOKEN_LEN {
+        return Err(WireError::TokenTooLong);
+    }
+    let mut token = vec![0u8; len];
+    r.read_exact(&mut token)?;
+    Ok((version, token))
+}
+
+/// Writes the server's handshake answer.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_welcome(w: &mut impl Write, code: Welcome, msg: &str) -> Result<(), WireError> {
+    let msg = &msg.as_bytes()[..msg.len().min(usize::from(u16::MAX))];
+    let mut buf = vec![code as u8];
+    // Truncated to u16::MAX just above.
+    #[allow(clippy::cast_possible_truncation)]
+    buf.extend_from_slice(&(msg.len() as u16).to_le_bytes());
+    buf.extend_from_slice(msg);
+    w.write_all(&buf)?;
+    Ok(())
+}
+
+/// Reads the server's handshake answer.
+///
+/// # Errors
+/// I/O errors; an unknown code is reported as [`Welcome::Denied`] with its number.
+pub fn read_welcome(r: &mut impl Read) -> Result<(Welcome, String), WireError> {
+    let mut head = [0u8; 3];
+    r.read_exact(&mut head)?;
+    let len = usize::from(u16::from_le_bytes([head[1], head[2]]));
+    let mut msg = vec![0u8; len];
+    r.read_exact(&mut msg)?;
+    let msg = String::from_utf8_lossy(&msg).into_owned();
+    let code = match head[0] {
+        0 => Welcome::Ok,
+        2 => Welcome::BadVersion,
+        _ => Welcome::Denied,
+    };
+    Ok((code, msg))
+}
+
+/// Data operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Read = 1,
+    Write = 2,
+}
+
+/// One data request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub alloc_id: u64,
+    pub key: [u8; KEY_LEN],
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Request {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0] = self.op as u8;
+        b[8..16].copy_from_slice(&self.alloc_id.to_le_bytes());
+        b[16..32].copy_from_slice(&self.key);
+        b[32..40].copy_from_slice(&self.offset.to_le_bytes());
+        b[40..48].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes a header.
+    ///
+    /// # Errors
+    /// [`WireError::BadOp`] for an unknown operation.
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, WireError> {
+        let op = match b[0] {
+            1 => Op::Read,
+            2 => Op::Write,
+            other => return Err(WireError::BadOp(other)),
+        };
+        let mut key = [0u8; KEY_LEN];
+        key.copy_from_slice(&b[16..32]);
+        Ok(Self {
+            op,
+            alloc_id: le_u64(&b[8..16]),
+            key,
+            offset: le_u64(&b[32..40]),
+            len: le_u64(&b[40..48]),
+        })
+    }
+}
+
+/// Outcome of one data request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    Ok = 0,
+    NoSuchAllocation = 1,
+    BadKey = 2,
+    OutOfBounds = 3,
+    TooLarge = 4,
+    Internal = 5,
+}
+
+/// One reply header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub status: Status,
+    pub len: u64,
+}
+
+impl Reply {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut b = [0u8; REPLY_LEN];
+        b[0..4].copy_from_slice(&(self.status as u32).to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes a header.
+    ///
+    /// # Errors
+    /// [`WireError::BadStatus`] for an unknown status.
+    pub fn decode(b: &[u8; REPLY_LEN]) -> Result<Self, WireError> {
+        let code = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let status = match code {
+            0 => Status::Ok,
+            1 => Status::NoSuchAllocation,
+            2 => Status::BadKey,
+            3 => Status::OutOfBounds,
+            4 => Status::TooLarge,
+            5 => Status::Internal,
+            other => return Err(WireError::BadStatus(other)),
+        };
+        Ok(Self {
+            status,
+            len: le_u64(&b[8..16]),
+        })
+    }
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_roundtrip() {
+        let r = Request {
+            op: Op::Write,
+            alloc_id: 42,
+            key: [7; KEY_LEN],
+            offset: 1 << 40,
+            len: 12345,
+        };
+        assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        let mut bad = r.encode();
+        bad[0] = 9;
+        assert!(matches!(Request::decode(&bad), Err(WireError::BadOp(9))));
+    }
+
+    #[test]
+    fn reply_roundtrip() {
+        let r = Reply {
+            status: Status::OutOfBounds,
+            len: 99,
+        };
+        assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn handshake_roundtrip() {
+        let mut buf = Vec::new();
+        write_hello(&mut buf, b"tok").unwrap();
+        let (v, t) = read_hello(&mut buf.as_slice()).unwrap();
+        assert_eq!((v, t.as_slice()), (VERSION, &b"tok"[..]));
+        let mut buf = Vec::new();
+        write_welcome(&mut buf, Welcome::Denied, "permission denied").unwrap();
+        let (code, msg) = read_welcome(&mut buf.as_slice()).unwrap();
+        assert_eq!((code, msg.as_str()), (Welcome::Denied, "permission denied"));
+        assert!(matches!(
+            read_hello(&mut &b"HTTP/1.1 GET"[..]),
+            Err(WireError::BadMagic)
+        ));
+    }
+
+    #[test]
+    fn decoders_never_panic_on_any_header() {
+        // Every op byte and status word, with arbitrary surrounding bytes.
+        for op in 0..=255u8 {
+            let mut b = [0xA5u8; REQUEST_LEN];
+            b[0] = op;
+            let _ = Request::decode(&b);
+        }
+        for status in [0u32, 5, 6, u32::MAX] {
+            let mut b = [0x5Au8; REPLY_LEN];
+            b[..4].copy_from_slice(&status.to_le_bytes());
+            let _ = Reply::decode(&b);
+        }
+    }
+}
