@@ -6,6 +6,7 @@
 //! pool logic, no I/O beyond encoding and decoding.
 
 pub mod auth;
+pub mod client;
 pub mod size;
 pub mod wire;
 

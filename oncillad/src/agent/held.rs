@@ -1,0 +1,85 @@
+//! The allocations this node holds, as the data path sees them.
+//!
+//! Each entry is immutable and shared (`Arc`): a data request clones the
+//! entry for its duration, so a concurrent release cannot recycle memory that
+//! a copy is still touching — the extents go back to the pool (scrubbed) when
+//! the last clone drops. This module never talks to the network.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use oncilla_proto::wire::KEY_LEN;
+
+use crate::pool::PoolExtent;
+
+/// One extent of an allocation, placed in the pool.
+pub struct HeldExtent {
+    /// Where the extent starts inside the allocation.
+    pub alloc_offset: u64,
+    /// Length that belongs to the allocation (the pool extent may be longer).
+    pub len: u64,
+    pub memory: PoolExtent,
+}
+
+/// An allocation's extents on this node, with its access key.
+pub struct Held {
+    pub key: [u8; KEY_LEN],
+    pub extents: Vec<Arc<HeldExtent>>,
+}
+
+impl Held {
+    /// The extent that contains all of `[offset, offset + len)`, if one does.
+    pub fn extent_for(&self, offset: u64, len: u64) -> Option<&HeldExtent> {
+        let end = offset.checked_add(len)?;
+        self.extents
+            .iter()
+            .map(AsRef::as_ref)
+            .find(|e| e.alloc_offset <= offset && end <= e.alloc_offset + e.len)
+    }
+
+    /// Constant-time check of a presented access key.
+    pub fn key_matches(&self, presented: &[u8; KEY_LEN]) -> bool {
+        self.key
+            .iter()
+            .zip(presented)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+/// Allocation id -> what this node holds of it.
+pub type HeldTable = Arc<DashMap<u64, Arc<Held>>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::Pool;
+
+    #[test]
+    fn finds_only_fully_covering_extent() {
+        let pool = Pool::new(8 * 4096).unwrap();
+        let held = Held {
+            key: [1; KEY_LEN],
+            extents: vec![
+                Arc::new(HeldExtent {
+                    alloc_offset: 0,
+                    len: 100,
+                    memory: pool.reserve(100).unwrap(),
+                }),
+                Arc::new(HeldExtent {
+                    alloc_offset: 300,
+                    len: 100,
+                    memory: pool.reserve(100).unwrap(),
+                }),
+            ],
+        };
+        assert_eq!(held.extent_for(0, 100).map(|e| e.alloc_offset), Some(0));
+        assert_eq!(held.extent_for(350, 50).map(|e| e.alloc_offset), Some(300));
+        assert!(held.extent_for(50, 100).is_none());
+        assert!(held.extent_for(150, 10).is_none());
+        assert!(held.extent_for(399, 2).is_none());
+        assert!(held.extent_for(u64::MAX, 2).is_none());
+        assert!(held.key_matches(&[1; KEY_LEN]));
+        assert!(!held.key_matches(&[2; KEY_LEN]));
+    }
+}

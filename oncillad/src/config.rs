@@ -1,0 +1,257 @@
+//! Daemon configuration: flags > `ONCILLA_*` environment > TOML file >
+//! defaults. Produces one validated [`Config`]; nothing else reads flags,
+//! environment or the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use oncilla_proto::auth::{Token, TokenError};
+use oncilla_proto::size::{parse_size, SizeError};
+use serde::Deserialize;
+
+/// Oncilla node daemon. Runs the agent role (`--join`: exports this node's
+/// memory), the master role (`--master`: membership, placement, allocation
+/// table), or both in one process.
+#[derive(Debug, Parser)]
+#[command(name = "oncillad", version)]
+#[deny(missing_docs)]
+pub struct Cli {
+    /// Run the master role.
+    #[arg(long, env = "ONCILLA_MASTER_ROLE")]
+    pub master: bool,
+    /// Run the agent role and join the master at HOST:PORT.
+    #[arg(long, env = "ONCILLA_JOIN", value_name = "HOST:PORT")]
+    pub join: Option<String>,
+    /// This node's name in the cluster [default: the host name].
+    #[arg(long, env = "ONCILLA_NAME")]
+    pub name: Option<String>,
+    /// gRPC listen address [default: 0.0.0.0:7070].
+    #[arg(long, env = "ONCILLA_LISTEN", value_name = "HOST:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// TCP data fabric listen address (agent) [default: 0.0.0.0:7071].
+    #[arg(long, env = "ONCILLA_DATA_LISTEN", value_name = "HOST:PORT")]
+    pub data_listen: Option<SocketAddr>,
+    /// Host name or IP other nodes and clients use to reach this one
+    /// [default: the listen IP, or the host name when listening on all addresses].
+    #[arg(long, env = "ONCILLA_ADVERTISE", value_name = "HOST")]
+    pub advertise: Option<String>,
+    /// Unix socket for local applications (agent) [default: /run/oncilla/agent.sock].
+    #[arg(long, env = "ONCILLA_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Memory this node exports, e.g. 64MiB, 4GiB (agent; required with --join).
+    #[arg(long, env = "ONCILLA_CAPACITY", value_name = "SIZE")]
+    pub capacity: Option<String>,
+    /// Cluster token (prefer --token-file: flags show up in `ps`).
+    #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File holding the cluster token.
+    #[arg(long, env = "ONCILLA_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Agent heartbeat interval the master asks for, in milliseconds [default: 1000].
+    #[arg(long, env = "ONCILLA_HEARTBEAT_MS", value_name = "MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// TOML file with any of the settings above (snake_case keys).
+    #[arg(long, env = "ONCILLA_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+}
+
+/// The TOML file: every field optional, unknown keys rejected.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    master: Option<bool>,
+    join: Option<String>,
+    name: Option<String>,
+    listen: Option<SocketAddr>,
+    data_listen: Option<SocketAddr>,
+    advertise: Option<String>,
+    socket: Option<PathBuf>,
+    capacity: Option<String>,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    heartbeat_ms: Option<u64>,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("nothing to run: pass --master, --join MASTER_HOST:PORT, or both")]
+    NoRole,
+    #[error("the agent role needs --capacity (for example --capacity 4GiB)")]
+    NoCapacity,
+    #[error("--capacity: {0}")]
+    Size(#[from] SizeError),
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error("--heartbeat-ms must be between 50 and 60000")]
+    Heartbeat,
+}
+
+/// The agent role's settings.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub join: String,
+    pub data_listen: SocketAddr,
+    pub socket: PathBuf,
+    pub capacity: u64,
+}
+
+/// The merged, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub master: bool,
+    pub agent: Option<AgentConfig>,
+    pub name: String,
+    pub listen: SocketAddr,
+    pub advertise: Option<String>,
+    pub token: Token,
+    pub heartbeat: Duration,
+}
+
+impl Config {
+    /// Merges flags (and environment, which clap folds in) over the file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the setting at fault.
+    pub fn load(cli: Cli) -> Result<Self, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let master = cli.master || file.master.unwrap_or(false);
+        let join = cli.join.or(file.join);
+        if !master && join.is_none() {
+            return Err(ConfigError::NoRole);
+        }
+        let token = Token::resolve(
+            cli.token.or(file.token).as_deref(),
+            cli.token_file.or(file.token_file).as_deref(),
+        )?;
+        let agent = match join {
+            Some(join) => {
+                let capacity = cli.capacity.or(file.capacity).ok_or(ConfigError::NoCapacity)?;
+                Some(AgentConfig {
+                    join,
+                    data_listen: cli
+                        .data_listen
+                        .or(file.data_listen)
+                        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 7071))),
+                    socket: cli
+                        .socket
+                        .or(file.socket)
+                        .unwrap_or_else(|| PathBuf::from(oncilla_proto::DEFAULT_SOCKET)),
+                    capacity: parse_size(&capacity)?,
+                })
+            }
+            None => None,
+        };
+        let heartbeat_ms = cli.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(1000);
+        if !(50..=60_000).contains(&heartbeat_ms) {
+            return Err(ConfigError::Heartbeat);
+        }
+        Ok(Self {
+            master,
+            agent,
+            name: cli.name.or(file.name).unwrap_or_else(hostname),
+            listen: cli
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], oncilla_proto::DEFAULT_MASTER_PORT))),
+            advertise: cli.advertise.or(file.advertise),
+            token,
+            heartbeat: Duration::from_millis(heartbeat_ms),
+        })
+    }
+
+    /// The address peers should use for a socket bound at `bound`.
+    pub fn advertised(&self, bound: SocketAddr) -> String {
+        let host = match &self.advertise {
+            Some(h) => h.clone(),
+            None if bound.ip().is_unspecified() => hostname(),
+            None => bound.ip().to_string(),
+        };
+        if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{}", bound.port())
+        } else {
+            format!("{host}:{}", bound.port())
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("oncillad").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn flags_beat_file() {
+        let dir = std::env::temp_dir().join(format!("oncilla-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"t\"\nname = \"fromfile\"\n").unwrap();
+        let c = Config::load(cli(&["--config", file.to_str().unwrap(), "--name", "flag"])).unwrap();
+        assert_eq!(c.name, "flag");
+        let agent = c.agent.unwrap();
+        assert_eq!(agent.capacity, 1 << 20);
+        assert_eq!(agent.join, "m:1");
+        std::fs::write(&file, "bogus = 1\n").unwrap();
+        let err = Config::load(cli(&["--config", file.to_str().unwrap()])).unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn validates_roles_and_sizes() {
+        assert!(matches!(Config::load(cli(&["--token", "t"])), Err(ConfigError::NoRole)));
+        assert!(matches!(
+            Config::load(cli(&["--join", "m:1", "--token", "t"])),
+            Err(ConfigError::NoCapacity)
+        ));
+        let err = Config::load(cli(&["--join", "m:1", "--token", "t", "--capacity", "12XB"])).unwrap_err();
+        assert!(err.to_string().contains("unknown unit"), "{err}");
+        assert!(matches!(Config::load(cli(&["--master"])), Err(ConfigError::Token(_))));
+    }
+
+    #[test]
+    fn advertises_reachable_address() {
+        let c = Config::load(cli(&["--master", "--token", "t", "--advertise", "node7"])).unwrap();
+        assert_eq!(c.advertised("0.0.0.0:9".parse().unwrap()), "node7:9");
+        let c = Config::load(cli(&["--master", "--token", "t"])).unwrap();
+        assert_eq!(c.advertised("127.0.0.2:9".parse().unwrap()), "127.0.0.2:9");
+    }
+}

@@ -1,0 +1,50 @@
+//! Errors of the daemon's core (agent and master), and their one mapping to
+//! gRPC status codes. The core returns these; only `grpc/` turns them into
+//! `tonic::Status`.
+
+use oncilla_proto::size::HumanBytes;
+
+use crate::pool::PoolError;
+
+/// A request the core could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error("no such allocation: {0}")]
+    NoSuchAllocation(u64),
+    #[error("no such session: {0} (open a session first)")]
+    NoSuchSession(String),
+    #[error("unknown node {name:?}; known nodes: {known}")]
+    UnknownNode { name: String, known: String },
+    #[error("node {0} is down")]
+    NodeDown(String),
+    #[error("not enough capacity for {}: {detail}", HumanBytes(*.requested))]
+    CapacityExhausted { requested: u64, detail: String },
+    #[error("invalid request: {0}")]
+    InvalidArgument(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("agent {node} failed: {reason}")]
+    Agent { node: String, reason: String },
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}
+
+impl From<CoreError> for tonic::Status {
+    fn from(e: CoreError) -> Self {
+        use tonic::Status;
+        let msg = e.to_string();
+        match e {
+            CoreError::NoSuchAllocation(_) | CoreError::NoSuchSession(_) => Status::not_found(msg),
+            CoreError::UnknownNode { .. } | CoreError::InvalidArgument(_) => {
+                Status::invalid_argument(msg)
+            }
+            CoreError::NodeDown(_) => Status::failed_precondition(msg),
+            CoreError::CapacityExhausted { .. } | CoreError::Pool(PoolError::Exhausted { .. }) => {
+                Status::resource_exhausted(msg)
+            }
+            CoreError::PermissionDenied(_) => Status::permission_denied(msg),
+            CoreError::Agent { .. } | CoreError::Pool(_) => Status::internal(msg),
+        }
+    }
+}
+

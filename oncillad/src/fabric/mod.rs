@@ -1,0 +1,3 @@
+//! Data-path servers: how remote clients reach the pool's bytes.
+
+pub mod tcp;

@@ -1,0 +1,124 @@
+//! Outgoing gRPC: the master's link to agents and an agent's link to the
+//! master. Channels are made once per peer and reused.
+
+use std::time::Duration;
+
+use dashmap::DashMap;
+use oncilla_proto::auth::Token;
+use oncilla_proto::client::{self, AgentClient, MasterClient};
+use oncilla_proto::pb;
+use tonic::Status;
+
+use crate::master::AgentLink;
+
+/// The master's connections to agents, one channel per agent address.
+pub struct GrpcAgentLink {
+    token: Token,
+    clients: DashMap<String, AgentClient>,
+}
+
+impl GrpcAgentLink {
+    pub fn new(token: Token) -> Self {
+        Self {
+            token,
+            clients: DashMap::new(),
+        }
+    }
+
+    fn client(&self, addr: &str) -> Result<AgentClient, String> {
+        if let Some(c) = self.clients.get(addr) {
+            return Ok(c.clone());
+        }
+        let channel = client::lazy(addr, &self.token).map_err(|e| e.to_string())?;
+        let c = AgentClient::new(channel);
+        self.clients.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
+impl AgentLink for GrpcAgentLink {
+    async fn reserve(&self, addr: &str, req: pb::ReserveRequest) -> Result<u64, String> {
+        let mut c = self.client(addr)?;
+        c.reserve(req)
+            .await
+            .map(|r| r.into_inner().pool_offset)
+            .map_err(|s| client::unreachable("agent", addr, s).message().to_string())
+    }
+
+    async fn release(&self, addr: &str, alloc_id: u64) -> Result<(), String> {
+        let mut c = self.client(addr)?;
+        c.release(pb::ReleaseRequest { alloc_id })
+            .await
+            .map(|_| ())
+            .map_err(|s| client::unreachable("agent", addr, s).message().to_string())
+    }
+}
+
+/// An agent's connection to the master.
+#[derive(Clone)]
+pub struct MasterLink {
+    addr: String,
+    client: MasterClient,
+}
+
+impl MasterLink {
+    /// A lazily connected link to the master at `addr`.
+    ///
+    /// # Errors
+    /// A message for an address that cannot be dialled.
+    pub fn new(addr: &str, token: &Token) -> Result<Self, client::AddrError> {
+        Ok(Self {
+            addr: addr.to_string(),
+            client: MasterClient::new(client::lazy(addr, token)?),
+        })
+    }
+
+    fn wrap(&self, s: Status) -> Status {
+        client::unreachable("master", &self.addr, s)
+    }
+
+    pub async fn register(&self, node: pb::NodeInfo) -> Result<Duration, Status> {
+        let r = self
+            .client
+            .clone()
+            .register(pb::RegisterRequest { node: Some(node) })
+            .await
+            .map_err(|s| self.wrap(s))?;
+        Ok(Duration::from_millis(r.into_inner().heartbeat_interval_ms.max(100)))
+    }
+
+    pub async fn heartbeat(&self, name: &str, used: u64) -> Result<bool, Status> {
+        let r = self
+            .client
+            .clone()
+            .heartbeat(pb::HeartbeatRequest {
+                name: name.to_string(),
+                used,
+            })
+            .await
+            .map_err(|s| self.wrap(s))?;
+        Ok(r.into_inner().known)
+    }
+
+    pub async fn allocate(&self, req: pb::AllocateRequest) -> Result<pb::Allocation, Status> {
+        let r = self.client.clone().allocate(req).await;
+        r.map(tonic::Response::into_inner).map_err(|s| self.wrap(s))
+    }
+
+    pub async fn free(&self, req: pb::FreeRequest) -> Result<(), Status> {
+        let r = self.client.clone().free(req).await;
+        r.map(|_| ()).map_err(|s| self.wrap(s))
+    }
+
+    pub async fn end_session(&self, session_id: &str) -> Result<u32, Status> {
+        let r = self
+            .client
+            .clone()
+            .end_session(pb::EndSessionRequest {
+                session_id: session_id.to_string(),
+            })
+            .await
+            .map_err(|s| self.wrap(s))?;
+        Ok(r.into_inner().freed)
+    }
+}

@@ -1,0 +1,471 @@
+//! The master role: cluster membership, placement and the allocation table.
+//!
+//! The master decides where memory goes and records every allocation; the
+//! agents hold the memory. It reaches agents only through [`AgentLink`], so
+//! this module never imports a transport and is tested with a fake link.
+//! It never holds its lock across an await.
+
+pub mod placement;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use futures_util::future::join_all;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use oncilla_proto::pb::{self, MemKind, NodeState};
+use oncilla_proto::wire::KEY_LEN;
+
+use crate::error::CoreError;
+use crate::pool::page_round;
+use placement::{Candidate, Planned};
+
+/// Largest single allocation accepted (1 PiB): anything above is a typo.
+pub const MAX_ALLOCATION: u64 = 1 << 50;
+
+/// How the master reaches agents.
+pub trait AgentLink: Send + Sync + 'static {
+    /// Reserves one extent on the agent at `addr`; returns its pool offset.
+    fn reserve(
+        &self,
+        addr: &str,
+        req: pb::ReserveRequest,
+    ) -> impl Future<Output = Result<u64, String>> + Send;
+    /// Releases everything the agent holds of `alloc_id`.
+    fn release(&self, addr: &str, alloc_id: u64)
+        -> impl Future<Output = Result<(), String>> + Send;
+}
+
+struct Node {
+    info: pb::NodeInfo,
+    /// Bytes reserved on the node by allocations (page-rounded).
+    reserved: u64,
+    last_seen: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    nodes: BTreeMap<String, Node>,
+    allocs: BTreeMap<u64, pb::Allocation>,
+    next_id: u64,
+}
+
+/// The master core.
+pub struct Master<L> {
+    link: L,
+    heartbeat: Duration,
+    state: Mutex<State>,
+}
+
+impl<L: AgentLink> Master<L> {
+    /// A master expecting a heartbeat from each agent every `heartbeat`;
+    /// a node that misses three is reported down and gets no new memory.
+    pub fn new(link: L, heartbeat: Duration) -> Self {
+        Self {
+            link,
+            heartbeat,
+            state: Mutex::new(State {
+                next_id: 1,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// Interval agents should heartbeat at.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
+    }
+
+    /// Adds or refreshes a node.
+    ///
+    /// # Errors
+    /// [`CoreError::InvalidArgument`] for a node without name, endpoints or capacity.
+    pub fn register(&self, info: pb::NodeInfo) -> Result<(), CoreError> {
+        if info.name.is_empty() || info.agent_addr.is_empty() || info.data_addr.is_empty() {
+            return Err(CoreError::InvalidArgument(
+                "a node needs a name, an agent address and a data address".into(),
+            ));
+        }
+        if info.capacity == 0 {
+            return Err(CoreError::InvalidArgument("a node needs capacity".into()));
+        }
+        let mut st = self.lock();
+        let reserved = st.nodes.get(&info.name).map_or(0, |n| n.reserved);
+        tracing::info!(node = %info.name, agent = %info.agent_addr, data = %info.data_addr, capacity = info.capacity, "node registered");
+        st.nodes.insert(
+            info.name.clone(),
+            Node {
+                info,
+                reserved,
+                last_seen: Instant::now(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Records a heartbeat; false when the node is unknown and must register.
+    pub fn heartbeat(&self, name: &str) -> bool {
+        let mut st = self.lock();
+        match st.nodes.get_mut(name) {
+            Some(n) => {
+                n.last_seen = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Places, reserves and records a new allocation.
+    ///
+    /// # Errors
+    /// Invalid requests, unknown/down nodes, exhausted capacity, and agents
+    /// that fail to reserve (whatever was reserved is released again).
+    pub async fn allocate(&self, req: pb::AllocateRequest) -> Result<pb::Allocation, CoreError> {
+        if req.size > MAX_ALLOCATION {
+            return Err(CoreError::InvalidArgument(format!(
+                "size {} is above the limit of {MAX_ALLOCATION} bytes",
+                req.size
+            )));
+        }
+        let kind = MemKind::try_from(req.kind).unwrap_or(MemKind::Unspecified);
+        let key: [u8; KEY_LEN] = rand::random();
+        let (id, targets) = {
+            let mut st = self.lock();
+            let candidates = self.candidates(&st);
+            let plan = placement::plan(
+                &placement::Request {
+                    size: req.size,
+                    kind,
+                    nodes: &req.nodes,
+                    origin: &req.origin_node,
+                },
+                &candidates,
+            )?;
+            let id = st.next_id;
+            st.next_id += 1;
+            let mut targets = Vec::with_capacity(plan.len());
+            for p in plan {
+                let node = st
+                    .nodes
+                    .get_mut(&p.node)
+                    .ok_or_else(|| CoreError::NodeDown(p.node.clone()))?;
+                node.reserved += page_round(p.len);
+                targets.push((p, node.info.agent_addr.clone(), node.info.data_addr.clone()));
+            }
+            (id, targets)
+        };
+
+        let reserves = targets.iter().map(|(p, addr, _)| {
+            self.link.reserve(
+                addr,
+                pb::ReserveRequest {
+                    alloc_id: id,
+                    access_key: key.to_vec(),
+                    alloc_offset: p.alloc_offset,
+                    len: p.len,
+                },
+            )
+        });
+        let results = join_all(reserves).await;
+
+        if let Some((i, err)) = results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e.clone())))
+        {
+            let failed = targets[i].0.node.clone();
+            tracing::warn!(alloc_id = id, node = %failed, error = %err, "reserve failed; rolling back");
+            self.rollback(id, &targets, &results).await;
+            return Err(CoreError::Agent {
+                node: failed,
+                reason: err,
+            });
+        }
+
+        let extents = targets
+            .iter()
+            .zip(&results)
+            .map(|((p, _, data), r)| pb::Extent {
+                node: p.node.clone(),
+                alloc_offset: p.alloc_offset,
+                len: p.len,
+                pool_offset: r.as_ref().copied().unwrap_or_default(),
+                data_addr: data.clone(),
+            })
+            .collect();
+        let alloc = pb::Allocation {
+            id,
+            size: req.size,
+            kind: kind as i32,
+            extents,
+            access_key: key.to_vec(),
+            owner: req.owner,
+            created_unix_ms: unix_ms(),
+        };
+        tracing::info!(alloc_id = id, size = req.size, extents = targets.len(), "allocated");
+        self.lock().allocs.insert(id, alloc.clone());
+        Ok(alloc)
+    }
+
+    async fn rollback(&self, id: u64, targets: &[(Planned, String, String)], results: &[Result<u64, String>]) {
+        let releases = targets
+            .iter()
+            .zip(results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|((_, addr, _), _)| self.link.release(addr, id));
+        for r in join_all(releases).await {
+            if let Err(e) = r {
+                tracing::warn!(alloc_id = id, error = %e, "release during rollback failed");
+            }
+        }
+        let mut st = self.lock();
+        for (p, _, _) in targets {
+            if let Some(n) = st.nodes.get_mut(&p.node) {
+                n.reserved = n.reserved.saturating_sub(page_round(p.len));
+            }
+        }
+    }
+
+    /// Frees an allocation. `session` is the asking session, empty for operators.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`]; [`CoreError::PermissionDenied`] when a
+    /// session frees another session's allocation.
+    pub async fn free(&self, id: u64, session: &str) -> Result<(), CoreError> {
+        let alloc = {
+            let mut st = self.lock();
+            let alloc = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+            if let Some(owner) = &alloc.owner {
+                if !session.is_empty() && owner.session_id != session {
+                    return Err(CoreError::PermissionDenied(format!(
+                        "allocation {id} belongs to another session ({})",
+                        owner.session_id
+                    )));
+                }
+            }
+            let alloc = st.allocs.remove(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+            for e in &alloc.extents {
+                if let Some(n) = st.nodes.get_mut(&e.node) {
+                    n.reserved = n.reserved.saturating_sub(page_round(e.len));
+                }
+            }
+            alloc
+        };
+        let mut addrs: Vec<String> = {
+            let st = self.lock();
+            alloc
+                .extents
+                .iter()
+                .filter_map(|e| st.nodes.get(&e.node).map(|n| n.info.agent_addr.clone()))
+                .collect()
+        };
+        addrs.dedup();
+        for r in join_all(addrs.iter().map(|a| self.link.release(a, id))).await {
+            if let Err(e) = r {
+                tracing::warn!(alloc_id = id, error = %e, "agent did not confirm release");
+            }
+        }
+        tracing::info!(alloc_id = id, "freed");
+        Ok(())
+    }
+
+    /// Frees every allocation a session owns (its application exited).
+    pub async fn end_session(&self, session: &str) -> u32 {
+        let ids: Vec<u64> = self
+            .lock()
+            .allocs
+            .values()
+            .filter(|a| a.owner.as_ref().is_some_and(|o| o.session_id == session))
+            .map(|a| a.id)
+            .collect();
+        let mut freed = 0;
+        for id in ids {
+            if self.free(id, session).await.is_ok() {
+                freed += 1;
+            }
+        }
+        tracing::info!(session, freed, "session ended");
+        freed
+    }
+
+    /// Every node with its usage and state.
+    pub fn nodes(&self) -> Vec<pb::NodeStatus> {
+        let st = self.lock();
+        st.nodes
+            .values()
+            .map(|n| pb::NodeStatus {
+                info: Some(n.info.clone()),
+                used: n.reserved,
+                state: self.state_of(n) as i32,
+                last_heartbeat_ms_ago: u64::try_from(n.last_seen.elapsed().as_millis())
+                    .unwrap_or(u64::MAX),
+            })
+            .collect()
+    }
+
+    /// Every allocation, by id.
+    pub fn allocations(&self) -> Vec<pb::Allocation> {
+        self.lock().allocs.values().cloned().collect()
+    }
+
+    /// One allocation.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`].
+    pub fn allocation(&self, id: u64) -> Result<pb::Allocation, CoreError> {
+        self.lock()
+            .allocs
+            .get(&id)
+            .cloned()
+            .ok_or(CoreError::NoSuchAllocation(id))
+    }
+
+    fn state_of(&self, n: &Node) -> NodeState {
+        if n.last_seen.elapsed() > self.heartbeat * 3 {
+            NodeState::Down
+        } else {
+            NodeState::Up
+        }
+    }
+
+    fn candidates(&self, st: &State) -> Vec<Candidate> {
+        st.nodes
+            .values()
+            .map(|n| Candidate {
+                name: n.info.name.clone(),
+                free: n.info.capacity.saturating_sub(n.reserved),
+                up: self.state_of(n) == NodeState::Up,
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent before it can
+        // panic, so a poisoned lock still guards valid data.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    #[derive(Default, Clone)]
+    struct FakeLink {
+        reserved: Arc<AtomicU64>,
+        released: Arc<AtomicU64>,
+        fail_on: Option<&'static str>,
+    }
+
+    impl AgentLink for FakeLink {
+        async fn reserve(&self, addr: &str, req: pb::ReserveRequest) -> Result<u64, String> {
+            if Some(addr) == self.fail_on {
+                return Err("pool exhausted".into());
+            }
+            self.reserved.fetch_add(1, Ordering::SeqCst);
+            Ok(req.alloc_offset)
+        }
+        async fn release(&self, _addr: &str, _id: u64) -> Result<(), String> {
+            self.released.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn node(name: &str, cap: u64) -> pb::NodeInfo {
+        pb::NodeInfo {
+            name: name.into(),
+            agent_addr: format!("{name}:1"),
+            data_addr: format!("{name}:2"),
+            capacity: cap,
+            ..Default::default()
+        }
+    }
+
+    fn owner(s: &str) -> Option<pb::Owner> {
+        Some(pb::Owner {
+            session_id: s.into(),
+            ..Default::default()
+        })
+    }
+
+    fn master(link: FakeLink) -> Master<FakeLink> {
+        let m = Master::new(link, Duration::from_secs(60));
+        m.register(node("a", 1 << 20)).unwrap();
+        m.register(node("b", 1 << 20)).unwrap();
+        m
+    }
+
+    fn remote(size: u64, nodes: &[&str], owner: Option<pb::Owner>) -> pb::AllocateRequest {
+        pb::AllocateRequest {
+            size,
+            kind: MemKind::RemoteHost as i32,
+            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            origin_node: String::new(),
+            owner,
+        }
+    }
+
+    #[tokio::test]
+    async fn allocate_free_accounting() {
+        let m = master(FakeLink::default());
+        let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
+        assert_eq!(a.extents.len(), 2);
+        assert_eq!(a.access_key.len(), KEY_LEN);
+        let used: u64 = m.nodes().iter().map(|n| n.used).sum();
+        assert_eq!(used, 8192 * 2);
+        m.free(a.id, "").await.unwrap();
+        assert!(m.nodes().iter().all(|n| n.used == 0));
+        assert!(matches!(m.free(a.id, "").await, Err(CoreError::NoSuchAllocation(_))));
+    }
+
+    #[tokio::test]
+    async fn failed_reserve_rolls_back() {
+        let link = FakeLink {
+            fail_on: Some("b:1"),
+            ..FakeLink::default()
+        };
+        let m = master(link.clone());
+        let err = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap_err();
+        assert!(err.to_string().contains("agent b failed"), "{err}");
+        assert_eq!(link.released.load(Ordering::SeqCst), 1);
+        assert!(m.allocations().is_empty());
+        assert!(m.nodes().iter().all(|n| n.used == 0));
+    }
+
+    #[tokio::test]
+    async fn sessions_own_their_allocations() {
+        let m = master(FakeLink::default());
+        let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
+        let _other = m.allocate(remote(100, &[], owner("s2"))).await.unwrap();
+        let persistent = m.allocate(remote(100, &[], None)).await.unwrap();
+        assert!(matches!(
+            m.free(mine.id, "s2").await,
+            Err(CoreError::PermissionDenied(_))
+        ));
+        assert_eq!(m.end_session("s1").await, 1);
+        let left: Vec<u64> = m.allocations().iter().map(|a| a.id).collect();
+        assert_eq!(left.len(), 2);
+        assert!(left.contains(&persistent.id));
+    }
+
+    #[tokio::test]
+    async fn silent_nodes_go_down() {
+        let m = Master::new(FakeLink::default(), Duration::from_millis(1));
+        m.register(node("a", 1 << 20)).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        assert_eq!(m.nodes()[0].state, NodeState::Down as i32);
+        assert!(m.allocate(remote(1, &[], None)).await.is_err());
+        assert!(m.heartbeat("a"));
+        assert!(!m.heartbeat("zz"));
+    }
+}

@@ -1,0 +1,81 @@
+//! How every component dials a gRPC peer: one place for timeouts and for
+//! attaching the cluster token.
+
+use std::time::Duration;
+
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::auth::{AttachToken, Token};
+use crate::pb;
+
+/// Time allowed to establish a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Time allowed for any unary call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A channel with the token attached to every call.
+pub type AuthChannel = InterceptedService<Channel, AttachToken>;
+pub type MasterClient = pb::master_client::MasterClient<AuthChannel>;
+pub type AgentClient = pb::agent_client::AgentClient<AuthChannel>;
+pub type SessionClient = pb::session_client::SessionClient<AuthChannel>;
+
+/// An address that cannot be dialled.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid address {addr:?}: {reason} (expected HOST:PORT)")]
+pub struct AddrError {
+    addr: String,
+    reason: String,
+}
+
+/// The endpoint for `host:port` (an `http://` prefix is accepted), with the
+/// project's timeouts.
+///
+/// # Errors
+/// [`AddrError`] for an address that is not a valid URI authority.
+pub fn endpoint(addr: &str) -> Result<Endpoint, AddrError> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Endpoint::from_shared(uri)
+        .map(|e| {
+            e.connect_timeout(CONNECT_TIMEOUT)
+                .timeout(CALL_TIMEOUT)
+                .tcp_nodelay(true)
+        })
+        .map_err(|e| AddrError {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// A channel to `addr` that connects on first use and reconnects after failures.
+///
+/// # Errors
+/// [`AddrError`].
+pub fn lazy(addr: &str, token: &Token) -> Result<AuthChannel, AddrError> {
+    let channel = endpoint(addr)?.connect_lazy();
+    Ok(InterceptedService::new(channel, AttachToken::new(token)))
+}
+
+/// Wraps a transport failure as "`what` unreachable at `addr`", leaving every
+/// answer the peer itself gave untouched. Servers never answer UNAVAILABLE
+/// themselves, so that code always means the peer could not be reached.
+pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Status {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+            if !status.message().starts_with(what) =>
+        {
+            let detail = std::error::Error::source(&status)
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default();
+            tonic::Status::unavailable(format!(
+                "{what} unreachable at {addr}: {}{detail}",
+                status.message()
+            ))
+        }
+        _ => status,
+    }
+}
