@@ -1,0 +1,168 @@
+//! A validated allocation descriptor: what the data path needs to reach
+//! every byte of an allocation. Built once from the wire message, so copies
+//! never re-check its shape.
+
+use oncilla_proto::pb;
+use oncilla_proto::wire::KEY_LEN;
+
+use crate::error::{Error, Result};
+
+/// Memory kind of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// In the local node's pool.
+    LocalHost,
+    /// Host memory on other nodes.
+    RemoteHost,
+}
+
+impl Kind {
+    pub(crate) fn to_wire(self) -> pb::MemKind {
+        match self {
+            Kind::LocalHost => pb::MemKind::LocalHost,
+            Kind::RemoteHost => pb::MemKind::RemoteHost,
+        }
+    }
+}
+
+/// One extent: bytes `[alloc_offset, alloc_offset + len)` live on `node`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    pub node: String,
+    pub alloc_offset: u64,
+    pub len: u64,
+    /// TCP data endpoint of the node.
+    pub data_addr: String,
+}
+
+/// Everything needed to copy to and from an allocation.
+#[derive(Debug, Clone)]
+pub struct Descriptor {
+    pub id: u64,
+    pub size: u64,
+    pub kind: Kind,
+    pub extents: Vec<Extent>,
+    pub(crate) key: [u8; KEY_LEN],
+    /// Session that owns it; `None` when persistent.
+    pub owner: Option<String>,
+}
+
+impl Descriptor {
+    /// Validates a wire allocation: known kind, a full-length key, and
+    /// extents that tile `[0, size)` in order without gaps.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] naming the defect.
+    pub fn from_wire(a: pb::Allocation) -> Result<Self> {
+        let bad = |why: &str| Error::Internal(format!("malformed allocation {}: {why}", a.id));
+        let kind = match pb::MemKind::try_from(a.kind) {
+            Ok(pb::MemKind::LocalHost) => Kind::LocalHost,
+            Ok(pb::MemKind::RemoteHost) => Kind::RemoteHost,
+            _ => return Err(bad("unknown kind")),
+        };
+        let key: [u8; KEY_LEN] = a.access_key.as_slice().try_into().map_err(|_| bad("bad key"))?;
+        let mut next = 0u64;
+        for e in &a.extents {
+            if e.alloc_offset != next || e.len == 0 {
+                return Err(bad("extents do not tile the allocation"));
+            }
+            next = next.checked_add(e.len).ok_or_else(|| bad("extent overflow"))?;
+        }
+        if next != a.size {
+            return Err(bad("extents do not cover the allocation"));
+        }
+        Ok(Self {
+            id: a.id,
+            size: a.size,
+            kind,
+            extents: a
+                .extents
+                .into_iter()
+                .map(|e| Extent {
+                    node: e.node,
+                    alloc_offset: e.alloc_offset,
+                    len: e.len,
+                    data_addr: e.data_addr,
+                })
+                .collect(),
+            key,
+            owner: a.owner.map(|o| o.session_id),
+        })
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the allocation.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// Splits `[offset, offset + len)` into per-extent pieces:
+    /// `(extent, offset in allocation, offset in caller's buffer, length)`.
+    pub(crate) fn pieces(&self, offset: u64, len: u64) -> Vec<(&Extent, u64, usize, u64)> {
+        let end = offset + len;
+        self.extents
+            .iter()
+            .filter_map(|e| {
+                let start = offset.max(e.alloc_offset);
+                let stop = end.min(e.alloc_offset + e.len);
+                (start < stop).then(|| {
+                    let buf_at = usize::try_from(start - offset).unwrap_or(usize::MAX);
+                    (e, start, buf_at, stop - start)
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(extents: &[(u64, u64)], size: u64) -> pb::Allocation {
+        pb::Allocation {
+            id: 1,
+            size,
+            kind: pb::MemKind::RemoteHost as i32,
+            access_key: vec![0; KEY_LEN],
+            extents: extents
+                .iter()
+                .map(|&(o, l)| pb::Extent {
+                    node: format!("n{o}"),
+                    alloc_offset: o,
+                    len: l,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn validates_tiling() {
+        assert!(Descriptor::from_wire(wire(&[(0, 10), (10, 5)], 15)).is_ok());
+        assert!(Descriptor::from_wire(wire(&[(0, 10), (11, 4)], 15)).is_err());
+        assert!(Descriptor::from_wire(wire(&[(0, 10)], 15)).is_err());
+        let mut short_key = wire(&[(0, 1)], 1);
+        short_key.access_key = vec![1];
+        assert!(Descriptor::from_wire(short_key).is_err());
+    }
+
+    #[test]
+    fn splits_ranges_over_extents() {
+        let d = Descriptor::from_wire(wire(&[(0, 10), (10, 10), (20, 10)], 30)).unwrap();
+        let p: Vec<_> = d.pieces(5, 20).into_iter().map(|(e, a, b, l)| (e.alloc_offset, a, b, l)).collect();
+        assert_eq!(p, vec![(0, 5, 0, 5), (10, 10, 5, 10), (20, 20, 15, 5)]);
+        assert!(d.check_range(25, 5).is_ok());
+        assert!(matches!(d.check_range(25, 6), Err(Error::OutOfBounds { .. })));
+        assert!(d.check_range(u64::MAX, 2).is_err());
+    }
+}

@@ -1,0 +1,61 @@
+//! The library's one error type. Messages from the cluster are complete
+//! sentences ("not enough capacity for 1.0 GiB: ..."), shown verbatim.
+
+use oncilla_proto::auth::TokenError;
+
+/// Everything that can go wrong in liboncilla.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The local agent's Unix socket cannot be reached.
+    #[error("cannot reach the local oncillad at {path}: {reason} (is the agent running? set ONCILLA_SOCKET to its --socket)")]
+    AgentUnreachable { path: String, reason: String },
+    /// The master (or another daemon) could not be reached.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Unknown or already freed allocation (or session).
+    #[error("{0}")]
+    NotFound(String),
+    /// The cluster has not enough free memory; the message says where what is free.
+    #[error("{0}")]
+    CapacityExhausted(String),
+    /// Wrong token or access key, or another session's allocation.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A request the cluster rejected as malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A named node is down.
+    #[error("{0}")]
+    NodeDown(String),
+    /// A copy outside the allocation.
+    #[error("out of bounds: {len} bytes at offset {offset} do not fit in an allocation of {size} bytes")]
+    OutOfBounds { offset: u64, len: u64, size: u64 },
+    /// The data path to a node failed.
+    #[error("data transfer with {addr} failed: {reason}")]
+    Fabric { addr: String, reason: String },
+    /// No usable cluster token.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// A bug or an unexpected answer.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Result alias for liboncilla.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        use tonic::Code;
+        let msg = s.message().to_string();
+        match s.code() {
+            Code::NotFound => Self::NotFound(msg),
+            Code::ResourceExhausted => Self::CapacityExhausted(msg),
+            Code::Unauthenticated | Code::PermissionDenied => Self::PermissionDenied(msg),
+            Code::InvalidArgument | Code::OutOfRange => Self::InvalidArgument(msg),
+            Code::FailedPrecondition => Self::NodeDown(msg),
+            Code::Unavailable | Code::DeadlineExceeded => Self::Unavailable(msg),
+            _ => Self::Internal(format!("{:?}: {msg}", s.code())),
+        }
+    }
+}

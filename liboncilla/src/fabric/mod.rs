@@ -1,0 +1,96 @@
+//! The data path: turns "copy these bytes of this allocation" into work on
+//! the fabric of each node that holds them, all nodes in parallel.
+//!
+//! It never talks to the master or the agent's control socket: a
+//! [`Descriptor`] carries everything it needs.
+
+pub mod tcp;
+
+use std::collections::BTreeMap;
+
+use oncilla_proto::auth::Token;
+
+use crate::descriptor::Descriptor;
+use crate::error::{Error, Result};
+use tcp::{Io, IoBuf, TcpFabric};
+
+/// Moves bytes between local memory and allocations.
+pub struct DataPath {
+    tcp: TcpFabric,
+}
+
+impl DataPath {
+    /// A data path that authenticates with `token`.
+    pub fn new(token: Token) -> Self {
+        Self {
+            tcp: TcpFabric::new(token),
+        }
+    }
+
+    /// Copies `src` into the allocation at `offset`. Returns once every byte
+    /// is in the holders' memory and visible to any later reader.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] and fabric failures.
+    pub fn write(&self, d: &Descriptor, offset: u64, src: &[u8]) -> Result<()> {
+        d.check_range(offset, src.len() as u64)?;
+        let mut by_node: BTreeMap<&str, Vec<Io<'_>>> = BTreeMap::new();
+        for (extent, at, buf_at, len) in d.pieces(offset, src.len() as u64) {
+            let end = buf_at + usize::try_from(len).map_err(|_| overflow())?;
+            by_node.entry(&extent.data_addr).or_default().push(Io {
+                offset: at,
+                buf: IoBuf::Write(&src[buf_at..end]),
+            });
+        }
+        self.fan_out(d, by_node)
+    }
+
+    /// Copies bytes of the allocation starting at `offset` into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] and fabric failures.
+    pub fn read(&self, d: &Descriptor, offset: u64, dst: &mut [u8]) -> Result<()> {
+        d.check_range(offset, dst.len() as u64)?;
+        let mut by_node: BTreeMap<&str, Vec<Io<'_>>> = BTreeMap::new();
+        let mut rest = dst;
+        // Pieces come in allocation order, so the buffer is carved front to back.
+        for (extent, at, _, len) in d.pieces(offset, rest.len() as u64) {
+            let n = usize::try_from(len).map_err(|_| overflow())?;
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            rest = tail;
+            by_node.entry(&extent.data_addr).or_default().push(Io {
+                offset: at,
+                buf: IoBuf::Read(head),
+            });
+        }
+        self.fan_out(d, by_node)
+    }
+
+    fn fan_out(&self, d: &Descriptor, by_node: BTreeMap<&str, Vec<Io<'_>>>) -> Result<()> {
+        if by_node.len() <= 1 {
+            return by_node
+                .into_iter()
+                .try_for_each(|(addr, ios)| self.tcp.run(addr, d.id, &d.key, ios));
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = by_node
+                .into_iter()
+                .map(|(addr, ios)| s.spawn(move || self.tcp.run(addr, d.id, &d.key, ios)))
+                .collect();
+            let mut result = Ok(());
+            for h in handles {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Internal("copy thread panicked".into())));
+                if result.is_ok() {
+                    result = r;
+                }
+            }
+            result
+        })
+    }
+}
+
+fn overflow() -> Error {
+    Error::Internal("copy larger than the address space".into())
+}

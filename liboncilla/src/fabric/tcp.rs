@@ -1,0 +1,187 @@
+//! TCP data client: authenticated connections to agents' data ports, kept in
+//! a pool per address, and pipelined reads and writes over one connection.
+//!
+//! A connection that saw any error is dropped, never returned to the pool,
+//! so a half-finished exchange can never confuse a later copy.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use oncilla_proto::auth::Token;
+use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
+
+use crate::error::{Error, Result};
+
+/// Bytes moved per request.
+pub const CHUNK: u64 = 4 << 20;
+/// Requests in flight per connection.
+pub const WINDOW: usize = 8;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A peer that sends or accepts nothing for this long is considered dead.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle connections kept per agent.
+const IDLE_PER_ADDR: usize = 8;
+
+/// One operation on a contiguous range: `len` bytes at allocation offset `offset`.
+pub struct Io<'a> {
+    pub offset: u64,
+    pub buf: IoBuf<'a>,
+}
+
+/// The caller's side of an operation.
+pub enum IoBuf<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// Connections to agents, reused across copies.
+pub struct TcpFabric {
+    token: Token,
+    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+}
+
+impl TcpFabric {
+    pub fn new(token: Token) -> Self {
+        Self {
+            token,
+            idle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs `ios` against allocation `id` on the agent at `addr`, pipelined
+    /// over one connection, each split into [`CHUNK`]-sized requests.
+    ///
+    /// # Errors
+    /// Connection, handshake and per-request failures, with the agent's message.
+    pub fn run(&self, addr: &str, id: u64, key: &[u8; KEY_LEN], ios: Vec<Io<'_>>) -> Result<()> {
+        let mut stream = self.take(addr)?;
+        let fail = |reason: String| Error::Fabric {
+            addr: addr.to_string(),
+            reason,
+        };
+        let mut reqs: Vec<(Request, IoBuf<'_>)> = Vec::new();
+        for io in ios {
+            let (op, len) = match &io.buf {
+                IoBuf::Read(b) => (Op::Read, b.len()),
+                IoBuf::Write(b) => (Op::Write, b.len()),
+            };
+            let mut at = 0usize;
+            let mut rest = io.buf;
+            while at < len {
+                let n = (len - at).min(usize::try_from(CHUNK).unwrap_or(usize::MAX));
+                let (head, tail) = match rest {
+                    IoBuf::Read(b) => {
+                        let (h, t) = b.split_at_mut(n);
+                        (IoBuf::Read(h), IoBuf::Read(t))
+                    }
+                    IoBuf::Write(b) => {
+                        let (h, t) = b.split_at(n);
+                        (IoBuf::Write(h), IoBuf::Write(t))
+                    }
+                };
+                reqs.push((
+                    Request {
+                        op,
+                        alloc_id: id,
+                        key: *key,
+                        offset: io.offset + at as u64,
+                        len: n as u64,
+                    },
+                    head,
+                ));
+                rest = tail;
+                at += n;
+            }
+        }
+        let mut sent = 0;
+        let mut done = 0;
+        let mut first_error: Option<Error> = None;
+        while done < reqs.len() {
+            while sent < reqs.len() && sent - done < WINDOW {
+                let (req, buf) = &reqs[sent];
+                stream.write_all(&req.encode()).map_err(|e| fail(e.to_string()))?;
+                if let IoBuf::Write(b) = buf {
+                    stream.write_all(b).map_err(|e| fail(e.to_string()))?;
+                }
+                sent += 1;
+            }
+            let mut head = [0u8; REPLY_LEN];
+            stream.read_exact(&mut head).map_err(|e| fail(e.to_string()))?;
+            let reply = Reply::decode(&head).map_err(|e| fail(e.to_string()))?;
+            let (req, buf) = &mut reqs[done];
+            if reply.status == Status::Ok {
+                if let IoBuf::Read(b) = buf {
+                    if reply.len != req.len {
+                        return Err(fail(format!("agent sent {} bytes, asked for {}", reply.len, req.len)));
+                    }
+                    stream.read_exact(b).map_err(|e| fail(e.to_string()))?;
+                }
+            } else {
+                if reply.len > wire::MAX_MESSAGE {
+                    return Err(fail("error message too long".into()));
+                }
+                let mut msg = vec![0u8; usize::try_from(reply.len).unwrap_or(0)];
+                stream.read_exact(&mut msg).map_err(|e| fail(e.to_string()))?;
+                let msg = String::from_utf8_lossy(&msg).into_owned();
+                first_error.get_or_insert(match reply.status {
+                    Status::NoSuchAllocation => Error::NotFound(msg),
+                    Status::BadKey => Error::PermissionDenied(msg),
+                    Status::OutOfBounds => Error::InvalidArgument(msg),
+                    _ => fail(msg),
+                });
+            }
+            done += 1;
+        }
+        // Every reply was read, so the stream is in step and reusable even
+        // when the agent refused a request.
+        self.put(addr, stream);
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn take(&self, addr: &str) -> Result<TcpStream> {
+        if let Some(s) = self.lock().get_mut(addr).and_then(Vec::pop) {
+            return Ok(s);
+        }
+        self.connect(addr)
+    }
+
+    fn put(&self, addr: &str, stream: TcpStream) {
+        let mut idle = self.lock();
+        let list = idle.entry(addr.to_string()).or_default();
+        if list.len() < IDLE_PER_ADDR {
+            list.push(stream);
+        }
+    }
+
+    fn connect(&self, addr: &str) -> Result<TcpStream> {
+        let fail = |reason: String| Error::Fabric {
+            addr: addr.to_string(),
+            reason,
+        };
+        let sockaddr = addr
+            .to_socket_addrs()
+            .map_err(|e| fail(format!("cannot resolve: {e}")))?
+            .next()
+            .ok_or_else(|| fail("address resolves to nothing".into()))?;
+        let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)
+            .map_err(|e| fail(format!("cannot connect: {e}")))?;
+        stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
+        stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(|e| fail(e.to_string()))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(|e| fail(e.to_string()))?;
+        wire::write_hello(&mut stream, self.token.as_bytes()).map_err(|e| fail(e.to_string()))?;
+        let (code, msg) = wire::read_welcome(&mut stream).map_err(|e| fail(e.to_string()))?;
+        match code {
+            Welcome::Ok => Ok(stream),
+            Welcome::Denied => Err(Error::PermissionDenied(format!("{addr}: {msg}"))),
+            Welcome::BadVersion => Err(fail(msg)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<TcpStream>>> {
+        // The map holds only idle sockets; a panic elsewhere cannot leave it inconsistent.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
