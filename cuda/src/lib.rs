@@ -29,7 +29,8 @@ pub fn device_count() -> Result<u32, CudaError> {
         return Err(CudaError::NoDriver);
     }
     cudarc::driver::result::init().map_err(|e| CudaError::Init(e.to_string()))?;
-    let n = cudarc::driver::result::device::get_count().map_err(|e| CudaError::Init(e.to_string()))?;
+    let n =
+        cudarc::driver::result::device::get_count().map_err(|e| CudaError::Init(e.to_string()))?;
     u32::try_from(n).map_err(|_| CudaError::Init(format!("driver reported {n} devices")))
 }
 

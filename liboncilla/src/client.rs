@@ -38,8 +38,10 @@ impl Options {
     /// # Errors
     /// [`Error::Token`] when no token is configured.
     pub fn from_env() -> Result<Self> {
-        let socket = std::env::var_os("ONCILLA_SOCKET")
-            .map_or_else(|| PathBuf::from(oncilla_proto::DEFAULT_SOCKET), PathBuf::from);
+        let socket = std::env::var_os("ONCILLA_SOCKET").map_or_else(
+            || PathBuf::from(oncilla_proto::DEFAULT_SOCKET),
+            PathBuf::from,
+        );
         Ok(Self {
             socket,
             token: Token::from_env()?,
@@ -127,8 +129,13 @@ impl Oncilla {
             reason,
         };
         let (session, session_id, node) = rt.block_on(async {
-            let channel = uds_channel(&opts.socket).await.map_err(|e| unreachable(e.to_string()))?;
-            let mut client = SessionClient::new(InterceptedService::new(channel, AttachToken::new(&opts.token)));
+            let channel = uds_channel(&opts.socket)
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
+            let mut client = SessionClient::new(InterceptedService::new(
+                channel,
+                AttachToken::new(&opts.token),
+            ));
             let open = pb::OpenRequest {
                 pid: std::process::id(),
                 program: program_name(),
@@ -209,11 +216,22 @@ impl Oncilla {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] for either range; fabric failures.
-    pub fn copy(&self, dst: &Allocation, dst_offset: u64, src: &Allocation, src_offset: u64, len: u64) -> Result<()> {
+    pub fn copy(
+        &self,
+        dst: &Allocation,
+        dst_offset: u64,
+        src: &Allocation,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
         dst.desc.check_range(dst_offset, len)?;
         src.desc.check_range(src_offset, len)?;
         let chunk = len.min(crate::fabric::tcp::CHUNK * 4);
-        let mut buf = vec![0u8; usize::try_from(chunk).map_err(|_| Error::Internal("chunk too large".into()))?];
+        let mut buf = vec![
+            0u8;
+            usize::try_from(chunk)
+                .map_err(|_| Error::Internal("chunk too large".into()))?
+        ];
         let mut done = 0;
         while done < len {
             let n = (len - done).min(chunk);
@@ -274,7 +292,10 @@ impl Allocation {
 
     /// True when any byte lives on another node.
     pub fn is_remote(&self) -> bool {
-        self.desc.extents.iter().any(|e| e.node != self.ocm.inner.node)
+        self.desc
+            .extents
+            .iter()
+            .any(|e| e.node != self.ocm.inner.node)
     }
 
     /// Writes `src` at `offset`; returns once the bytes are visible to
@@ -315,7 +336,9 @@ impl Drop for Allocation {
     }
 }
 
-async fn uds_channel(path: &Path) -> std::result::Result<tonic::transport::Channel, tonic::transport::Error> {
+async fn uds_channel(
+    path: &Path,
+) -> std::result::Result<tonic::transport::Channel, tonic::transport::Error> {
     let path = path.to_path_buf();
     // The URI is required by the API and ignored: the connector dials the socket.
     Endpoint::from_static("http://oncillad.local")

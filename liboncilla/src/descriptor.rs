@@ -60,13 +60,19 @@ impl Descriptor {
             Ok(pb::MemKind::RemoteHost) => Kind::RemoteHost,
             _ => return Err(bad("unknown kind")),
         };
-        let key: [u8; KEY_LEN] = a.access_key.as_slice().try_into().map_err(|_| bad("bad key"))?;
+        let key: [u8; KEY_LEN] = a
+            .access_key
+            .as_slice()
+            .try_into()
+            .map_err(|_| bad("bad key"))?;
         let mut next = 0u64;
         for e in &a.extents {
             if e.alloc_offset != next || e.len == 0 {
                 return Err(bad("extents do not tile the allocation"));
             }
-            next = next.checked_add(e.len).ok_or_else(|| bad("extent overflow"))?;
+            next = next
+                .checked_add(e.len)
+                .ok_or_else(|| bad("extent overflow"))?;
         }
         if next != a.size {
             return Err(bad("extents do not cover the allocation"));
@@ -159,10 +165,17 @@ mod tests {
     #[test]
     fn splits_ranges_over_extents() {
         let d = Descriptor::from_wire(wire(&[(0, 10), (10, 10), (20, 10)], 30)).unwrap();
-        let p: Vec<_> = d.pieces(5, 20).into_iter().map(|(e, a, b, l)| (e.alloc_offset, a, b, l)).collect();
+        let p: Vec<_> = d
+            .pieces(5, 20)
+            .into_iter()
+            .map(|(e, a, b, l)| (e.alloc_offset, a, b, l))
+            .collect();
         assert_eq!(p, vec![(0, 5, 0, 5), (10, 10, 5, 10), (20, 20, 15, 5)]);
         assert!(d.check_range(25, 5).is_ok());
-        assert!(matches!(d.check_range(25, 6), Err(Error::OutOfBounds { .. })));
+        assert!(matches!(
+            d.check_range(25, 6),
+            Err(Error::OutOfBounds { .. })
+        ));
         assert!(d.check_range(u64::MAX, 2).is_err());
     }
 }

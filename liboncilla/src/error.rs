@@ -28,7 +28,9 @@ pub enum Error {
     #[error("{0}")]
     NodeDown(String),
     /// A copy outside the allocation.
-    #[error("out of bounds: {len} bytes at offset {offset} do not fit in an allocation of {size} bytes")]
+    #[error(
+        "out of bounds: {len} bytes at offset {offset} do not fit in an allocation of {size} bytes"
+    )]
     OutOfBounds { offset: u64, len: u64, size: u64 },
     /// The data path to a node failed.
     #[error("data transfer with {addr} failed: {reason}")]

@@ -143,7 +143,10 @@ impl Config {
         )?;
         let agent = match join {
             Some(join) => {
-                let capacity = cli.capacity.or(file.capacity).ok_or(ConfigError::NoCapacity)?;
+                let capacity = cli
+                    .capacity
+                    .or(file.capacity)
+                    .ok_or(ConfigError::NoCapacity)?;
                 Some(AgentConfig {
                     join,
                     data_listen: cli
@@ -167,10 +170,9 @@ impl Config {
             master,
             agent,
             name: cli.name.or(file.name).unwrap_or_else(hostname),
-            listen: cli
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], oncilla_proto::DEFAULT_MASTER_PORT))),
+            listen: cli.listen.or(file.listen).unwrap_or_else(|| {
+                SocketAddr::from(([0, 0, 0, 0], oncilla_proto::DEFAULT_MASTER_PORT))
+            }),
             advertise: cli.advertise.or(file.advertise),
             token,
             heartbeat: Duration::from_millis(heartbeat_ms),
@@ -223,7 +225,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("oncilla-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.toml");
-        std::fs::write(&file, "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"t\"\nname = \"fromfile\"\n").unwrap();
+        std::fs::write(
+            &file,
+            "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"t\"\nname = \"fromfile\"\n",
+        )
+        .unwrap();
         let c = Config::load(cli(&["--config", file.to_str().unwrap(), "--name", "flag"])).unwrap();
         assert_eq!(c.name, "flag");
         let agent = c.agent.unwrap();
@@ -237,14 +243,28 @@ mod tests {
 
     #[test]
     fn validates_roles_and_sizes() {
-        assert!(matches!(Config::load(cli(&["--token", "t"])), Err(ConfigError::NoRole)));
+        assert!(matches!(
+            Config::load(cli(&["--token", "t"])),
+            Err(ConfigError::NoRole)
+        ));
         assert!(matches!(
             Config::load(cli(&["--join", "m:1", "--token", "t"])),
             Err(ConfigError::NoCapacity)
         ));
-        let err = Config::load(cli(&["--join", "m:1", "--token", "t", "--capacity", "12XB"])).unwrap_err();
+        let err = Config::load(cli(&[
+            "--join",
+            "m:1",
+            "--token",
+            "t",
+            "--capacity",
+            "12XB",
+        ]))
+        .unwrap_err();
         assert!(err.to_string().contains("unknown unit"), "{err}");
-        assert!(matches!(Config::load(cli(&["--master"])), Err(ConfigError::Token(_))));
+        assert!(matches!(
+            Config::load(cli(&["--master"])),
+            Err(ConfigError::Token(_))
+        ));
     }
 
     #[test]

@@ -47,4 +47,3 @@ impl From<CoreError> for tonic::Status {
         }
     }
 }
-

@@ -281,7 +281,10 @@ impl Drop for PoolExtent {
 fn physical_memory() -> u64 {
     use nix::unistd::{sysconf, SysconfVar};
     let pages = sysconf(SysconfVar::_PHYS_PAGES).ok().flatten().unwrap_or(0);
-    let size = sysconf(SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096);
+    let size = sysconf(SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096);
     u64::try_from(pages.saturating_mul(size)).unwrap_or(u64::MAX)
 }
 

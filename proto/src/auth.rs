@@ -21,7 +21,9 @@ pub const MAX_TOKEN_LEN: usize = 1024;
 pub enum TokenError {
     #[error("no cluster token: pass --token, set ONCILLA_TOKEN, or point --token-file / ONCILLA_TOKEN_FILE at a file")]
     Missing,
-    #[error("invalid cluster token: {0} (use 1 to 1024 printable ASCII characters without spaces)")]
+    #[error(
+        "invalid cluster token: {0} (use 1 to 1024 printable ASCII characters without spaces)"
+    )]
     Invalid(&'static str),
     #[error("cannot read token file {path}: {source}")]
     File {
@@ -169,7 +171,10 @@ mod tests {
         assert!(Token::new("has space").is_err());
         assert!(Token::new(&"x".repeat(1025)).is_err());
         assert!(Token::new("s3cr3t-token").is_ok());
-        assert!(matches!(Token::resolve(None, None), Err(TokenError::Missing)));
+        assert!(matches!(
+            Token::resolve(None, None),
+            Err(TokenError::Missing)
+        ));
     }
 
     #[test]

@@ -102,20 +102,27 @@ impl TcpFabric {
         while done < reqs.len() {
             while sent < reqs.len() && sent - done < WINDOW {
                 let (req, buf) = &reqs[sent];
-                stream.write_all(&req.encode()).map_err(|e| fail(e.to_string()))?;
+                stream
+                    .write_all(&req.encode())
+                    .map_err(|e| fail(e.to_string()))?;
                 if let IoBuf::Write(b) = buf {
                     stream.write_all(b).map_err(|e| fail(e.to_string()))?;
                 }
                 sent += 1;
             }
             let mut head = [0u8; REPLY_LEN];
-            stream.read_exact(&mut head).map_err(|e| fail(e.to_string()))?;
+            stream
+                .read_exact(&mut head)
+                .map_err(|e| fail(e.to_string()))?;
             let reply = Reply::decode(&head).map_err(|e| fail(e.to_string()))?;
             let (req, buf) = &mut reqs[done];
             if reply.status == Status::Ok {
                 if let IoBuf::Read(b) = buf {
                     if reply.len != req.len {
-                        return Err(fail(format!("agent sent {} bytes, asked for {}", reply.len, req.len)));
+                        return Err(fail(format!(
+                            "agent sent {} bytes, asked for {}",
+                            reply.len, req.len
+                        )));
                     }
                     stream.read_exact(b).map_err(|e| fail(e.to_string()))?;
                 }
@@ -124,7 +131,9 @@ impl TcpFabric {
                     return Err(fail("error message too long".into()));
                 }
                 let mut msg = vec![0u8; usize::try_from(reply.len).unwrap_or(0)];
-                stream.read_exact(&mut msg).map_err(|e| fail(e.to_string()))?;
+                stream
+                    .read_exact(&mut msg)
+                    .map_err(|e| fail(e.to_string()))?;
                 let msg = String::from_utf8_lossy(&msg).into_owned();
                 first_error.get_or_insert(match reply.status {
                     Status::NoSuchAllocation => Error::NotFound(msg),
@@ -169,8 +178,12 @@ impl TcpFabric {
         let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)
             .map_err(|e| fail(format!("cannot connect: {e}")))?;
         stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
-        stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(|e| fail(e.to_string()))?;
-        stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(|e| fail(e.to_string()))?;
+        stream
+            .set_read_timeout(Some(IO_TIMEOUT))
+            .map_err(|e| fail(e.to_string()))?;
+        stream
+            .set_write_timeout(Some(IO_TIMEOUT))
+            .map_err(|e| fail(e.to_string()))?;
         wire::write_hello(&mut stream, self.token.as_bytes()).map_err(|e| fail(e.to_string()))?;
         let (code, msg) = wire::read_welcome(&mut stream).map_err(|e| fail(e.to_string()))?;
         match code {

@@ -29,12 +29,15 @@ pub async fn run(agent: Arc<Agent>, master: MasterLink) {
             }),
             Some(_) => {
                 let used = agent.pool().used();
-                master.heartbeat(&agent.node().name, used).await.map(|known| {
-                    if !known {
-                        tracing::info!("master does not know this node; registering again");
-                        registered = None;
-                    }
-                })
+                master
+                    .heartbeat(&agent.node().name, used)
+                    .await
+                    .map(|known| {
+                        if !known {
+                            tracing::info!("master does not know this node; registering again");
+                            registered = None;
+                        }
+                    })
             }
         };
         match outcome {

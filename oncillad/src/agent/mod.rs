@@ -98,9 +98,10 @@ impl Agent {
                 "allocation {alloc_id} is already held with another access key"
             )));
         }
-        let overlaps = current.extents.iter().any(|e| {
-            alloc_offset < e.alloc_offset + e.len && e.alloc_offset < alloc_offset + len
-        });
+        let overlaps = current
+            .extents
+            .iter()
+            .any(|e| alloc_offset < e.alloc_offset + e.len && e.alloc_offset < alloc_offset + len);
         if overlaps {
             return Err(CoreError::InvalidArgument(format!(
                 "extent at {alloc_offset} of allocation {alloc_id} is already held"

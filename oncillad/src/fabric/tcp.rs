@@ -40,7 +40,10 @@ pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(move || {
-                let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let peer = stream
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
                 let n = live.fetch_add(1, Ordering::SeqCst);
                 let result = if n >= MAX_CONNECTIONS {
                     reject(stream, "too many data connections")
@@ -74,7 +77,10 @@ impl Connection {
         self.stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let (version, presented) = wire::read_hello(&mut self.stream)?;
         if version != wire::VERSION {
-            let msg = format!("data protocol version {version} not supported (this agent speaks {})", wire::VERSION);
+            let msg = format!(
+                "data protocol version {version} not supported (this agent speaks {})",
+                wire::VERSION
+            );
             return wire::write_welcome(&mut self.stream, Welcome::BadVersion, &msg);
         }
         if !token.matches(&presented) {
@@ -108,7 +114,11 @@ impl Connection {
 
     fn serve_one(&mut self, req: &Request) -> Result<(), wire::WireError> {
         if req.len > wire::MAX_IO {
-            let msg = format!("request of {} bytes is above the {} byte limit", req.len, wire::MAX_IO);
+            let msg = format!(
+                "request of {} bytes is above the {} byte limit",
+                req.len,
+                wire::MAX_IO
+            );
             self.fail(Status::TooLarge, &msg)?;
             // A write's payload would follow; the stream is out of step now.
             return if req.op == Op::Write {
@@ -138,7 +148,11 @@ impl Connection {
         let ptr = extent.memory.ptr(at);
         match req.op {
             Op::Read => {
-                let head = Reply { status: Status::Ok, len: req.len }.encode();
+                let head = Reply {
+                    status: Status::Ok,
+                    len: req.len,
+                }
+                .encode();
                 self.stream.write_all(&head)?;
                 // SAFETY: `check` proved [at, at+len) lies inside this extent,
                 // and `held` keeps the extent alive (not freed or recycled)
@@ -149,7 +163,11 @@ impl Connection {
                 // SAFETY: as above; the kernel writes into pool memory that
                 // no Rust reference aliases.
                 unsafe { recv_raw(&self.stream, ptr, len)? };
-                let head = Reply { status: Status::Ok, len: 0 }.encode();
+                let head = Reply {
+                    status: Status::Ok,
+                    len: 0,
+                }
+                .encode();
                 self.stream.write_all(&head)?;
             }
         }
@@ -158,7 +176,11 @@ impl Connection {
 
     fn fail(&mut self, status: Status, msg: &str) -> Result<(), wire::WireError> {
         let bytes = &msg.as_bytes()[..msg.len().min(wire::MAX_MESSAGE as usize)];
-        let head = Reply { status, len: bytes.len() as u64 }.encode();
+        let head = Reply {
+            status,
+            len: bytes.len() as u64,
+        }
+        .encode();
         self.stream.write_all(&head)?;
         self.stream.write_all(bytes)?;
         Ok(())
@@ -176,7 +198,10 @@ fn check<'h>(held: &'h Held, req: &Request) -> Result<(&'h HeldExtent, u64), (St
     if !held.key_matches(&req.key) {
         return Err((
             Status::BadKey,
-            format!("permission denied: wrong access key for allocation {}", req.alloc_id),
+            format!(
+                "permission denied: wrong access key for allocation {}",
+                req.alloc_id
+            ),
         ));
     }
     match held.extent_for(req.offset, req.len) {

@@ -21,14 +21,22 @@ impl AgentService {
 #[tonic::async_trait]
 impl agent_server::Agent for AgentService {
     #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id, len = req.get_ref().len))]
-    async fn reserve(&self, req: Request<pb::ReserveRequest>) -> Result<Response<pb::ReserveReply>, Status> {
+    async fn reserve(
+        &self,
+        req: Request<pb::ReserveRequest>,
+    ) -> Result<Response<pb::ReserveReply>, Status> {
         let r = req.into_inner();
-        let reserved = self.agent.reserve(r.alloc_id, &r.access_key, r.alloc_offset, r.len);
+        let reserved = self
+            .agent
+            .reserve(r.alloc_id, &r.access_key, r.alloc_offset, r.len);
         reply(reserved.map(|pool_offset| pb::ReserveReply { pool_offset }))
     }
 
     #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id))]
-    async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::ReleaseReply>, Status> {
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseReply>, Status> {
         let id = req.into_inner().alloc_id;
         if let Some(held) = self.agent.release(id) {
             // Scrubbing happens when the last user drops the memory; keep it
@@ -39,7 +47,10 @@ impl agent_server::Agent for AgentService {
         Ok(Response::new(pb::ReleaseReply {}))
     }
 
-    async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::AgentStatus>, Status> {
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::AgentStatus>, Status> {
         Ok(Response::new(pb::AgentStatus {
             node: Some(self.agent.node().clone()),
             used: self.agent.pool().used(),

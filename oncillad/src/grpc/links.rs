@@ -84,7 +84,9 @@ impl MasterLink {
             .register(pb::RegisterRequest { node: Some(node) })
             .await
             .map_err(|s| self.wrap(s))?;
-        Ok(Duration::from_millis(r.into_inner().heartbeat_interval_ms.max(100)))
+        Ok(Duration::from_millis(
+            r.into_inner().heartbeat_interval_ms.max(100),
+        ))
     }
 
     pub async fn heartbeat(&self, name: &str, used: u64) -> Result<bool, Status> {

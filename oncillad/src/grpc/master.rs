@@ -22,34 +22,53 @@ impl MasterService {
 
 #[tonic::async_trait]
 impl master_server::Master for MasterService {
-    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterReply>, Status> {
+    async fn register(
+        &self,
+        req: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterReply>, Status> {
         let node = req
             .into_inner()
             .node
             .ok_or_else(|| Status::invalid_argument("register without node info"))?;
         self.core.register(node)?;
         let ms = u64::try_from(self.core.heartbeat_interval().as_millis()).unwrap_or(u64::MAX);
-        Ok(Response::new(pb::RegisterReply { heartbeat_interval_ms: ms }))
+        Ok(Response::new(pb::RegisterReply {
+            heartbeat_interval_ms: ms,
+        }))
     }
 
-    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatReply>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatReply>, Status> {
         let known = self.core.heartbeat(&req.into_inner().name);
         Ok(Response::new(pb::HeartbeatReply { known }))
     }
 
     #[tracing::instrument(skip_all, fields(size = req.get_ref().size))]
-    async fn allocate(&self, req: Request<pb::AllocateRequest>) -> Result<Response<pb::Allocation>, Status> {
+    async fn allocate(
+        &self,
+        req: Request<pb::AllocateRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
         reply(self.core.allocate(req.into_inner()).await)
     }
 
     #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         let r = req.into_inner();
-        reply(self.core.free(r.id, &r.session_id).await.map(|()| pb::FreeReply {}))
+        reply(
+            self.core
+                .free(r.id, &r.session_id)
+                .await
+                .map(|()| pb::FreeReply {}),
+        )
     }
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id))]
-    async fn end_session(&self, req: Request<pb::EndSessionRequest>) -> Result<Response<pb::EndSessionReply>, Status> {
+    async fn end_session(
+        &self,
+        req: Request<pb::EndSessionRequest>,
+    ) -> Result<Response<pb::EndSessionReply>, Status> {
         let session = req.into_inner().session_id;
         if session.is_empty() {
             return Err(CoreError::InvalidArgument("empty session id".into()).into());
@@ -58,15 +77,28 @@ impl master_server::Master for MasterService {
         Ok(Response::new(pb::EndSessionReply { freed }))
     }
 
-    async fn list_nodes(&self, _req: Request<pb::ListNodesRequest>) -> Result<Response<pb::NodeList>, Status> {
-        Ok(Response::new(pb::NodeList { nodes: self.core.nodes() }))
+    async fn list_nodes(
+        &self,
+        _req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::NodeList>, Status> {
+        Ok(Response::new(pb::NodeList {
+            nodes: self.core.nodes(),
+        }))
     }
 
-    async fn list_allocations(&self, _req: Request<pb::ListAllocationsRequest>) -> Result<Response<pb::AllocationList>, Status> {
-        Ok(Response::new(pb::AllocationList { allocations: self.core.allocations() }))
+    async fn list_allocations(
+        &self,
+        _req: Request<pb::ListAllocationsRequest>,
+    ) -> Result<Response<pb::AllocationList>, Status> {
+        Ok(Response::new(pb::AllocationList {
+            allocations: self.core.allocations(),
+        }))
     }
 
-    async fn get_allocation(&self, req: Request<pb::GetAllocationRequest>) -> Result<Response<pb::Allocation>, Status> {
+    async fn get_allocation(
+        &self,
+        req: Request<pb::GetAllocationRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
         reply(self.core.allocation(req.into_inner().id))
     }
 }

@@ -8,6 +8,8 @@ pub mod master;
 pub mod session;
 
 /// Turns a core result into a gRPC response.
-pub(crate) fn reply<T>(r: Result<T, crate::error::CoreError>) -> Result<tonic::Response<T>, tonic::Status> {
+pub(crate) fn reply<T>(
+    r: Result<T, crate::error::CoreError>,
+) -> Result<tonic::Response<T>, tonic::Status> {
     r.map(tonic::Response::new).map_err(Into::into)
 }

@@ -105,7 +105,10 @@ impl session_server::Session for SessionService {
     }
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, size = req.get_ref().size))]
-    async fn alloc(&self, req: Request<pb::AllocRequest>) -> Result<Response<pb::Allocation>, Status> {
+    async fn alloc(
+        &self,
+        req: Request<pb::AllocRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
         let r = req.into_inner();
         let session = self.agent.session(&r.session_id)?;
         let owner = (!r.persistent).then(|| pb::Owner {
@@ -128,6 +131,9 @@ impl session_server::Session for SessionService {
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         let r = req.into_inner();
         self.agent.session(&r.session_id)?;
-        self.master.free(r).await.map(|()| Response::new(pb::FreeReply {}))
+        self.master
+            .free(r)
+            .await
+            .map(|()| Response::new(pb::FreeReply {}))
     }
 }

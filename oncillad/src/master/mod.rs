@@ -203,12 +203,22 @@ impl<L: AgentLink> Master<L> {
             owner: req.owner,
             created_unix_ms: unix_ms(),
         };
-        tracing::info!(alloc_id = id, size = req.size, extents = targets.len(), "allocated");
+        tracing::info!(
+            alloc_id = id,
+            size = req.size,
+            extents = targets.len(),
+            "allocated"
+        );
         self.lock().allocs.insert(id, alloc.clone());
         Ok(alloc)
     }
 
-    async fn rollback(&self, id: u64, targets: &[(Planned, String, String)], results: &[Result<u64, String>]) {
+    async fn rollback(
+        &self,
+        id: u64,
+        targets: &[(Planned, String, String)],
+        results: &[Result<u64, String>],
+    ) {
         let releases = targets
             .iter()
             .zip(results)
@@ -244,7 +254,10 @@ impl<L: AgentLink> Master<L> {
                     )));
                 }
             }
-            let alloc = st.allocs.remove(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+            let alloc = st
+                .allocs
+                .remove(&id)
+                .ok_or(CoreError::NoSuchAllocation(id))?;
             for e in &alloc.extents {
                 if let Some(n) = st.nodes.get_mut(&e.node) {
                     n.reserved = n.reserved.saturating_sub(page_round(e.len));
@@ -425,7 +438,10 @@ mod tests {
         assert_eq!(used, 8192 * 2);
         m.free(a.id, "").await.unwrap();
         assert!(m.nodes().iter().all(|n| n.used == 0));
-        assert!(matches!(m.free(a.id, "").await, Err(CoreError::NoSuchAllocation(_))));
+        assert!(matches!(
+            m.free(a.id, "").await,
+            Err(CoreError::NoSuchAllocation(_))
+        ));
     }
 
     #[tokio::test]
@@ -435,7 +451,10 @@ mod tests {
             ..FakeLink::default()
         };
         let m = master(link.clone());
-        let err = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap_err();
+        let err = m
+            .allocate(remote(10_000, &["a", "b"], None))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("agent b failed"), "{err}");
         assert_eq!(link.released.load(Ordering::SeqCst), 1);
         assert!(m.allocations().is_empty());

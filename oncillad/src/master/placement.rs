@@ -50,7 +50,9 @@ pub struct Request<'a> {
 /// every node's free space in the message).
 pub fn plan(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, CoreError> {
     if req.size == 0 {
-        return Err(CoreError::InvalidArgument("size must be at least 1 byte".into()));
+        return Err(CoreError::InvalidArgument(
+            "size must be at least 1 byte".into(),
+        ));
     }
     match req.kind {
         MemKind::LocalHost => {
@@ -113,7 +115,10 @@ fn split_over(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Co
 }
 
 fn anywhere(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, CoreError> {
-    let others = nodes.iter().filter(|n| n.up && n.name != req.origin).count();
+    let others = nodes
+        .iter()
+        .filter(|n| n.up && n.name != req.origin)
+        .count();
     let mut pool: Vec<&Candidate> = nodes
         .iter()
         .filter(|n| n.up && (others == 0 || n.name != req.origin))
@@ -207,21 +212,49 @@ mod tests {
 
     fn nodes() -> Vec<Candidate> {
         vec![
-            Candidate { name: "a".into(), free: 100 * P, up: true },
-            Candidate { name: "b".into(), free: 50 * P, up: true },
-            Candidate { name: "c".into(), free: 10 * P, up: true },
-            Candidate { name: "d".into(), free: 999 * P, up: false },
+            Candidate {
+                name: "a".into(),
+                free: 100 * P,
+                up: true,
+            },
+            Candidate {
+                name: "b".into(),
+                free: 50 * P,
+                up: true,
+            },
+            Candidate {
+                name: "c".into(),
+                free: 10 * P,
+                up: true,
+            },
+            Candidate {
+                name: "d".into(),
+                free: 999 * P,
+                up: false,
+            },
         ]
     }
 
     fn req<'a>(size: u64, kind: MemKind, names: &'a [String], origin: &'a str) -> Request<'a> {
-        Request { size, kind, nodes: names, origin }
+        Request {
+            size,
+            kind,
+            nodes: names,
+            origin,
+        }
     }
 
     #[test]
     fn local_goes_to_origin() {
         let p = plan(&req(10, MemKind::LocalHost, &[], "c"), &nodes()).unwrap();
-        assert_eq!(p, vec![Planned { node: "c".into(), alloc_offset: 0, len: 10 }]);
+        assert_eq!(
+            p,
+            vec![Planned {
+                node: "c".into(),
+                alloc_offset: 0,
+                len: 10
+            }]
+        );
         assert!(plan(&req(11 * P, MemKind::LocalHost, &[], "c"), &nodes()).is_err());
         assert!(plan(&req(10, MemKind::LocalHost, &[], ""), &nodes()).is_err());
     }
@@ -240,14 +273,25 @@ mod tests {
         assert_eq!(
             p,
             vec![
-                Planned { node: "a".into(), alloc_offset: 0, len: 100 * P },
-                Planned { node: "b".into(), alloc_offset: 100 * P, len: 20 * P },
+                Planned {
+                    node: "a".into(),
+                    alloc_offset: 0,
+                    len: 100 * P
+                },
+                Planned {
+                    node: "b".into(),
+                    alloc_offset: 100 * P,
+                    len: 20 * P
+                },
             ]
         );
         let err = plan(&req(500 * P, MemKind::RemoteHost, &[], ""), &nodes()).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("not enough capacity"), "{msg}");
-        assert!(msg.contains("a 400.0 KiB") && msg.contains("d 3.9 MiB (down)"), "{msg}");
+        assert!(
+            msg.contains("a 400.0 KiB") && msg.contains("d 3.9 MiB (down)"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -267,7 +311,10 @@ mod tests {
         let msg = plan(&req(1, MemKind::RemoteHost, &bad, ""), &nodes())
             .unwrap_err()
             .to_string();
-        assert!(msg.contains("unknown node \"zz\"") && msg.contains("a, b, c, d"), "{msg}");
+        assert!(
+            msg.contains("unknown node \"zz\"") && msg.contains("a, b, c, d"),
+            "{msg}"
+        );
         let down = vec!["d".to_string()];
         assert!(matches!(
             plan(&req(1, MemKind::RemoteHost, &down, ""), &nodes()),

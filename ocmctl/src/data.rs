@@ -1,0 +1,133 @@
+//! `ocmctl put` / `ocmctl get`: stream a file into or out of an allocation
+//! through the data path, a bounded chunk at a time, with progress on a
+//! terminal.
+
+use std::fs::File;
+use std::io::{IsTerminal, Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use liboncilla::fabric::DataPath;
+use oncilla_proto::auth::Token;
+use oncilla_proto::size::HumanBytes;
+
+use crate::master::Master;
+use crate::CliError;
+
+/// Bytes staged in memory at a time.
+const STAGE: u64 = 64 << 20;
+
+/// Copies `file` into allocation `id` at `offset`.
+///
+/// # Errors
+/// Unknown allocation, a file that does not fit, I/O and data-path errors.
+pub fn put(
+    master: &Master,
+    token: Token,
+    id: u64,
+    file: &Path,
+    offset: u64,
+) -> Result<(), CliError> {
+    let io_err = |source| CliError::Io {
+        path: file.display().to_string(),
+        source,
+    };
+    let desc = master.descriptor(id)?;
+    let mut f = File::open(file).map_err(io_err)?;
+    let total = f.metadata().map_err(io_err)?.len();
+    desc.check_range(offset, total)?;
+    let data = DataPath::new(token);
+    let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
+    let mut progress = Progress::new("put", total);
+    let mut done = 0u64;
+    while done < total {
+        let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
+        f.read_exact(&mut buf[..n]).map_err(io_err)?;
+        data.write(&desc, offset + done, &buf[..n])?;
+        done += n as u64;
+        progress.update(done);
+    }
+    progress.finish();
+    Ok(())
+}
+
+/// Copies `len` bytes (default: to the end) from allocation `id` at
+/// `offset` to `output` or stdout.
+///
+/// # Errors
+/// Unknown allocation, a range outside it, I/O and data-path errors.
+pub fn get(
+    master: &Master,
+    token: Token,
+    id: u64,
+    offset: u64,
+    len: Option<u64>,
+    output: Option<&Path>,
+) -> Result<(), CliError> {
+    let desc = master.descriptor(id)?;
+    let total = len.unwrap_or_else(|| desc.size.saturating_sub(offset));
+    desc.check_range(offset, total)?;
+    let name = output.map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
+    let io_err = |source| CliError::Io {
+        path: name.clone(),
+        source,
+    };
+    let mut out: Box<dyn Write> = match output {
+        Some(p) => Box::new(File::create(p).map_err(io_err)?),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let data = DataPath::new(token);
+    let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
+    let mut progress = Progress::new("get", total);
+    let mut done = 0u64;
+    while done < total {
+        let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
+        data.read(&desc, offset + done, &mut buf[..n])?;
+        out.write_all(&buf[..n]).map_err(io_err)?;
+        done += n as u64;
+        progress.update(done);
+    }
+    out.flush().map_err(io_err)?;
+    progress.finish();
+    Ok(())
+}
+
+/// A one-line progress report on stderr, shown only on a terminal and only
+/// for copies larger than one stage.
+struct Progress {
+    what: &'static str,
+    total: u64,
+    started: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(what: &'static str, total: u64) -> Self {
+        let shown = total > STAGE && std::io::stderr().is_terminal();
+        Self {
+            what,
+            total,
+            started: Instant::now(),
+            shown,
+        }
+    }
+
+    fn update(&mut self, done: u64) {
+        if self.shown {
+            let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+            eprint!(
+                "\r{} {} / {} ({:.0} MiB/s)   ",
+                self.what,
+                HumanBytes(done),
+                HumanBytes(self.total),
+                done as f64 / secs / f64::from(1u32 << 20)
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! ocmctl's connection to the master, and how wire records are shown
+//! (tables and JSON). Every subcommand goes through here.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use liboncilla::Descriptor;
+use oncilla_proto::auth::Token;
+use oncilla_proto::client::{self, MasterClient};
+use oncilla_proto::pb::{self, MemKind, NodeState};
+use oncilla_proto::size::HumanBytes;
+use serde_json::{json, Value};
+
+use crate::table::Table;
+use crate::CliError;
+
+/// A master connection for one ocmctl run.
+pub struct Master {
+    addr: String,
+    client: MasterClient,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Master {
+    /// # Errors
+    /// A bad address or a runtime that cannot start.
+    pub fn connect(addr: &str, token: &Token) -> Result<Self, CliError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CliError::Other(format!("cannot start runtime: {e}")))?;
+        let client = {
+            let _guard = rt.enter();
+            MasterClient::new(client::lazy(addr, token)?)
+        };
+        Ok(Self {
+            addr: addr.to_string(),
+            client,
+            rt,
+        })
+    }
+
+    fn call<T, F, Fut>(&self, f: F) -> Result<T, CliError>
+    where
+        F: FnOnce(MasterClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.rt
+            .block_on(f(self.client.clone()))
+            .map(tonic::Response::into_inner)
+            .map_err(|s| CliError::Rpc(client::unreachable("master", &self.addr, s)))
+    }
+
+    pub fn nodes(&self) -> Result<Vec<pb::NodeStatus>, CliError> {
+        self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })
+            .map(|r| r.nodes)
+    }
+
+    pub fn allocations(&self) -> Result<Vec<pb::Allocation>, CliError> {
+        self.call(|mut c| async move { c.list_allocations(pb::ListAllocationsRequest {}).await })
+            .map(|r| r.allocations)
+    }
+
+    pub fn allocation(&self, id: u64) -> Result<pb::Allocation, CliError> {
+        self.call(|mut c| async move { c.get_allocation(pb::GetAllocationRequest { id }).await })
+    }
+
+    /// A validated descriptor for the data path.
+    pub fn descriptor(&self, id: u64) -> Result<Descriptor, CliError> {
+        Ok(Descriptor::from_wire(self.allocation(id)?)?)
+    }
+
+    /// A persistent allocation (it outlives this process).
+    pub fn allocate(&self, size: u64, nodes: Vec<String>) -> Result<pb::Allocation, CliError> {
+        let req = pb::AllocateRequest {
+            size,
+            kind: MemKind::RemoteHost as i32,
+            nodes,
+            origin_node: String::new(),
+            owner: None,
+        };
+        self.call(|mut c| async move { c.allocate(req).await })
+    }
+
+    pub fn free(&self, id: u64) -> Result<(), CliError> {
+        let req = pb::FreeRequest {
+            id,
+            session_id: String::new(),
+        };
+        self.call(|mut c| async move { c.free(req).await })
+            .map(|_| ())
+    }
+}
+
+fn state(s: i32) -> &'static str {
+    match NodeState::try_from(s) {
+        Ok(NodeState::Up) => "up",
+        Ok(NodeState::Down) => "down",
+        _ => "unknown",
+    }
+}
+
+fn kind(k: i32) -> &'static str {
+    match MemKind::try_from(k) {
+        Ok(MemKind::LocalHost) => "local-host",
+        Ok(MemKind::RemoteHost) => "remote-host",
+        _ => "unknown",
+    }
+}
+
+fn owner(a: &pb::Allocation) -> String {
+    a.owner.as_ref().map_or_else(
+        || "persistent".to_string(),
+        |o| format!("{} (pid {} {}@{})", o.session_id, o.pid, o.program, o.node),
+    )
+}
+
+fn age(created_ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis();
+    let secs = u64::try_from(now)
+        .unwrap_or(u64::MAX)
+        .saturating_sub(created_ms)
+        / 1000;
+    match secs {
+        0..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m{}s", secs / 60, secs % 60),
+        _ => format!("{}h{}m", secs / 3600, secs % 3600 / 60),
+    }
+}
+
+/// Nodes as a table.
+pub fn nodes_table(nodes: &[pb::NodeStatus]) -> String {
+    let mut t = Table::new(&[
+        "NAME", "ADDRESS", "DATA", "CAPACITY", "USED", "FREE", "STATE", "FABRICS", "GPUS",
+    ]);
+    for n in nodes {
+        let info = n.info.clone().unwrap_or_default();
+        t.row(vec![
+            info.name,
+            info.agent_addr,
+            info.data_addr,
+            HumanBytes(info.capacity).to_string(),
+            HumanBytes(n.used).to_string(),
+            HumanBytes(info.capacity.saturating_sub(n.used)).to_string(),
+            state(n.state).to_string(),
+            info.fabrics.join(","),
+            info.gpus.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+/// Nodes as JSON.
+pub fn nodes_json(nodes: &[pb::NodeStatus]) -> Value {
+    Value::Array(
+        nodes
+            .iter()
+            .map(|n| {
+                let info = n.info.clone().unwrap_or_default();
+                json!({
+                    "name": info.name,
+                    "agent_addr": info.agent_addr,
+                    "data_addr": info.data_addr,
+                    "capacity": info.capacity,
+                    "used": n.used,
+                    "free": info.capacity.saturating_sub(n.used),
+                    "state": state(n.state),
+                    "fabrics": info.fabrics,
+                    "gpus": info.gpus,
+                    "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Allocations as a table.
+pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
+    let mut t = Table::new(&["ID", "SIZE", "KIND", "EXTENTS", "OWNER", "AGE"]);
+    for a in allocs {
+        let extents: Vec<String> = a
+            .extents
+            .iter()
+            .map(|e| format!("{}:{}", e.node, HumanBytes(e.len)))
+            .collect();
+        t.row(vec![
+            a.id.to_string(),
+            HumanBytes(a.size).to_string(),
+            kind(a.kind).to_string(),
+            extents.join(" "),
+            owner(a),
+            age(a.created_unix_ms),
+        ]);
+    }
+    t.render()
+}
+
+/// One allocation as JSON (the access key is never shown).
+pub fn alloc_json(a: &pb::Allocation) -> Value {
+    json!({
+        "id": a.id,
+        "size": a.size,
+        "kind": kind(a.kind),
+        "persistent": a.owner.is_none(),
+        "owner": a.owner.as_ref().map(|o| json!({
+            "session_id": o.session_id, "node": o.node, "pid": o.pid, "program": o.program,
+        })),
+        "created_unix_ms": a.created_unix_ms,
+        "extents": a.extents.iter().map(|e| json!({
+            "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,
+            "pool_offset": e.pool_offset, "data_addr": e.data_addr,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One allocation in detail.
+pub fn alloc_detail(a: &pb::Allocation) -> String {
+    let mut out = format!(
+        "id:       {}\nsize:     {} ({} bytes)\nkind:     {}\nowner:    {}\nage:      {}\n\n",
+        a.id,
+        HumanBytes(a.size),
+        a.size,
+        kind(a.kind),
+        owner(a),
+        age(a.created_unix_ms)
+    );
+    let mut t = Table::new(&["NODE", "OFFSET", "LENGTH", "POOL OFFSET", "DATA"]);
+    for e in &a.extents {
+        t.row(vec![
+            e.node.clone(),
+            e.alloc_offset.to_string(),
+            e.len.to_string(),
+            e.pool_offset.to_string(),
+            e.data_addr.clone(),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}

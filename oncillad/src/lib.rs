@@ -1,0 +1,256 @@
+//! The Oncilla node daemon as a library: `oncillad`'s binary is one call to
+//! [`main_with`], and `ocmctl demo` starts real daemon processes by running
+//! the same entry point. This file wires configuration, the pool, the roles
+//! and the servers together and owns start-up and shutdown.
+
+pub mod agent;
+pub mod config;
+pub mod error;
+pub mod fabric;
+pub mod grpc;
+pub mod master;
+pub mod pool;
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use oncilla_proto::auth::CheckToken;
+use oncilla_proto::pb::{
+    agent_server::AgentServer, master_server::MasterServer, session_server::SessionServer,
+};
+use oncilla_proto::size::HumanBytes;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+
+use config::{Cli, Config};
+
+/// Why the daemon stopped.
+#[derive(Debug, thiserror::Error)]
+enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Pool(#[from] pool::PoolError),
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unix socket {path}: {reason}")]
+    Socket { path: String, reason: String },
+    #[error(transparent)]
+    Addr(#[from] oncilla_proto::client::AddrError),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Runs the daemon with command-line `args` (the first is the program
+/// name) until SIGTERM or SIGINT; returns the process exit code.
+pub fn main_with<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init()
+        .ok();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    let config = match Config::load(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("oncillad: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match main_exec(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "oncillad stopped");
+            eprintln!("oncillad: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_exec(config: Config) -> Result<(), DaemonError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("oncillad")
+        .build()
+        .map_err(DaemonError::Runtime)?
+        .block_on(run(config))
+}
+
+async fn run(config: Config) -> Result<(), DaemonError> {
+    let check = CheckToken::new(config.token.clone());
+    let grpc_listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| bind_error("gRPC", config.listen, source))?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| bind_error("gRPC", config.listen, source))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let mut router = Server::builder().add_optional_service(config.master.then(|| {
+        let link = grpc::links::GrpcAgentLink::new(config.token.clone());
+        let core = Arc::new(master::Master::new(link, config.heartbeat));
+        MasterServer::with_interceptor(grpc::master::MasterService::new(core), check.clone())
+    }));
+
+    let mut unix = None;
+    if let Some(agent_cfg) = &config.agent {
+        let started = Instant::now();
+        let pool = pool::Pool::new(agent_cfg.capacity)?;
+        tracing::info!(capacity = %HumanBytes(pool.capacity()), elapsed_ms = started.elapsed().as_millis(), "pool ready (locked)");
+
+        let data = std::net::TcpListener::bind(agent_cfg.data_listen)
+            .map_err(|source| bind_error("data", agent_cfg.data_listen, source))?;
+        let data_addr = data
+            .local_addr()
+            .map_err(|source| bind_error("data", agent_cfg.data_listen, source))?;
+        let gpus = match oncilla_cuda::device_count() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::info!("{e}");
+                0
+            }
+        };
+        let node = oncilla_proto::pb::NodeInfo {
+            name: config.name.clone(),
+            agent_addr: config.advertised(grpc_addr),
+            data_addr: config.advertised(data_addr),
+            capacity: pool.capacity(),
+            gpus,
+            fabrics: vec!["tcp".into()],
+        };
+        let agent = Arc::new(agent::Agent::new(node, pool));
+        let held = agent.held();
+        let token = config.token.clone();
+        std::thread::Builder::new()
+            .name("oncilla-data-accept".into())
+            .spawn(move || fabric::tcp::serve(data, held, token))
+            .map_err(|source| bind_error("data", data_addr, source))?;
+
+        let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;
+        tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
+        router = router.add_service(AgentServer::with_interceptor(
+            grpc::agent::AgentService::new(Arc::clone(&agent)),
+            check.clone(),
+        ));
+        let listener = bind_unix(&agent_cfg.socket)?;
+        let session = SessionServer::with_interceptor(
+            grpc::session::SessionService::new(agent, master),
+            check.clone(),
+        );
+        let mut rx = stop_rx.clone();
+        unix = Some((
+            agent_cfg.socket.clone(),
+            tokio::spawn(
+                Server::builder()
+                    .add_service(session)
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                        let _ = rx.changed().await;
+                    }),
+            ),
+        ));
+        tracing::info!(node = %config.name, data = %data_addr, socket = %agent_cfg.socket.display(), join = %agent_cfg.join, "agent role ready");
+    }
+    if config.master {
+        tracing::info!(listen = %grpc_addr, "master role ready");
+    }
+    tracing::info!(grpc = %grpc_addr, "oncillad ready");
+
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+    let mut rx = stop_rx.clone();
+    let served = router
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+            let _ = rx.changed().await;
+        })
+        .await;
+    if let Some((path, task)) = unix {
+        let _ = task.await;
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove socket");
+        }
+    }
+    served.map_err(Into::into)
+}
+
+fn bind_error(what: &'static str, addr: SocketAddr, source: std::io::Error) -> DaemonError {
+    DaemonError::Bind {
+        what,
+        addr: addr.to_string(),
+        source,
+    }
+}
+
+/// Binds the session socket: owner and group only, replacing a stale file
+/// but never a live agent's socket.
+fn bind_unix(path: &Path) -> Result<UnixListener, DaemonError> {
+    let err = |reason: String| DaemonError::Socket {
+        path: path.display().to_string(),
+        reason,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            err(format!(
+                "cannot create {}: {e}; pass --socket with a writable path",
+                dir.display()
+            ))
+        })?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(err("another agent is listening on it".into()));
+        }
+        std::fs::remove_file(path).map_err(|e| err(format!("cannot remove stale socket: {e}")))?;
+    }
+    let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| err(format!("cannot restrict permissions: {e}")))?;
+    Ok(listener)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}
