@@ -73,8 +73,9 @@ where
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
+            // --help and --version land here too, with exit code 0.
             let _ = e.print();
-            return ExitCode::from(2);
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     let config = match Config::load(cli) {

@@ -1,0 +1,261 @@
+//! End to end through liboncilla against real daemons: placement kinds,
+//! copies across extents, and every error a user can hit.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use liboncilla::fabric::DataPath;
+use liboncilla::{AllocSpec, Error, Kind, Oncilla, Options};
+use oncilla_proto::auth::Token;
+use support::Cluster;
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn kinds_place_where_asked_and_copies_roundtrip() {
+    let c = Cluster::start(3, "16MiB");
+    let ocm = c.client(0);
+    assert_eq!(ocm.node(), "node-0");
+
+    let remote = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    assert!(remote.is_remote());
+    assert!(remote
+        .descriptor()
+        .extents
+        .iter()
+        .all(|e| e.node != "node-0"));
+
+    let local = ocm.alloc(64 << 10, Kind::LocalHost).unwrap();
+    assert!(!local.is_remote());
+    assert_eq!(local.descriptor().extents[0].node, "node-0");
+
+    let size = (3 << 20) + 7;
+    let striped = ocm
+        .alloc_with(&AllocSpec::new(size, Kind::RemoteHost).on_nodes(["node-1", "node-2"]))
+        .unwrap();
+    let nodes: Vec<&str> = striped
+        .descriptor()
+        .extents
+        .iter()
+        .map(|e| e.node.as_str())
+        .collect();
+    assert_eq!(nodes, ["node-1", "node-2"]);
+
+    for a in [&remote, &local, &striped] {
+        let data = bytes(a.size() as usize, a.id() as u8);
+        a.copy_in(0, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(back == data, "allocation {} did not round-trip", a.id());
+    }
+    // A range that crosses the boundary between node-1 and node-2.
+    let mid = striped.descriptor().extents[1].alloc_offset;
+    let patch = bytes(10_000, 99);
+    striped.copy_in(mid - 5_000, &patch).unwrap();
+    let mut back = vec![0u8; 10_000];
+    striped.copy_out(mid - 5_000, &mut back).unwrap();
+    assert_eq!(back, patch);
+
+    // Allocation-to-allocation copy.
+    ocm.copy(&remote, 0, &striped, mid - 5_000, 10_000).unwrap();
+    let mut back = vec![0u8; 10_000];
+    remote.copy_out(0, &mut back).unwrap();
+    assert_eq!(back, patch);
+
+    assert_eq!(c.allocation_count(), 3);
+    drop((remote, local));
+    striped.free().unwrap();
+    assert_eq!(c.allocation_count(), 0);
+}
+
+#[test]
+fn errors_say_what_went_wrong() {
+    let c = Cluster::start(2, "8MiB");
+    let ocm = c.client(0);
+    let a = ocm.alloc(4096, Kind::RemoteHost).unwrap();
+
+    let err = a.copy_in(4000, &[0u8; 200]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfBounds {
+                offset: 4000,
+                len: 200,
+                size: 4096
+            }
+        ),
+        "{err}"
+    );
+    let mut buf = [0u8; 1];
+    assert!(matches!(
+        a.copy_out(u64::MAX, &mut buf),
+        Err(Error::OutOfBounds { .. })
+    ));
+
+    let err = ocm.alloc(1 << 30, Kind::RemoteHost).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::CapacityExhausted(_)), "{msg}");
+    assert!(
+        msg.contains("not enough capacity") && msg.contains("node-1") && msg.contains("free"),
+        "{msg}"
+    );
+
+    let err = ocm
+        .alloc_with(&AllocSpec::new(10, Kind::RemoteHost).on_nodes(["nope"]))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(_))
+            && err.to_string().contains("unknown node \"nope\""),
+        "{err}"
+    );
+
+    let err = ocm.alloc(0, Kind::RemoteHost).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+
+    // Freed behind the handle's back: copies and free report it.
+    let id = a.id().to_string();
+    let out = c.ocmctl(&["free", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = a.copy_out(0, &mut buf).unwrap_err();
+    assert!(
+        matches!(err, Error::NotFound(_)) && err.to_string().contains("no such allocation"),
+        "{err}"
+    );
+    let err = a.free().unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err}");
+}
+
+#[test]
+fn wrong_token_is_denied_everywhere() {
+    let c = Cluster::start(1, "8MiB");
+    let wrong = Token::new("not-the-token").unwrap();
+    let err = Oncilla::connect_with(Options {
+        socket: c.socket(0),
+        token: wrong.clone(),
+    })
+    .err()
+    .expect("session with a wrong token");
+    assert!(
+        matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),
+        "{err}"
+    );
+
+    let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
+    let err = DataPath::new(wrong)
+        .read(a.descriptor(), 0, &mut [0u8; 8])
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),
+        "{err}"
+    );
+
+    let out = std::process::Command::new(support::bin("ocmctl"))
+        .args([
+            "nodes",
+            "--master",
+            &c.master_addr,
+            "--token",
+            "not-the-token",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+}
+
+#[test]
+fn master_outage_stops_allocation_not_copies() {
+    let mut c = Cluster::start(2, "8MiB");
+    let ocm = c.client(0);
+    let a = ocm.alloc(8192, Kind::RemoteHost).unwrap();
+    c.kill_master();
+
+    let err = ocm.alloc(4096, Kind::RemoteHost).unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    assert!(err.to_string().contains("master unreachable"), "{err}");
+
+    a.copy_in(100, b"still here").unwrap();
+    let mut back = [0u8; 10];
+    a.copy_out(100, &mut back).unwrap();
+    assert_eq!(&back, b"still here");
+}
+
+#[test]
+fn missing_agent_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("oncilla-none-{}", std::process::id()));
+    let err = Oncilla::connect_with(Options {
+        socket: dir.join("agent.sock"),
+        token: Token::new("t").unwrap(),
+    })
+    .err()
+    .expect("no agent there");
+    assert!(matches!(err, Error::AgentUnreachable { .. }), "{err}");
+    assert!(err.to_string().contains("is the agent running"), "{err}");
+}
+
+const CHILD_ENV: &str = "ONCILLA_TEST_CHILD";
+
+/// Runs in a child process (re-executed test binary): allocates and then
+/// leaves without freeing — by `exit`, which skips destructors, or by SIGKILL.
+#[test]
+fn child_allocates_and_leaves() {
+    let Ok(mode) = std::env::var(CHILD_ENV) else {
+        return; // only meaningful as the child of the test below
+    };
+    let socket = std::env::var("ONCILLA_SOCKET").unwrap();
+    let token = Token::from_env().unwrap();
+    let ocm = Oncilla::connect_with(Options {
+        socket: socket.into(),
+        token,
+    })
+    .unwrap();
+    let a = ocm.alloc(4096, Kind::RemoteHost).unwrap();
+    let b = ocm.alloc(8192, Kind::LocalHost).unwrap();
+    println!("allocated {} {}", a.id(), b.id());
+    std::mem::forget((a, b));
+    if mode == "kill" {
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+    std::process::exit(0);
+}
+
+#[test]
+fn exited_or_killed_processes_leave_no_allocation() {
+    let c = Cluster::start(2, "8MiB");
+    let persistent = c.ocmctl(&["alloc", "4096"]);
+    assert!(persistent.status.success());
+    for mode in ["exit", "kill"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_allocates_and_leaves",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, mode)
+            .env("ONCILLA_SOCKET", c.socket(0))
+            .env("ONCILLA_TOKEN_FILE", c.token_file())
+            .env_remove("ONCILLA_TOKEN")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("allocated"),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let gone = Cluster::eventually(Duration::from_secs(15), || c.allocation_count() == 1);
+        assert!(gone, "allocations of the {mode}ed process were not freed");
+    }
+}

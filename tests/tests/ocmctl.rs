@@ -1,0 +1,112 @@
+//! The operator's view: ocmctl against a real cluster, output and exit codes.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Output;
+
+use support::Cluster;
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "ocmctl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn fails_with(out: &Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(1), "expected exit 1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "stderr {err:?} lacks {needle:?}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected: {err:?}"
+    );
+}
+
+#[test]
+fn alloc_put_get_show_free() {
+    let c = Cluster::start(2, "8MiB");
+    let nodes = ok(&c.ocmctl(&["nodes"]));
+    assert!(
+        nodes.starts_with("NAME") && nodes.contains("node-0") && nodes.contains("node-1"),
+        "{nodes}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&c.ocmctl(&["nodes", "--json"]))).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[0]["capacity"], 8 << 20);
+
+    let id = ok(&c.ocmctl(&["alloc", "3MiB", "--node", "node-0", "--node", "node-1"]));
+    let id = id.trim();
+    let show: serde_json::Value =
+        serde_json::from_str(&ok(&c.ocmctl(&["show", id, "--json"]))).unwrap();
+    assert_eq!(show["extents"].as_array().unwrap().len(), 2);
+    assert_eq!(show["persistent"], true);
+    assert!(ok(&c.ocmctl(&["show", id])).contains("node-1"));
+
+    // Allocations made by ocmctl outlive it.
+    let allocs = ok(&c.ocmctl(&["allocs"]));
+    assert!(
+        allocs.contains("persistent") && allocs.contains("3.0 MiB"),
+        "{allocs}"
+    );
+
+    let input = c.dir.join("in.bin");
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&input, &data).unwrap();
+    ok(&c.ocmctl(&["put", id, input.to_str().unwrap(), "--offset", "100"]));
+    let output = c.dir.join("out.bin");
+    ok(&c.ocmctl(&[
+        "get",
+        id,
+        "--offset",
+        "100",
+        "--len",
+        "2000000",
+        "-o",
+        output.to_str().unwrap(),
+    ]));
+    assert!(std::fs::read(&output).unwrap() == data);
+    let head = c.ocmctl(&["get", id, "--offset", "100", "--len", "5"]);
+    assert_eq!(ok(&head).as_bytes(), &data[..5]);
+
+    fails_with(
+        &c.ocmctl(&["get", id, "--offset", "3145000", "--len", "1000"]),
+        "out of bounds",
+    );
+    fails_with(
+        &c.ocmctl(&["put", id, input.to_str().unwrap(), "--offset", "3000000"]),
+        "out of bounds",
+    );
+
+    ok(&c.ocmctl(&["free", id]));
+    fails_with(&c.ocmctl(&["free", id]), "no such allocation");
+    fails_with(&c.ocmctl(&["show", id]), "no such allocation");
+    fails_with(&c.ocmctl(&["get", "999"]), "no such allocation");
+    assert_eq!(c.allocation_count(), 0);
+}
+
+#[test]
+fn errors_are_one_clear_line() {
+    let c = Cluster::start(2, "4MiB");
+    let out = c.ocmctl(&["alloc", "1GiB"]);
+    fails_with(&out, "not enough capacity");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node-0 4.0 MiB") && err.contains("node-1 4.0 MiB"),
+        "{err}"
+    );
+    fails_with(
+        &c.ocmctl(&["alloc", "1MiB", "--node", "ghost"]),
+        "unknown node \"ghost\"",
+    );
+    fails_with(&c.ocmctl(&["alloc", "12XB"]), "invalid size");
+    fails_with(
+        &c.ocmctl(&["nodes", "--master", "127.0.0.1:1"]),
+        "master unreachable at 127.0.0.1:1",
+    );
+}

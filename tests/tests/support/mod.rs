@@ -1,0 +1,227 @@
+//! A real cluster for tests: `oncillad` processes on loopback in a private
+//! directory, plus helpers to drive them with liboncilla and `ocmctl`.
+//! Every wait is bounded; dropping the cluster kills every process it
+//! started and removes its directory.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use liboncilla::{Oncilla, Options};
+use oncilla_proto::auth::Token;
+
+/// How long a cluster may take to start.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Path of a workspace binary built next to this test executable.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not built; run the workspace tests with `cargo test --workspace`",
+        path.display()
+    );
+    path
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub token: Token,
+    pub master_addr: String,
+    master: Option<Child>,
+    agents: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    /// A master and `agents` agents named node-0.., each exporting `capacity`.
+    pub fn start(agents: usize, capacity: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "oncilla-test-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_hex: String = rand::random::<[u8; 16]>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        std::fs::write(dir.join("token"), &token_hex).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut c = Self {
+            dir,
+            token: Token::new(&token_hex).unwrap(),
+            master_addr: format!("127.0.0.1:{port}"),
+            master: None,
+            agents: Vec::new(),
+        };
+        c.start_master();
+        for i in 0..agents {
+            let child = c.spawn_agent(i, capacity);
+            c.agents.push(Some(child));
+        }
+        c.wait_nodes_up(agents);
+        c
+    }
+
+    fn spawn(&self, log: &str, args: &[&str]) -> Child {
+        let log = std::fs::File::create(self.dir.join(log)).unwrap();
+        Command::new(bin("oncillad"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start oncillad")
+    }
+
+    pub fn start_master(&mut self) {
+        let tf = self.token_file();
+        let child = self.spawn(
+            "master.log",
+            &[
+                "--master",
+                "--listen",
+                &self.master_addr.clone(),
+                "--token-file",
+                &tf,
+                "--heartbeat-ms",
+                "200",
+            ],
+        );
+        self.master = Some(child);
+    }
+
+    fn spawn_agent(&self, i: usize, capacity: &str) -> Child {
+        let sock = self.socket(i).display().to_string();
+        let name = format!("node-{i}");
+        self.spawn(
+            &format!("{name}.log"),
+            &[
+                "--join",
+                &self.master_addr,
+                "--name",
+                &name,
+                "--listen",
+                "127.0.0.1:0",
+                "--data-listen",
+                "127.0.0.1:0",
+                "--socket",
+                &sock,
+                "--capacity",
+                capacity,
+                "--token-file",
+                &self.token_file(),
+                "--heartbeat-ms",
+                "200",
+            ],
+        )
+    }
+
+    pub fn token_file(&self) -> String {
+        self.dir.join("token").display().to_string()
+    }
+
+    pub fn socket(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("node-{i}.sock"))
+    }
+
+    /// Waits until the master lists `n` nodes up and their sockets exist.
+    pub fn wait_nodes_up(&self, n: usize) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let out = self.ocmctl(&["nodes", "--json"]);
+            if out.status.success() {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let up = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|n| n["state"] == "up")
+                    .count();
+                if up == n && (0..n).all(|i| self.socket(i).exists()) {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster not up in time; logs in {}",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A session through agent `i`.
+    pub fn client(&self, i: usize) -> Oncilla {
+        Oncilla::connect_with(Options {
+            socket: self.socket(i),
+            token: self.token.clone(),
+        })
+        .expect("connect to agent")
+    }
+
+    /// Runs ocmctl against this cluster.
+    pub fn ocmctl(&self, args: &[&str]) -> Output {
+        Command::new(bin("ocmctl"))
+            .args(args)
+            .env("ONCILLA_MASTER", &self.master_addr)
+            .env("ONCILLA_TOKEN_FILE", self.token_file())
+            .env_remove("ONCILLA_TOKEN")
+            .output()
+            .expect("run ocmctl")
+    }
+
+    /// Number of allocations the master lists.
+    pub fn allocation_count(&self) -> usize {
+        let out = self.ocmctl(&["allocs", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().unwrap().len()
+    }
+
+    /// Polls `cond` every 50 ms for up to `limit`.
+    pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cond()
+    }
+
+    pub fn kill_master(&mut self) {
+        if let Some(mut c) = self.master.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let children = self
+            .master
+            .iter_mut()
+            .chain(self.agents.iter_mut().flatten());
+        for c in children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
