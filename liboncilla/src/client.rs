@@ -21,6 +21,7 @@ use tonic::transport::{Endpoint, Uri};
 
 use crate::descriptor::{Descriptor, Kind};
 use crate::error::{Error, Result};
+use crate::fabric::shm::Mapping;
 use crate::fabric::DataPath;
 
 /// How to reach the local agent.
@@ -88,6 +89,8 @@ impl AllocSpec {
 
 struct Inner {
     rt: tokio::runtime::Runtime,
+    socket: PathBuf,
+    token: Token,
     session: SessionClient,
     session_id: String,
     node: String,
@@ -162,6 +165,8 @@ impl Oncilla {
         Ok(Self {
             inner: Arc::new(Inner {
                 rt,
+                socket: opts.socket,
+                token: opts.token.clone(),
                 session,
                 session_id,
                 node,
@@ -204,11 +209,30 @@ impl Oncilla {
         };
         let mut client = self.inner.session.clone();
         let wire = self.inner.rt.block_on(client.alloc(req))?.into_inner();
-        Ok(Allocation {
+        let mut alloc = Allocation {
             ocm: self.clone(),
             desc: Descriptor::from_wire(wire)?,
+            local: None,
             freed: false,
-        })
+        };
+        if alloc.desc.kind == Kind::LocalHost {
+            // Local memory is mapped straight into this process.
+            let e = &alloc.desc.extents[..];
+            let [extent] = e else {
+                return Err(Error::Internal(
+                    "local allocation with several extents".into(),
+                ));
+            };
+            alloc.local = Some(Mapping::open(
+                &self.inner.socket,
+                &self.inner.token,
+                alloc.desc.id,
+                &alloc.desc.key,
+                extent.alloc_offset,
+                extent.len,
+            )?);
+        }
+        Ok(alloc)
     }
 
     /// Copies `len` bytes from one allocation to another through a local
@@ -259,6 +283,8 @@ impl Oncilla {
 pub struct Allocation {
     ocm: Oncilla,
     desc: Descriptor,
+    /// The mapping of a local allocation; copies to it are memcpy.
+    local: Option<Mapping>,
     freed: bool,
 }
 
@@ -304,7 +330,23 @@ impl Allocation {
     /// # Errors
     /// [`Error::OutOfBounds`]; fabric failures.
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
-        self.ocm.inner.data.write(&self.desc, offset, src)
+        self.desc.check_range(offset, src.len() as u64)?;
+        match &self.local {
+            Some(map) => {
+                // SAFETY: the range was checked against the allocation, which
+                // the mapping covers whole, and the mapping lives as long as
+                // `self`; `src` is caller memory, so the two cannot overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src.as_ptr(),
+                        map.as_ptr().add(to_usize(offset)?),
+                        src.len(),
+                    )
+                };
+                Ok(())
+            }
+            None => self.ocm.inner.data.write(&self.desc, offset, src),
+        }
     }
 
     /// Reads `dst.len()` bytes from `offset`.
@@ -312,7 +354,40 @@ impl Allocation {
     /// # Errors
     /// [`Error::OutOfBounds`]; fabric failures.
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.ocm.inner.data.read(&self.desc, offset, dst)
+        self.desc.check_range(offset, dst.len() as u64)?;
+        match &self.local {
+            Some(map) => {
+                // SAFETY: as in `copy_in`, with the roles of the buffers swapped.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        map.as_ptr().add(to_usize(offset)?),
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                Ok(())
+            }
+            None => self.ocm.inner.data.read(&self.desc, offset, dst),
+        }
+    }
+
+    /// The bytes of a local allocation as plain memory in this process
+    /// (shared with the agent's pool: no copy is involved).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an allocation that is not local; use
+    /// [`Allocation::copy_in`] and [`Allocation::copy_out`] for those.
+    pub fn localbuf(&mut self) -> Result<&mut [u8]> {
+        let id = self.desc.id;
+        let map = self.local.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "allocation {id} is not local; use copy_in/copy_out"
+            ))
+        })?;
+        // SAFETY: the mapping is valid for `len` bytes for as long as `self`
+        // lives, and `&mut self` makes this the only reference into it from
+        // this process for the slice's lifetime.
+        Ok(unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), map.len()) })
     }
 
     /// Frees the allocation now.
@@ -321,12 +396,14 @@ impl Allocation {
     /// [`Error::NotFound`] when someone already freed it; control-path failures.
     pub fn free(mut self) -> Result<()> {
         self.freed = true;
+        self.local = None;
         self.ocm.free_id(self.desc.id)
     }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
+        self.local = None;
         if self.freed || self.desc.owner.is_none() {
             return;
         }
@@ -349,6 +426,10 @@ async fn uds_channel(
             async move { UnixStream::connect(path).await.map(TokioIo::new) }
         }))
         .await
+}
+
+fn to_usize(v: u64) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::Internal("offset beyond the address space".into()))
 }
 
 fn program_name() -> String {

@@ -144,7 +144,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             data_addr: config.advertised(data_addr),
             capacity: pool.capacity(),
             gpus,
-            fabrics: vec!["tcp".into()],
+            fabrics: vec!["tcp".into(), "shm".into()],
         };
         let agent = Arc::new(agent::Agent::new(node, pool));
         let held = agent.held();
@@ -153,6 +153,25 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             .name("oncilla-data-accept".into())
             .spawn(move || fabric::tcp::serve(data, held, token))
             .map_err(|source| bind_error("data", data_addr, source))?;
+
+        let map_path = oncilla_proto::map_socket(&agent_cfg.socket);
+        let map_listener = bind_unix(&map_path)?
+            .into_std()
+            .map_err(|e| DaemonError::Socket {
+                path: map_path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        map_listener
+            .set_nonblocking(false)
+            .map_err(|e| DaemonError::Socket {
+                path: map_path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        let (pool, held, token) = (Arc::clone(agent.pool()), agent.held(), config.token.clone());
+        std::thread::Builder::new()
+            .name("oncilla-map".into())
+            .spawn(move || fabric::shm::serve(map_listener, pool, held, token))
+            .map_err(|source| bind_error("map", data_addr, source))?;
 
         let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;
         tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
@@ -196,8 +215,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .await;
     if let Some((path, task)) = unix {
         let _ = task.await;
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove socket");
+        for p in [oncilla_proto::map_socket(&path), path] {
+            if let Err(e) = std::fs::remove_file(&p) {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
+            }
         }
     }
     served.map_err(Into::into)

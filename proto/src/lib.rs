@@ -22,3 +22,11 @@ pub const DEFAULT_MASTER_PORT: u16 = 7070;
 pub const DEFAULT_SOCKET: &str = "/run/oncilla/agent.sock";
 /// Page size used to align extents.
 pub const PAGE: u64 = 4096;
+
+/// The agent's same-node mapping socket, next to its session socket
+/// (`agent.sock` → `agent.sock.map`).
+pub fn map_socket(session_socket: &std::path::Path) -> std::path::PathBuf {
+    let mut s = session_socket.as_os_str().to_owned();
+    s.push(".map");
+    s.into()
+}

@@ -76,6 +76,39 @@ fn kinds_place_where_asked_and_copies_roundtrip() {
 }
 
 #[test]
+fn local_allocations_are_mapped_pool_memory() {
+    let c = Cluster::start(2, "8MiB");
+    let ocm = c.client(0);
+    let mut local = ocm.alloc(10_000, Kind::LocalHost).unwrap();
+    let buf = local.localbuf().unwrap();
+    assert_eq!(buf.len(), 10_000);
+    assert!(buf.iter().all(|&b| b == 0), "fresh memory is zeroed");
+    buf[..5].copy_from_slice(b"hello");
+    buf[9_995..].copy_from_slice(b"world");
+
+    // The same bytes, seen through the agent's pool over TCP.
+    let dp = DataPath::new(c.token.clone());
+    let mut over_tcp = [0u8; 5];
+    dp.read(local.descriptor(), 9_995, &mut over_tcp).unwrap();
+    assert_eq!(&over_tcp, b"world");
+    dp.write(local.descriptor(), 0, b"HELLO").unwrap();
+    let mut back = [0u8; 5];
+    local.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"HELLO");
+    assert!(matches!(
+        local.copy_in(9_999, b"xy"),
+        Err(Error::OutOfBounds { .. })
+    ));
+
+    let mut remote = ocm.alloc(4096, Kind::RemoteHost).unwrap();
+    let err = remote.localbuf().unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("not local"),
+        "{err}"
+    );
+}
+
+#[test]
 fn errors_say_what_went_wrong() {
     let c = Cluster::start(2, "8MiB");
     let ocm = c.client(0);

@@ -4,6 +4,7 @@
 //! It never talks to the master or the agent's control socket: a
 //! [`Descriptor`] carries everything it needs.
 
+pub mod shm;
 pub mod tcp;
 
 use std::collections::BTreeMap;
