@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# A multi-node Oncilla cluster on one machine: each node in its own network
+# namespace, joined to a bridge by a veth pair, on the private subnet
+# 10.78.0.0/24 (traffic never leaves the machine). Needs root and iproute2.
+#
+#   deploy/netns-cluster.sh up [NODES] [CAPACITY]   # default 3 nodes, 256MiB each
+#   deploy/netns-cluster.sh status
+#   deploy/netns-cluster.sh run NODE CMD...         # e.g. run 1 ocmctl nodes
+#   deploy/netns-cluster.sh down
+#
+# Node 0 runs the master and an agent; the others run agents. Binaries come
+# from target/release (build with `cargo build --release --workspace`) or
+# $ONCILLA_BIN. State, logs and the token live in $ONCILLA_NETNS_DIR
+# (default /tmp/oncilla-netns); ONCILLA_NETNS_PREFIX names the namespaces.
+set -euo pipefail
+
+BIN=${ONCILLA_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
+DIR=${ONCILLA_NETNS_DIR:-/tmp/oncilla-netns}
+# Prefix for namespace and link names, so two clusters can coexist.
+P=${ONCILLA_NETNS_PREFIX:-ocn}
+BR=${P}br
+NET=10.78.0
+
+ns() { echo "$P$1"; }
+
+up() {
+  local n=${1:-3} cap=${2:-256MiB}
+  [ -x "$BIN/oncillad" ] || { echo "no $BIN/oncillad: cargo build --release --workspace" >&2; exit 1; }
+  mkdir -p "$DIR"
+  [ -f "$DIR/token" ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/token"
+  chmod 600 "$DIR/token"
+  ip link add "$BR" type bridge 2>/dev/null || true
+  ip link set "$BR" up
+  for i in $(seq 0 $((n - 1))); do
+    local s; s=$(ns "$i")
+    ip netns add "$s" 2>/dev/null || true
+    ip link add "${P}v$i" type veth peer name "${P}p$i" 2>/dev/null || true
+    ip link set "${P}p$i" netns "$s" 2>/dev/null || true
+    ip link set "${P}v$i" master "$BR" up
+    ip -n "$s" addr replace "$NET.$((i + 10))/24" dev "${P}p$i"
+    ip -n "$s" link set "${P}p$i" up
+    ip -n "$s" link set lo up
+  done
+  echo "$n" > "$DIR/nodes"
+  local master="$NET.10:7070"
+  for i in $(seq 0 $((n - 1))); do
+    local s ip role=(); s=$(ns "$i"); ip="$NET.$((i + 10))"
+    [ "$i" -eq 0 ] && role=(--master)
+    ip netns exec "$s" setsid "$BIN/oncillad" "${role[@]}" --join "$master" --name "node-$i" \
+      --listen "$ip:7070" --data-listen "$ip:7071" --socket "$DIR/node-$i.sock" \
+      --capacity "$cap" --token-file "$DIR/token" >"$DIR/node-$i.log" 2>&1 &
+    echo $! > "$DIR/node-$i.pid"
+  done
+  for _ in $(seq 1 100); do
+    if ONCILLA_MASTER=$master ONCILLA_TOKEN_FILE=$DIR/token ip netns exec "$(ns 0)" \
+         "$BIN/ocmctl" nodes --json 2>/dev/null | grep -c '"up"' | grep -qx "$n"; then
+      echo "cluster up: $n nodes; master $master"
+      echo "  deploy/netns-cluster.sh run 0 ocmctl nodes"
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "cluster did not come up; logs in $DIR" >&2
+  exit 1
+}
+
+run() {
+  local i=$1; shift
+  local cmd=$1; shift
+  [ -x "$BIN/$cmd" ] && cmd="$BIN/$cmd"
+  ONCILLA_MASTER="$NET.10:7070" ONCILLA_TOKEN_FILE="$DIR/token" ONCILLA_SOCKET="$DIR/node-$i.sock" \
+    ip netns exec "$(ns "$i")" "$cmd" "$@"
+}
+
+down() {
+  local n; n=$(cat "$DIR/nodes" 2>/dev/null || echo 0)
+  for f in "$DIR"/node-*.pid; do
+    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+  done
+  sleep 0.5
+  for f in "$DIR"/node-*.pid; do
+    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
+  done
+  for i in $(seq 0 $((n - 1))); do
+    ip link del "${P}v$i" 2>/dev/null || true
+    ip netns del "$(ns "$i")" 2>/dev/null || true
+  done
+  ip link del "$BR" 2>/dev/null || true
+  rm -rf "$DIR"
+  echo "cluster down"
+}
+
+status() {
+  ip netns list | grep "^$P" || echo "no namespaces"
+  [ -f "$DIR/nodes" ] && run 0 ocmctl nodes || true
+}
+
+case "${1:-}" in
+  up) shift; up "$@" ;;
+  down) down ;;
+  status) status ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
+esac
