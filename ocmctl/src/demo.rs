@@ -256,18 +256,14 @@ impl Cluster {
             .mode(0o700)
             .create(&dir)
             .map_err(|source| io_err(&dir, source))?;
-        let token_hex: String = rand::random::<[u8; 16]>()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let token = Token::new(&token_hex)?;
+        let token = Token::random();
         let token_path = dir.join("token");
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&token_path)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, token_hex.as_bytes()))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, token.as_str().as_bytes()))
             .map_err(|source| io_err(&token_path, source))?;
         let port = free_port()?;
         let master_addr = format!("127.0.0.1:{port}");

@@ -90,6 +90,20 @@ impl Token {
         Self::resolve(value.as_deref(), file.as_deref().map(Path::new))
     }
 
+    /// A fresh random token (128 bits, hex) for a new cluster.
+    pub fn random() -> Self {
+        let hex: String = rand::random::<[u8; 16]>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Self(hex.into())
+    }
+
+    /// The token's text, to store in a token file.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
     /// The token's bytes, for the data handshake.
     pub fn as_bytes(&self) -> &[u8] {
         self.0.as_bytes()
@@ -97,14 +111,7 @@ impl Token {
 
     /// Constant-time comparison with a presented token.
     pub fn matches(&self, presented: &[u8]) -> bool {
-        let mine = self.0.as_bytes();
-        if mine.len() != presented.len() {
-            return false;
-        }
-        mine.iter()
-            .zip(presented)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        ct_eq(self.0.as_bytes(), presented)
     }
 
     fn bearer(&self) -> MetadataValue<Ascii> {
@@ -112,6 +119,11 @@ impl Token {
         MetadataValue::try_from(format!("Bearer {}", self.0))
             .unwrap_or_else(|_| MetadataValue::from_static(""))
     }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Client-side interceptor that attaches the token to every call.

@@ -8,6 +8,7 @@ pub mod shm;
 pub mod tcp;
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 
 use oncilla_proto::auth::Token;
 
@@ -89,6 +90,26 @@ impl DataPath {
             }
             result
         })
+    }
+}
+
+/// The client half of the handshake every agent socket starts with.
+/// `fail` turns a transport problem into the caller's error.
+///
+/// # Errors
+/// [`Error::PermissionDenied`] when the agent refuses the token, else `fail(..)`.
+pub(crate) fn greet(
+    stream: &mut (impl Read + Write),
+    token: &Token,
+    fail: impl Fn(String) -> Error,
+) -> Result<()> {
+    use oncilla_proto::wire::{self, Welcome};
+    wire::write_hello(stream, token.as_bytes()).map_err(|e| fail(e.to_string()))?;
+    let (code, msg) = wire::read_welcome(stream).map_err(|e| fail(e.to_string()))?;
+    match code {
+        Welcome::Ok => Ok(()),
+        Welcome::Denied => Err(Error::PermissionDenied(msg)),
+        Welcome::BadVersion => Err(fail(msg)),
     }
 }
 

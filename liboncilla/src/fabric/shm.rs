@@ -15,7 +15,7 @@ use std::time::Duration;
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use oncilla_proto::auth::Token;
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
+use oncilla_proto::wire::{self, Op, Reply, Request, Status, KEY_LEN, REPLY_LEN};
 use oncilla_proto::PAGE;
 
 use crate::error::{Error, Result};
@@ -62,11 +62,7 @@ impl Mapping {
         stream
             .set_write_timeout(Some(TIMEOUT))
             .map_err(|e| fail(e.to_string()))?;
-        wire::write_hello(&mut stream, token.as_bytes()).map_err(|e| fail(e.to_string()))?;
-        let (code, msg) = wire::read_welcome(&mut stream).map_err(|e| fail(e.to_string()))?;
-        if code != Welcome::Ok {
-            return Err(Error::PermissionDenied(msg));
-        }
+        super::greet(&mut stream, token, fail)?;
         let req = Request {
             op: Op::Read,
             alloc_id: id,

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use oncilla_proto::auth::Token;
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
+use oncilla_proto::wire::{self, Op, Reply, Request, Status, KEY_LEN, REPLY_LEN};
 
 use crate::error::{Error, Result};
 
@@ -184,13 +184,8 @@ impl TcpFabric {
         stream
             .set_write_timeout(Some(IO_TIMEOUT))
             .map_err(|e| fail(e.to_string()))?;
-        wire::write_hello(&mut stream, self.token.as_bytes()).map_err(|e| fail(e.to_string()))?;
-        let (code, msg) = wire::read_welcome(&mut stream).map_err(|e| fail(e.to_string()))?;
-        match code {
-            Welcome::Ok => Ok(stream),
-            Welcome::Denied => Err(Error::PermissionDenied(format!("{addr}: {msg}"))),
-            Welcome::BadVersion => Err(fail(msg)),
-        }
+        super::greet(&mut stream, &self.token, fail)?;
+        Ok(stream)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<TcpStream>>> {

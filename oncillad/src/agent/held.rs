@@ -28,22 +28,17 @@ pub struct Held {
 }
 
 impl Held {
-    /// The extent that contains all of `[offset, offset + len)`, if one does.
-    pub fn extent_for(&self, offset: u64, len: u64) -> Option<&HeldExtent> {
+    /// Index of the extent that contains all of `[offset, offset + len)`, if one does.
+    pub fn extent_for(&self, offset: u64, len: u64) -> Option<usize> {
         let end = offset.checked_add(len)?;
         self.extents
             .iter()
-            .map(AsRef::as_ref)
-            .find(|e| e.alloc_offset <= offset && end <= e.alloc_offset + e.len)
+            .position(|e| e.alloc_offset <= offset && end <= e.alloc_offset + e.len)
     }
 
     /// Constant-time check of a presented access key.
     pub fn key_matches(&self, presented: &[u8; KEY_LEN]) -> bool {
-        self.key
-            .iter()
-            .zip(presented)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        oncilla_proto::auth::ct_eq(&self.key, presented)
     }
 }
 
@@ -73,8 +68,8 @@ mod tests {
                 }),
             ],
         };
-        assert_eq!(held.extent_for(0, 100).map(|e| e.alloc_offset), Some(0));
-        assert_eq!(held.extent_for(350, 50).map(|e| e.alloc_offset), Some(300));
+        assert_eq!(held.extent_for(0, 100), Some(0));
+        assert_eq!(held.extent_for(350, 50), Some(1));
         assert!(held.extent_for(50, 100).is_none());
         assert!(held.extent_for(150, 10).is_none());
         assert!(held.extent_for(399, 2).is_none());

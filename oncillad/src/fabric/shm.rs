@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use oncilla_proto::auth::Token;
-use oncilla_proto::wire::{self, Reply, Request, Status, Welcome, REQUEST_LEN};
+use oncilla_proto::wire::{self, Reply, Request, Status, REQUEST_LEN};
 
 use crate::agent::held::HeldTable;
 use crate::pool::Pool;
@@ -51,45 +51,22 @@ fn serve_one(
 ) -> Result<(), wire::WireError> {
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
-    let (version, presented) = wire::read_hello(&mut stream)?;
-    if version != wire::VERSION || !token.matches(&presented) {
-        return wire::write_welcome(
-            &mut stream,
-            Welcome::Denied,
-            "permission denied: wrong cluster token or version",
-        );
+    if !super::accept(&mut stream, token)? {
+        return Ok(());
     }
-    wire::write_welcome(&mut stream, Welcome::Ok, "")?;
     let mut head = [0u8; REQUEST_LEN];
     stream.read_exact(&mut head)?;
     let req = Request::decode(&head)?;
-    let entry = held.get(&req.alloc_id).map(|e| Arc::clone(e.value()));
-    let found = entry
-        .as_deref()
-        .map(|h| (h.key_matches(&req.key), h.extent_for(req.offset, req.len)));
-    let (status, msg, pool_offset) = match found {
-        None => (
-            Status::NoSuchAllocation,
-            format!("no such allocation on this node: {}", req.alloc_id),
-            0,
-        ),
-        Some((false, _)) => (
-            Status::BadKey,
-            format!(
-                "permission denied: wrong access key for allocation {}",
-                req.alloc_id
-            ),
-            0,
-        ),
-        Some((true, None)) => (
-            Status::OutOfBounds,
-            "range is not an extent held by this node".into(),
-            0,
-        ),
-        Some((true, Some(e))) if e.alloc_offset != req.offset => {
-            (Status::OutOfBounds, "map whole extents only".into(), 0)
+    let (status, msg, pool_offset) = match super::authorize(held, &req) {
+        Ok(ok) if ok.at != 0 || ok.held.extents[ok.extent].len != req.len => {
+            (Status::OutOfBounds, "map whole extents only".to_string(), 0)
         }
-        Some((true, Some(e))) => (Status::Ok, String::new(), e.memory.offset()),
+        Ok(ok) => (
+            Status::Ok,
+            String::new(),
+            ok.held.extents[ok.extent].memory.offset(),
+        ),
+        Err((status, msg)) => (status, msg, 0),
     };
     if status != Status::Ok {
         let reply = Reply {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, REQUEST_LEN};
 
-use crate::agent::held::{Held, HeldExtent, HeldTable};
+use crate::agent::held::HeldTable;
 
 /// Most data connections served at once.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -75,23 +75,9 @@ impl Connection {
     fn run(mut self, token: &Token) -> Result<(), wire::WireError> {
         self.stream.set_nodelay(true)?;
         self.stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let (version, presented) = wire::read_hello(&mut self.stream)?;
-        if version != wire::VERSION {
-            let msg = format!(
-                "data protocol version {version} not supported (this agent speaks {})",
-                wire::VERSION
-            );
-            return wire::write_welcome(&mut self.stream, Welcome::BadVersion, &msg);
+        if !super::accept(&mut self.stream, token)? {
+            return Ok(());
         }
-        if !token.matches(&presented) {
-            tracing::warn!(peer = ?self.stream.peer_addr().ok(), "data connection with wrong token");
-            return wire::write_welcome(
-                &mut self.stream,
-                Welcome::Denied,
-                "permission denied: wrong cluster token",
-            );
-        }
-        wire::write_welcome(&mut self.stream, Welcome::Ok, "")?;
         self.stream.set_read_timeout(None)?;
         loop {
             let mut head = [0u8; REQUEST_LEN];
@@ -127,16 +113,8 @@ impl Connection {
                 Ok(())
             };
         }
-        let held = self.held.get(&req.alloc_id).map(|e| Arc::clone(e.value()));
-        let target = match held.as_deref() {
-            Some(h) => check(h, req),
-            None => Err((
-                Status::NoSuchAllocation,
-                format!("no such allocation on this node: {}", req.alloc_id),
-            )),
-        };
-        let (extent, at) = match target {
-            Ok(t) => t,
+        let ok = match super::authorize(&self.held, req) {
+            Ok(ok) => ok,
             Err((status, msg)) => {
                 if req.op == Op::Write {
                     self.drain(req.len)?;
@@ -144,6 +122,8 @@ impl Connection {
                 return self.fail(status, &msg);
             }
         };
+        let extent = &ok.held.extents[ok.extent];
+        let at = ok.at;
         let len = usize::try_from(req.len).unwrap_or(0);
         let ptr = extent.memory.ptr(at);
         match req.op {
@@ -154,9 +134,9 @@ impl Connection {
                 }
                 .encode();
                 self.stream.write_all(&head)?;
-                // SAFETY: `check` proved [at, at+len) lies inside this extent,
-                // and `held` keeps the extent alive (not freed or recycled)
-                // until this copy returns.
+                // SAFETY: `authorize` proved [at, at+len) lies inside this
+                // extent, and `ok.held` keeps it alive (not freed or
+                // recycled) until this copy returns.
                 unsafe { send_raw(&self.stream, ptr, len)? };
             }
             Op::Write => {
@@ -189,32 +169,6 @@ impl Connection {
     fn drain(&mut self, len: u64) -> Result<(), wire::WireError> {
         io::copy(&mut (&mut self.stream).take(len), &mut io::sink())?;
         Ok(())
-    }
-}
-
-/// Validates a request against what the node holds of its allocation;
-/// returns the extent that contains the whole range and the offset in it.
-fn check<'h>(held: &'h Held, req: &Request) -> Result<(&'h HeldExtent, u64), (Status, String)> {
-    if !held.key_matches(&req.key) {
-        return Err((
-            Status::BadKey,
-            format!(
-                "permission denied: wrong access key for allocation {}",
-                req.alloc_id
-            ),
-        ));
-    }
-    match held.extent_for(req.offset, req.len) {
-        Some(e) => Ok((e, req.offset - e.alloc_offset)),
-        None => Err((
-            Status::OutOfBounds,
-            format!(
-                "out of bounds: bytes {}..{} of allocation {} are not held by this node",
-                req.offset,
-                req.offset.saturating_add(req.len),
-                req.alloc_id
-            ),
-        )),
     }
 }
 

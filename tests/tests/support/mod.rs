@@ -45,11 +45,8 @@ impl Cluster {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let token_hex: String = rand::random::<[u8; 16]>()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        std::fs::write(dir.join("token"), &token_hex).unwrap();
+        let token = Token::random();
+        std::fs::write(dir.join("token"), token.as_str()).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -57,7 +54,7 @@ impl Cluster {
             .port();
         let mut c = Self {
             dir,
-            token: Token::new(&token_hex).unwrap(),
+            token,
             master_addr: format!("127.0.0.1:{port}"),
             master: None,
             agents: Vec::new(),
