@@ -177,27 +177,11 @@ impl Connection {
 /// # Safety
 /// `ptr..ptr+len` must stay mapped and readable until this returns.
 unsafe fn send_raw(sock: &TcpStream, ptr: *const u8, len: usize) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
+    let fd = sock.as_raw_fd();
+    transfer(len, |done| {
         // SAFETY: the caller guarantees the range is readable; `done < len`.
-        let n = unsafe {
-            libc::send(
-                sock.as_raw_fd(),
-                ptr.add(done).cast(),
-                len - done,
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        done += n.unsigned_abs();
-    }
-    Ok(())
+        unsafe { libc::send(fd, ptr.add(done).cast(), len - done, libc::MSG_NOSIGNAL) }
+    })
 }
 
 /// Receives exactly `len` bytes into `ptr`.
@@ -205,17 +189,19 @@ unsafe fn send_raw(sock: &TcpStream, ptr: *const u8, len: usize) -> io::Result<(
 /// # Safety
 /// `ptr..ptr+len` must stay mapped and writable until this returns.
 unsafe fn recv_raw(sock: &TcpStream, ptr: *mut u8, len: usize) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    transfer(len, |done| {
+        // SAFETY: the caller guarantees the range is writable; `done < len`.
+        unsafe { libc::recv(fd, ptr.add(done).cast(), len - done, libc::MSG_WAITALL) }
+    })
+}
+
+/// Calls `op(done)` until `len` bytes have moved, retrying on EINTR; a
+/// return of 0 before the end means the peer closed the connection.
+fn transfer(len: usize, mut op: impl FnMut(usize) -> isize) -> io::Result<()> {
     let mut done = 0;
     while done < len {
-        // SAFETY: the caller guarantees the range is writable; `done < len`.
-        let n = unsafe {
-            libc::recv(
-                sock.as_raw_fd(),
-                ptr.add(done).cast(),
-                len - done,
-                libc::MSG_WAITALL,
-            )
-        };
+        let n = op(done);
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

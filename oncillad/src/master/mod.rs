@@ -243,7 +243,7 @@ impl<L: AgentLink> Master<L> {
     /// [`CoreError::NoSuchAllocation`]; [`CoreError::PermissionDenied`] when a
     /// session frees another session's allocation.
     pub async fn free(&self, id: u64, session: &str) -> Result<(), CoreError> {
-        let alloc = {
+        let addrs = {
             let mut st = self.lock();
             let alloc = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
             if let Some(owner) = &alloc.owner {
@@ -258,22 +258,18 @@ impl<L: AgentLink> Master<L> {
                 .allocs
                 .remove(&id)
                 .ok_or(CoreError::NoSuchAllocation(id))?;
+            let mut addrs = Vec::with_capacity(alloc.extents.len());
             for e in &alloc.extents {
                 if let Some(n) = st.nodes.get_mut(&e.node) {
                     n.reserved = n.reserved.saturating_sub(page_round(e.len));
+                    addrs.push(n.info.agent_addr.clone());
                 }
             }
-            alloc
+            // One Release per agent, however its extents are ordered.
+            addrs.sort_unstable();
+            addrs.dedup();
+            addrs
         };
-        let mut addrs: Vec<String> = {
-            let st = self.lock();
-            alloc
-                .extents
-                .iter()
-                .filter_map(|e| st.nodes.get(&e.node).map(|n| n.info.agent_addr.clone()))
-                .collect()
-        };
-        addrs.dedup();
         for r in join_all(addrs.iter().map(|a| self.link.release(a, id))).await {
             if let Err(e) = r {
                 tracing::warn!(alloc_id = id, error = %e, "agent did not confirm release");
