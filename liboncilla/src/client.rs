@@ -217,19 +217,12 @@ impl Oncilla {
         };
         if alloc.desc.kind == Kind::LocalHost {
             // Local memory is mapped straight into this process.
-            let e = &alloc.desc.extents[..];
-            let [extent] = e else {
-                return Err(Error::Internal(
-                    "local allocation with several extents".into(),
-                ));
-            };
             alloc.local = Some(Mapping::open(
                 &self.inner.socket,
                 &self.inner.token,
                 alloc.desc.id,
                 &alloc.desc.key,
-                extent.alloc_offset,
-                extent.len,
+                &alloc.desc.extents,
             )?);
         }
         Ok(alloc)

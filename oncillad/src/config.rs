@@ -11,6 +11,8 @@ use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::size::{parse_size, SizeError};
 use serde::Deserialize;
 
+use crate::pool::HugePages;
+
 /// Oncilla node daemon. Runs the agent role (`--join`: exports this node's
 /// memory), the master role (`--master`: membership, placement, allocation
 /// table), or both in one process.
@@ -43,6 +45,11 @@ pub struct Cli {
     /// Memory this node exports, e.g. 64MiB, 4GiB (agent; required with --join).
     #[arg(long, env = "ONCILLA_CAPACITY", value_name = "SIZE")]
     pub capacity: Option<String>,
+    /// Back the pool with huge pages: `auto` uses them when enough are free
+    /// and otherwise falls back to base pages (and says so), `on` refuses to
+    /// start without them [default: auto].
+    #[arg(long, env = "ONCILLA_HUGEPAGES", value_name = "MODE")]
+    pub hugepages: Option<HugePages>,
     /// Cluster token (prefer --token-file: flags show up in `ps`).
     #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -69,6 +76,7 @@ struct FileConfig {
     advertise: Option<String>,
     socket: Option<PathBuf>,
     capacity: Option<String>,
+    hugepages: Option<HugePages>,
     token: Option<String>,
     token_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
@@ -108,6 +116,7 @@ pub struct AgentConfig {
     pub data_listen: SocketAddr,
     pub socket: PathBuf,
     pub capacity: u64,
+    pub huge_pages: HugePages,
 }
 
 /// The merged, validated configuration.
@@ -158,6 +167,7 @@ impl Config {
                         .or(file.socket)
                         .unwrap_or_else(|| PathBuf::from(oncilla_proto::DEFAULT_SOCKET)),
                     capacity: parse_size(&capacity)?,
+                    huge_pages: cli.hugepages.or(file.hugepages).unwrap_or_default(),
                 })
             }
             None => None,
@@ -227,7 +237,7 @@ mod tests {
         let file = dir.join("c.toml");
         std::fs::write(
             &file,
-            "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"t\"\nname = \"fromfile\"\n",
+            "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"t\"\nname = \"fromfile\"\nhugepages = \"off\"\n",
         )
         .unwrap();
         let c = Config::load(cli(&["--config", file.to_str().unwrap(), "--name", "flag"])).unwrap();
@@ -235,6 +245,7 @@ mod tests {
         let agent = c.agent.unwrap();
         assert_eq!(agent.capacity, 1 << 20);
         assert_eq!(agent.join, "m:1");
+        assert_eq!(agent.huge_pages, HugePages::Off);
         std::fs::write(&file, "bogus = 1\n").unwrap();
         let err = Config::load(cli(&["--config", file.to_str().unwrap()])).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");

@@ -123,8 +123,18 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let mut unix = None;
     if let Some(agent_cfg) = &config.agent {
         let started = Instant::now();
-        let pool = pool::Pool::new(agent_cfg.capacity)?;
-        tracing::info!(capacity = %HumanBytes(pool.capacity()), elapsed_ms = started.elapsed().as_millis(), "pool ready (locked)");
+        let pool = pool::Pool::new(pool::PoolSpec::new(
+            agent_cfg.capacity,
+            agent_cfg.huge_pages,
+        ))?;
+        tracing::info!(
+            capacity = %HumanBytes(pool.capacity()),
+            slabs = pool.slabs().len(),
+            page = %HumanBytes(pool.page_size()),
+            huge_pages = pool.huge_pages(),
+            elapsed_ms = started.elapsed().as_millis(),
+            "pool ready: pre-faulted and locked"
+        );
 
         let data = std::net::TcpListener::bind(agent_cfg.data_listen)
             .map_err(|source| bind_error("data", agent_cfg.data_listen, source))?;
@@ -145,8 +155,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             capacity: pool.capacity(),
             gpus,
             fabrics: vec!["tcp".into(), "shm".into()],
+            page_size: pool.page_size(),
+            pool_note: pool.note().unwrap_or_default().to_string(),
         };
-        let agent = Arc::new(agent::Agent::new(node, pool));
+        let agent = Arc::new(agent::Agent::new(node, Arc::new(pool)));
         let held = agent.held();
         let token = config.token.clone();
         std::thread::Builder::new()
@@ -167,10 +179,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 path: map_path.display().to_string(),
                 reason: e.to_string(),
             })?;
-        let (pool, held, token) = (Arc::clone(agent.pool()), agent.held(), config.token.clone());
+        let (held, token) = (agent.held(), config.token.clone());
         std::thread::Builder::new()
             .name("oncilla-map".into())
-            .spawn(move || fabric::shm::serve(map_listener, pool, held, token))
+            .spawn(move || fabric::shm::serve(map_listener, held, token))
             .map_err(|source| bind_error("map", data_addr, source))?;
 
         let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;

@@ -233,6 +233,46 @@ impl Reply {
     }
 }
 
+/// Size of a [`MapGrant`].
+pub const GRANT_LEN: usize = 24;
+
+/// The body of an ok reply on the same-node map socket: where the extent
+/// lies in the slab memfd sent with it (`SCM_RIGHTS`).
+///
+/// ```text
+/// grant (server) : slab_offset u64 | map_len u64 | page u64                                 (24 bytes)
+/// ```
+///
+/// `map_len` is the extent's reserved length (whole pages); `page` is the
+/// slab's page size, to which both `slab_offset` and the mapping address
+/// must be aligned (huge pages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapGrant {
+    pub slab_offset: u64,
+    pub map_len: u64,
+    pub page: u64,
+}
+
+impl MapGrant {
+    /// Encodes the grant.
+    pub fn encode(&self) -> [u8; GRANT_LEN] {
+        let mut b = [0u8; GRANT_LEN];
+        b[0..8].copy_from_slice(&self.slab_offset.to_le_bytes());
+        b[8..16].copy_from_slice(&self.map_len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.page.to_le_bytes());
+        b
+    }
+
+    /// Decodes a grant.
+    pub fn decode(b: &[u8; GRANT_LEN]) -> Self {
+        Self {
+            slab_offset: le_u64(&b[0..8]),
+            map_len: le_u64(&b[8..16]),
+            page: le_u64(&b[16..24]),
+        }
+    }
+}
+
 fn le_u64(b: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[..8]);
@@ -242,6 +282,16 @@ fn le_u64(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grant_roundtrip() {
+        let g = MapGrant {
+            slab_offset: 2 << 20,
+            map_len: 4 << 20,
+            page: 2 << 20,
+        };
+        assert_eq!(MapGrant::decode(&g.encode()), g);
+    }
 
     #[test]
     fn request_roundtrip() {

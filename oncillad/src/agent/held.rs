@@ -48,23 +48,23 @@ pub type HeldTable = Arc<DashMap<u64, Arc<Held>>>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::Pool;
+    use crate::pool::{HugePages, Pool, PoolSpec};
 
     #[test]
     fn finds_only_fully_covering_extent() {
-        let pool = Pool::new(8 * 4096).unwrap();
+        let pool = Pool::new(PoolSpec::new(8 * 4096, HugePages::Off)).unwrap();
         let held = Held {
             key: [1; KEY_LEN],
             extents: vec![
                 Arc::new(HeldExtent {
                     alloc_offset: 0,
                     len: 100,
-                    memory: pool.reserve(100).unwrap(),
+                    memory: pool.reserve(100).unwrap().remove(0),
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
                     len: 100,
-                    memory: pool.reserve(100).unwrap(),
+                    memory: pool.reserve(100).unwrap().remove(0),
                 }),
             ],
         };

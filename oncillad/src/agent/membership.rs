@@ -27,18 +27,15 @@ pub async fn run(agent: Arc<Agent>, master: MasterLink) {
                 tracing::info!(node = %agent.node().name, "registered with master");
                 registered = Some(interval);
             }),
-            Some(_) => {
-                let used = agent.pool().used();
-                master
-                    .heartbeat(&agent.node().name, used)
-                    .await
-                    .map(|known| {
-                        if !known {
-                            tracing::info!("master does not know this node; registering again");
-                            registered = None;
-                        }
-                    })
-            }
+            Some(_) => master
+                .heartbeat(&agent.node().name, agent.usage())
+                .await
+                .map(|known| {
+                    if !known {
+                        tracing::info!("master does not know this node; registering again");
+                        registered = None;
+                    }
+                }),
         };
         match outcome {
             Ok(()) => {

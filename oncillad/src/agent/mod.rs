@@ -59,10 +59,13 @@ impl Agent {
         Arc::clone(&self.held)
     }
 
-    /// Reserves pool memory for one extent of `alloc_id`.
+    /// Reserves pool memory for `[alloc_offset, alloc_offset + len)` of
+    /// `alloc_id`: one piece when a hole is big enough, several otherwise.
+    /// Blocks while the pool waits for its scrubber; call it off async
+    /// executors.
     ///
     /// # Errors
-    /// [`CoreError::InvalidArgument`] for a bad key or an extent that
+    /// [`CoreError::InvalidArgument`] for a bad key or a range that
     /// overlaps one already held; pool exhaustion.
     pub fn reserve(
         &self,
@@ -70,7 +73,7 @@ impl Agent {
         key: &[u8],
         alloc_offset: u64,
         len: u64,
-    ) -> Result<u64, CoreError> {
+    ) -> Result<Vec<pb::Piece>, CoreError> {
         let key: [u8; KEY_LEN] = key.try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
         })?;
@@ -79,44 +82,60 @@ impl Agent {
                 "bad extent: offset {alloc_offset}, length {len}"
             )));
         }
+        // Check before reserving so a refused request costs no memory; the
+        // check is repeated under the entry lock below.
+        if let Some(current) = self.held.get(&alloc_id) {
+            check_joinable(alloc_id, current.value(), &key, alloc_offset, len)?;
+        }
         let memory = self.pool.reserve(len)?;
-        let pool_offset = memory.offset();
-        let extent = Arc::new(HeldExtent {
-            alloc_offset,
-            len,
-            memory,
-        });
+        let mut extents = Vec::with_capacity(memory.len());
+        let mut at = alloc_offset;
+        let end = alloc_offset + len;
+        for m in memory {
+            let piece = m.len().min(end - at);
+            extents.push(Arc::new(HeldExtent {
+                alloc_offset: at,
+                len: piece,
+                memory: m,
+            }));
+            at += piece;
+        }
+        let pieces = extents
+            .iter()
+            .map(|e| pb::Piece {
+                alloc_offset: e.alloc_offset,
+                len: e.len,
+                pool_offset: e.memory.offset(),
+            })
+            .collect();
         let mut entry = self.held.entry(alloc_id).or_insert_with(|| {
             Arc::new(Held {
                 key,
                 extents: Vec::new(),
             })
         });
-        let current = entry.value();
-        if current.key != key {
-            return Err(CoreError::InvalidArgument(format!(
-                "allocation {alloc_id} is already held with another access key"
-            )));
-        }
-        let overlaps = current
-            .extents
-            .iter()
-            .any(|e| alloc_offset < e.alloc_offset + e.len && e.alloc_offset < alloc_offset + len);
-        if overlaps {
-            return Err(CoreError::InvalidArgument(format!(
-                "extent at {alloc_offset} of allocation {alloc_id} is already held"
-            )));
-        }
-        let mut extents = current.extents.clone();
-        extents.push(extent);
-        *entry.value_mut() = Arc::new(Held { key, extents });
-        tracing::debug!(alloc_id, alloc_offset, len, pool_offset, "reserved extent");
-        Ok(pool_offset)
+        check_joinable(alloc_id, entry.value(), &key, alloc_offset, len)?;
+        let mut all = entry.value().extents.clone();
+        all.extend(extents);
+        all.sort_by_key(|e| e.alloc_offset);
+        *entry.value_mut() = Arc::new(Held { key, extents: all });
+        tracing::debug!(alloc_id, alloc_offset, len, ?pieces, "reserved");
+        Ok(pieces)
     }
 
-    /// Forgets `alloc_id`. The memory is scrubbed and freed when the returned
-    /// entry and every in-flight copy using it are dropped; drop it off the
-    /// async executor, since scrubbing a large extent takes time.
+    /// The pool's accounting, as reported to the master.
+    pub fn usage(&self) -> pb::PoolUsage {
+        let s = self.pool.stats();
+        pb::PoolUsage {
+            used: s.used,
+            scrubbing: s.scrubbing,
+            free: s.free,
+            largest_free: s.largest_free,
+        }
+    }
+
+    /// Forgets `alloc_id`. The memory goes to the scrubber when the returned
+    /// entry and every in-flight copy using it are dropped.
     pub fn release(&self, alloc_id: u64) -> Option<Arc<Held>> {
         self.held.remove(&alloc_id).map(|(_, h)| h)
     }
@@ -156,16 +175,48 @@ impl Agent {
     }
 }
 
+/// Refuses a new range of `alloc_id` under another key or over a range
+/// already held.
+fn check_joinable(
+    alloc_id: u64,
+    current: &Held,
+    key: &[u8; KEY_LEN],
+    alloc_offset: u64,
+    len: u64,
+) -> Result<(), CoreError> {
+    if current.key != *key {
+        return Err(CoreError::InvalidArgument(format!(
+            "allocation {alloc_id} is already held with another access key"
+        )));
+    }
+    let overlaps = current
+        .extents
+        .iter()
+        .any(|e| alloc_offset < e.alloc_offset + e.len && e.alloc_offset < alloc_offset + len);
+    if overlaps {
+        return Err(CoreError::InvalidArgument(format!(
+            "range at {alloc_offset} of allocation {alloc_id} is already held"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::{HugePages, PoolSpec};
 
     fn agent() -> Agent {
         let node = pb::NodeInfo {
             name: "n1".into(),
             ..Default::default()
         };
-        Agent::new(node, Pool::new(64 * 4096).unwrap())
+        let spec = PoolSpec {
+            capacity: 64 * 4096,
+            huge_pages: HugePages::Off,
+            slab: 16 * 4096,
+        };
+        Agent::new(node, Arc::new(Pool::new(spec).unwrap()))
     }
 
     #[test]
@@ -182,6 +233,22 @@ mod tests {
         drop(held);
         assert_eq!(a.pool().used(), 0);
         assert!(a.release(1).is_none());
+    }
+
+    #[test]
+    fn splits_over_slabs_into_pieces() {
+        let a = agent();
+        // 20 pages do not fit one 16-page slab: two pieces tiling the range.
+        let pieces = a.reserve(9, &[1; KEY_LEN], 100, 20 * 4096 - 5).unwrap();
+        assert_eq!(pieces.len(), 2);
+        assert_eq!(pieces[0].alloc_offset, 100);
+        assert_eq!(pieces[0].len, 16 * 4096);
+        assert_eq!(pieces[1].alloc_offset, 100 + 16 * 4096);
+        assert_eq!(pieces[1].len, 4 * 4096 - 5);
+        let held = a.held().get(&9).unwrap().value().clone();
+        assert_eq!(held.extent_for(100, 16 * 4096), Some(0));
+        assert_eq!(held.extent_for(100 + 16 * 4096, 10), Some(1));
+        assert_eq!(a.usage().used, 20 * 4096);
     }
 
     #[test]

@@ -1,32 +1,34 @@
-//! Same-node sharing: hands the pool's memfd to a local application over a
+//! Same-node sharing: hands a slab's memfd to a local application over a
 //! Unix socket (`SCM_RIGHTS`), so it can map an extent it holds the access
 //! key for and use it as plain memory.
 //!
 //! The exchange reuses the data protocol's framing: hello/welcome with the
-//! cluster token, then one request (`op` read, the extent's allocation
-//! offset and length), answered by a reply whose `len` is the extent's page-
-//! aligned offset in the pool, with the fd attached. The fd reaches the whole
-//! pool, so this trusts local token holders exactly as far as the token
-//! already does (a token holder can read any allocation through the master).
-//! This module never maps memory itself and never changes the held table.
+//! cluster token, then one request per extent (`op` read, the extent's
+//! allocation offset and length), each answered by a reply whose body is a
+//! [`MapGrant`] (where the extent lies in the slab), with the slab's fd
+//! attached. A refused request gets the usual status and message and ends
+//! the connection. The fd reaches the whole slab, so this trusts local token
+//! holders exactly as far as the token already does (a token holder can
+//! read any allocation through the master). This module never maps memory
+//! itself and never changes the held table.
 
-use std::io::{IoSlice, Read};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use oncilla_proto::auth::Token;
-use oncilla_proto::wire::{self, Reply, Request, Status, REQUEST_LEN};
+use oncilla_proto::wire::{self, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN};
 
 use crate::agent::held::HeldTable;
-use crate::pool::Pool;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// Most extents one connection may ask for.
+const MAX_REQUESTS: usize = 1 << 16;
 
 /// Serves mapping requests until the listener fails.
-pub fn serve(listener: UnixListener, pool: Arc<Pool>, held: HeldTable, token: Token) {
+pub fn serve(listener: UnixListener, held: HeldTable, token: Token) {
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(s) => s,
@@ -35,9 +37,9 @@ pub fn serve(listener: UnixListener, pool: Arc<Pool>, held: HeldTable, token: To
                 continue;
             }
         };
-        // Each exchange is one short request; serve it inline with timeouts
-        // so a stuck client cannot hold the loop for long.
-        if let Err(e) = serve_one(stream, &pool, &held, &token) {
+        // Each exchange is a few short requests; serve it inline with
+        // timeouts so a stuck client cannot hold the loop for long.
+        if let Err(e) = serve_one(stream, &held, &token) {
             tracing::debug!(error = %e, "map request failed");
         }
     }
@@ -45,7 +47,6 @@ pub fn serve(listener: UnixListener, pool: Arc<Pool>, held: HeldTable, token: To
 
 fn serve_one(
     mut stream: UnixStream,
-    pool: &Pool,
     held: &HeldTable,
     token: &Token,
 ) -> Result<(), wire::WireError> {
@@ -54,45 +55,73 @@ fn serve_one(
     if !super::accept(&mut stream, token)? {
         return Ok(());
     }
-    let mut head = [0u8; REQUEST_LEN];
-    stream.read_exact(&mut head)?;
-    let req = Request::decode(&head)?;
-    let (status, msg, pool_offset) = match super::authorize(held, &req) {
-        Ok(ok) if ok.at != 0 || ok.held.extents[ok.extent].len != req.len => {
-            (Status::OutOfBounds, "map whole extents only".to_string(), 0)
+    for _ in 0..MAX_REQUESTS {
+        let mut head = [0u8; REQUEST_LEN];
+        match stream.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
-        Ok(ok) => (
-            Status::Ok,
-            String::new(),
-            ok.held.extents[ok.extent].memory.offset(),
-        ),
-        Err((status, msg)) => (status, msg, 0),
-    };
-    if status != Status::Ok {
-        let reply = Reply {
-            status,
-            len: msg.len() as u64,
+        let req = Request::decode(&head)?;
+        let grant = match super::authorize(held, &req) {
+            Ok(ok) => {
+                let extent = &ok.held.extents[ok.extent];
+                match extent.memory.slab() {
+                    _ if ok.at != 0 || extent.len != req.len => {
+                        Err((Status::OutOfBounds, "map whole extents only".to_string()))
+                    }
+                    Some((slab, slab_offset)) => Ok((
+                        slab.fd().as_raw_fd(),
+                        MapGrant {
+                            slab_offset,
+                            map_len: extent.memory.len(),
+                            page: extent.memory.page_size(),
+                        },
+                        // Keep the extent (and its slab) alive until sent.
+                        ok,
+                    )),
+                    None => Err((Status::Internal, "extent outside the pool".to_string())),
+                }
+            }
+            Err(refused) => Err(refused),
+        };
+        match grant {
+            Ok((fd, grant, _keep)) => {
+                let reply = Reply {
+                    status: Status::Ok,
+                    len: GRANT_LEN as u64,
+                }
+                .encode();
+                let body = grant.encode();
+                let fds = [fd];
+                let cmsg = [ControlMessage::ScmRights(&fds)];
+                let iov = [IoSlice::new(&reply), IoSlice::new(&body)];
+                let sent = sendmsg::<()>(
+                    stream.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map_err(std::io::Error::from)?;
+                if sent < reply.len() + body.len() {
+                    // The fd went with the first byte; finish the bytes.
+                    let mut all = reply.to_vec();
+                    all.extend_from_slice(&body);
+                    stream.write_all(&all[sent..])?;
+                }
+            }
+            Err((status, msg)) => {
+                let reply = Reply {
+                    status,
+                    len: msg.len() as u64,
+                }
+                .encode();
+                stream.write_all(&reply)?;
+                stream.write_all(msg.as_bytes())?;
+                return Ok(());
+            }
         }
-        .encode();
-        std::io::Write::write_all(&mut stream, &reply)?;
-        std::io::Write::write_all(&mut stream, msg.as_bytes())?;
-        return Ok(());
     }
-    let reply = Reply {
-        status,
-        len: pool_offset,
-    }
-    .encode();
-    let fd: BorrowedFd<'_> = pool.fd();
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    sendmsg::<()>(
-        stream.as_raw_fd(),
-        &[IoSlice::new(&reply)],
-        &cmsg,
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map_err(std::io::Error::from)?;
     Ok(())
 }

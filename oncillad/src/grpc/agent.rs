@@ -26,10 +26,14 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
         let r = req.into_inner();
-        let reserved = self
-            .agent
-            .reserve(r.alloc_id, &r.access_key, r.alloc_offset, r.len);
-        reply(reserved.map(|pool_offset| pb::ReserveReply { pool_offset }))
+        let agent = Arc::clone(&self.agent);
+        // Reserving may wait for the scrubber: keep it off the executor.
+        let reserved = tokio::task::spawn_blocking(move || {
+            agent.reserve(r.alloc_id, &r.access_key, r.alloc_offset, r.len)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
+        reply(reserved.map(|pieces| pb::ReserveReply { pieces }))
     }
 
     #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id))]
@@ -38,10 +42,9 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         let id = req.into_inner().alloc_id;
-        if let Some(held) = self.agent.release(id) {
-            // Scrubbing happens when the last user drops the memory; keep it
-            // off the executor.
-            tokio::task::spawn_blocking(move || drop(held));
+        // The extents go to the scrubber once the last in-flight copy using
+        // them is done; nothing here waits for that.
+        if self.agent.release(id).is_some() {
             tracing::debug!(alloc_id = id, "released");
         }
         Ok(Response::new(pb::ReleaseReply {}))
@@ -53,7 +56,7 @@ impl agent_server::Agent for AgentService {
     ) -> Result<Response<pb::AgentStatus>, Status> {
         Ok(Response::new(pb::AgentStatus {
             node: Some(self.agent.node().clone()),
-            used: self.agent.pool().used(),
+            pool: Some(self.agent.usage()),
             allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
             sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
         }))

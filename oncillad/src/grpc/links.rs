@@ -37,11 +37,11 @@ impl GrpcAgentLink {
 }
 
 impl AgentLink for GrpcAgentLink {
-    async fn reserve(&self, addr: &str, req: pb::ReserveRequest) -> Result<u64, String> {
+    async fn reserve(&self, addr: &str, req: pb::ReserveRequest) -> Result<Vec<pb::Piece>, String> {
         let mut c = self.client(addr)?;
         c.reserve(req)
             .await
-            .map(|r| r.into_inner().pool_offset)
+            .map(|r| r.into_inner().pieces)
             .map_err(|s| client::unreachable("agent", addr, s).message().to_string())
     }
 
@@ -89,13 +89,13 @@ impl MasterLink {
         ))
     }
 
-    pub async fn heartbeat(&self, name: &str, used: u64) -> Result<bool, Status> {
+    pub async fn heartbeat(&self, name: &str, pool: pb::PoolUsage) -> Result<bool, Status> {
         let r = self
             .client
             .clone()
             .heartbeat(pb::HeartbeatRequest {
                 name: name.to_string(),
-                used,
+                pool: Some(pool),
             })
             .await
             .map_err(|s| self.wrap(s))?;

@@ -41,7 +41,8 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
-        let known = self.core.heartbeat(&req.into_inner().name);
+        let r = req.into_inner();
+        let known = self.core.heartbeat(&r.name, r.pool.unwrap_or_default());
         Ok(Response::new(pb::HeartbeatReply { known }))
     }
 

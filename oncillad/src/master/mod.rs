@@ -18,7 +18,7 @@ use oncilla_proto::pb::{self, MemKind, NodeState};
 use oncilla_proto::wire::KEY_LEN;
 
 use crate::error::CoreError;
-use crate::pool::page_round;
+use crate::pool::round_up;
 use placement::{Candidate, Planned};
 
 /// Largest single allocation accepted (1 PiB): anything above is a typo.
@@ -26,12 +26,13 @@ pub const MAX_ALLOCATION: u64 = 1 << 50;
 
 /// How the master reaches agents.
 pub trait AgentLink: Send + Sync + 'static {
-    /// Reserves one extent on the agent at `addr`; returns its pool offset.
+    /// Reserves a range of an allocation on the agent at `addr`; returns
+    /// where its pieces went.
     fn reserve(
         &self,
         addr: &str,
         req: pb::ReserveRequest,
-    ) -> impl Future<Output = Result<u64, String>> + Send;
+    ) -> impl Future<Output = Result<Vec<pb::Piece>, String>> + Send;
     /// Releases everything the agent holds of `alloc_id`.
     fn release(&self, addr: &str, alloc_id: u64)
         -> impl Future<Output = Result<(), String>> + Send;
@@ -41,7 +42,23 @@ struct Node {
     info: pb::NodeInfo,
     /// Bytes reserved on the node by allocations (page-rounded).
     reserved: u64,
+    /// The pool as the node last reported it.
+    pool: pb::PoolUsage,
     last_seen: Instant,
+}
+
+impl Node {
+    /// Bytes an extent of `len` takes on this node.
+    fn footprint(&self, len: u64) -> u64 {
+        round_up(len, self.page())
+    }
+
+    fn page(&self) -> u64 {
+        match self.info.page_size {
+            0 => oncilla_proto::PAGE,
+            p => p,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -92,24 +109,36 @@ impl<L: AgentLink> Master<L> {
         }
         let mut st = self.lock();
         let reserved = st.nodes.get(&info.name).map_or(0, |n| n.reserved);
-        tracing::info!(node = %info.name, agent = %info.agent_addr, data = %info.data_addr, capacity = info.capacity, "node registered");
+        tracing::info!(node = %info.name, agent = %info.agent_addr, data = %info.data_addr, capacity = info.capacity, page = info.page_size, "node registered");
+        if !info.pool_note.is_empty() {
+            tracing::warn!(node = %info.name, "{}", info.pool_note);
+        }
+        let pool = pb::PoolUsage {
+            free: info.capacity.saturating_sub(reserved),
+            largest_free: info.capacity.saturating_sub(reserved),
+            used: reserved,
+            scrubbing: 0,
+        };
         st.nodes.insert(
             info.name.clone(),
             Node {
                 info,
                 reserved,
+                pool,
                 last_seen: Instant::now(),
             },
         );
         Ok(())
     }
 
-    /// Records a heartbeat; false when the node is unknown and must register.
-    pub fn heartbeat(&self, name: &str) -> bool {
+    /// Records a heartbeat and the pool usage it carries; false when the
+    /// node is unknown and must register.
+    pub fn heartbeat(&self, name: &str, pool: pb::PoolUsage) -> bool {
         let mut st = self.lock();
         match st.nodes.get_mut(name) {
             Some(n) => {
                 n.last_seen = Instant::now();
+                n.pool = pool;
                 true
             }
             None => false,
@@ -150,7 +179,7 @@ impl<L: AgentLink> Master<L> {
                     .nodes
                     .get_mut(&p.node)
                     .ok_or_else(|| CoreError::NodeDown(p.node.clone()))?;
-                node.reserved += page_round(p.len);
+                node.reserved += node.footprint(p.len);
                 targets.push((p, node.info.agent_addr.clone(), node.info.data_addr.clone()));
             }
             (id, targets)
@@ -169,6 +198,11 @@ impl<L: AgentLink> Master<L> {
         });
         let results = join_all(reserves).await;
 
+        let results: Vec<Result<Vec<pb::Piece>, String>> = results
+            .into_iter()
+            .zip(&targets)
+            .map(|(r, (p, _, _))| r.and_then(|pieces| check_pieces(p, pieces)))
+            .collect();
         if let Some((i, err)) = results
             .iter()
             .enumerate()
@@ -183,17 +217,20 @@ impl<L: AgentLink> Master<L> {
             });
         }
 
-        let extents = targets
+        let mut extents: Vec<pb::Extent> = targets
             .iter()
-            .zip(&results)
-            .map(|((p, _, data), r)| pb::Extent {
-                node: p.node.clone(),
-                alloc_offset: p.alloc_offset,
-                len: p.len,
-                pool_offset: r.as_ref().copied().unwrap_or_default(),
-                data_addr: data.clone(),
+            .zip(results)
+            .flat_map(|((p, _, data), r)| {
+                r.unwrap_or_default().into_iter().map(|piece| pb::Extent {
+                    node: p.node.clone(),
+                    alloc_offset: piece.alloc_offset,
+                    len: piece.len,
+                    pool_offset: piece.pool_offset,
+                    data_addr: data.clone(),
+                })
             })
             .collect();
+        extents.sort_by_key(|e| e.alloc_offset);
         let alloc = pb::Allocation {
             id,
             size: req.size,
@@ -206,7 +243,8 @@ impl<L: AgentLink> Master<L> {
         tracing::info!(
             alloc_id = id,
             size = req.size,
-            extents = targets.len(),
+            nodes = targets.len(),
+            extents = alloc.extents.len(),
             "allocated"
         );
         self.lock().allocs.insert(id, alloc.clone());
@@ -217,7 +255,7 @@ impl<L: AgentLink> Master<L> {
         &self,
         id: u64,
         targets: &[(Planned, String, String)],
-        results: &[Result<u64, String>],
+        results: &[Result<Vec<pb::Piece>, String>],
     ) {
         let releases = targets
             .iter()
@@ -232,7 +270,7 @@ impl<L: AgentLink> Master<L> {
         let mut st = self.lock();
         for (p, _, _) in targets {
             if let Some(n) = st.nodes.get_mut(&p.node) {
-                n.reserved = n.reserved.saturating_sub(page_round(p.len));
+                n.reserved = n.reserved.saturating_sub(n.footprint(p.len));
             }
         }
     }
@@ -261,7 +299,7 @@ impl<L: AgentLink> Master<L> {
             let mut addrs = Vec::with_capacity(alloc.extents.len());
             for e in &alloc.extents {
                 if let Some(n) = st.nodes.get_mut(&e.node) {
-                    n.reserved = n.reserved.saturating_sub(page_round(e.len));
+                    n.reserved = n.reserved.saturating_sub(n.footprint(e.len));
                     addrs.push(n.info.agent_addr.clone());
                 }
             }
@@ -309,6 +347,7 @@ impl<L: AgentLink> Master<L> {
                 state: self.state_of(n) as i32,
                 last_heartbeat_ms_ago: u64::try_from(n.last_seen.elapsed().as_millis())
                     .unwrap_or(u64::MAX),
+                pool: Some(n.pool),
             })
             .collect()
     }
@@ -345,6 +384,7 @@ impl<L: AgentLink> Master<L> {
                 name: n.info.name.clone(),
                 free: n.info.capacity.saturating_sub(n.reserved),
                 up: self.state_of(n) == NodeState::Up,
+                page: n.page(),
             })
             .collect()
     }
@@ -354,6 +394,29 @@ impl<L: AgentLink> Master<L> {
         // panic, so a poisoned lock still guards valid data.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Checks that an agent's pieces tile the planned range exactly.
+fn check_pieces(p: &Planned, pieces: Vec<pb::Piece>) -> Result<Vec<pb::Piece>, String> {
+    let mut at = p.alloc_offset;
+    for piece in &pieces {
+        if piece.alloc_offset != at || piece.len == 0 {
+            return Err(format!(
+                "agent returned pieces that do not tile [{}, {})",
+                p.alloc_offset,
+                p.alloc_offset + p.len
+            ));
+        }
+        at += piece.len;
+    }
+    if at != p.alloc_offset + p.len {
+        return Err(format!(
+            "agent returned {} of {} bytes",
+            at - p.alloc_offset,
+            p.len
+        ));
+    }
+    Ok(pieces)
 }
 
 fn unix_ms() -> u64 {
@@ -377,12 +440,30 @@ mod tests {
     }
 
     impl AgentLink for FakeLink {
-        async fn reserve(&self, addr: &str, req: pb::ReserveRequest) -> Result<u64, String> {
+        async fn reserve(
+            &self,
+            addr: &str,
+            req: pb::ReserveRequest,
+        ) -> Result<Vec<pb::Piece>, String> {
             if Some(addr) == self.fail_on {
                 return Err("pool exhausted".into());
             }
             self.reserved.fetch_add(1, Ordering::SeqCst);
-            Ok(req.alloc_offset)
+            // Two pieces when the range is over a page, as a fragmented pool would.
+            let first = req.len.min(4096);
+            let mut pieces = vec![pb::Piece {
+                alloc_offset: req.alloc_offset,
+                len: first,
+                pool_offset: 0,
+            }];
+            if req.len > first {
+                pieces.push(pb::Piece {
+                    alloc_offset: req.alloc_offset + first,
+                    len: req.len - first,
+                    pool_offset: 8192,
+                });
+            }
+            Ok(pieces)
         }
         async fn release(&self, _addr: &str, _id: u64) -> Result<(), String> {
             self.released.fetch_add(1, Ordering::SeqCst);
@@ -428,7 +509,9 @@ mod tests {
     async fn allocate_free_accounting() {
         let m = master(FakeLink::default());
         let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
-        assert_eq!(a.extents.len(), 2);
+        // Two nodes, each answering with two pieces, in allocation order.
+        let tiles: Vec<(u64, u64)> = a.extents.iter().map(|e| (e.alloc_offset, e.len)).collect();
+        assert_eq!(tiles, [(0, 4096), (4096, 904), (5000, 4096), (9096, 904)]);
         assert_eq!(a.access_key.len(), KEY_LEN);
         let used: u64 = m.nodes().iter().map(|n| n.used).sum();
         assert_eq!(used, 8192 * 2);
@@ -480,7 +563,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(10));
         assert_eq!(m.nodes()[0].state, NodeState::Down as i32);
         assert!(m.allocate(remote(1, &[], None)).await.is_err());
-        assert!(m.heartbeat("a"));
-        assert!(!m.heartbeat("zz"));
+        assert!(m.heartbeat("a", pb::PoolUsage::default()));
+        assert!(!m.heartbeat("zz", pb::PoolUsage::default()));
     }
 }

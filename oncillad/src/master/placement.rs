@@ -8,7 +8,7 @@ use oncilla_proto::pb::MemKind;
 use oncilla_proto::size::HumanBytes;
 
 use crate::error::CoreError;
-use crate::pool::page_round;
+use crate::pool::round_up;
 
 /// A node as placement sees it.
 #[derive(Debug, Clone)]
@@ -16,6 +16,20 @@ pub struct Candidate {
     pub name: String,
     pub free: u64,
     pub up: bool,
+    /// The node's pool page size: each extent there takes whole pages.
+    pub page: u64,
+}
+
+impl Candidate {
+    /// Whether `len` bytes fit in one extent here.
+    fn holds(&self, len: u64) -> bool {
+        round_up(len, self.page) <= self.free
+    }
+
+    /// The most whole pages' worth this node can take.
+    fn room(&self) -> u64 {
+        self.free / self.page.max(1) * self.page.max(1)
+    }
 }
 
 /// One planned extent.
@@ -101,7 +115,7 @@ fn split_over(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Co
         if len == 0 {
             break;
         }
-        if page_round(len) > node.free {
+        if !node.holds(len) {
             return Err(exhausted(req.size, nodes));
         }
         plan.push(Planned {
@@ -131,7 +145,7 @@ fn anywhere(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Core
     }
     // Emptiest first; ties broken by name so placement is deterministic.
     pool.sort_by(|a, b| b.free.cmp(&a.free).then_with(|| a.name.cmp(&b.name)));
-    if page_round(req.size) <= pool[0].free {
+    if pool[0].holds(req.size) {
         return Ok(vec![Planned {
             node: pool[0].name.clone(),
             alloc_offset: 0,
@@ -141,7 +155,7 @@ fn anywhere(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Core
     let mut plan = Vec::new();
     let mut offset = 0;
     for node in pool {
-        let room = node.free / oncilla_proto::PAGE * oncilla_proto::PAGE;
+        let room = node.room();
         let len = room.min(req.size - offset);
         if len == 0 {
             continue;
@@ -178,7 +192,7 @@ fn lookup<'n>(nodes: &'n [Candidate], name: &str) -> Result<&'n Candidate, CoreE
 }
 
 fn fits(size: u64, chosen: &[&Candidate], all: &[Candidate]) -> Result<(), CoreError> {
-    if chosen.iter().all(|n| page_round(size) <= n.free) {
+    if chosen.iter().all(|n| n.holds(size)) {
         Ok(())
     } else {
         Err(exhausted(size, all))
@@ -216,21 +230,25 @@ mod tests {
                 name: "a".into(),
                 free: 100 * P,
                 up: true,
+                page: P,
             },
             Candidate {
                 name: "b".into(),
                 free: 50 * P,
                 up: true,
+                page: P,
             },
             Candidate {
                 name: "c".into(),
                 free: 10 * P,
                 up: true,
+                page: P,
             },
             Candidate {
                 name: "d".into(),
                 free: 999 * P,
                 up: false,
+                page: P,
             },
         ]
     }
