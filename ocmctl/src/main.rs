@@ -2,6 +2,8 @@
 //! cluster. Each subcommand's work lives in its own module; this file parses
 //! flags and maps errors to one line on stderr and a non-zero exit.
 
+mod bench;
+mod cluster;
 mod data;
 mod demo;
 mod master;
@@ -28,7 +30,7 @@ struct Cli {
 /// How to reach the master.
 #[derive(Debug, clap::Args)]
 #[deny(missing_docs)]
-struct Conn {
+pub(crate) struct Conn {
     /// Master gRPC address.
     #[arg(
         long,
@@ -36,7 +38,7 @@ struct Conn {
         default_value = "127.0.0.1:7070",
         value_name = "HOST:PORT"
     )]
-    master: String,
+    pub(crate) master: String,
     /// Cluster token.
     #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -46,7 +48,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn token(&self) -> Result<Token, CliError> {
+    pub(crate) fn token(&self) -> Result<Token, CliError> {
         Ok(Token::resolve(
             self.token.as_deref(),
             self.token_file.as_deref(),
@@ -138,6 +140,9 @@ enum Cmd {
     /// Start a local cluster (master and agents as processes), move data
     /// through it, verify it, print what happened, and tear it down.
     Demo(demo::Args),
+    /// Measure the cluster (prints tables; see docs/benchmarks.md).
+    #[command(subcommand)]
+    Bench(bench::Bench),
 }
 
 /// What ocmctl reports on failure: one line, then exit status 1.
@@ -181,7 +186,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn print_json(v: &serde_json::Value) {
+pub(crate) fn print_json(v: &serde_json::Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
@@ -251,6 +256,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             data::get(&conn.master()?, token, id, offset, len, output.as_deref())?;
         }
         Cmd::Demo(args) => demo::run(&args)?,
+        Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
     }
     Ok(())
 }

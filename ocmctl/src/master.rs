@@ -133,23 +133,54 @@ fn age(created_ms: u64) -> String {
 /// Nodes as a table.
 pub fn nodes_table(nodes: &[pb::NodeStatus]) -> String {
     let mut t = Table::new(&[
-        "NAME", "ADDRESS", "DATA", "CAPACITY", "USED", "FREE", "STATE", "FABRICS", "GPUS",
+        "NAME",
+        "ADDRESS",
+        "DATA",
+        "CAPACITY",
+        "USED",
+        "SCRUBBING",
+        "FREE",
+        "LARGEST",
+        "PAGES",
+        "STATE",
+        "FABRICS",
+        "GPUS",
     ]);
+    let mut notes = String::new();
     for n in nodes {
         let info = n.info.clone().unwrap_or_default();
+        let pool = n.pool.unwrap_or_default();
+        let mut pages = HumanBytes(info.page_size).to_string();
+        if !info.pool_note.is_empty() {
+            pages.push_str(" (fallback)");
+            notes.push_str(&format!("{}: {}\n", info.name, info.pool_note));
+        }
+        let free = free(&info, n);
         t.row(vec![
             info.name,
             info.agent_addr,
             info.data_addr,
             HumanBytes(info.capacity).to_string(),
             HumanBytes(n.used).to_string(),
-            HumanBytes(info.capacity.saturating_sub(n.used)).to_string(),
+            HumanBytes(pool.scrubbing).to_string(),
+            HumanBytes(free).to_string(),
+            HumanBytes(pool.largest_free).to_string(),
+            pages,
             state(n.state).to_string(),
             info.fabrics.join(","),
             info.gpus.to_string(),
         ]);
     }
-    t.render()
+    t.render() + &notes
+}
+
+/// Free bytes of a node: what the master has not placed there, less what
+/// the node is still scrubbing.
+fn free(info: &pb::NodeInfo, n: &pb::NodeStatus) -> u64 {
+    let scrubbing = n.pool.map_or(0, |p| p.scrubbing);
+    info.capacity
+        .saturating_sub(n.used)
+        .saturating_sub(scrubbing)
 }
 
 /// Nodes as JSON.
@@ -159,13 +190,18 @@ pub fn nodes_json(nodes: &[pb::NodeStatus]) -> Value {
             .iter()
             .map(|n| {
                 let info = n.info.clone().unwrap_or_default();
+                let pool = n.pool.unwrap_or_default();
                 json!({
                     "name": info.name,
                     "agent_addr": info.agent_addr,
                     "data_addr": info.data_addr,
                     "capacity": info.capacity,
                     "used": n.used,
-                    "free": info.capacity.saturating_sub(n.used),
+                    "scrubbing": pool.scrubbing,
+                    "free": free(&info, n),
+                    "largest_free": pool.largest_free,
+                    "page_size": info.page_size,
+                    "pool_note": (!info.pool_note.is_empty()).then_some(&info.pool_note),
                     "state": state(n.state),
                     "fabrics": info.fabrics,
                     "gpus": info.gpus,

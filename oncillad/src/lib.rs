@@ -68,6 +68,8 @@ where
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: logs in files and journals stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init()
         .ok();
     let cli = match Cli::try_parse_from(args) {

@@ -30,6 +30,7 @@ fn help_documents_every_flag() {
         "--token",
         "--token-file",
         "--config",
+        "--hugepages",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
@@ -75,5 +76,96 @@ fn refuses_bad_configuration() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("exceeds this node's physical memory"), "{err}");
+    assert!(!sock.exists());
+}
+
+/// Says why a test did not run, in one line.
+fn skip(test: &str, why: &str) {
+    println!("{test}: skipped: {why}");
+}
+
+#[test]
+fn refuses_capacity_it_cannot_lock() {
+    let test = "refuses_capacity_it_cannot_lock";
+    if !nix::unistd::geteuid().is_root() {
+        return skip(test, "needs root to run the daemon as an unprivileged user");
+    }
+    let sock = std::env::temp_dir().join(format!("oncillad-lock-{}.sock", std::process::id()));
+    // An unprivileged user with a 64 KiB locked-memory limit.
+    let out = Command::new("prlimit")
+        .args([
+            "--memlock=65536:65536",
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+        ])
+        .args(["--clear-groups", "--inh-caps=-all"])
+        .arg(env!("CARGO_BIN_EXE_oncillad"))
+        .args([
+            "--join",
+            "127.0.0.1:1",
+            "--token",
+            "t",
+            "--capacity",
+            "64MiB",
+        ])
+        .args(["--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"])
+        .arg("--socket")
+        .arg(&sock)
+        .output();
+    let Ok(out) = out else {
+        return skip(test, "prlimit/setpriv (util-linux) not installed");
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("locked-memory limit (RLIMIT_MEMLOCK) is 64.0 KiB")
+            && err.contains("ulimit -l"),
+        "{err}"
+    );
+    assert!(!sock.exists());
+}
+
+#[test]
+fn hugepages_on_refuses_without_enough() {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (free, size) = (field("HugePages_Free:"), field("Hugepagesize:") * 1024);
+    // One page more than the node has free.
+    let capacity = if size == 0 {
+        1 << 21
+    } else {
+        (free + 1) * size
+    };
+    let sock = std::env::temp_dir().join(format!("oncillad-huge-{}.sock", std::process::id()));
+    let out = oncillad(&[
+        "--join",
+        "127.0.0.1:1",
+        "--token",
+        "t",
+        "--capacity",
+        &capacity.to_string(),
+        "--hugepages",
+        "on",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-listen",
+        "127.0.0.1:0",
+        "--socket",
+        sock.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--hugepages on:"), "{err}");
+    if size != 0 {
+        assert!(err.contains("vm.nr_hugepages="), "{err}");
+    }
     assert!(!sock.exists());
 }

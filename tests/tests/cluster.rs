@@ -108,6 +108,36 @@ fn local_allocations_are_mapped_pool_memory() {
     );
 }
 
+/// A new allocation never shows bytes of an old one, remote or local, even
+/// when it is made while the old one is still being scrubbed (the pool is
+/// too small to serve it from clean memory alone).
+#[test]
+fn freed_memory_never_reaches_the_next_tenant() {
+    let c = Cluster::start(2, "8MiB");
+    let ocm = c.client(0);
+    let size = 6 << 20;
+    for round in 0..3u8 {
+        let a = ocm.alloc(size as u64, Kind::RemoteHost).unwrap();
+        let mut back = vec![0xFFu8; size];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "remote round {round}: saw a previous tenant's bytes"
+        );
+        a.copy_in(0, &vec![0xC0 | round; size]).unwrap();
+        a.free().unwrap();
+
+        let mut l = ocm.alloc(size as u64, Kind::LocalHost).unwrap();
+        let buf = l.localbuf().unwrap();
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "local round {round}: saw a previous tenant's bytes"
+        );
+        buf.fill(0xD0 | round);
+        l.free().unwrap();
+    }
+}
+
 #[test]
 fn errors_say_what_went_wrong() {
     let c = Cluster::start(2, "8MiB");

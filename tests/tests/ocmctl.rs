@@ -5,6 +5,7 @@
 mod support;
 
 use std::process::Output;
+use std::time::Duration;
 
 use support::Cluster;
 
@@ -26,6 +27,53 @@ fn fails_with(out: &Output, needle: &str) {
         1,
         "one line expected: {err:?}"
     );
+}
+
+/// Holes show in `ocmctl nodes`, and an allocation bigger than any hole is
+/// served in pieces.
+#[test]
+fn fragmentation_is_visible_and_served_in_pieces() {
+    let c = Cluster::start(2, "8MiB");
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            ok(&c.ocmctl(&["alloc", "2MiB", "--node", "node-1"]))
+                .trim()
+                .to_string()
+        })
+        .collect();
+    ok(&c.ocmctl(&["free", &ids[1]]));
+    // 4 MiB free on node-1, in two holes of 2 MiB (once scrubbed and reported).
+    let node1 = || -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&c.ocmctl(&["nodes", "--json"]))).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "node-1")
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        Cluster::eventually(Duration::from_secs(10), || {
+            let n = node1();
+            n["largest_free"] == 2 << 20 && n["scrubbing"] == 0
+        }),
+        "{}",
+        node1()
+    );
+    assert_eq!(node1()["free"], 4 << 20);
+    let table = ok(&c.ocmctl(&["nodes"]));
+    assert!(
+        table.contains("LARGEST") && table.contains("SCRUBBING"),
+        "{table}"
+    );
+
+    let big = ok(&c.ocmctl(&["alloc", "4MiB", "--node", "node-1", "--json"]));
+    let big: serde_json::Value = serde_json::from_str(&big).unwrap();
+    let extents = big["extents"].as_array().unwrap();
+    assert_eq!(extents.len(), 2, "{big}");
+    assert!(extents.iter().all(|e| e["node"] == "node-1"));
+    assert_eq!(extents[1]["alloc_offset"], 2 << 20);
 }
 
 #[test]

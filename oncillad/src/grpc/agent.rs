@@ -33,7 +33,10 @@ impl agent_server::Agent for AgentService {
         })
         .await
         .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
-        reply(reserved.map(|pieces| pb::ReserveReply { pieces }))
+        reply(reserved.map(|pieces| pb::ReserveReply {
+            pieces,
+            pool: Some(self.agent.usage()),
+        }))
     }
 
     #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id))]
@@ -47,7 +50,9 @@ impl agent_server::Agent for AgentService {
         if self.agent.release(id).is_some() {
             tracing::debug!(alloc_id = id, "released");
         }
-        Ok(Response::new(pb::ReleaseReply {}))
+        Ok(Response::new(pb::ReleaseReply {
+            pool: Some(self.agent.usage()),
+        }))
     }
 
     async fn status(

@@ -37,19 +37,23 @@ impl GrpcAgentLink {
 }
 
 impl AgentLink for GrpcAgentLink {
-    async fn reserve(&self, addr: &str, req: pb::ReserveRequest) -> Result<Vec<pb::Piece>, String> {
+    async fn reserve(
+        &self,
+        addr: &str,
+        req: pb::ReserveRequest,
+    ) -> Result<pb::ReserveReply, String> {
         let mut c = self.client(addr)?;
         c.reserve(req)
             .await
-            .map(|r| r.into_inner().pieces)
+            .map(tonic::Response::into_inner)
             .map_err(|s| client::unreachable("agent", addr, s).message().to_string())
     }
 
-    async fn release(&self, addr: &str, alloc_id: u64) -> Result<(), String> {
+    async fn release(&self, addr: &str, alloc_id: u64) -> Result<pb::ReleaseReply, String> {
         let mut c = self.client(addr)?;
         c.release(pb::ReleaseRequest { alloc_id })
             .await
-            .map(|_| ())
+            .map(tonic::Response::into_inner)
             .map_err(|s| client::unreachable("agent", addr, s).message().to_string())
     }
 }

@@ -27,15 +27,18 @@ pub const MAX_ALLOCATION: u64 = 1 << 50;
 /// How the master reaches agents.
 pub trait AgentLink: Send + Sync + 'static {
     /// Reserves a range of an allocation on the agent at `addr`; returns
-    /// where its pieces went.
+    /// where its pieces went and the agent's pool usage.
     fn reserve(
         &self,
         addr: &str,
         req: pb::ReserveRequest,
-    ) -> impl Future<Output = Result<Vec<pb::Piece>, String>> + Send;
+    ) -> impl Future<Output = Result<pb::ReserveReply, String>> + Send;
     /// Releases everything the agent holds of `alloc_id`.
-    fn release(&self, addr: &str, alloc_id: u64)
-        -> impl Future<Output = Result<(), String>> + Send;
+    fn release(
+        &self,
+        addr: &str,
+        alloc_id: u64,
+    ) -> impl Future<Output = Result<pb::ReleaseReply, String>> + Send;
 }
 
 struct Node {
@@ -197,11 +200,18 @@ impl<L: AgentLink> Master<L> {
             )
         });
         let results = join_all(reserves).await;
-
+        {
+            let mut st = self.lock();
+            for (r, (p, _, _)) in results.iter().zip(&targets) {
+                if let (Ok(reply), Some(n)) = (r, st.nodes.get_mut(&p.node)) {
+                    n.pool = reply.pool.unwrap_or(n.pool);
+                }
+            }
+        }
         let results: Vec<Result<Vec<pb::Piece>, String>> = results
             .into_iter()
             .zip(&targets)
-            .map(|(r, (p, _, _))| r.and_then(|pieces| check_pieces(p, pieces)))
+            .map(|(r, (p, _, _))| r.and_then(|reply| check_pieces(p, reply.pieces)))
             .collect();
         if let Some((i, err)) = results
             .iter()
@@ -281,7 +291,7 @@ impl<L: AgentLink> Master<L> {
     /// [`CoreError::NoSuchAllocation`]; [`CoreError::PermissionDenied`] when a
     /// session frees another session's allocation.
     pub async fn free(&self, id: u64, session: &str) -> Result<(), CoreError> {
-        let addrs = {
+        let holders = {
             let mut st = self.lock();
             let alloc = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
             if let Some(owner) = &alloc.owner {
@@ -296,23 +306,33 @@ impl<L: AgentLink> Master<L> {
                 .allocs
                 .remove(&id)
                 .ok_or(CoreError::NoSuchAllocation(id))?;
-            let mut addrs = Vec::with_capacity(alloc.extents.len());
+            let mut holders = Vec::with_capacity(alloc.extents.len());
             for e in &alloc.extents {
                 if let Some(n) = st.nodes.get_mut(&e.node) {
                     n.reserved = n.reserved.saturating_sub(n.footprint(e.len));
-                    addrs.push(n.info.agent_addr.clone());
+                    holders.push((e.node.clone(), n.info.agent_addr.clone()));
                 }
             }
             // One Release per agent, however its extents are ordered.
-            addrs.sort_unstable();
-            addrs.dedup();
-            addrs
+            holders.sort_unstable();
+            holders.dedup();
+            holders
         };
-        for r in join_all(addrs.iter().map(|a| self.link.release(a, id))).await {
-            if let Err(e) = r {
-                tracing::warn!(alloc_id = id, error = %e, "agent did not confirm release");
+        let replies = join_all(holders.iter().map(|(_, a)| self.link.release(a, id))).await;
+        let mut st = self.lock();
+        for ((node, _), r) in holders.iter().zip(replies) {
+            match r {
+                Ok(reply) => {
+                    if let Some(n) = st.nodes.get_mut(node) {
+                        n.pool = reply.pool.unwrap_or(n.pool);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(alloc_id = id, node = %node, error = %e, "agent did not confirm release");
+                }
             }
         }
+        drop(st);
         tracing::info!(alloc_id = id, "freed");
         Ok(())
     }
@@ -444,7 +464,7 @@ mod tests {
             &self,
             addr: &str,
             req: pb::ReserveRequest,
-        ) -> Result<Vec<pb::Piece>, String> {
+        ) -> Result<pb::ReserveReply, String> {
             if Some(addr) == self.fail_on {
                 return Err("pool exhausted".into());
             }
@@ -463,11 +483,11 @@ mod tests {
                     pool_offset: 8192,
                 });
             }
-            Ok(pieces)
+            Ok(pb::ReserveReply { pieces, pool: None })
         }
-        async fn release(&self, _addr: &str, _id: u64) -> Result<(), String> {
+        async fn release(&self, _addr: &str, _id: u64) -> Result<pb::ReleaseReply, String> {
             self.released.fetch_add(1, Ordering::SeqCst);
-            Ok(())
+            Ok(pb::ReleaseReply::default())
         }
     }
 

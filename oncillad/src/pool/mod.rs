@@ -99,6 +99,8 @@ pub enum PoolError {
         #[source]
         source: nix::Error,
     },
+    #[error("cannot lock {} of pool memory: the locked-memory limit (RLIMIT_MEMLOCK) is {limit}; raise it (`ulimit -l unlimited`, LimitMEMLOCK=infinity in systemd, or CAP_IPC_LOCK in a container) or lower --capacity", HumanBytes(*.len))]
+    MemlockLimit { len: u64, limit: String },
     #[error("pool has {} free (largest hole {}) and {} still being scrubbed, cannot reserve {}", HumanBytes(*.free), HumanBytes(*.largest), HumanBytes(*.scrubbing), HumanBytes(*.requested))]
     Exhausted {
         requested: u64,
@@ -211,6 +213,7 @@ impl Pool {
                 physical,
             });
         }
+        check_memlock(round_up(spec.capacity, base_page))?;
         let (slabs, page, huge, note) = match spec.huge_pages {
             HugePages::Off => (make_slabs(spec, base_page, false)?, base_page, false, None),
             HugePages::On => {
@@ -510,6 +513,33 @@ fn pages_needed(capacity: u64, page: u64) -> u64 {
     } else {
         capacity.div_ceil(page)
     }
+}
+
+/// Fails fast, before minutes of pre-faulting, when the locked-memory limit
+/// cannot cover `len` and the process may not exceed it.
+fn check_memlock(len: u64) -> Result<(), PoolError> {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    let Ok((soft, _)) = getrlimit(Resource::RLIMIT_MEMLOCK) else {
+        return Ok(());
+    };
+    if soft == RLIM_INFINITY || soft >= len || can_lock_freely() {
+        return Ok(());
+    }
+    Err(PoolError::MemlockLimit {
+        len,
+        limit: memlock_limit(),
+    })
+}
+
+/// Whether this process holds CAP_IPC_LOCK (locks memory past the limit).
+fn can_lock_freely() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 fn memlock_limit() -> String {

@@ -1,0 +1,368 @@
+//! `ocmctl bench alloc`: how long `alloc` and `free` of remote memory take,
+//! by size, next to the original Oncilla's published figures.
+//!
+//! It drives a cluster the way an application does (liboncilla through the
+//! local agent, which asks the master, which reserves on a remote agent)
+//! and prints a table of percentiles. Between samples it waits, untimed,
+//! until every agent has scrubbed what the last free returned, so each
+//! sample sees a clean pool; how long that scrubbing took is reported too,
+//! since it is the cost that moved off the request path. It measures; it
+//! asserts nothing.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use liboncilla::{AllocSpec, Kind, Oncilla, Options};
+use oncilla_proto::auth::Token;
+use oncilla_proto::client::{self, AgentClient};
+use oncilla_proto::pb;
+use oncilla_proto::size::{parse_size, HumanBytes};
+use serde_json::json;
+
+use crate::cluster;
+use crate::master::Master;
+use crate::table::Table;
+use crate::CliError;
+
+/// Sizes measured unless `--size` is given.
+const SIZES: [u64; 6] = [64, 4 << 10, 1 << 20, 64 << 20, 1 << 30, 4 << 30];
+/// Longest wait for the scrubber after one free.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Unrecorded allocations before each size's samples.
+const WARMUP: usize = 3;
+
+/// The original Oncilla (Young et al.), remote host allocation over
+/// InfiniBand: measured points of its allocation latency, in ms.
+const PAPER_ALLOC_IB: [(u64, f64); 2] = [(64, 1.26), (4 << 30, 40.8)];
+/// The same over EXTOLL.
+const PAPER_ALLOC_EXTOLL: [(u64, f64); 1] = [(4 << 30, 95.0)];
+/// Its daemon messaging overhead per allocation, and its free, in ms.
+const PAPER_OVERHEAD_MS: f64 = 1.18;
+const PAPER_FREE_MS: f64 = 1.5;
+
+/// Benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub enum Bench {
+    /// Latency of allocating and freeing remote memory, by size.
+    Alloc(AllocArgs),
+}
+
+/// Options of `ocmctl bench alloc`.
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct AllocArgs {
+    /// Remote agents of the local cluster (the benchmark's own agent comes
+    /// on top of these).
+    #[arg(long, default_value_t = 2)]
+    agents: usize,
+    /// Memory each remote agent of the local cluster exports.
+    #[arg(long, default_value = "4GiB")]
+    capacity: String,
+    /// Samples per size.
+    #[arg(long, default_value_t = 100)]
+    iterations: usize,
+    /// Sizes to measure, repeatable [default: 64B 4KiB 1MiB 64MiB 1GiB 4GiB].
+    #[arg(long = "size", value_name = "SIZE")]
+    sizes: Vec<String>,
+    /// Measure the running cluster whose local agent listens here, instead
+    /// of starting one (with --master and the token as for other commands).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    #[command(flatten)]
+    conn: crate::Conn,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A cluster to measure.
+struct Target {
+    master: String,
+    token: Token,
+    socket: PathBuf,
+}
+
+/// Runs `ocmctl bench alloc` on the cluster behind `--socket`, or on a
+/// local cluster it starts.
+///
+/// # Errors
+/// Bad options, a cluster that does not start, and any failed alloc or free.
+pub fn alloc(args: &AllocArgs) -> Result<(), CliError> {
+    if args.iterations == 0 || args.iterations > 100_000 {
+        return Err(CliError::Other(
+            "--iterations must be between 1 and 100000".into(),
+        ));
+    }
+    let sizes = if args.sizes.is_empty() {
+        SIZES.to_vec()
+    } else {
+        args.sizes
+            .iter()
+            .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--size {s}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    if sizes.contains(&0) {
+        return Err(CliError::Other("--size must be at least 1 byte".into()));
+    }
+    let (iterations, json) = (args.iterations, args.json);
+    match &args.socket {
+        Some(socket) => {
+            let t = Target {
+                master: args.conn.master.clone(),
+                token: args.conn.token()?,
+                socket: socket.clone(),
+            };
+            measure(&t, &sizes, iterations, json)
+        }
+        None => {
+            if !(1..=15).contains(&args.agents) {
+                return Err(CliError::Other("--agents must be between 1 and 15".into()));
+            }
+            let capacity = parse_size(&args.capacity)
+                .map_err(|e| CliError::Other(format!("--capacity: {e}")))?;
+            // node-0 is the benchmark's own agent: it only serves the session.
+            let mut capacities = vec![64 << 20];
+            capacities.extend(std::iter::repeat_n(capacity, args.agents));
+            cluster::run(&capacities, false, move |c| {
+                for i in 0..c.agents {
+                    if let Some(line) = pool_ready_line(&c.log(i)) {
+                        println!("{}: {line}", cluster::node_name(i));
+                    }
+                }
+                println!();
+                let t = Target {
+                    master: c.master_addr.clone(),
+                    token: c.token.clone(),
+                    socket: c.socket(0),
+                };
+                measure(&t, &sizes, iterations, json)
+            })
+        }
+    }
+}
+
+/// One size's samples, in microseconds.
+struct Row {
+    size: u64,
+    alloc: Vec<f64>,
+    free: Vec<f64>,
+    scrub: Vec<f64>,
+    extents: usize,
+}
+
+fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(), CliError> {
+    let master = Master::connect(&t.master, &t.token)?;
+    let ocm = Oncilla::connect_with(Options {
+        socket: t.socket.clone(),
+        token: t.token.clone(),
+    })?;
+    let nodes = master.nodes()?;
+    let probe = Probe::new(&nodes, &t.token)?;
+    // Remote allocations avoid the local node; the largest that can succeed
+    // is bounded by the other nodes' capacity.
+    let remote_capacity: u64 = nodes
+        .iter()
+        .filter_map(|n| n.info.as_ref())
+        .filter(|i| i.name != ocm.node())
+        .map(|i| i.capacity)
+        .sum();
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    for &size in sizes {
+        if size > remote_capacity {
+            skipped.push(size);
+            continue;
+        }
+        if !json {
+            eprint!("measuring {} ...", HumanBytes(size));
+        }
+        let mut row = Row {
+            size,
+            alloc: Vec::with_capacity(iterations),
+            free: Vec::with_capacity(iterations),
+            scrub: Vec::with_capacity(iterations),
+            extents: 0,
+        };
+        for i in 0..WARMUP + iterations {
+            let started = Instant::now();
+            let a = ocm.alloc_with(&AllocSpec::new(size, Kind::RemoteHost))?;
+            let alloc = started.elapsed();
+            row.extents = row.extents.max(a.descriptor().extents.len());
+            let started = Instant::now();
+            a.free()?;
+            let free = started.elapsed();
+            let scrub = probe.settle()?;
+            if i >= WARMUP {
+                row.alloc.push(micros(alloc));
+                row.free.push(micros(free));
+                row.scrub.push(micros(scrub));
+            }
+        }
+        if !json {
+            eprintln!(" done");
+        }
+        rows.push(row);
+    }
+    if json {
+        crate::print_json(&json!({
+            "iterations": iterations,
+            "rows": rows.iter().map(|r| json!({
+                "size": r.size,
+                "extents": r.extents,
+                "alloc_us": {"p50": pct(&r.alloc, 50.0), "p99": pct(&r.alloc, 99.0)},
+                "free_us": {"p50": pct(&r.free, 50.0), "p99": pct(&r.free, 99.0)},
+                "scrub_us": {"p50": pct(&r.scrub, 50.0)},
+                "paper_alloc_ib_ms": paper(&PAPER_ALLOC_IB, r.size),
+            })).collect::<Vec<_>>(),
+            "skipped_sizes": skipped,
+        }));
+        return Ok(());
+    }
+    print!("{}", table(&rows, iterations));
+    for s in skipped {
+        println!(
+            "skipped {}: above the remote nodes' capacity ({})",
+            HumanBytes(s),
+            HumanBytes(remote_capacity)
+        );
+    }
+    let smallest = rows.iter().min_by_key(|r| r.size);
+    let largest = rows.iter().max_by_key(|r| r.size);
+    if let (Some(first), Some(last)) = (smallest, largest) {
+        let (a0, a1) = (pct(&first.alloc, 50.0), pct(&last.alloc, 50.0));
+        println!(
+            "\np50 alloc {} / {}: {:.2}x;  paper: {:.1}x (IB), overhead {PAPER_OVERHEAD_MS} ms per alloc, {PAPER_FREE_MS} ms per free",
+            HumanBytes(last.size),
+            HumanBytes(first.size),
+            a1 / a0.max(1e-9),
+            PAPER_ALLOC_IB[1].1 / PAPER_ALLOC_IB[0].1,
+        );
+    }
+    Ok(())
+}
+
+fn table(rows: &[Row], iterations: usize) -> String {
+    let mut t = Table::new(&[
+        "SIZE",
+        "EXTENTS",
+        "ALLOC p50",
+        "ALLOC p99",
+        "FREE p50",
+        "FREE p99",
+        "SCRUB p50",
+        "PAPER ALLOC (IB)",
+        "PAPER ALLOC (EXTOLL)",
+    ]);
+    for r in rows {
+        t.row(vec![
+            HumanBytes(r.size).to_string(),
+            r.extents.to_string(),
+            ms(pct(&r.alloc, 50.0)),
+            ms(pct(&r.alloc, 99.0)),
+            ms(pct(&r.free, 50.0)),
+            ms(pct(&r.free, 99.0)),
+            ms(pct(&r.scrub, 50.0)),
+            paper(&PAPER_ALLOC_IB, r.size).map_or("-".into(), |v| format!("{v} ms")),
+            paper(&PAPER_ALLOC_EXTOLL, r.size).map_or("-".into(), |v| format!("{v} ms")),
+        ]);
+    }
+    format!(
+        "remote alloc/free latency, {iterations} samples per size (SCRUB: zeroing after free, off the request path):\n{}",
+        t.render()
+    )
+}
+
+fn paper(points: &[(u64, f64)], size: u64) -> Option<f64> {
+    points.iter().find(|p| p.0 == size).map(|p| p.1)
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3} ms", us / 1000.0)
+}
+
+/// The `p`th percentile (nearest rank) of `samples`.
+fn pct(samples: &[f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// The pool usage line an agent logged at start, if found.
+fn pool_ready_line(log: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().find(|l| l.contains("pool ready"))?;
+    // Drop the timestamp, level and target; keep the message and fields.
+    line.find("pool ready").map(|at| line[at..].to_string())
+}
+
+/// Asks every agent directly how much it is still scrubbing.
+struct Probe {
+    agents: Vec<(String, AgentClient)>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Probe {
+    fn new(nodes: &[pb::NodeStatus], token: &Token) -> Result<Self, CliError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CliError::Other(format!("cannot start runtime: {e}")))?;
+        let mut agents = Vec::new();
+        for n in nodes.iter().filter_map(|n| n.info.as_ref()) {
+            let _guard = rt.enter();
+            agents.push((
+                n.agent_addr.clone(),
+                AgentClient::new(client::lazy(&n.agent_addr, token)?),
+            ));
+        }
+        Ok(Self { agents, rt })
+    }
+
+    /// Waits until no agent is scrubbing; returns how long that took.
+    fn settle(&self) -> Result<Duration, CliError> {
+        let started = Instant::now();
+        loop {
+            let mut busy = false;
+            for (addr, c) in &self.agents {
+                let status = self
+                    .rt
+                    .block_on(c.clone().status(pb::StatusRequest {}))
+                    .map_err(|s| CliError::Rpc(client::unreachable("agent", addr, s)))?
+                    .into_inner();
+                busy |= status.pool.is_some_and(|p| p.scrubbing > 0);
+            }
+            if !busy {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > SETTLE_TIMEOUT {
+                return Err(CliError::Other(format!(
+                    "agents still scrubbing after {}s",
+                    SETTLE_TIMEOUT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(pct(&s, 50.0), 50.0);
+        assert_eq!(pct(&s, 99.0), 99.0);
+        assert_eq!(pct(&[3.0], 99.0), 3.0);
+        assert_eq!(pct(&[], 50.0), 0.0);
+    }
+}
