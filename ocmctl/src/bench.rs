@@ -124,12 +124,21 @@ pub fn alloc(args: &AllocArgs) -> Result<(), CliError> {
             let mut capacities = vec![64 << 20];
             capacities.extend(std::iter::repeat_n(capacity, args.agents));
             cluster::run(&capacities, false, move |c| {
+                // Pool start-up as each agent logged it; on stderr with
+                // --json so stdout stays one document.
                 for i in 0..c.agents {
                     if let Some(line) = pool_ready_line(&c.log(i)) {
-                        println!("{}: {line}", cluster::node_name(i));
+                        let line = format!("{}: {line}", cluster::node_name(i));
+                        if json {
+                            eprintln!("{line}");
+                        } else {
+                            println!("{line}");
+                        }
                     }
                 }
-                println!();
+                if !json {
+                    println!();
+                }
                 let t = Target {
                     master: c.master_addr.clone(),
                     token: c.token.clone(),

@@ -193,7 +193,7 @@ impl Cluster {
             .iter()
             .map(|c| HumanBytes(*c).to_string())
             .collect();
-        println!(
+        eprintln!(
             "started a master and {agents} agents ({}) in {}\n",
             caps.join(", "),
             cluster.dir.display()

@@ -14,6 +14,28 @@ fn oncillad(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Arguments for an agent that would join a master at an unreachable
+/// address, export `capacity`, and listen on loopback and `sock`.
+fn agent_args(capacity: &str, sock: &std::path::Path) -> Vec<String> {
+    let sock = sock.to_str().unwrap();
+    [
+        "--join",
+        "127.0.0.1:1",
+        "--token",
+        "t",
+        "--capacity",
+        capacity,
+        "--listen",
+        "127.0.0.1:0",
+        "--data-listen",
+        "127.0.0.1:0",
+        "--socket",
+        sock,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 #[test]
 fn help_documents_every_flag() {
     let out = oncillad(&["--help"]);
@@ -59,20 +81,8 @@ fn refuses_bad_configuration() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
 
     let sock = std::env::temp_dir().join(format!("oncillad-cli-{}.sock", std::process::id()));
-    let out = oncillad(&[
-        "--join",
-        "127.0.0.1:1",
-        "--token",
-        "t",
-        "--capacity",
-        "1000TiB",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-listen",
-        "127.0.0.1:0",
-        "--socket",
-        sock.to_str().unwrap(),
-    ]);
+    let args = agent_args("1000TiB", &sock);
+    let out = oncillad(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("exceeds this node's physical memory"), "{err}");
@@ -145,22 +155,9 @@ fn hugepages_on_refuses_without_enough() {
         (free + 1) * size
     };
     let sock = std::env::temp_dir().join(format!("oncillad-huge-{}.sock", std::process::id()));
-    let out = oncillad(&[
-        "--join",
-        "127.0.0.1:1",
-        "--token",
-        "t",
-        "--capacity",
-        &capacity.to_string(),
-        "--hugepages",
-        "on",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-listen",
-        "127.0.0.1:0",
-        "--socket",
-        sock.to_str().unwrap(),
-    ]);
+    let mut args = agent_args(&capacity.to_string(), &sock);
+    args.extend(["--hugepages".to_string(), "on".to_string()]);
+    let out = oncillad(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--hugepages on:"), "{err}");
