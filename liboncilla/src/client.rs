@@ -23,67 +23,50 @@ use crate::descriptor::{Descriptor, Kind};
 use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::DataPath;
+use crate::spec::{AllocSpec, Fabric};
 
-/// How to reach the local agent.
+/// How to reach the local agent, and how to move bytes.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The agent's Unix socket.
     pub socket: PathBuf,
     pub token: Token,
+    /// Fabric preference for every allocation of the session.
+    pub fabric: Fabric,
 }
 
 impl Options {
-    /// `ONCILLA_SOCKET` (default `/run/oncilla/agent.sock`) and the token
-    /// from `ONCILLA_TOKEN` / `ONCILLA_TOKEN_FILE`.
+    /// `ONCILLA_SOCKET` (default `/run/oncilla/agent.sock`), the token from
+    /// `ONCILLA_TOKEN` / `ONCILLA_TOKEN_FILE`, and `ONCILLA_FABRIC`
+    /// (`auto`, `tcp` or `shm`; default `auto`).
     ///
     /// # Errors
-    /// [`Error::Token`] when no token is configured.
+    /// [`Error::Token`] when no token is configured;
+    /// [`Error::InvalidArgument`] for an unknown fabric.
     pub fn from_env() -> Result<Self> {
         let socket = std::env::var_os("ONCILLA_SOCKET").map_or_else(
             || PathBuf::from(oncilla_proto::DEFAULT_SOCKET),
             PathBuf::from,
         );
+        let fabric = match std::env::var("ONCILLA_FABRIC") {
+            Ok(v) => Fabric::parse(&v)
+                .map_err(|e| Error::InvalidArgument(format!("ONCILLA_FABRIC: {e}")))?,
+            Err(_) => Fabric::Auto,
+        };
         Ok(Self {
             socket,
             token: Token::from_env()?,
+            fabric,
         })
     }
-}
 
-/// What to allocate.
-#[derive(Debug, Clone)]
-pub struct AllocSpec {
-    pub size: u64,
-    pub kind: Kind,
-    /// Nodes to split the allocation over equally; empty lets the master choose.
-    pub nodes: Vec<String>,
-    /// Outlive this session until freed explicitly.
-    pub persistent: bool,
-}
-
-impl AllocSpec {
-    /// `size` bytes of `kind`, placed by the master, owned by the session.
-    pub fn new(size: u64, kind: Kind) -> Self {
+    /// The agent at `socket` with `token`, fabric chosen automatically.
+    pub fn new(socket: impl Into<PathBuf>, token: Token) -> Self {
         Self {
-            size,
-            kind,
-            nodes: Vec::new(),
-            persistent: false,
+            socket: socket.into(),
+            token,
+            fabric: Fabric::Auto,
         }
-    }
-
-    /// Split over these nodes.
-    #[must_use]
-    pub fn on_nodes<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
-        self.nodes = nodes.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// Keep the allocation after the session ends.
-    #[must_use]
-    pub fn persistent(mut self) -> Self {
-        self.persistent = true;
-        self
     }
 }
 
@@ -91,6 +74,7 @@ struct Inner {
     rt: tokio::runtime::Runtime,
     socket: PathBuf,
     token: Token,
+    fabric: Fabric,
     session: SessionClient,
     session_id: String,
     node: String,
@@ -167,6 +151,7 @@ impl Oncilla {
                 rt,
                 socket: opts.socket,
                 token: opts.token.clone(),
+                fabric: opts.fabric,
                 session,
                 session_id,
                 node,
@@ -197,33 +182,82 @@ impl Oncilla {
     ///
     /// # Errors
     /// [`Error::CapacityExhausted`] (the message says what is free where),
-    /// [`Error::InvalidArgument`], [`Error::NodeDown`], [`Error::Unavailable`]
-    /// when the master cannot be reached.
+    /// [`Error::InvalidArgument`], [`Error::AlreadyExists`] for a taken
+    /// name, [`Error::NodeDown`], [`Error::Unavailable`] when the master
+    /// cannot be reached.
     pub fn alloc_with(&self, spec: &AllocSpec) -> Result<Allocation> {
         let req = pb::AllocRequest {
             session_id: self.inner.session_id.clone(),
-            size: spec.size,
-            kind: spec.kind.to_wire() as i32,
-            nodes: spec.nodes.clone(),
-            persistent: spec.persistent,
+            spec: Some(spec.to_wire(self.inner.fabric)),
         };
         let mut client = self.inner.session.clone();
         let wire = self.inner.rt.block_on(client.alloc(req))?.into_inner();
+        let fabric = spec.fabric.unwrap_or(self.inner.fabric);
+        self.open(wire, fabric)
+    }
+
+    /// Attaches the persistent allocation called `name`, made by any
+    /// process on any node. Dropping the handle detaches; the allocation
+    /// stays until freed.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], and fabric errors when this session's fabric
+    /// cannot reach its extents.
+    pub fn attach(&self, name: &str) -> Result<Allocation> {
+        self.attach_ref(pb::AllocRef {
+            id: 0,
+            name: name.to_string(),
+        })
+    }
+
+    /// Attaches the persistent allocation with this id.
+    ///
+    /// # Errors
+    /// As [`Oncilla::attach`].
+    pub fn attach_id(&self, id: u64) -> Result<Allocation> {
+        self.attach_ref(pb::AllocRef {
+            id,
+            name: String::new(),
+        })
+    }
+
+    fn attach_ref(&self, alloc: pb::AllocRef) -> Result<Allocation> {
+        let req = pb::AttachRequest {
+            session_id: self.inner.session_id.clone(),
+            alloc: Some(alloc),
+        };
+        let mut client = self.inner.session.clone();
+        let wire = self.inner.rt.block_on(client.attach(req))?.into_inner();
+        self.open(wire, self.inner.fabric)
+    }
+
+    /// Wraps a wire allocation in a handle and maps the extents that this
+    /// node holds, when the fabric says shared memory.
+    fn open(&self, wire: pb::Allocation, fabric: Fabric) -> Result<Allocation> {
         let mut alloc = Allocation {
             ocm: self.clone(),
             desc: Descriptor::from_wire(wire)?,
+            fabric,
             local: None,
-            freed: false,
+            done: false,
         };
-        if alloc.desc.kind == Kind::LocalHost {
-            // Local memory is mapped straight into this process.
-            alloc.local = Some(Mapping::open(
+        let mut local = Vec::new();
+        for e in &alloc.desc.extents {
+            let chosen = oncilla_proto::fabric::choose(&e.node, &self.inner.node, fabric.to_wire())
+                .map_err(|err| Error::InvalidArgument(err.to_string()))?;
+            if chosen == pb::Fabric::Shm {
+                local.push(e);
+            }
+        }
+        if !local.is_empty() {
+            let mapping = Mapping::open(
                 &self.inner.socket,
                 &self.inner.token,
                 alloc.desc.id,
                 &alloc.desc.key,
-                &alloc.desc.extents,
-            )?);
+                &local,
+            )?;
+            alloc.local = Some(mapping);
         }
         Ok(alloc)
     }
@@ -260,25 +294,43 @@ impl Oncilla {
         Ok(())
     }
 
-    fn free_id(&self, id: u64) -> Result<()> {
+    fn free_id(&self, id: u64, force: bool) -> Result<()> {
         let req = pb::FreeRequest {
-            id,
+            alloc: Some(pb::AllocRef {
+                id,
+                name: String::new(),
+            }),
             session_id: self.inner.session_id.clone(),
+            force,
         };
         let mut client = self.inner.session.clone();
         self.inner.rt.block_on(client.free(req))?;
         Ok(())
     }
+
+    fn detach_id(&self, id: u64) -> Result<()> {
+        let req = pb::DetachRequest {
+            session_id: self.inner.session_id.clone(),
+            id,
+        };
+        let mut client = self.inner.session.clone();
+        self.inner.rt.block_on(client.detach(req))?;
+        Ok(())
+    }
 }
 
-/// An allocation. Dropping it frees it (unless it is persistent); call
-/// [`Allocation::free`] to see the result.
+/// An allocation. Dropping it frees it, or, for a persistent (or named)
+/// allocation, detaches this process from it; call [`Allocation::free`] to
+/// free it and see the result.
 pub struct Allocation {
     ocm: Oncilla,
     desc: Descriptor,
-    /// The mapping of a local allocation; copies to it are memcpy.
+    /// The fabric preference this handle was opened with.
+    fabric: Fabric,
+    /// The extents on this node, mapped; copies to them are memcpy.
     local: Option<Mapping>,
-    freed: bool,
+    /// Freed or detached already.
+    done: bool,
 }
 
 impl std::fmt::Debug for Allocation {
@@ -317,91 +369,118 @@ impl Allocation {
             .any(|e| e.node != self.ocm.inner.node)
     }
 
+    /// The name, for a named allocation.
+    pub fn name(&self) -> Option<&str> {
+        self.desc.name.as_deref()
+    }
+
+    /// The fabric this process uses for each extent, in extent order.
+    pub fn fabrics(&self) -> Vec<Fabric> {
+        self.desc
+            .extents
+            .iter()
+            .map(|e| {
+                oncilla_proto::fabric::choose(&e.node, self.ocm.node(), self.fabric.to_wire())
+                    .map_or(Fabric::Tcp, Fabric::from_wire)
+            })
+            .collect()
+    }
+
     /// Writes `src` at `offset`; returns once the bytes are visible to
-    /// every later reader.
+    /// every later reader (this node's extents by memcpy, the others over
+    /// the network, all nodes in parallel).
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`]; fabric failures.
+    /// [`Error::OutOfBounds`]; fabric failures; [`Error::NotFound`] once the
+    /// allocation was freed (by anyone).
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
-        self.desc.check_range(offset, src.len() as u64)?;
-        match &self.local {
-            Some(map) => {
-                // SAFETY: the range was checked against the allocation, which
-                // the mapping covers whole, and the mapping lives as long as
-                // `self`; `src` is caller memory, so the two cannot overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        src.as_ptr(),
-                        map.as_ptr().add(to_usize(offset)?),
-                        src.len(),
-                    )
-                };
-                Ok(())
-            }
-            None => self.ocm.inner.data.write(&self.desc, offset, src),
-        }
+        self.ocm
+            .inner
+            .data
+            .write(&self.desc, offset, src, self.local.as_ref())
     }
 
     /// Reads `dst.len()` bytes from `offset`.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`]; fabric failures.
+    /// As [`Allocation::copy_in`].
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.desc.check_range(offset, dst.len() as u64)?;
-        match &self.local {
-            Some(map) => {
-                // SAFETY: as in `copy_in`, with the roles of the buffers swapped.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        map.as_ptr().add(to_usize(offset)?),
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
-                };
-                Ok(())
-            }
-            None => self.ocm.inner.data.read(&self.desc, offset, dst),
-        }
+        self.ocm
+            .inner
+            .data
+            .read(&self.desc, offset, dst, self.local.as_ref())
     }
 
-    /// The bytes of a local allocation as plain memory in this process
-    /// (shared with the agent's pool: no copy is involved).
+    /// The bytes of an allocation that lies wholly in this node's memory,
+    /// as one plain slice in this process (shared with the agent's pool:
+    /// no copy is involved).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an allocation that is not local; use
-    /// [`Allocation::copy_in`] and [`Allocation::copy_out`] for those.
+    /// [`Error::InvalidArgument`] for an allocation with bytes elsewhere (or
+    /// opened with the TCP fabric); use [`Allocation::copy_in`] and
+    /// [`Allocation::copy_out`] for those.
     pub fn localbuf(&mut self) -> Result<&mut [u8]> {
         let id = self.desc.id;
-        let map = self.local.as_ref().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "allocation {id} is not local; use copy_in/copy_out"
-            ))
-        })?;
-        // SAFETY: the mapping is valid for `len` bytes for as long as `self`
-        // lives, and `&mut self` makes this the only reference into it from
-        // this process for the slice's lifetime.
-        Ok(unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), map.len()) })
+        let ptr = self
+            .local
+            .as_ref()
+            .and_then(|m| m.contiguous(self.desc.size))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "allocation {id} is not local memory mapped in one piece (bytes on other nodes, striped, or the TCP fabric); use copy_in/copy_out"
+                ))
+            })?;
+        let len = to_usize(self.desc.size)?;
+        // SAFETY: the mapping is valid for `size` contiguous bytes (checked
+        // by `contiguous`) for as long as `self` lives, and `&mut self`
+        // makes this the only reference into it from this process for the
+        // slice's lifetime.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     }
 
-    /// Frees the allocation now.
+    /// Frees the allocation now. A persistent allocation that other
+    /// processes are attached to is refused ([`Error::InUse`]).
     ///
     /// # Errors
-    /// [`Error::NotFound`] when someone already freed it; control-path failures.
-    pub fn free(mut self) -> Result<()> {
-        self.freed = true;
+    /// [`Error::NotFound`] when someone already freed it; [`Error::InUse`];
+    /// control-path failures.
+    pub fn free(self) -> Result<()> {
+        self.release(false)
+    }
+
+    /// Frees the allocation even while other processes are attached; their
+    /// next copy fails with [`Error::NotFound`].
+    ///
+    /// # Errors
+    /// As [`Allocation::free`], never [`Error::InUse`].
+    pub fn force_free(self) -> Result<()> {
+        self.release(true)
+    }
+
+    fn release(mut self, force: bool) -> Result<()> {
+        self.done = true;
         self.local = None;
-        self.ocm.free_id(self.desc.id)
+        self.ocm.free_id(self.desc.id, force)
     }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
         self.local = None;
-        if self.freed || self.desc.owner.is_none() {
+        if self.done {
             return;
         }
-        if let Err(e) = self.ocm.free_id(self.desc.id) {
-            tracing::warn!(id = self.desc.id, error = %e, "cannot free allocation on drop");
+        let outcome = if self.desc.owner.is_none() {
+            self.ocm.detach_id(self.desc.id)
+        } else {
+            self.ocm.free_id(self.desc.id, false)
+        };
+        match outcome {
+            // Freed by someone else already: nothing left to do.
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(id = self.desc.id, error = %e, "cannot release allocation on drop")
+            }
         }
     }
 }

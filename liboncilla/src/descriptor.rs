@@ -10,9 +10,10 @@ use crate::error::{Error, Result};
 /// Memory kind of an allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// In the local node's pool.
+    /// Host memory on this process's node only (the local agent's pool).
     LocalHost,
-    /// Host memory on other nodes.
+    /// Host memory anywhere in the cluster, placed by the policy (the
+    /// default policy prefers this node).
     RemoteHost,
 }
 
@@ -45,6 +46,8 @@ pub struct Descriptor {
     pub(crate) key: [u8; KEY_LEN],
     /// Session that owns it; `None` when persistent.
     pub owner: Option<String>,
+    /// Set for named allocations.
+    pub name: Option<String>,
 }
 
 impl Descriptor {
@@ -93,6 +96,7 @@ impl Descriptor {
                 .collect(),
             key,
             owner: a.owner.map(|o| o.session_id),
+            name: (!a.name.is_empty()).then_some(a.name),
         })
     }
 
@@ -115,8 +119,13 @@ impl Descriptor {
     /// `(extent, offset in allocation, offset in caller's buffer, length)`.
     pub(crate) fn pieces(&self, offset: u64, len: u64) -> Vec<(&Extent, u64, usize, u64)> {
         let end = offset + len;
-        self.extents
+        // Extents are ordered: start at the one holding `offset`.
+        let first = self
+            .extents
+            .partition_point(|e| e.alloc_offset + e.len <= offset);
+        self.extents[first..]
             .iter()
+            .take_while(|e| e.alloc_offset < end)
             .filter_map(|e| {
                 let start = offset.max(e.alloc_offset);
                 let stop = end.min(e.alloc_offset + e.len);

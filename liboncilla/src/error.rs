@@ -27,6 +27,12 @@ pub enum Error {
     /// A named node is down.
     #[error("{0}")]
     NodeDown(String),
+    /// The name is taken by another allocation.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// Other processes are attached; free with force to free anyway.
+    #[error("{0}")]
+    InUse(String),
     /// A copy outside the allocation.
     #[error(
         "out of bounds: {len} bytes at offset {offset} do not fit in an allocation of {size} bytes"
@@ -56,6 +62,8 @@ impl From<tonic::Status> for Error {
             Code::Unauthenticated | Code::PermissionDenied => Self::PermissionDenied(msg),
             Code::InvalidArgument | Code::OutOfRange => Self::InvalidArgument(msg),
             Code::FailedPrecondition => Self::NodeDown(msg),
+            Code::AlreadyExists => Self::AlreadyExists(msg),
+            Code::Aborted => Self::InUse(msg),
             Code::Unavailable | Code::DeadlineExceeded => Self::Unavailable(msg),
             _ => Self::Internal(format!("{:?}: {msg}", s.code())),
         }

@@ -21,12 +21,22 @@
 //! worker (use `spawn_blocking`). Allocations are freed when dropped, and
 //! every allocation of the session is freed when the process exits, even
 //! by a crash; persistent allocations live until freed explicitly.
+//!
+//! # Sharing and coherence
+//! A named allocation ([`AllocSpec::named`]) outlives its creator; any
+//! process on any node can [`Oncilla::attach`] it. Memory is not coherent
+//! beyond this: a copy is complete, and visible to every later reader, when
+//! `copy_in` returns; there is no ordering between concurrent writers, and
+//! a reader racing a writer may see some of each. Order access with your
+//! own synchronisation.
 
 mod client;
 mod descriptor;
 mod error;
 pub mod fabric;
+mod spec;
 
-pub use client::{AllocSpec, Allocation, Oncilla, Options};
+pub use client::{Allocation, Oncilla, Options};
 pub use descriptor::{Descriptor, Extent, Kind};
 pub use error::{Error, Result};
+pub use spec::{AllocSpec, Fabric, Policy};

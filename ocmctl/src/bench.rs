@@ -161,10 +161,7 @@ struct Row {
 
 fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(), CliError> {
     let master = Master::connect(&t.master, &t.token)?;
-    let ocm = Oncilla::connect_with(Options {
-        socket: t.socket.clone(),
-        token: t.token.clone(),
-    })?;
+    let ocm = Oncilla::connect_with(Options::new(t.socket.clone(), t.token.clone()))?;
     let nodes = master.nodes()?;
     let probe = Probe::new(&nodes, &t.token)?;
     // Remote allocations avoid the local node; the largest that can succeed

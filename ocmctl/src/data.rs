@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use liboncilla::fabric::DataPath;
 use oncilla_proto::auth::Token;
+use oncilla_proto::pb;
 use oncilla_proto::size::HumanBytes;
 
 use crate::master::Master;
@@ -17,14 +18,14 @@ use crate::CliError;
 /// Bytes staged in memory at a time.
 const STAGE: u64 = 64 << 20;
 
-/// Copies `file` into allocation `id` at `offset`.
+/// Copies `file` into allocation `alloc` at `offset`.
 ///
 /// # Errors
 /// Unknown allocation, a file that does not fit, I/O and data-path errors.
 pub fn put(
     master: &Master,
     token: Token,
-    id: u64,
+    alloc: &pb::AllocRef,
     file: &Path,
     offset: u64,
 ) -> Result<(), CliError> {
@@ -32,7 +33,7 @@ pub fn put(
         path: file.display().to_string(),
         source,
     };
-    let desc = master.descriptor(id)?;
+    let desc = master.descriptor(alloc)?;
     let mut f = File::open(file).map_err(io_err)?;
     let total = f.metadata().map_err(io_err)?.len();
     desc.check_range(offset, total)?;
@@ -43,7 +44,7 @@ pub fn put(
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
         f.read_exact(&mut buf[..n]).map_err(io_err)?;
-        data.write(&desc, offset + done, &buf[..n])?;
+        data.write(&desc, offset + done, &buf[..n], None)?;
         done += n as u64;
         progress.update(done);
     }
@@ -51,7 +52,7 @@ pub fn put(
     Ok(())
 }
 
-/// Copies `len` bytes (default: to the end) from allocation `id` at
+/// Copies `len` bytes (default: to the end) from allocation `alloc` at
 /// `offset` to `output` or stdout.
 ///
 /// # Errors
@@ -59,12 +60,12 @@ pub fn put(
 pub fn get(
     master: &Master,
     token: Token,
-    id: u64,
+    alloc: &pb::AllocRef,
     offset: u64,
     len: Option<u64>,
     output: Option<&Path>,
 ) -> Result<(), CliError> {
-    let desc = master.descriptor(id)?;
+    let desc = master.descriptor(alloc)?;
     let total = len.unwrap_or_else(|| desc.size.saturating_sub(offset));
     desc.check_range(offset, total)?;
     let name = output.map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
@@ -82,7 +83,7 @@ pub fn get(
     let mut done = 0u64;
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
-        data.read(&desc, offset + done, &mut buf[..n])?;
+        data.read(&desc, offset + done, &mut buf[..n], None)?;
         out.write_all(&buf[..n]).map_err(io_err)?;
         done += n as u64;
         progress.update(done);

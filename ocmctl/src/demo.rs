@@ -85,10 +85,7 @@ struct Plan {
 impl Plan {
     fn run(self) -> Result<(), CliError> {
         let master = Master::connect(&self.master, &self.token)?;
-        let ocm = Oncilla::connect_with(Options {
-            socket: self.socket.clone(),
-            token: self.token.clone(),
-        })?;
+        let ocm = Oncilla::connect_with(Options::new(self.socket.clone(), self.token.clone()))?;
         let mut spec = AllocSpec::new(self.size, Kind::RemoteHost).on_nodes(self.nodes.clone());
         if self.keep {
             spec = spec.persistent();

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use oncilla_proto::auth::{Token, TokenError};
+use oncilla_proto::pb;
 use oncilla_proto::size::parse_size;
 
 use master::Master;
@@ -79,23 +80,37 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Show one allocation and its extents.
+    /// Show one allocation: placement, attached processes, and every extent
+    /// with the fabric its creator uses for it.
     Show {
-        /// Allocation id.
-        id: u64,
+        /// Allocation id or name.
+        alloc: String,
         #[command(flatten)]
         conn: Conn,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Allocate persistent remote memory; prints the new id.
+    /// Allocate persistent memory in the cluster; prints the new id.
     Alloc {
         /// Size, e.g. 64MiB or 4GiB.
         size: String,
-        /// Split equally over these nodes (repeat the flag).
+        /// How to choose nodes when none is named.
+        #[arg(long, value_enum, default_value_t = PolicyArg::LocalFirst)]
+        policy: PolicyArg,
+        /// Place on this node (repeat the flag); overrides --policy.
         #[arg(long = "node", value_name = "NAME")]
         nodes: Vec<String>,
+        /// Weight of each --node, in the same order [default: 1 each].
+        #[arg(long = "weight", value_name = "W")]
+        weights: Vec<u32>,
+        /// Deal the allocation out in chunks of this size (a multiple of
+        /// 4KiB), node after node; needs --policy spread or --node.
+        #[arg(long, value_name = "SIZE")]
+        stripe: Option<String>,
+        /// Name it, so any process can attach it by name.
+        #[arg(long)]
+        name: Option<String>,
         #[command(flatten)]
         conn: Conn,
         /// Print the allocation as JSON.
@@ -104,15 +119,18 @@ enum Cmd {
     },
     /// Free an allocation.
     Free {
-        /// Allocation id.
-        id: u64,
+        /// Allocation id or name.
+        alloc: String,
+        /// Free it even while processes are attached (their next copy fails).
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         conn: Conn,
     },
     /// Copy a file into an allocation.
     Put {
-        /// Allocation id.
-        id: u64,
+        /// Allocation id or name.
+        alloc: String,
         /// File to read.
         file: PathBuf,
         /// Byte offset in the allocation.
@@ -123,8 +141,8 @@ enum Cmd {
     },
     /// Copy bytes out of an allocation to a file or stdout.
     Get {
-        /// Allocation id.
-        id: u64,
+        /// Allocation id or name.
+        alloc: String,
         /// Byte offset in the allocation.
         #[arg(long, default_value_t = 0)]
         offset: u64,
@@ -143,6 +161,67 @@ enum Cmd {
     /// Measure the cluster (prints tables; see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::Bench),
+}
+
+/// `--policy` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PolicyArg {
+    /// The emptiest node that holds it all, else spill to the next.
+    LocalFirst,
+    /// An equal share on every live node with room.
+    Spread,
+    /// As few nodes as possible.
+    Pack,
+}
+
+/// The wire spec of `ocmctl alloc`.
+fn alloc_spec(
+    size: &str,
+    policy: PolicyArg,
+    nodes: Vec<String>,
+    weights: &[u32],
+    stripe: Option<&str>,
+    name: Option<String>,
+) -> Result<pb::AllocSpec, CliError> {
+    let size = parse_size(size).map_err(|e| CliError::Other(e.to_string()))?;
+    let stripe = stripe
+        .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--stripe: {e}"))))
+        .transpose()?
+        .unwrap_or(0);
+    if !weights.is_empty() && weights.len() != nodes.len() {
+        return Err(CliError::Other(format!(
+            "--weight given {} times for {} --node; give one per node or none",
+            weights.len(),
+            nodes.len()
+        )));
+    }
+    if weights.contains(&0) {
+        return Err(CliError::Other("--weight must be at least 1".into()));
+    }
+    let policy = match policy {
+        PolicyArg::LocalFirst => pb::Policy::LocalFirst,
+        PolicyArg::Spread => pb::Policy::Spread,
+        PolicyArg::Pack => pb::Policy::Pack,
+    };
+    Ok(pb::AllocSpec {
+        size,
+        kind: pb::MemKind::RemoteHost as i32,
+        placement: Some(pb::Placement {
+            policy: policy as i32,
+            nodes: nodes
+                .into_iter()
+                .enumerate()
+                .map(|(i, node)| pb::NodeShare {
+                    node,
+                    weight: weights.get(i).copied().unwrap_or(1),
+                })
+                .collect(),
+            stripe,
+        }),
+        name: name.unwrap_or_default(),
+        persistent: true,
+        fabric: pb::Fabric::Tcp as i32,
+    })
 }
 
 /// What ocmctl reports on failure: one line, then exit status 1.
@@ -213,8 +292,8 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
                 print!("{}", master::allocs_table(&allocs));
             }
         }
-        Cmd::Show { id, conn, json } => {
-            let a = conn.master()?.allocation(id)?;
+        Cmd::Show { alloc, conn, json } => {
+            let a = conn.master()?.allocation(&master::alloc_ref(&alloc))?;
             if json {
                 print_json(&master::alloc_json(&a));
             } else {
@@ -223,37 +302,57 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         }
         Cmd::Alloc {
             size,
+            policy,
             nodes,
+            weights,
+            stripe,
+            name,
             conn,
             json,
         } => {
-            let size = parse_size(&size).map_err(|e| CliError::Other(e.to_string()))?;
-            let a = conn.master()?.allocate(size, nodes)?;
+            let spec = alloc_spec(&size, policy, nodes, &weights, stripe.as_deref(), name)?;
+            let a = conn.master()?.allocate(spec)?;
             if json {
                 print_json(&master::alloc_json(&a));
             } else {
                 println!("{}", a.id);
             }
         }
-        Cmd::Free { id, conn } => conn.master()?.free(id)?,
+        Cmd::Free { alloc, force, conn } => {
+            conn.master()?.free(&master::alloc_ref(&alloc), force)?;
+        }
         Cmd::Put {
-            id,
+            alloc,
             file,
             offset,
             conn,
         } => {
             let token = conn.token()?;
-            data::put(&conn.master()?, token, id, &file, offset)?;
+            data::put(
+                &conn.master()?,
+                token,
+                &master::alloc_ref(&alloc),
+                &file,
+                offset,
+            )?;
         }
         Cmd::Get {
-            id,
+            alloc,
             offset,
             len,
             output,
             conn,
         } => {
             let token = conn.token()?;
-            data::get(&conn.master()?, token, id, offset, len, output.as_deref())?;
+            let target = master::alloc_ref(&alloc);
+            data::get(
+                &conn.master()?,
+                token,
+                &target,
+                offset,
+                len,
+                output.as_deref(),
+            )?;
         }
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,

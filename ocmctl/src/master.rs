@@ -60,35 +60,106 @@ impl Master {
             .map(|r| r.allocations)
     }
 
-    pub fn allocation(&self, id: u64) -> Result<pb::Allocation, CliError> {
-        self.call(|mut c| async move { c.get_allocation(pb::GetAllocationRequest { id }).await })
+    pub fn allocation(&self, alloc: &pb::AllocRef) -> Result<pb::Allocation, CliError> {
+        let req = pb::GetAllocationRequest {
+            alloc: Some(alloc.clone()),
+        };
+        self.call(|mut c| async move { c.get_allocation(req).await })
     }
 
     /// A validated descriptor for the data path.
-    pub fn descriptor(&self, id: u64) -> Result<Descriptor, CliError> {
-        Ok(Descriptor::from_wire(self.allocation(id)?)?)
+    pub fn descriptor(&self, alloc: &pb::AllocRef) -> Result<Descriptor, CliError> {
+        Ok(Descriptor::from_wire(self.allocation(alloc)?)?)
     }
 
     /// A persistent allocation (it outlives this process).
-    pub fn allocate(&self, size: u64, nodes: Vec<String>) -> Result<pb::Allocation, CliError> {
+    pub fn allocate(&self, spec: pb::AllocSpec) -> Result<pb::Allocation, CliError> {
         let req = pb::AllocateRequest {
-            size,
-            kind: MemKind::RemoteHost as i32,
-            nodes,
+            spec: Some(spec),
             origin_node: String::new(),
-            owner: None,
+            requester: None,
         };
         self.call(|mut c| async move { c.allocate(req).await })
     }
 
-    pub fn free(&self, id: u64) -> Result<(), CliError> {
+    pub fn free(&self, alloc: &pb::AllocRef, force: bool) -> Result<(), CliError> {
         let req = pb::FreeRequest {
-            id,
+            alloc: Some(alloc.clone()),
             session_id: String::new(),
+            force,
         };
         self.call(|mut c| async move { c.free(req).await })
             .map(|_| ())
     }
+}
+
+/// An allocation named on the command line: digits are an id, anything
+/// else a name (names never consist of digits only).
+pub fn alloc_ref(arg: &str) -> pb::AllocRef {
+    match arg.parse::<u64>() {
+        Ok(id) => pb::AllocRef {
+            id,
+            name: String::new(),
+        },
+        Err(_) => pb::AllocRef {
+            id: 0,
+            name: arg.to_string(),
+        },
+    }
+}
+
+fn fabric(f: i32) -> &'static str {
+    oncilla_proto::fabric::name(pb::Fabric::try_from(f).unwrap_or(pb::Fabric::Auto))
+}
+
+fn placement(a: &pb::Allocation) -> String {
+    let Some(p) = &a.placement else {
+        return "-".into();
+    };
+    let mut out = if p.nodes.is_empty() {
+        match pb::Policy::try_from(p.policy) {
+            Ok(pb::Policy::Spread) => "spread".to_string(),
+            Ok(pb::Policy::Pack) => "pack".to_string(),
+            _ => "local-first".to_string(),
+        }
+    } else {
+        let nodes: Vec<String> = p
+            .nodes
+            .iter()
+            .map(|n| format!("{}x{}", n.node, n.weight.max(1)))
+            .collect();
+        format!("nodes {}", nodes.join(" "))
+    };
+    if p.stripe != 0 {
+        out.push_str(&format!(", stripe {}", HumanBytes(p.stripe)));
+    }
+    out
+}
+
+/// Per node, in order of first appearance: bytes held and extent count.
+fn per_node(a: &pb::Allocation) -> Vec<(&str, u64, usize)> {
+    let mut out: Vec<(&str, u64, usize)> = Vec::new();
+    for e in &a.extents {
+        match out.iter_mut().find(|(n, _, _)| *n == e.node) {
+            Some(entry) => {
+                entry.1 += e.len;
+                entry.2 += 1;
+            }
+            None => out.push((&e.node, e.len, 1)),
+        }
+    }
+    out
+}
+
+fn attached(a: &pb::Allocation) -> String {
+    if a.attached.is_empty() {
+        return "-".into();
+    }
+    a.attached
+        .iter()
+        .map(|o| format!("pid {} {}@{}", o.pid, o.program, o.node))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn state(s: i32) -> &'static str {
@@ -214,19 +285,29 @@ pub fn nodes_json(nodes: &[pb::NodeStatus]) -> Value {
 
 /// Allocations as a table.
 pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
-    let mut t = Table::new(&["ID", "SIZE", "KIND", "EXTENTS", "OWNER", "AGE"]);
+    let mut t = Table::new(&[
+        "ID", "NAME", "SIZE", "KIND", "EXTENTS", "OWNER", "ATTACHED", "AGE",
+    ]);
     for a in allocs {
-        let extents: Vec<String> = a
-            .extents
-            .iter()
-            .map(|e| format!("{}:{}", e.node, HumanBytes(e.len)))
+        let extents: Vec<String> = per_node(a)
+            .into_iter()
+            .map(|(node, len, n)| match n {
+                1 => format!("{node}:{}", HumanBytes(len)),
+                n => format!("{node}:{}[{n}]", HumanBytes(len)),
+            })
             .collect();
         t.row(vec![
             a.id.to_string(),
+            if a.name.is_empty() {
+                "-".into()
+            } else {
+                a.name.clone()
+            },
             HumanBytes(a.size).to_string(),
             kind(a.kind).to_string(),
             extents.join(" "),
             owner(a),
+            a.attached.len().to_string(),
             age(a.created_unix_ms),
         ]);
     }
@@ -237,9 +318,14 @@ pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
 pub fn alloc_json(a: &pb::Allocation) -> Value {
     json!({
         "id": a.id,
+        "name": (!a.name.is_empty()).then_some(&a.name),
         "size": a.size,
         "kind": kind(a.kind),
+        "placement": placement(a),
         "persistent": a.owner.is_none(),
+        "attached": a.attached.iter().map(|o| json!({
+            "session_id": o.session_id, "node": o.node, "pid": o.pid, "program": o.program,
+        })).collect::<Vec<_>>(),
         "owner": a.owner.as_ref().map(|o| json!({
             "session_id": o.session_id, "node": o.node, "pid": o.pid, "program": o.program,
         })),
@@ -247,6 +333,7 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
         "extents": a.extents.iter().map(|e| json!({
             "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,
             "pool_offset": e.pool_offset, "data_addr": e.data_addr,
+            "fabric": fabric(e.fabric),
         })).collect::<Vec<_>>(),
     })
 }
@@ -254,15 +341,20 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
 /// One allocation in detail.
 pub fn alloc_detail(a: &pb::Allocation) -> String {
     let mut out = format!(
-        "id:       {}\nsize:     {} ({} bytes)\nkind:     {}\nowner:    {}\nage:      {}\n\n",
+        "id:        {}\nname:      {}\nsize:      {} ({} bytes)\nkind:      {}\nplacement: {}\nowner:     {}\nattached:  {}\nage:       {}\n\n",
         a.id,
+        if a.name.is_empty() { "-" } else { &a.name },
         HumanBytes(a.size),
         a.size,
         kind(a.kind),
+        placement(a),
         owner(a),
+        attached(a),
         age(a.created_unix_ms)
     );
-    let mut t = Table::new(&["NODE", "OFFSET", "LENGTH", "POOL OFFSET", "DATA"]);
+    // FABRIC: what the creating process uses for the extent (shm on its
+    // own node, tcp elsewhere, unless it chose otherwise).
+    let mut t = Table::new(&["NODE", "OFFSET", "LENGTH", "POOL OFFSET", "DATA", "FABRIC"]);
     for e in &a.extents {
         t.row(vec![
             e.node.clone(),
@@ -270,6 +362,7 @@ pub fn alloc_detail(a: &pb::Allocation) -> String {
             e.len.to_string(),
             e.pool_offset.to_string(),
             e.data_addr.clone(),
+            fabric(e.fabric).to_string(),
         ]);
     }
     out.push_str(&t.render());

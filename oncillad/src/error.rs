@@ -11,6 +11,14 @@ use crate::pool::PoolError;
 pub enum CoreError {
     #[error("no such allocation: {0}")]
     NoSuchAllocation(u64),
+    #[error("no allocation is named {0:?}")]
+    NoSuchName(String),
+    #[error("the name {0:?} is taken by allocation {1}")]
+    NameTaken(String, u64),
+    #[error("allocation {id} is attached by {by}; detach them first or free with force")]
+    InUse { id: u64, by: String },
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("no such session: {0} (open a session first)")]
     NoSuchSession(String),
     #[error("unknown node {name:?}; known nodes: {known}")]
@@ -34,7 +42,11 @@ impl From<CoreError> for tonic::Status {
         use tonic::Status;
         let msg = e.to_string();
         match e {
-            CoreError::NoSuchAllocation(_) | CoreError::NoSuchSession(_) => Status::not_found(msg),
+            CoreError::NoSuchAllocation(_)
+            | CoreError::NoSuchName(_)
+            | CoreError::NoSuchSession(_) => Status::not_found(msg),
+            CoreError::NameTaken(..) => Status::already_exists(msg),
+            CoreError::InUse { .. } => Status::aborted(msg),
             CoreError::UnknownNode { .. } | CoreError::InvalidArgument(_) => {
                 Status::invalid_argument(msg)
             }
@@ -43,7 +55,9 @@ impl From<CoreError> for tonic::Status {
                 Status::resource_exhausted(msg)
             }
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
-            CoreError::Agent { .. } | CoreError::Pool(_) => Status::internal(msg),
+            CoreError::Agent { .. } | CoreError::Internal(_) | CoreError::Pool(_) => {
+                Status::internal(msg)
+            }
         }
     }
 }

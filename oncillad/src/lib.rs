@@ -182,10 +182,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 path: map_path.display().to_string(),
                 reason: e.to_string(),
             })?;
-        let (held, token) = (agent.held(), config.token.clone());
+        let (held, leases, token) = (agent.held(), agent.leases(), config.token.clone());
         std::thread::Builder::new()
             .name("oncilla-map".into())
-            .spawn(move || fabric::shm::serve(map_listener, held, token))
+            .spawn(move || fabric::shm::serve(map_listener, held, leases, token))
             .map_err(|source| bind_error("map", data_addr, source))?;
 
         let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;

@@ -2,11 +2,13 @@
 //!
 //! This crate owns the gRPC schema (generated from `oncilla.proto` at build
 //! time with a pure-Rust compiler), the binary TCP data protocol, the cluster
-//! token and byte-size parsing. It must never contain policy: no placement, no
-//! pool logic, no I/O beyond encoding and decoding.
+//! token, byte-size parsing, and what each fabric can reach. It must never
+//! contain policy: no placement, no pool logic, no I/O beyond encoding and
+//! decoding.
 
 pub mod auth;
 pub mod client;
+pub mod fabric;
 pub mod size;
 pub mod wire;
 

@@ -234,23 +234,26 @@ impl Reply {
 }
 
 /// Size of a [`MapGrant`].
-pub const GRANT_LEN: usize = 24;
+pub const GRANT_LEN: usize = 32;
 
-/// The body of an ok reply on the same-node map socket: where the extent
-/// lies in the slab memfd sent with it (`SCM_RIGHTS`).
+/// The body of an ok reply on the same-node map socket: the pool extent
+/// that backs the requested allocation extent, as a range of the slab memfd
+/// sent with it (`SCM_RIGHTS`).
 ///
 /// ```text
-/// grant (server) : slab_offset u64 | map_len u64 | page u64                                 (24 bytes)
+/// grant (server) : slab_offset u64 | map_len u64 | page u64 | at u64                       (32 bytes)
 /// ```
 ///
-/// `map_len` is the extent's reserved length (whole pages); `page` is the
-/// slab's page size, to which both `slab_offset` and the mapping address
-/// must be aligned (huge pages).
+/// `[slab_offset, slab_offset + map_len)` is the pool extent (whole pages,
+/// all of it the allocation's); `page` is the slab's page size, to which
+/// `slab_offset` and the mapping address must be aligned (huge pages); the
+/// requested extent starts `at` bytes into it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapGrant {
     pub slab_offset: u64,
     pub map_len: u64,
     pub page: u64,
+    pub at: u64,
 }
 
 impl MapGrant {
@@ -260,6 +263,7 @@ impl MapGrant {
         b[0..8].copy_from_slice(&self.slab_offset.to_le_bytes());
         b[8..16].copy_from_slice(&self.map_len.to_le_bytes());
         b[16..24].copy_from_slice(&self.page.to_le_bytes());
+        b[24..32].copy_from_slice(&self.at.to_le_bytes());
         b
     }
 
@@ -269,6 +273,7 @@ impl MapGrant {
             slab_offset: le_u64(&b[0..8]),
             map_len: le_u64(&b[8..16]),
             page: le_u64(&b[16..24]),
+            at: le_u64(&b[24..32]),
         }
     }
 }
@@ -289,6 +294,7 @@ mod tests {
             slab_offset: 2 << 20,
             map_len: 4 << 20,
             page: 2 << 20,
+            at: 4096,
         };
         assert_eq!(MapGrant::decode(&g.encode()), g);
     }

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use liboncilla::fabric::DataPath;
-use liboncilla::{AllocSpec, Error, Kind, Oncilla, Options};
+use liboncilla::{AllocSpec, Error, Fabric, Kind, Oncilla, Options};
 use oncilla_proto::auth::Token;
 use support::Cluster;
 
@@ -24,13 +24,17 @@ fn kinds_place_where_asked_and_copies_roundtrip() {
     let ocm = c.client(0);
     assert_eq!(ocm.node(), "node-0");
 
-    let remote = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    // The default policy is local-first: this node, through shared memory.
+    let near = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    assert!(!near.is_remote());
+    assert_eq!(near.fabrics(), [Fabric::Shm]);
+    drop(near);
+
+    let remote = ocm
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
     assert!(remote.is_remote());
-    assert!(remote
-        .descriptor()
-        .extents
-        .iter()
-        .all(|e| e.node != "node-0"));
+    assert_eq!(remote.fabrics(), [Fabric::Tcp]);
 
     let local = ocm.alloc(64 << 10, Kind::LocalHost).unwrap();
     assert!(!local.is_remote());
@@ -89,9 +93,10 @@ fn local_allocations_are_mapped_pool_memory() {
     // The same bytes, seen through the agent's pool over TCP.
     let dp = DataPath::new(c.token.clone());
     let mut over_tcp = [0u8; 5];
-    dp.read(local.descriptor(), 9_995, &mut over_tcp).unwrap();
+    dp.read(local.descriptor(), 9_995, &mut over_tcp, None)
+        .unwrap();
     assert_eq!(&over_tcp, b"world");
-    dp.write(local.descriptor(), 0, b"HELLO").unwrap();
+    dp.write(local.descriptor(), 0, b"HELLO", None).unwrap();
     let mut back = [0u8; 5];
     local.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"HELLO");
@@ -100,7 +105,9 @@ fn local_allocations_are_mapped_pool_memory() {
         Err(Error::OutOfBounds { .. })
     ));
 
-    let mut remote = ocm.alloc(4096, Kind::RemoteHost).unwrap();
+    let mut remote = ocm
+        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
     let err = remote.localbuf().unwrap_err();
     assert!(
         matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("not local"),
@@ -203,12 +210,9 @@ fn errors_say_what_went_wrong() {
 fn wrong_token_is_denied_everywhere() {
     let c = Cluster::start(1, "8MiB");
     let wrong = Token::new("not-the-token").unwrap();
-    let err = Oncilla::connect_with(Options {
-        socket: c.socket(0),
-        token: wrong.clone(),
-    })
-    .err()
-    .expect("session with a wrong token");
+    let err = Oncilla::connect_with(Options::new(c.socket(0), wrong.clone()))
+        .err()
+        .expect("session with a wrong token");
     assert!(
         matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),
         "{err}"
@@ -216,7 +220,7 @@ fn wrong_token_is_denied_everywhere() {
 
     let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
     let err = DataPath::new(wrong)
-        .read(a.descriptor(), 0, &mut [0u8; 8])
+        .read(a.descriptor(), 0, &mut [0u8; 8], None)
         .unwrap_err();
     assert!(
         matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),
@@ -257,10 +261,10 @@ fn master_outage_stops_allocation_not_copies() {
 #[test]
 fn missing_agent_is_a_clear_error() {
     let dir = std::env::temp_dir().join(format!("oncilla-none-{}", std::process::id()));
-    let err = Oncilla::connect_with(Options {
-        socket: dir.join("agent.sock"),
-        token: Token::new("t").unwrap(),
-    })
+    let err = Oncilla::connect_with(Options::new(
+        dir.join("agent.sock"),
+        Token::new("t").unwrap(),
+    ))
     .err()
     .expect("no agent there");
     assert!(matches!(err, Error::AgentUnreachable { .. }), "{err}");
@@ -276,13 +280,7 @@ fn child_allocates_and_leaves() {
     let Ok(mode) = std::env::var(CHILD_ENV) else {
         return; // only meaningful as the child of the test below
     };
-    let socket = std::env::var("ONCILLA_SOCKET").unwrap();
-    let token = Token::from_env().unwrap();
-    let ocm = Oncilla::connect_with(Options {
-        socket: socket.into(),
-        token,
-    })
-    .unwrap();
+    let ocm = Oncilla::connect_with(Options::from_env().unwrap()).unwrap();
     let a = ocm.alloc(4096, Kind::RemoteHost).unwrap();
     let b = ocm.alloc(8192, Kind::LocalHost).unwrap();
     println!("allocated {} {}", a.id(), b.id());

@@ -14,6 +14,7 @@ use oncilla_proto::auth::Token;
 
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
+use shm::Mapping;
 use tcp::{Io, IoBuf, TcpFabric};
 
 /// Moves bytes between local memory and allocations.
@@ -29,47 +30,94 @@ impl DataPath {
         }
     }
 
-    /// Copies `src` into the allocation at `offset`. Returns once every byte
-    /// is in the holders' memory and visible to any later reader.
+    /// Copies `src` into the allocation at `offset`. Extents in `local`
+    /// (mapped from this node's pool) are written with memcpy on this
+    /// thread while the other nodes are written over TCP, one thread per
+    /// node. Returns once every byte is in the holders' memory and visible
+    /// to any later reader.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] and fabric failures.
-    pub fn write(&self, d: &Descriptor, offset: u64, src: &[u8]) -> Result<()> {
+    pub fn write(
+        &self,
+        d: &Descriptor,
+        offset: u64,
+        src: &[u8],
+        local: Option<&Mapping>,
+    ) -> Result<()> {
         d.check_range(offset, src.len() as u64)?;
+        check_lease(d, local)?;
         let mut by_node: BTreeMap<&str, Vec<Io<'_>>> = BTreeMap::new();
+        let mut copies = Vec::new();
         for (extent, at, buf_at, len) in d.pieces(offset, src.len() as u64) {
             let end = buf_at + usize::try_from(len).map_err(|_| overflow())?;
-            by_node.entry(&extent.data_addr).or_default().push(Io {
-                offset: at,
-                buf: IoBuf::Write(&src[buf_at..end]),
-            });
+            let piece = &src[buf_at..end];
+            match local.and_then(|m| m.ptr_for(at, len)) {
+                Some(ptr) => copies.push((ptr, piece)),
+                None => by_node.entry(&extent.data_addr).or_default().push(Io {
+                    offset: at,
+                    buf: IoBuf::Write(piece),
+                }),
+            }
         }
-        self.fan_out(d, by_node)
+        self.fan_out(d, by_node, || {
+            for (ptr, piece) in copies {
+                // SAFETY: `ptr` is the mapping of exactly this piece of an
+                // extent on this node (`ptr_for` checked the range), valid
+                // while `local` is borrowed; `piece` is caller memory, so
+                // they cannot overlap.
+                unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), ptr, piece.len()) };
+            }
+        })
     }
 
-    /// Copies bytes of the allocation starting at `offset` into `dst`.
+    /// Copies bytes of the allocation starting at `offset` into `dst`, as
+    /// [`DataPath::write`] does the other way.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] and fabric failures.
-    pub fn read(&self, d: &Descriptor, offset: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn read(
+        &self,
+        d: &Descriptor,
+        offset: u64,
+        dst: &mut [u8],
+        local: Option<&Mapping>,
+    ) -> Result<()> {
         d.check_range(offset, dst.len() as u64)?;
+        check_lease(d, local)?;
         let mut by_node: BTreeMap<&str, Vec<Io<'_>>> = BTreeMap::new();
+        let mut copies = Vec::new();
         let mut rest = dst;
         // Pieces come in allocation order, so the buffer is carved front to back.
         for (extent, at, _, len) in d.pieces(offset, rest.len() as u64) {
             let n = usize::try_from(len).map_err(|_| overflow())?;
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
             rest = tail;
-            by_node.entry(&extent.data_addr).or_default().push(Io {
-                offset: at,
-                buf: IoBuf::Read(head),
-            });
+            match local.and_then(|m| m.ptr_for(at, len)) {
+                Some(ptr) => copies.push((ptr, head)),
+                None => by_node.entry(&extent.data_addr).or_default().push(Io {
+                    offset: at,
+                    buf: IoBuf::Read(head),
+                }),
+            }
         }
-        self.fan_out(d, by_node)
+        self.fan_out(d, by_node, || {
+            for (ptr, head) in copies {
+                // SAFETY: as in `write`, with the roles of the buffers swapped.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, head.as_mut_ptr(), head.len()) };
+            }
+        })
     }
 
-    fn fan_out(&self, d: &Descriptor, by_node: BTreeMap<&str, Vec<Io<'_>>>) -> Result<()> {
+    /// Runs each node's I/O on its own thread and `local` on this one.
+    fn fan_out(
+        &self,
+        d: &Descriptor,
+        by_node: BTreeMap<&str, Vec<Io<'_>>>,
+        local: impl FnOnce(),
+    ) -> Result<()> {
         if by_node.len() <= 1 {
+            local();
             return by_node
                 .into_iter()
                 .try_for_each(|(addr, ios)| self.tcp.run(addr, d.id, &d.key, ios));
@@ -79,6 +127,7 @@ impl DataPath {
                 .into_iter()
                 .map(|(addr, ios)| s.spawn(move || self.tcp.run(addr, d.id, &d.key, ios)))
                 .collect();
+            local();
             let mut result = Ok(());
             for h in handles {
                 let r = h
@@ -91,6 +140,17 @@ impl DataPath {
             result
         })
     }
+}
+
+/// Refuses copies through a mapping whose allocation was released.
+fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()> {
+    if local.is_some_and(Mapping::revoked) {
+        return Err(Error::NotFound(format!(
+            "no such allocation: {} was freed (its memory stays mapped here, detached, until the handle is dropped)",
+            d.id
+        )));
+    }
+    Ok(())
 }
 
 /// The client half of the handshake every agent socket starts with.

@@ -1,6 +1,8 @@
-//! Same-node mapping: asks the local agent for the slab memfds behind a
-//! local allocation and maps its extents, back to back, into one range of
-//! this process, so a local allocation is plain contiguous memory.
+//! Same-node mapping: asks the local agent for the slab memfds behind the
+//! extents of an allocation that live on this node and maps the pool
+//! extents holding them, back to back, into one range of this process, so
+//! copies to them are memcpy and a wholly local allocation is one plain
+//! buffer.
 //!
 //! It owns the mapping and unmaps it on drop. It never frees the allocation
 //! (the handle does, after dropping the mapping).
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::stat::fstat;
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{
     self, MapGrant, Op, Reply, Request, Status, GRANT_LEN, KEY_LEN, REPLY_LEN,
@@ -25,11 +28,25 @@ use crate::error::{Error, Result};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A local allocation, mapped shared into this process as one range.
+/// One mapped extent: `[alloc_offset, alloc_offset + len)` of the
+/// allocation is at `base + at` in this process.
+#[derive(Debug, Clone, Copy)]
+struct Mapped {
+    alloc_offset: u64,
+    len: u64,
+    at: usize,
+}
+
+/// The extents of an allocation that live on this node, mapped shared.
 pub struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
+    base: NonNull<u8>,
     map_len: usize,
+    /// Ordered by `alloc_offset`.
+    extents: Vec<Mapped>,
+    /// The map connection, kept open as the lease on the memory: the agent
+    /// holds the extents until it closes and writes a byte on it when the
+    /// allocation is released.
+    lease: UnixStream,
 }
 
 // SAFETY: the mapping is process-wide memory owned by this value; moving it
@@ -39,8 +56,8 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps allocation `id`, whose `extents` are all held by the local agent
-    /// behind `socket`, as one contiguous range.
+    /// Maps `extents` of allocation `id` (all held by the local agent behind
+    /// `socket`, in allocation order).
     ///
     /// # Errors
     /// [`Error::AgentUnreachable`], [`Error::PermissionDenied`],
@@ -50,7 +67,7 @@ impl Mapping {
         token: &Token,
         id: u64,
         key: &[u8; KEY_LEN],
-        extents: &[Extent],
+        extents: &[&Extent],
     ) -> Result<Self> {
         let path = oncilla_proto::map_socket(socket);
         let fail = |reason: String| Error::AgentUnreachable {
@@ -65,7 +82,11 @@ impl Mapping {
             .set_write_timeout(Some(TIMEOUT))
             .map_err(|e| fail(e.to_string()))?;
         super::greet(&mut stream, token, fail)?;
-        let mut grants = Vec::with_capacity(extents.len());
+
+        // Pool extents to map, each once (striped extents share them):
+        // (slab inode, grant, fd), and per allocation extent which one.
+        let mut pools: Vec<(u64, MapGrant, OwnedFd)> = Vec::new();
+        let mut uses = Vec::with_capacity(extents.len());
         for e in extents {
             let req = Request {
                 op: Op::Read,
@@ -77,50 +98,69 @@ impl Mapping {
             stream
                 .write_all(&req.encode())
                 .map_err(|err| fail(err.to_string()))?;
-            grants.push(receive_grant(&mut stream, &fail)?);
-        }
-        let (Some(last), Some((_, last_grant))) = (extents.last(), grants.last()) else {
-            return Err(Error::Internal(format!("allocation {id} has no extents")));
-        };
-        let page = last_grant.page.max(oncilla_proto::PAGE);
-        for (e, (_, g)) in extents.iter().zip(&grants) {
-            // Back to back only works when every extent but the last fills
-            // whole pages of one page size.
-            let whole = e.alloc_offset % page == 0 && (g.map_len == e.len.div_ceil(page) * page);
-            if g.page != last_grant.page || !whole || g.slab_offset % page != 0 {
+            let (fd, grant) = receive_grant(&mut stream, &fail)?;
+            if grant
+                .at
+                .checked_add(e.len)
+                .is_none_or(|end| end > grant.map_len)
+                || grant.page == 0
+                || !grant.slab_offset.is_multiple_of(grant.page)
+                || !grant.map_len.is_multiple_of(grant.page)
+            {
                 return Err(Error::Internal(format!(
-                    "agent granted extent at {} of allocation {id} with a layout that cannot be mapped contiguously",
+                    "agent granted extent at {} of allocation {id} with an impossible layout",
                     e.alloc_offset
                 )));
             }
+            let inode = fstat(&fd)
+                .map_err(|err| fail(format!("cannot inspect granted memory: {err}")))?
+                .st_ino;
+            let index = match pools
+                .iter()
+                .position(|(ino, g, _)| *ino == inode && g.slab_offset == grant.slab_offset)
+            {
+                Some(i) => i,
+                None => {
+                    pools.push((inode, grant, fd));
+                    pools.len() - 1
+                }
+            };
+            uses.push((index, grant.at));
         }
-        let total = last.alloc_offset + last_grant.map_len;
-        let len = usize::try_from(extents.iter().map(|e| e.len).sum::<u64>())
-            .map_err(|_| Error::Internal("allocation too large to map".into()))?;
+        let page = pools
+            .iter()
+            .map(|(_, g, _)| g.page)
+            .max()
+            .unwrap_or(oncilla_proto::PAGE);
+        let total: u64 = pools.iter().map(|(_, g, _)| g.map_len).sum();
         let map_len = usize::try_from(total)
             .map_err(|_| Error::Internal("allocation too large to map".into()))?;
         let base = reserve_aligned(map_len, usize::try_from(page).unwrap_or(usize::MAX))?;
-        let mapping = Self {
-            ptr: base,
-            len,
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| fail(e.to_string()))?;
+        let mut mapping = Self {
+            base,
             map_len,
+            extents: Vec::with_capacity(extents.len()),
+            lease: stream,
         };
-        for (e, (fd, g)) in extents.iter().zip(&grants) {
-            let at = base
-                .as_ptr()
-                .wrapping_add(usize::try_from(e.alloc_offset).unwrap_or(usize::MAX));
-            let addr = NonZeroUsize::new(at as usize)
+        let mut starts = Vec::with_capacity(pools.len());
+        let mut at = 0usize;
+        for (_, g, fd) in &pools {
+            let addr = NonZeroUsize::new(base.as_ptr() as usize + at)
                 .ok_or_else(|| Error::Internal("null mapping address".into()))?;
             let size = usize::try_from(g.map_len)
                 .ok()
                 .and_then(NonZeroUsize::new)
-                .ok_or_else(|| Error::Internal("empty extent".into()))?;
+                .ok_or_else(|| Error::Internal("empty pool extent".into()))?;
             let off = i64::try_from(g.slab_offset)
                 .map_err(|_| Error::Internal("slab offset too large".into()))?;
-            // SAFETY: [at, at + size) lies inside the range reserved above,
-            // which this Mapping owns and nothing else uses, so MAP_FIXED
-            // replaces only our own reservation; the offset is page-aligned
-            // as the agent vouched and checked above.
+            // SAFETY: [addr, addr + size) lies inside the range reserved
+            // above, which this Mapping owns and nothing else uses, so
+            // MAP_FIXED replaces only our own reservation; the offset and
+            // length are page-aligned (checked above), and every earlier
+            // piece has a page-multiple length, so `addr` is aligned too.
             unsafe {
                 mmap(
                     Some(addr),
@@ -132,23 +172,62 @@ impl Mapping {
                 )
             }
             .map_err(|err| Error::Internal(format!("cannot map local allocation {id}: {err}")))?;
+            starts.push(at);
+            at += size.get();
         }
+        for (e, (index, within)) in extents.iter().zip(uses) {
+            mapping.extents.push(Mapped {
+                alloc_offset: e.alloc_offset,
+                len: e.len,
+                at: starts[index] + usize::try_from(within).unwrap_or(usize::MAX),
+            });
+        }
+        mapping.extents.sort_by_key(|m| m.alloc_offset);
         Ok(mapping)
     }
 
-    /// Start of the mapped bytes.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+    /// Whether the allocation was released (or the agent went away) since
+    /// it was mapped: a non-blocking peek at the lease.
+    pub fn revoked(&self) -> bool {
+        let mut byte = [0u8; 1];
+        match nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(&self.lease),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Err(nix::Error::EAGAIN) => false,
+            // A byte (revoked), end of stream (agent gone) or an error.
+            _ => true,
+        }
     }
 
-    /// Length that belongs to the allocation.
-    pub fn len(&self) -> usize {
-        self.len
+    /// Where bytes `[offset, offset + len)` of the allocation are in this
+    /// process, when one mapped extent holds them all.
+    pub fn ptr_for(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        let i = self
+            .extents
+            .partition_point(|m| m.alloc_offset <= offset)
+            .checked_sub(1)?;
+        let m = self.extents[i];
+        let within = offset - m.alloc_offset;
+        (within.checked_add(len)? <= m.len).then(|| {
+            self.base
+                .as_ptr()
+                .wrapping_add(m.at + usize::try_from(within).unwrap_or(usize::MAX))
+        })
     }
 
-    /// True for an empty mapping (never, for a real extent).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// The start of the allocation when all of its `size` bytes are mapped
+    /// in order without gaps (a wholly local, unstriped allocation).
+    pub fn contiguous(&self, size: u64) -> Option<*mut u8> {
+        let mut next = 0u64;
+        for m in &self.extents {
+            if m.alloc_offset != next || m.at != usize::try_from(next).ok()? {
+                return None;
+            }
+            next += m.len;
+        }
+        (next == size && size > 0).then_some(self.base.as_ptr())
     }
 }
 
@@ -253,7 +332,7 @@ fn reserve_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: exactly the mapping made in `open`, unmapped once.
-        if let Err(e) = unsafe { munmap(self.ptr.cast(), self.map_len) } {
+        if let Err(e) = unsafe { munmap(self.base.cast(), self.map_len) } {
             tracing::warn!(error = %e, "cannot unmap local allocation");
         }
     }

@@ -12,28 +12,45 @@ use oncilla_proto::wire::KEY_LEN;
 
 use crate::pool::PoolExtent;
 
-/// One extent of an allocation, placed in the pool.
+/// One extent of an allocation: a range of its bytes, placed inside a pool
+/// extent the allocation owns (several extents of one allocation may share
+/// a pool extent when its ranges are striped).
 pub struct HeldExtent {
     /// Where the extent starts inside the allocation.
     pub alloc_offset: u64,
-    /// Length that belongs to the allocation (the pool extent may be longer).
+    /// Length in bytes.
     pub len: u64,
-    pub memory: PoolExtent,
+    pub memory: Arc<PoolExtent>,
+    /// Where the extent starts inside `memory`.
+    pub at: u64,
+}
+
+impl HeldExtent {
+    /// Pointer to byte `offset` of the extent; accesses must stay within
+    /// [`Self::len`].
+    pub fn ptr(&self, offset: u64) -> *mut u8 {
+        self.memory.ptr(self.at + offset.min(self.len))
+    }
 }
 
 /// An allocation's extents on this node, with its access key.
 pub struct Held {
     pub key: [u8; KEY_LEN],
+    /// Ordered by `alloc_offset`, never overlapping.
     pub extents: Vec<Arc<HeldExtent>>,
 }
 
 impl Held {
-    /// Index of the extent that contains all of `[offset, offset + len)`, if one does.
+    /// Index of the extent that contains all of `[offset, offset + len)`, if
+    /// one does (a binary search: striped allocations have many extents).
     pub fn extent_for(&self, offset: u64, len: u64) -> Option<usize> {
         let end = offset.checked_add(len)?;
-        self.extents
-            .iter()
-            .position(|e| e.alloc_offset <= offset && end <= e.alloc_offset + e.len)
+        let i = self
+            .extents
+            .partition_point(|e| e.alloc_offset <= offset)
+            .checked_sub(1)?;
+        let e = &self.extents[i];
+        (end <= e.alloc_offset + e.len).then_some(i)
     }
 
     /// Constant-time check of a presented access key.
@@ -59,12 +76,14 @@ mod tests {
                 Arc::new(HeldExtent {
                     alloc_offset: 0,
                     len: 100,
-                    memory: pool.reserve(100).unwrap().remove(0),
+                    memory: Arc::new(pool.reserve(100).unwrap().remove(0)),
+                    at: 0,
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
                     len: 100,
-                    memory: pool.reserve(100).unwrap().remove(0),
+                    memory: Arc::new(pool.reserve(100).unwrap().remove(0)),
+                    at: 0,
                 }),
             ],
         };

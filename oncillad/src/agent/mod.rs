@@ -7,6 +7,7 @@
 //! `grpc` module calls in).
 
 pub mod held;
+pub mod lease;
 pub mod membership;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use oncilla_proto::wire::KEY_LEN;
 use crate::error::CoreError;
 use crate::pool::Pool;
 use held::{Held, HeldExtent, HeldTable};
+use lease::Leases;
 
 /// A local application's session.
 #[derive(Debug, Clone)]
@@ -32,6 +34,7 @@ pub struct Agent {
     node: pb::NodeInfo,
     pool: Arc<Pool>,
     held: HeldTable,
+    leases: Arc<Leases>,
     sessions: DashMap<String, SessionInfo>,
 }
 
@@ -41,6 +44,7 @@ impl Agent {
             node,
             pool,
             held: HeldTable::default(),
+            leases: Arc::default(),
             sessions: DashMap::new(),
         }
     }
@@ -59,53 +63,85 @@ impl Agent {
         Arc::clone(&self.held)
     }
 
-    /// Reserves pool memory for `[alloc_offset, alloc_offset + len)` of
-    /// `alloc_id`: one piece when a hole is big enough, several otherwise.
-    /// Blocks while the pool waits for its scrubber; call it off async
-    /// executors.
+    /// Local processes mapping allocations held here.
+    pub fn leases(&self) -> Arc<Leases> {
+        Arc::clone(&self.leases)
+    }
+
+    /// Reserves pool memory for `ranges` (`(alloc_offset, len)`) of
+    /// `alloc_id`, packed densely into as few pool extents as the pool
+    /// gives. Blocks while the pool waits for its scrubber; call it off
+    /// async executors.
     ///
     /// # Errors
-    /// [`CoreError::InvalidArgument`] for a bad key or a range that
-    /// overlaps one already held; pool exhaustion.
+    /// [`CoreError::InvalidArgument`] for a bad key, empty or overlapping
+    /// ranges, or ranges already held; pool exhaustion.
     pub fn reserve(
         &self,
         alloc_id: u64,
         key: &[u8],
-        alloc_offset: u64,
-        len: u64,
+        ranges: &[(u64, u64)],
     ) -> Result<Vec<pb::Piece>, CoreError> {
         let key: [u8; KEY_LEN] = key.try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
         })?;
-        if len == 0 || alloc_offset.checked_add(len).is_none() {
-            return Err(CoreError::InvalidArgument(format!(
-                "bad extent: offset {alloc_offset}, length {len}"
-            )));
+        let mut ranges = ranges.to_vec();
+        ranges.sort_unstable();
+        let mut end = 0;
+        for &(offset, len) in &ranges {
+            if len == 0 || offset < end || offset.checked_add(len).is_none() {
+                return Err(CoreError::InvalidArgument(format!(
+                    "bad or overlapping range: offset {offset}, length {len}"
+                )));
+            }
+            end = offset + len;
+        }
+        let Some(total) = ranges.iter().try_fold(0u64, |t, r| t.checked_add(r.1)) else {
+            return Err(CoreError::InvalidArgument("ranges too large".into()));
+        };
+        if total == 0 {
+            return Err(CoreError::InvalidArgument("no range to reserve".into()));
         }
         // Check before reserving so a refused request costs no memory; the
         // check is repeated under the entry lock below.
         if let Some(current) = self.held.get(&alloc_id) {
-            check_joinable(alloc_id, current.value(), &key, alloc_offset, len)?;
+            check_joinable(alloc_id, current.value(), &key, &ranges)?;
         }
-        let memory = self.pool.reserve(len)?;
-        let mut extents = Vec::with_capacity(memory.len());
-        let mut at = alloc_offset;
-        let end = alloc_offset + len;
-        for m in memory {
-            let piece = m.len().min(end - at);
-            extents.push(Arc::new(HeldExtent {
-                alloc_offset: at,
-                len: piece,
-                memory: m,
-            }));
-            at += piece;
+        let memory: Vec<Arc<_>> = self
+            .pool
+            .reserve(total)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let mut extents = Vec::new();
+        let (mut piece, mut used) = (0, 0);
+        for &(offset, len) in &ranges {
+            let mut done = 0;
+            while done < len {
+                let Some(m) = memory.get(piece) else {
+                    return Err(CoreError::Internal("pool gave less than asked".into()));
+                };
+                let n = (len - done).min(m.len() - used);
+                extents.push(Arc::new(HeldExtent {
+                    alloc_offset: offset + done,
+                    len: n,
+                    memory: Arc::clone(m),
+                    at: used,
+                }));
+                done += n;
+                used += n;
+                if used == m.len() {
+                    piece += 1;
+                    used = 0;
+                }
+            }
         }
         let pieces = extents
             .iter()
             .map(|e| pb::Piece {
                 alloc_offset: e.alloc_offset,
                 len: e.len,
-                pool_offset: e.memory.offset(),
+                pool_offset: e.memory.offset() + e.at,
             })
             .collect();
         let mut entry = self.held.entry(alloc_id).or_insert_with(|| {
@@ -114,12 +150,12 @@ impl Agent {
                 extents: Vec::new(),
             })
         });
-        check_joinable(alloc_id, entry.value(), &key, alloc_offset, len)?;
+        check_joinable(alloc_id, entry.value(), &key, &ranges)?;
         let mut all = entry.value().extents.clone();
         all.extend(extents);
         all.sort_by_key(|e| e.alloc_offset);
         *entry.value_mut() = Arc::new(Held { key, extents: all });
-        tracing::debug!(alloc_id, alloc_offset, len, ?pieces, "reserved");
+        tracing::debug!(alloc_id, ranges = ranges.len(), total, "reserved");
         Ok(pieces)
     }
 
@@ -134,10 +170,13 @@ impl Agent {
         }
     }
 
-    /// Forgets `alloc_id`. The memory goes to the scrubber when the returned
-    /// entry and every in-flight copy using it are dropped.
+    /// Forgets `alloc_id` and tells local processes mapping it. The memory
+    /// goes to the scrubber when the returned entry, every in-flight copy
+    /// and every local mapping of it are gone.
     pub fn release(&self, alloc_id: u64) -> Option<Arc<Held>> {
-        self.held.remove(&alloc_id).map(|(_, h)| h)
+        let held = self.held.remove(&alloc_id).map(|(_, h)| h);
+        self.leases.revoke(alloc_id);
+        held
     }
 
     /// Number of allocations with memory on this node.
@@ -175,28 +214,29 @@ impl Agent {
     }
 }
 
-/// Refuses a new range of `alloc_id` under another key or over a range
+/// Refuses new ranges of `alloc_id` under another key or over ranges
 /// already held.
 fn check_joinable(
     alloc_id: u64,
     current: &Held,
     key: &[u8; KEY_LEN],
-    alloc_offset: u64,
-    len: u64,
+    ranges: &[(u64, u64)],
 ) -> Result<(), CoreError> {
     if current.key != *key {
         return Err(CoreError::InvalidArgument(format!(
             "allocation {alloc_id} is already held with another access key"
         )));
     }
-    let overlaps = current
-        .extents
-        .iter()
-        .any(|e| alloc_offset < e.alloc_offset + e.len && e.alloc_offset < alloc_offset + len);
-    if overlaps {
-        return Err(CoreError::InvalidArgument(format!(
-            "range at {alloc_offset} of allocation {alloc_id} is already held"
-        )));
+    for &(offset, len) in ranges {
+        let overlaps = current
+            .extents
+            .iter()
+            .any(|e| offset < e.alloc_offset + e.len && e.alloc_offset < offset + len);
+        if overlaps {
+            return Err(CoreError::InvalidArgument(format!(
+                "range at {offset} of allocation {alloc_id} is already held"
+            )));
+        }
     }
     Ok(())
 }
@@ -222,12 +262,23 @@ mod tests {
     #[test]
     fn reserve_and_release() {
         let a = agent();
-        a.reserve(1, &[3; KEY_LEN], 0, 5000).unwrap();
-        a.reserve(1, &[3; KEY_LEN], 5000, 100).unwrap();
+        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)]).unwrap();
+        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)]).unwrap();
         assert_eq!(a.pool().used(), 3 * 4096);
-        assert!(a.reserve(1, &[3; KEY_LEN], 4000, 10).is_err(), "overlap");
-        assert!(a.reserve(1, &[4; KEY_LEN], 9000, 10).is_err(), "other key");
-        assert!(a.reserve(2, &[4; 3], 0, 10).is_err(), "short key");
+        assert!(
+            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)]).is_err(),
+            "overlap"
+        );
+        assert!(
+            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)]).is_err(),
+            "other key"
+        );
+        assert!(a.reserve(2, &[4; 3], &[(0, 10)]).is_err(), "short key");
+        assert!(
+            a.reserve(3, &[4; KEY_LEN], &[(0, 10), (5, 10)]).is_err(),
+            "self-overlap"
+        );
+        assert!(a.reserve(3, &[4; KEY_LEN], &[]).is_err(), "nothing");
         let held = a.release(1).unwrap();
         assert_eq!(held.extents.len(), 2);
         drop(held);
@@ -239,7 +290,9 @@ mod tests {
     fn splits_over_slabs_into_pieces() {
         let a = agent();
         // 20 pages do not fit one 16-page slab: two pieces tiling the range.
-        let pieces = a.reserve(9, &[1; KEY_LEN], 100, 20 * 4096 - 5).unwrap();
+        let pieces = a
+            .reserve(9, &[1; KEY_LEN], &[(100, 20 * 4096 - 5)])
+            .unwrap();
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces[0].alloc_offset, 100);
         assert_eq!(pieces[0].len, 16 * 4096);
@@ -249,6 +302,22 @@ mod tests {
         assert_eq!(held.extent_for(100, 16 * 4096), Some(0));
         assert_eq!(held.extent_for(100 + 16 * 4096, 10), Some(1));
         assert_eq!(a.usage().used, 20 * 4096);
+    }
+
+    #[test]
+    fn striped_ranges_pack_into_one_pool_extent() {
+        let a = agent();
+        let ranges = [(0, 4096), (3 * 4096, 4096), (6 * 4096, 100)];
+        let pieces = a.reserve(5, &[1; KEY_LEN], &ranges).unwrap();
+        let got: Vec<(u64, u64)> = pieces.iter().map(|p| (p.alloc_offset, p.len)).collect();
+        assert_eq!(got, ranges);
+        // Densely packed: consecutive pool offsets, three pages in all.
+        assert_eq!(pieces[1].pool_offset, pieces[0].pool_offset + 4096);
+        assert_eq!(pieces[2].pool_offset, pieces[0].pool_offset + 2 * 4096);
+        assert_eq!(a.usage().used, 3 * 4096);
+        let held = a.held().get(&5).unwrap().value().clone();
+        assert_eq!(held.extent_for(3 * 4096 + 10, 100), Some(1));
+        assert_eq!(held.extent_for(4096, 1), None, "a gap held elsewhere");
     }
 
     #[test]

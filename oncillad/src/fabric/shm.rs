@@ -5,30 +5,39 @@
 //! The exchange reuses the data protocol's framing: hello/welcome with the
 //! cluster token, then one request per extent (`op` read, the extent's
 //! allocation offset and length), each answered by a reply whose body is a
-//! [`MapGrant`] (where the extent lies in the slab), with the slab's fd
-//! attached. A refused request gets the usual status and message and ends
-//! the connection. The fd reaches the whole slab, so this trusts local token
-//! holders exactly as far as the token already does (a token holder can
-//! read any allocation through the master). This module never maps memory
-//! itself and never changes the held table.
+//! [`MapGrant`] (the pool extent behind it, as a range of the slab, and
+//! where the extent starts inside it), with the slab's fd attached. A
+//! refused request gets the usual status and message and ends the
+//! connection.
+//!
+//! The connection is the process's lease (see [`crate::agent::lease`]):
+//! it is served on its own thread, the agent holds the granted extents
+//! until the process closes it, and writes one byte on it when the
+//! allocation is released. The fd reaches the whole slab, so this trusts
+//! local token holders exactly as far as the token already does (a token
+//! holder can read any allocation through the master). This module never
+//! maps memory itself and never changes the held table.
 
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{self, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN};
 
-use crate::agent::held::HeldTable;
+use crate::agent::held::{Held, HeldTable};
+use crate::agent::lease::Leases;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Most extents one connection may ask for.
 const MAX_REQUESTS: usize = 1 << 16;
 
-/// Serves mapping requests until the listener fails.
-pub fn serve(listener: UnixListener, held: HeldTable, token: Token) {
+/// Serves mapping requests until the listener fails; each connection (a
+/// lease) on its own thread, for as long as the process keeps it open.
+pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token: Token) {
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(s) => s,
@@ -37,10 +46,37 @@ pub fn serve(listener: UnixListener, held: HeldTable, token: Token) {
                 continue;
             }
         };
-        // Each exchange is a few short requests; serve it inline with
-        // timeouts so a stuck client cannot hold the loop for long.
-        if let Err(e) = serve_one(stream, &held, &token) {
-            tracing::debug!(error = %e, "map request failed");
+        let (held, leases, token) = (Arc::clone(&held), Arc::clone(&leases), token.clone());
+        let spawned = std::thread::Builder::new()
+            .name("oncilla-lease".into())
+            .spawn(move || {
+                let mut lease = Lease {
+                    leases,
+                    registered: None,
+                    holding: Vec::new(),
+                };
+                if let Err(e) = serve_one(stream, &held, &token, &mut lease) {
+                    tracing::debug!(error = %e, "map connection ended");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a lease thread");
+        }
+    }
+}
+
+/// What one connection holds: its registration and the granted entries.
+struct Lease {
+    leases: Arc<Leases>,
+    registered: Option<(u64, u64)>,
+    /// Keeps the granted extents' memory out of the scrubber.
+    holding: Vec<Arc<Held>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some((alloc_id, id)) = self.registered {
+            self.leases.remove(alloc_id, id);
         }
     }
 }
@@ -49,6 +85,7 @@ fn serve_one(
     mut stream: UnixStream,
     held: &HeldTable,
     token: &Token,
+    lease: &mut Lease,
 ) -> Result<(), wire::WireError> {
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
@@ -63,6 +100,16 @@ fn serve_one(
             Err(e) => return Err(e.into()),
         }
         let req = Request::decode(&head)?;
+        if lease.registered.is_some_and(|(id, _)| id != req.alloc_id) {
+            let msg = "one allocation per map connection";
+            let reply = Reply {
+                status: Status::OutOfBounds,
+                len: msg.len() as u64,
+            };
+            stream.write_all(&reply.encode())?;
+            stream.write_all(msg.as_bytes())?;
+            return Ok(());
+        }
         let grant = match super::authorize(held, &req) {
             Ok(ok) => {
                 let extent = &ok.held.extents[ok.extent];
@@ -76,8 +123,8 @@ fn serve_one(
                             slab_offset,
                             map_len: extent.memory.len(),
                             page: extent.memory.page_size(),
+                            at: extent.at,
                         },
-                        // Keep the extent (and its slab) alive until sent.
                         ok,
                     )),
                     None => Err((Status::Internal, "extent outside the pool".to_string())),
@@ -86,7 +133,14 @@ fn serve_one(
             Err(refused) => Err(refused),
         };
         match grant {
-            Ok((fd, grant, _keep)) => {
+            Ok((fd, grant, ok)) => {
+                if lease.registered.is_none() {
+                    let id = lease.leases.add(req.alloc_id, &stream)?;
+                    lease.registered = Some((req.alloc_id, id));
+                    // From here the connection lives as long as the mapping.
+                    stream.set_read_timeout(None)?;
+                }
+                lease.holding.push(ok.held);
                 let reply = Reply {
                     status: Status::Ok,
                     len: GRANT_LEN as u64,

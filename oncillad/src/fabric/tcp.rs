@@ -125,7 +125,7 @@ impl Connection {
         let extent = &ok.held.extents[ok.extent];
         let at = ok.at;
         let len = usize::try_from(req.len).unwrap_or(0);
-        let ptr = extent.memory.ptr(at);
+        let ptr = extent.ptr(at);
         match req.op {
             Op::Read => {
                 let head = Reply {

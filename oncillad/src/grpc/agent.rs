@@ -20,7 +20,7 @@ impl AgentService {
 
 #[tonic::async_trait]
 impl agent_server::Agent for AgentService {
-    #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id, len = req.get_ref().len))]
+    #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id, ranges = req.get_ref().ranges.len()))]
     async fn reserve(
         &self,
         req: Request<pb::ReserveRequest>,
@@ -29,7 +29,9 @@ impl agent_server::Agent for AgentService {
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the scrubber: keep it off the executor.
         let reserved = tokio::task::spawn_blocking(move || {
-            agent.reserve(r.alloc_id, &r.access_key, r.alloc_offset, r.len)
+            let ranges: Vec<(u64, u64)> =
+                r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
+            agent.reserve(r.alloc_id, &r.access_key, &ranges)
         })
         .await
         .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;

@@ -116,6 +116,16 @@ impl MasterLink {
         r.map(|_| ()).map_err(|s| self.wrap(s))
     }
 
+    pub async fn attach(&self, req: pb::MasterAttachRequest) -> Result<pb::Allocation, Status> {
+        let r = self.client.clone().attach(req).await;
+        r.map(tonic::Response::into_inner).map_err(|s| self.wrap(s))
+    }
+
+    pub async fn detach(&self, req: pb::DetachRequest) -> Result<(), Status> {
+        let r = self.client.clone().detach(req).await;
+        r.map(|_| ()).map_err(|s| self.wrap(s))
+    }
+
     pub async fn end_session(&self, session_id: &str) -> Result<u32, Status> {
         let r = self
             .client

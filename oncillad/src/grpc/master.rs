@@ -46,7 +46,7 @@ impl master_server::Master for MasterService {
         Ok(Response::new(pb::HeartbeatReply { known }))
     }
 
-    #[tracing::instrument(skip_all, fields(size = req.get_ref().size))]
+    #[tracing::instrument(skip_all, fields(size = req.get_ref().spec.as_ref().map_or(0, |s| s.size)))]
     async fn allocate(
         &self,
         req: Request<pb::AllocateRequest>,
@@ -54,14 +54,40 @@ impl master_server::Master for MasterService {
         reply(self.core.allocate(req.into_inner()).await)
     }
 
-    #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
+    #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
+        let r = req.into_inner();
+        let target = r.alloc.unwrap_or_default();
+        reply(
+            self.core
+                .free(&target, &r.session_id, r.force)
+                .await
+                .map(|()| pb::FreeReply {}),
+        )
+    }
+
+    #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
+    async fn attach(
+        &self,
+        req: Request<pb::MasterAttachRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        let r = req.into_inner();
+        let who = r
+            .requester
+            .ok_or_else(|| CoreError::InvalidArgument("attach names no process".into()))?;
+        reply(self.core.attach(&r.alloc.unwrap_or_default(), who))
+    }
+
+    #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
+    async fn detach(
+        &self,
+        req: Request<pb::DetachRequest>,
+    ) -> Result<Response<pb::DetachReply>, Status> {
         let r = req.into_inner();
         reply(
             self.core
-                .free(r.id, &r.session_id)
-                .await
-                .map(|()| pb::FreeReply {}),
+                .detach(r.id, &r.session_id)
+                .map(|()| pb::DetachReply {}),
         )
     }
 
@@ -100,6 +126,9 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::GetAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
-        reply(self.core.allocation(req.into_inner().id))
+        reply(
+            self.core
+                .allocation(&req.into_inner().alloc.unwrap_or_default()),
+        )
     }
 }

@@ -28,6 +28,17 @@ impl SessionService {
     pub fn new(agent: Arc<Agent>, master: MasterLink) -> Self {
         Self { agent, master }
     }
+
+    /// The process behind an open session, as the master records it.
+    fn requester(&self, session_id: &str) -> Result<pb::Owner, Status> {
+        let session = self.agent.session(session_id)?;
+        Ok(pb::Owner {
+            session_id: session.id,
+            node: self.agent.node().name.clone(),
+            pid: session.pid,
+            program: session.program,
+        })
+    }
 }
 
 /// The stream an application holds open for its whole life. It yields one
@@ -104,30 +115,21 @@ impl session_server::Session for SessionService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, size = req.get_ref().size))]
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, size = req.get_ref().spec.as_ref().map_or(0, |s| s.size)))]
     async fn alloc(
         &self,
         req: Request<pb::AllocRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
         let r = req.into_inner();
-        let session = self.agent.session(&r.session_id)?;
-        let owner = (!r.persistent).then(|| pb::Owner {
-            session_id: session.id,
-            node: self.agent.node().name.clone(),
-            pid: session.pid,
-            program: session.program,
-        });
         let forwarded = pb::AllocateRequest {
-            size: r.size,
-            kind: r.kind,
-            nodes: r.nodes,
+            spec: r.spec,
             origin_node: self.agent.node().name.clone(),
-            owner,
+            requester: Some(self.requester(&r.session_id)?),
         };
         self.master.allocate(forwarded).await.map(Response::new)
     }
 
-    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, id = req.get_ref().id))]
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         let r = req.into_inner();
         self.agent.session(&r.session_id)?;
@@ -135,5 +137,31 @@ impl session_server::Session for SessionService {
             .free(r)
             .await
             .map(|()| Response::new(pb::FreeReply {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
+    async fn attach(
+        &self,
+        req: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        let r = req.into_inner();
+        let forwarded = pb::MasterAttachRequest {
+            alloc: r.alloc,
+            requester: Some(self.requester(&r.session_id)?),
+        };
+        self.master.attach(forwarded).await.map(Response::new)
+    }
+
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, id = req.get_ref().id))]
+    async fn detach(
+        &self,
+        req: Request<pb::DetachRequest>,
+    ) -> Result<Response<pb::DetachReply>, Status> {
+        let r = req.into_inner();
+        self.agent.session(&r.session_id)?;
+        self.master
+            .detach(r)
+            .await
+            .map(|()| Response::new(pb::DetachReply {}))
     }
 }

@@ -159,11 +159,8 @@ impl Cluster {
 
     /// A session through agent `i`.
     pub fn client(&self, i: usize) -> Oncilla {
-        Oncilla::connect_with(Options {
-            socket: self.socket(i),
-            token: self.token.clone(),
-        })
-        .expect("connect to agent")
+        Oncilla::connect_with(Options::new(self.socket(i), self.token.clone()))
+            .expect("connect to agent")
     }
 
     /// Runs ocmctl against this cluster.

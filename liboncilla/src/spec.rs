@@ -1,0 +1,188 @@
+//! What an application asks for: size, kind, placement, name, lifetime and
+//! fabric. Pure data with builders; turned into the wire request in one
+//! place ([`AllocSpec::to_wire`]). It never talks to the cluster.
+
+use oncilla_proto::pb;
+
+use crate::descriptor::Kind;
+use crate::error::{Error, Result};
+
+/// How the master chooses nodes for an opaque request (no named nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// This process's node if it can hold it all, else the emptiest node
+    /// that can, else this node and then the emptiest others.
+    #[default]
+    LocalFirst,
+    /// An equal share on every live node with room (stripe it with
+    /// [`AllocSpec::stripe`]).
+    Spread,
+    /// As few nodes as possible.
+    Pack,
+}
+
+impl Policy {
+    fn to_wire(self) -> pb::Policy {
+        match self {
+            Policy::LocalFirst => pb::Policy::LocalFirst,
+            Policy::Spread => pb::Policy::Spread,
+            Policy::Pack => pb::Policy::Pack,
+        }
+    }
+}
+
+/// How this process moves bytes to and from an extent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fabric {
+    /// Shared memory for extents on this node, TCP for the others.
+    #[default]
+    Auto,
+    /// TCP everywhere, this node included.
+    Tcp,
+    /// Shared memory only (every extent must be on this node).
+    Shm,
+}
+
+impl Fabric {
+    /// Parses `auto`, `tcp` or `shm` (as in `ONCILLA_FABRIC`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the accepted values.
+    pub fn parse(s: &str) -> Result<Self> {
+        oncilla_proto::fabric::parse(s)
+            .map(Self::from_wire)
+            .map_err(Error::InvalidArgument)
+    }
+
+    pub(crate) fn to_wire(self) -> pb::Fabric {
+        match self {
+            Fabric::Auto => pb::Fabric::Auto,
+            Fabric::Tcp => pb::Fabric::Tcp,
+            Fabric::Shm => pb::Fabric::Shm,
+        }
+    }
+
+    pub(crate) fn from_wire(f: pb::Fabric) -> Self {
+        match f {
+            pb::Fabric::Auto => Fabric::Auto,
+            pb::Fabric::Tcp => Fabric::Tcp,
+            pb::Fabric::Shm => Fabric::Shm,
+        }
+    }
+}
+
+impl std::fmt::Display for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(oncilla_proto::fabric::name(self.to_wire()))
+    }
+}
+
+/// What to allocate.
+#[derive(Debug, Clone)]
+pub struct AllocSpec {
+    pub size: u64,
+    pub kind: Kind,
+    pub policy: Policy,
+    /// Named nodes with weights (a transparent request); empty lets the
+    /// policy choose.
+    pub nodes: Vec<(String, u32)>,
+    /// Round-robin unit in bytes (multiple of 4 KiB); 0 for one contiguous
+    /// range per node.
+    pub stripe: u64,
+    /// A name makes the allocation persistent and attachable by name.
+    pub name: Option<String>,
+    /// Outlive this session until freed explicitly.
+    pub persistent: bool,
+    /// Overrides the session's fabric preference for this allocation.
+    pub fabric: Option<Fabric>,
+}
+
+impl AllocSpec {
+    /// `size` bytes of `kind`, placed by the default policy, owned by the session.
+    pub fn new(size: u64, kind: Kind) -> Self {
+        Self {
+            size,
+            kind,
+            policy: Policy::default(),
+            nodes: Vec::new(),
+            stripe: 0,
+            name: None,
+            persistent: false,
+            fabric: None,
+        }
+    }
+
+    /// Split equally over these nodes.
+    #[must_use]
+    pub fn on_nodes<S: Into<String>>(self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.on_weighted_nodes(nodes.into_iter().map(|n| (n, 1)))
+    }
+
+    /// Split over these nodes in proportion to their weights.
+    #[must_use]
+    pub fn on_weighted_nodes<S: Into<String>>(
+        mut self,
+        nodes: impl IntoIterator<Item = (S, u32)>,
+    ) -> Self {
+        self.nodes = nodes.into_iter().map(|(n, w)| (n.into(), w)).collect();
+        self
+    }
+
+    /// Place by this policy (ignored when nodes are named).
+    #[must_use]
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Deal the allocation out in chunks of `unit` bytes, node after node.
+    #[must_use]
+    pub fn stripe(mut self, unit: u64) -> Self {
+        self.stripe = unit;
+        self
+    }
+
+    /// Name it: it outlives this process and others can attach it.
+    #[must_use]
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Keep the allocation after the session ends.
+    #[must_use]
+    pub fn persistent(mut self) -> Self {
+        self.persistent = true;
+        self
+    }
+
+    /// Use this fabric for this allocation.
+    #[must_use]
+    pub fn fabric(mut self, fabric: Fabric) -> Self {
+        self.fabric = Some(fabric);
+        self
+    }
+
+    /// The wire request, with `default_fabric` where none was set.
+    pub(crate) fn to_wire(&self, default_fabric: Fabric) -> pb::AllocSpec {
+        pb::AllocSpec {
+            size: self.size,
+            kind: self.kind.to_wire() as i32,
+            placement: Some(pb::Placement {
+                policy: self.policy.to_wire() as i32,
+                nodes: self
+                    .nodes
+                    .iter()
+                    .map(|(node, weight)| pb::NodeShare {
+                        node: node.clone(),
+                        weight: *weight,
+                    })
+                    .collect(),
+                stripe: self.stripe,
+            }),
+            name: self.name.clone().unwrap_or_default(),
+            persistent: self.persistent,
+            fabric: self.fabric.unwrap_or(default_fabric).to_wire() as i32,
+        }
+    }
+}
