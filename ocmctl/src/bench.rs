@@ -1,13 +1,16 @@
-//! `ocmctl bench alloc`: how long `alloc` and `free` of remote memory take,
-//! by size, next to the original Oncilla's published figures.
+//! `ocmctl bench`: programs that measure the cluster and print tables. They
+//! measure; they assert nothing.
 //!
-//! It drives a cluster the way an application does (liboncilla through the
-//! local agent, which asks the master, which reserves on a remote agent)
-//! and prints a table of percentiles. Between samples it waits, untimed,
-//! until every agent has scrubbed what the last free returned, so each
-//! sample sees a clean pool; how long that scrubbing took is reported too,
-//! since it is the cost that moved off the request path. It measures; it
-//! asserts nothing.
+//! - `alloc`: how long `alloc` and `free` of remote memory take, by size,
+//!   next to the original Oncilla's published figures. It drives a cluster
+//!   the way an application does (liboncilla through the local agent, which
+//!   asks the master, which reserves on a remote agent). Between samples it
+//!   waits, untimed, until every agent has scrubbed what the last free
+//!   returned, so each sample sees a clean pool; how long that scrubbing
+//!   took is reported too, since it is the cost that moved off the request
+//!   path.
+//! - `copy`: copy bandwidth to one remote node, to three with striping, to
+//!   this node's pool through shared memory, and a plain memcpy.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -45,6 +48,120 @@ const PAPER_FREE_MS: f64 = 1.5;
 pub enum Bench {
     /// Latency of allocating and freeing remote memory, by size.
     Alloc(AllocArgs),
+    /// Copy bandwidth: one remote node, striped over three, same-node
+    /// shared memory, and a plain memcpy.
+    Copy(CopyArgs),
+}
+
+/// Options of `ocmctl bench copy`.
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct CopyArgs {
+    /// Bytes per copy.
+    #[arg(long, default_value = "256MiB")]
+    size: String,
+    /// Stripe unit of the striped allocation.
+    #[arg(long, default_value = "1MiB")]
+    stripe: String,
+    /// Copies per case (the table shows the median).
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+}
+
+/// Runs `ocmctl bench copy` on a local cluster: the benchmark's own agent
+/// (node-0) and three remote agents.
+///
+/// # Errors
+/// Bad options, a cluster that does not start, failed copies, and data
+/// that does not read back.
+pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
+    let size = parse_size(&args.size).map_err(|e| CliError::Other(format!("--size: {e}")))?;
+    let stripe = parse_size(&args.stripe).map_err(|e| CliError::Other(format!("--stripe: {e}")))?;
+    if size == 0 || size > 8 << 30 {
+        return Err(CliError::Other(
+            "--size must be between 1 byte and 8GiB".into(),
+        ));
+    }
+    if !(1..=100).contains(&args.repeat) {
+        return Err(CliError::Other("--repeat must be between 1 and 100".into()));
+    }
+    let len = usize::try_from(size).map_err(|_| CliError::Other("--size too large".into()))?;
+    // Room for the case's allocation plus page rounding on every agent.
+    let capacity = size + (64 << 20);
+    let repeat = args.repeat;
+    cluster::run(&[capacity; 4], false, move |c| {
+        let ocm = Oncilla::connect_with(Options::new(c.socket(0), c.token.clone()))?;
+        let remote = ["node-1", "node-2", "node-3"];
+        let cases = [
+            (
+                "1 remote node",
+                AllocSpec::new(size, Kind::RemoteHost).on_nodes(["node-1"]),
+            ),
+            (
+                "3 remote nodes, striped",
+                AllocSpec::new(size, Kind::RemoteHost)
+                    .on_nodes(remote)
+                    .stripe(stripe),
+            ),
+            ("same node", AllocSpec::new(size, Kind::LocalHost)),
+        ];
+        let src = crate::demo::pattern(len, 7);
+        let mut dst = vec![0xA5u8; len];
+        let mut t = Table::new(&["CASE", "FABRIC", "EXTENTS", "WRITE GiB/s", "READ GiB/s"]);
+        for (what, spec) in cases {
+            let a = ocm.alloc_with(&spec)?;
+            let fabrics: std::collections::BTreeSet<String> =
+                a.fabrics().iter().map(ToString::to_string).collect();
+            let (mut w, mut r) = (Vec::new(), Vec::new());
+            for _ in 0..repeat {
+                let started = Instant::now();
+                a.copy_in(0, &src)?;
+                w.push(gib_per_s(size, started.elapsed()));
+                let started = Instant::now();
+                a.copy_out(0, &mut dst)?;
+                r.push(gib_per_s(size, started.elapsed()));
+            }
+            if dst != src {
+                return Err(CliError::Other(format!("{what}: data did not read back")));
+            }
+            t.row(vec![
+                what.into(),
+                fabrics.into_iter().collect::<Vec<_>>().join(","),
+                a.descriptor().extents.len().to_string(),
+                format!("{:.2}", pct(&w, 50.0)),
+                format!("{:.2}", pct(&r, 50.0)),
+            ]);
+            a.free()?;
+        }
+        // The floor for same-node copies: memcpy between two buffers of
+        // this process.
+        let (mut w, mut r) = (Vec::new(), Vec::new());
+        for _ in 0..repeat {
+            let started = Instant::now();
+            dst.copy_from_slice(&src);
+            w.push(gib_per_s(size, started.elapsed()));
+            let started = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            r.push(gib_per_s(size, started.elapsed()));
+        }
+        t.row(vec![
+            "plain memcpy".into(),
+            "-".into(),
+            "-".into(),
+            format!("{:.2}", pct(&w, 50.0)),
+            format!("{:.2}", pct(&r, 50.0)),
+        ]);
+        println!(
+            "copy bandwidth, {} per copy, median of {repeat} (write = copy_in, read = copy_out):",
+            HumanBytes(size)
+        );
+        print!("{}", t.render());
+        Ok(())
+    })
+}
+
+fn gib_per_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64().max(1e-9) / f64::from(1u32 << 30)
 }
 
 /// Options of `ocmctl bench alloc`.
@@ -164,14 +281,15 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
     let ocm = Oncilla::connect_with(Options::new(t.socket.clone(), t.token.clone()))?;
     let nodes = master.nodes()?;
     let probe = Probe::new(&nodes, &t.token)?;
-    // Remote allocations avoid the local node; the largest that can succeed
-    // is bounded by the other nodes' capacity.
-    let remote_capacity: u64 = nodes
+    // Every sample is placed on the largest other node, by name: remote
+    // memory, whatever the default policy would choose.
+    let (target, remote_capacity) = nodes
         .iter()
         .filter_map(|n| n.info.as_ref())
         .filter(|i| i.name != ocm.node())
-        .map(|i| i.capacity)
-        .sum();
+        .map(|i| (i.name.clone(), i.capacity))
+        .max_by_key(|(_, capacity)| *capacity)
+        .ok_or_else(|| CliError::Other("no node other than the local one to allocate on".into()))?;
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     for &size in sizes {
@@ -191,7 +309,8 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         };
         for i in 0..WARMUP + iterations {
             let started = Instant::now();
-            let a = ocm.alloc_with(&AllocSpec::new(size, Kind::RemoteHost))?;
+            let spec = AllocSpec::new(size, Kind::RemoteHost).on_nodes([target.as_str()]);
+            let a = ocm.alloc_with(&spec)?;
             let alloc = started.elapsed();
             row.extents = row.extents.max(a.descriptor().extents.len());
             let started = Instant::now();
@@ -227,7 +346,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
     print!("{}", table(&rows, iterations));
     for s in skipped {
         println!(
-            "skipped {}: above the remote nodes' capacity ({})",
+            "skipped {}: above the capacity of {target} ({})",
             HumanBytes(s),
             HumanBytes(remote_capacity)
         );

@@ -172,7 +172,7 @@ impl Plan {
 }
 
 /// Deterministic, position-dependent bytes, so a misplaced chunk shows.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut v = Vec::with_capacity(len + 8);
     let mut i = 0u64;
     while v.len() < len {

@@ -356,6 +356,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         }
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
+        Cmd::Bench(bench::Bench::Copy(args)) => bench::copy(&args)?,
     }
     Ok(())
 }

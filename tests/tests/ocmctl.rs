@@ -158,3 +158,41 @@ fn errors_are_one_clear_line() {
         "master unreachable at 127.0.0.1:1",
     );
 }
+
+#[test]
+fn alloc_flags_place_stripe_and_name() {
+    let c = Cluster::start(3, "8MiB");
+    let out = ok(&c.ocmctl(&[
+        "alloc", "3MiB", "--policy", "spread", "--stripe", "256KiB", "--name", "cube", "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["name"], "cube");
+    assert_eq!(v["extents"].as_array().unwrap().len(), 12, "{v}");
+    assert_eq!(v["extents"][1]["alloc_offset"], 256 << 10);
+    assert_eq!(v["extents"][0]["fabric"], "tcp");
+    let allocs = ok(&c.ocmctl(&["allocs"]));
+    assert!(
+        allocs.contains("cube") && allocs.contains("[4]"),
+        "{allocs}"
+    );
+
+    let out = ok(&c.ocmctl(&[
+        "alloc", "4MiB", "--node", "node-0", "--weight", "3", "--node", "node-1", "--weight", "1",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["extents"][0]["len"], 3 << 20, "{v}");
+    assert_eq!(v["extents"][1]["node"], "node-1");
+
+    let bad = c.ocmctl(&[
+        "alloc", "4MiB", "--node", "node-0", "--weight", "1", "--weight", "2",
+    ]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--weight given 2 times for 1 --node"));
+    let bad = c.ocmctl(&["alloc", "4MiB", "--policy", "pack", "--stripe", "1MiB"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("stripe unit needs the spread policy"));
+    let taken = c.ocmctl(&["alloc", "1MiB", "--name", "cube"]);
+    assert!(String::from_utf8_lossy(&taken.stderr).contains("is taken by allocation"));
+    ok(&c.ocmctl(&["free", "cube"]));
+    let gone = c.ocmctl(&["show", "cube"]);
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no allocation is named \"cube\""));
+}
