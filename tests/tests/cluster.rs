@@ -320,3 +320,40 @@ fn exited_or_killed_processes_leave_no_allocation() {
         assert!(gone, "allocations of the {mode}ed process were not freed");
     }
 }
+
+#[test]
+fn fabric_can_be_forced_to_tcp_per_session_or_allocation() {
+    let c = Cluster::start(2, "8MiB");
+    let mut opts = Options::new(c.socket(0), c.token.clone());
+    opts.fabric = Fabric::parse("TCP").unwrap();
+    let ocm = Oncilla::connect_with(opts).unwrap();
+    let mut a = ocm.alloc(10_000, Kind::LocalHost).unwrap();
+    assert_eq!(a.fabrics(), [Fabric::Tcp]);
+    assert!(a.localbuf().is_err(), "nothing is mapped over TCP");
+    a.copy_in(9_000, b"over tcp").unwrap();
+
+    // Per allocation: shm cannot reach another node, and says so.
+    let shm = c.client(0);
+    let err = shm
+        .alloc_with(
+            &AllocSpec::new(4096, Kind::RemoteHost)
+                .on_nodes(["node-1"])
+                .fabric(Fabric::Shm),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("fabric shm reaches only"), "{err}");
+    assert!(Fabric::parse("rdma").is_err());
+
+    // The same bytes through a session that maps them (attach by id).
+    let named = ocm
+        .alloc_with(&AllocSpec::new(4096, Kind::LocalHost).named("tcp-made"))
+        .unwrap();
+    named.copy_in(0, b"mapped?").unwrap();
+    let mapped = shm.attach_id(named.id()).unwrap();
+    assert_eq!(mapped.fabrics(), [Fabric::Shm]);
+    let mut back = [0u8; 7];
+    mapped.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"mapped?");
+    drop(mapped);
+    named.force_free().unwrap();
+}
