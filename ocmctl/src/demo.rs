@@ -153,7 +153,17 @@ impl Plan {
                 ),
             ]);
         }
-        println!("\nbandwidth over TCP on loopback:");
+        let fabrics: Vec<String> = alloc
+            .descriptor()
+            .extents
+            .iter()
+            .zip(alloc.fabrics())
+            .map(|(e, f)| format!("{} {f}", e.node))
+            .collect();
+        println!(
+            "\nbandwidth on loopback, all nodes in parallel ({}):",
+            fabrics.join(", ")
+        );
         print!("{}", t.render());
 
         if self.keep {
