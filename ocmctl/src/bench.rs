@@ -160,7 +160,8 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
     })
 }
 
-fn gib_per_s(bytes: u64, d: Duration) -> f64 {
+/// Bytes per `d`, in GiB/s.
+pub(crate) fn gib_per_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64().max(1e-9) / f64::from(1u32 << 30)
 }
 

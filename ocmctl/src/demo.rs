@@ -142,15 +142,11 @@ impl Plan {
 
         let mut t = Table::new(&["COPY", "BYTES", "SECONDS", "GiB/s"]);
         for (what, took) in [("write (copy_in)", write), ("read (copy_out)", read)] {
-            let secs = took.as_secs_f64();
             t.row(vec![
                 what.into(),
                 HumanBytes(self.size).to_string(),
-                format!("{secs:.3}"),
-                format!(
-                    "{:.2}",
-                    self.size as f64 / secs.max(1e-9) / f64::from(1u32 << 30)
-                ),
+                format!("{:.3}", took.as_secs_f64()),
+                format!("{:.2}", crate::bench::gib_per_s(self.size, took)),
             ]);
         }
         let fabrics: Vec<String> = alloc

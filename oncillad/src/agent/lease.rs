@@ -63,7 +63,7 @@ impl Leases {
         }
     }
 
-    /// Number of open leases (for status).
+    /// Number of open leases (reported by `Agent.Status`).
     pub fn len(&self) -> usize {
         self.by_alloc.iter().map(|e| e.value().len()).sum()
     }

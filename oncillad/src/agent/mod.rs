@@ -264,7 +264,7 @@ mod tests {
         let a = agent();
         a.reserve(1, &[3; KEY_LEN], &[(0, 5000)]).unwrap();
         a.reserve(1, &[3; KEY_LEN], &[(5000, 100)]).unwrap();
-        assert_eq!(a.pool().used(), 3 * 4096);
+        assert_eq!(a.pool().stats().used, 3 * 4096);
         assert!(
             a.reserve(1, &[3; KEY_LEN], &[(4000, 10)]).is_err(),
             "overlap"
@@ -282,7 +282,7 @@ mod tests {
         let held = a.release(1).unwrap();
         assert_eq!(held.extents.len(), 2);
         drop(held);
-        assert_eq!(a.pool().used(), 0);
+        assert_eq!(a.pool().stats().used, 0);
         assert!(a.release(1).is_none());
     }
 

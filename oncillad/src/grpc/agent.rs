@@ -66,6 +66,7 @@ impl agent_server::Agent for AgentService {
             pool: Some(self.agent.usage()),
             allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
             sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
+            mappings: u32::try_from(self.agent.leases().len()).unwrap_or(u32::MAX),
         }))
     }
 }

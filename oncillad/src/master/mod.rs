@@ -174,7 +174,7 @@ impl<L: AgentLink> Master<L> {
         // Named allocations, and everything an operator makes, outlive their creator.
         let persistent = spec.persistent || !spec.name.is_empty() || req.requester.is_none();
         let key: [u8; KEY_LEN] = rand::random();
-        let (id, targets) = {
+        let (id, targets, fabrics) = {
             let mut st = self.lock();
             if let Some(&taken) = st.names.get(&spec.name) {
                 return Err(CoreError::NameTaken(spec.name, taken));
@@ -189,10 +189,13 @@ impl<L: AgentLink> Master<L> {
                 },
                 &candidates,
             )?;
-            for p in &plan {
-                fabric::choose(&p.node, &req.origin_node, preference)
-                    .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
-            }
+            // What the creator will use for each node, refused up front
+            // when its preference cannot reach one.
+            let fabrics = plan
+                .iter()
+                .map(|p| fabric::choose(&p.node, &req.origin_node, preference))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
             let id = st.next_id;
             st.next_id += 1;
             if !spec.name.is_empty() {
@@ -208,7 +211,7 @@ impl<L: AgentLink> Master<L> {
                 node.reserved += node.footprint(p.bytes());
                 targets.push((p, node.info.agent_addr.clone(), node.info.data_addr.clone()));
             }
-            (id, targets)
+            (id, targets, fabrics)
         };
 
         let reserves = targets.iter().map(|(p, addr, _)| {
@@ -254,16 +257,14 @@ impl<L: AgentLink> Master<L> {
         }
 
         let mut extents: Vec<pb::Extent> = Vec::new();
-        for ((p, _, data), r) in targets.iter().zip(results) {
-            let fabric =
-                fabric::choose(&p.node, &req.origin_node, preference).unwrap_or(pb::Fabric::Tcp);
+        for (((p, _, data), r), fabric) in targets.iter().zip(results).zip(&fabrics) {
             extents.extend(r.unwrap_or_default().into_iter().map(|piece| pb::Extent {
                 node: p.node.clone(),
                 alloc_offset: piece.alloc_offset,
                 len: piece.len,
                 pool_offset: piece.pool_offset,
                 data_addr: data.clone(),
-                fabric: fabric as i32,
+                fabric: *fabric as i32,
             }));
         }
         extents.sort_by_key(|e| e.alloc_offset);

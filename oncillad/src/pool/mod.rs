@@ -328,11 +328,6 @@ impl Pool {
         }
     }
 
-    /// Bytes currently held by allocations.
-    pub fn used(&self) -> u64 {
-        self.inner.lock().used
-    }
-
     /// Reserves `len` bytes (rounded up to a page) as one extent when a hole
     /// is big enough, otherwise as several. Never touches the memory, so
     /// the cost does not depend on `len`. When the free memory is short but
