@@ -6,6 +6,9 @@
 #   deploy/netns-cluster.sh up [NODES] [CAPACITY]   # default 3 nodes, 256MiB each
 #   deploy/netns-cluster.sh status
 #   deploy/netns-cluster.sh run NODE CMD...         # e.g. run 1 ocmctl nodes
+#   deploy/netns-cluster.sh kill NODE               # SIGKILL the node's daemon
+#   deploy/netns-cluster.sh start NODE              # start it again (empty pool)
+#   deploy/netns-cluster.sh cut NODE | heal NODE    # unplug / replug its link
 #   deploy/netns-cluster.sh down
 #
 # Node 0 runs the master and an agent; the others run agents. Binaries come
@@ -42,18 +45,13 @@ up() {
     ip -n "$s" link set lo up
   done
   echo "$n" > "$DIR/nodes"
+  echo "$cap" > "$DIR/capacity"
+  for i in $(seq 0 $((n - 1))); do start "$i"; done
   local master="$NET.10:7070"
-  for i in $(seq 0 $((n - 1))); do
-    local s ip role=(); s=$(ns "$i"); ip="$NET.$((i + 10))"
-    [ "$i" -eq 0 ] && role=(--master)
-    ip netns exec "$s" setsid "$BIN/oncillad" "${role[@]}" --join "$master" --name "node-$i" \
-      --listen "$ip:7070" --data-listen "$ip:7071" --socket "$DIR/node-$i.sock" \
-      --capacity "$cap" --token-file "$DIR/token" >"$DIR/node-$i.log" 2>&1 &
-    echo $! > "$DIR/node-$i.pid"
-  done
-  for _ in $(seq 1 100); do
-    if ONCILLA_MASTER=$master ONCILLA_TOKEN_FILE=$DIR/token ip netns exec "$(ns 0)" \
-         "$BIN/ocmctl" nodes --json 2>/dev/null | grep -c '"up"' | grep -qx "$n"; then
+  # Up: every node registered and the master out of its recovery window.
+  for _ in $(seq 1 200); do
+    if [ "$(run 0 ocmctl nodes --json 2>/dev/null | grep -c '"up"')" = "$n" ] &&
+       ! run 0 ocmctl nodes 2>/dev/null | grep -q "master recovering"; then
       echo "cluster up: $n nodes; master $master"
       echo "  deploy/netns-cluster.sh run 0 ocmctl nodes"
       return 0
@@ -62,6 +60,24 @@ up() {
   done
   echo "cluster did not come up; logs in $DIR" >&2
   exit 1
+}
+
+# Starts node I's daemon (node 0 also runs the master); the log is appended.
+start() {
+  local i=$1 s ip role=()
+  s=$(ns "$i"); ip="$NET.$((i + 10))"
+  [ "$i" -eq 0 ] && role=(--master)
+  ip netns exec "$s" setsid "$BIN/oncillad" "${role[@]}" --join "$NET.10:7070" --name "node-$i" \
+    --listen "$ip:7070" --data-listen "$ip:7071" --socket "$DIR/node-$i.sock" \
+    --capacity "$(cat "$DIR/capacity")" --token-file "$DIR/token" >>"$DIR/node-$i.log" 2>&1 &
+  echo $! > "$DIR/node-$i.pid"
+}
+
+kill_node() {
+  local f="$DIR/node-$1.pid"
+  [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
+  # The socket files stay behind a SIGKILL; a restarted agent replaces them.
+  for _ in $(seq 1 50); do kill -0 "$(cat "$f")" 2>/dev/null || return 0; sleep 0.1; done
 }
 
 run() {
@@ -100,5 +116,9 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  kill) kill_node "$2" ;;
+  start) start "$2" ;;
+  cut) ip link set "${P}v$2" down ;;
+  heal) ip link set "${P}v$2" up ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

@@ -38,9 +38,22 @@ pub enum Error {
         "out of bounds: {len} bytes at offset {offset} do not fit in an allocation of {size} bytes"
     )]
     OutOfBounds { offset: u64, len: u64, size: u64 },
+    /// A node holding bytes of the allocation cannot be reached (down,
+    /// restarting, or the network between is broken). Copies that touch
+    /// only other nodes still work.
+    #[error("node {node} unreachable at {addr}: {reason}")]
+    NodeUnreachable {
+        node: String,
+        addr: String,
+        reason: String,
+    },
     /// The data path to a node failed.
-    #[error("data transfer with {addr} failed: {reason}")]
-    Fabric { addr: String, reason: String },
+    #[error("data transfer with {node} at {addr} failed: {reason}")]
+    Fabric {
+        node: String,
+        addr: String,
+        reason: String,
+    },
     /// No usable cluster token.
     #[error(transparent)]
     Token(#[from] TokenError),

@@ -3,14 +3,16 @@
 //! directory, torn down on return, on Ctrl-C and on SIGTERM (and, through
 //! PR_SET_PDEATHSIG, if ocmctl itself dies).
 //!
-//! It owns the lifecycle of the processes it starts; it never touches a
-//! cluster it did not start.
+//! It owns the lifecycle of the processes it starts (work running against
+//! the cluster may restart an agent through its [`Handle`]); it never
+//! touches a cluster it did not start.
 
 use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
@@ -30,16 +32,82 @@ pub fn node_name(i: usize) -> String {
     format!("node-{i}")
 }
 
+/// A daemon process and how to start it again.
+struct Daemon {
+    name: String,
+    args: Vec<String>,
+    child: Child,
+}
+
+/// The cluster's daemons, shared by its owner and the work's [`Handle`].
+#[derive(Clone, Default)]
+struct Daemons(Arc<Mutex<Vec<Daemon>>>);
+
+impl Daemons {
+    fn lock(&self) -> MutexGuard<'_, Vec<Daemon>> {
+        // Plain process handles; a panic elsewhere cannot leave them invalid.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// What work running against the cluster needs to reach it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Handle {
     pub master_addr: String,
     pub token: Token,
     pub agents: usize,
     pub dir: PathBuf,
+    daemons: Daemons,
+    keep: bool,
 }
 
 impl Handle {
+    /// Kills agent `i` (SIGKILL: no goodbye to anyone), starts it again with
+    /// the same name and addresses, and waits until it has registered. The
+    /// new agent starts with an empty pool.
+    ///
+    /// # Errors
+    /// An agent that cannot be started or does not come back in time.
+    pub fn restart_agent(&self, i: usize) -> Result<(), CliError> {
+        let name = node_name(i);
+        let before = Master::connect(&self.master_addr, &self.token)?
+            .nodes()?
+            .into_iter()
+            .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
+            .map(|n| n.incarnation);
+        {
+            let mut daemons = self.daemons.lock();
+            let d = daemons
+                .iter_mut()
+                .find(|d| d.name == name)
+                .ok_or_else(|| CliError::Other(format!("no agent {name} in this cluster")))?;
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+            d.child = spawn(&self.dir, &d.name, &d.args, self.keep)?;
+        }
+        let master = Master::connect(&self.master_addr, &self.token)?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            let back = master.nodes().ok().and_then(|nodes| {
+                nodes
+                    .into_iter()
+                    .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
+            });
+            if back
+                .is_some_and(|n| Some(n.incarnation) != before && n.state == NodeState::Up as i32)
+                && self.socket(i).exists()
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(CliError::Other(format!(
+            "{name} did not come back within {}s; log in {}",
+            START_TIMEOUT.as_secs(),
+            self.log(i).display()
+        )))
+    }
+
     /// Session socket of agent `i`.
     pub fn socket(&self, i: usize) -> PathBuf {
         self.dir.join(format!("{}.sock", node_name(i)))
@@ -113,7 +181,7 @@ struct Cluster {
     dir: PathBuf,
     token: Token,
     master_addr: String,
-    children: Vec<(String, Child)>,
+    daemons: Daemons,
     keep: bool,
 }
 
@@ -144,7 +212,7 @@ impl Cluster {
             dir,
             token,
             master_addr,
-            children: Vec::new(),
+            daemons: Daemons::default(),
             keep,
         };
         // On any error below, dropping `cluster` stops what was started.
@@ -166,6 +234,9 @@ impl Cluster {
             let cap = capacity.to_string();
             let sock = cluster.socket(i).display().to_string();
             let name = node_name(i);
+            // Fixed ports, so an agent restarted in place keeps its addresses.
+            let grpc = format!("127.0.0.1:{}", free_port()?);
+            let data = format!("127.0.0.1:{}", free_port()?);
             cluster.spawn(
                 &name,
                 &[
@@ -174,9 +245,9 @@ impl Cluster {
                     "--name",
                     &name,
                     "--listen",
-                    "127.0.0.1:0",
+                    &grpc,
                     "--data-listen",
-                    "127.0.0.1:0",
+                    &data,
                     "--socket",
                     &sock,
                     "--capacity",
@@ -209,47 +280,21 @@ impl Cluster {
         Handle {
             master_addr: self.master_addr.clone(),
             token: self.token.clone(),
-            agents: self.children.len().saturating_sub(1),
+            agents: self.daemons.lock().len().saturating_sub(1),
             dir: self.dir.clone(),
+            daemons: self.daemons.clone(),
+            keep: self.keep,
         }
     }
 
     fn spawn(&mut self, name: &str, args: &[&str]) -> Result<(), CliError> {
-        let exe = std::env::current_exe()
-            .map_err(|e| CliError::Other(format!("cannot find own executable: {e}")))?;
-        let log_path = self.dir.join(format!("{name}.log"));
-        let log = File::create(&log_path).map_err(|source| io_err(&log_path, source))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg(DAEMON_ARG)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("ONCILLA_") {
-                cmd.env_remove(k);
-            }
-        }
-        if self.keep {
-            // Its own process group: a later Ctrl-C in this shell leaves it running.
-            cmd.process_group(0);
-        } else {
-            // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
-            // no memory of the parent; it makes the daemon get SIGTERM if
-            // ocmctl dies without cleaning up, so no process is left behind.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| CliError::Other(format!("cannot start {name}: {e}")))?;
-        self.children.push((name.to_string(), child));
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = spawn(&self.dir, name, &args, self.keep)?;
+        self.daemons.lock().push(Daemon {
+            name: name.to_string(),
+            args,
+            child,
+        });
         Ok(())
     }
 
@@ -257,21 +302,26 @@ impl Cluster {
         let master = Master::connect(&self.master_addr, &self.token)?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            for (name, child) in &mut self.children {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let log = self.dir.join(format!("{name}.log"));
+            for d in self.daemons.lock().iter_mut() {
+                if let Ok(Some(status)) = d.child.try_wait() {
+                    let log = self.dir.join(format!("{}.log", d.name));
                     return Err(CliError::Other(format!(
-                        "{name} exited ({status}) during start-up:\n{}",
+                        "{} exited ({status}) during start-up:\n{}",
+                        d.name,
                         tail(&log, 8)
                     )));
                 }
             }
-            let up = master
-                .nodes()
-                .map(|n| n.iter().filter(|s| s.state == NodeState::Up as i32).count())
-                .unwrap_or(0);
+            let (up, recovering) = master
+                .node_list()
+                .map(|l| {
+                    let up = l.nodes.iter().filter(|s| s.state == NodeState::Up as i32);
+                    (up.count(), l.recovering_ms)
+                })
+                .unwrap_or((0, 1));
             let sockets = (0..agents).all(|i| self.socket(i).exists());
-            if up == agents && sockets {
+            // Ready once the master takes allocations too.
+            if up == agents && sockets && recovering == 0 {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -288,9 +338,10 @@ impl Cluster {
     /// Leaves the daemons running and says how to use and stop them.
     fn detach(&mut self) {
         let pids: Vec<String> = self
-            .children
+            .daemons
+            .lock()
             .iter()
-            .map(|(_, c)| c.id().to_string())
+            .map(|d| d.child.id().to_string())
             .collect();
         println!("\nthe cluster keeps running; to use it:");
         println!("  export ONCILLA_MASTER={}", self.master_addr);
@@ -301,14 +352,15 @@ impl Cluster {
         );
         println!("to stop it:");
         println!("  kill {} && rm -rf {}", pids.join(" "), self.dir.display());
-        self.children.clear();
+        self.daemons.lock().clear();
         self.dir = PathBuf::new();
     }
 
     /// SIGTERM to every daemon, SIGKILL after [`STOP_TIMEOUT`], then the
     /// directory goes.
     fn shutdown(&mut self) {
-        for (_, child) in &self.children {
+        let mut daemons = std::mem::take(&mut *self.daemons.lock());
+        for Daemon { child, .. } in &daemons {
             if let Ok(pid) = i32::try_from(child.id()) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
@@ -316,7 +368,10 @@ impl Cluster {
                 );
             }
         }
-        for (name, mut child) in self.children.drain(..) {
+        for Daemon {
+            name, mut child, ..
+        } in daemons.drain(..)
+        {
             let deadline = Instant::now() + STOP_TIMEOUT;
             loop {
                 match child.try_wait() {
@@ -346,6 +401,48 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Starts `ocmctl oncillad ARGS` logging to `DIR/NAME.log`.
+fn spawn(dir: &Path, name: &str, args: &[String], keep: bool) -> Result<Child, CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Other(format!("cannot find own executable: {e}")))?;
+    let log_path = dir.join(format!("{name}.log"));
+    // Appended: a restarted daemon's log follows its predecessor's.
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|source| io_err(&log_path, source))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(DAEMON_ARG)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("ONCILLA_") {
+            cmd.env_remove(k);
+        }
+    }
+    if keep {
+        // Its own process group: a later Ctrl-C in this shell leaves it running.
+        cmd.process_group(0);
+    } else {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
+        // no memory of the parent; it makes the daemon get SIGTERM if
+        // ocmctl dies without cleaning up, so no process is left behind.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn()
+        .map_err(|e| CliError::Other(format!("cannot start {name}: {e}")))
 }
 
 fn free_port() -> Result<u16, CliError> {

@@ -136,7 +136,7 @@ impl Plan {
         );
 
         println!("nodes:");
-        print!("{}", master::nodes_table(&master.nodes()?));
+        print!("{}", master::nodes_table(&master.node_list()?));
         println!("\nallocations:");
         print!("{}", master::allocs_table(&master.allocations()?));
 

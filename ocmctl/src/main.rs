@@ -275,7 +275,7 @@ pub(crate) fn print_json(v: &serde_json::Value) {
 fn run(cmd: Cmd) -> Result<(), CliError> {
     match cmd {
         Cmd::Nodes { conn, json } => {
-            let nodes = conn.master()?.nodes()?;
+            let nodes = conn.master()?.node_list()?;
             if json {
                 print_json(&master::nodes_json(&nodes));
             } else {

@@ -51,8 +51,12 @@ impl Master {
     }
 
     pub fn nodes(&self) -> Result<Vec<pb::NodeStatus>, CliError> {
+        self.node_list().map(|r| r.nodes)
+    }
+
+    /// Nodes, and how long the master still waits for agents to re-register.
+    pub fn node_list(&self) -> Result<pb::NodeList, CliError> {
         self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })
-            .map(|r| r.nodes)
     }
 
     pub fn allocations(&self) -> Result<Vec<pb::Allocation>, CliError> {
@@ -165,8 +169,18 @@ fn attached(a: &pb::Allocation) -> String {
 fn state(s: i32) -> &'static str {
     match NodeState::try_from(s) {
         Ok(NodeState::Up) => "up",
+        Ok(NodeState::Suspect) => "suspect",
         Ok(NodeState::Down) => "down",
         _ => "unknown",
+    }
+}
+
+fn health(h: i32) -> &'static str {
+    match pb::Health::try_from(h) {
+        Ok(pb::Health::Healthy) => "healthy",
+        Ok(pb::Health::Degraded) => "degraded",
+        Ok(pb::Health::Lost) => "lost",
+        Err(_) => "unknown",
     }
 }
 
@@ -185,6 +199,7 @@ fn owner(a: &pb::Allocation) -> String {
     )
 }
 
+/// How long ago a unix-ms time was, e.g. "12s", "3m4s".
 fn age(created_ms: u64) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -201,8 +216,9 @@ fn age(created_ms: u64) -> String {
     }
 }
 
-/// Nodes as a table.
-pub fn nodes_table(nodes: &[pb::NodeStatus]) -> String {
+/// Nodes as a table, with a line when the master is still recovering.
+pub fn nodes_table(list: &pb::NodeList) -> String {
+    let nodes = &list.nodes;
     let mut t = Table::new(&[
         "NAME",
         "ADDRESS",
@@ -214,6 +230,7 @@ pub fn nodes_table(nodes: &[pb::NodeStatus]) -> String {
         "LARGEST",
         "PAGES",
         "STATE",
+        "SINCE",
         "FABRICS",
         "GPUS",
     ]);
@@ -238,9 +255,16 @@ pub fn nodes_table(nodes: &[pb::NodeStatus]) -> String {
             HumanBytes(pool.largest_free).to_string(),
             pages,
             state(n.state).to_string(),
+            age(n.state_since_unix_ms),
             info.fabrics.join(","),
             info.gpus.to_string(),
         ]);
+    }
+    if list.recovering_ms > 0 {
+        notes.push_str(&format!(
+            "master recovering: allocations and frees wait {} ms more for agents to re-register\n",
+            list.recovering_ms
+        ));
     }
     t.render() + &notes
 }
@@ -255,9 +279,9 @@ fn free(info: &pb::NodeInfo, n: &pb::NodeStatus) -> u64 {
 }
 
 /// Nodes as JSON.
-pub fn nodes_json(nodes: &[pb::NodeStatus]) -> Value {
+pub fn nodes_json(list: &pb::NodeList) -> Value {
     Value::Array(
-        nodes
+        list.nodes
             .iter()
             .map(|n| {
                 let info = n.info.clone().unwrap_or_default();
@@ -274,6 +298,8 @@ pub fn nodes_json(nodes: &[pb::NodeStatus]) -> Value {
                     "page_size": info.page_size,
                     "pool_note": (!info.pool_note.is_empty()).then_some(&info.pool_note),
                     "state": state(n.state),
+                    "state_since_unix_ms": n.state_since_unix_ms,
+                    "incarnation": format!("{:016x}", n.incarnation),
                     "fabrics": info.fabrics,
                     "gpus": info.gpus,
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago,
@@ -286,7 +312,7 @@ pub fn nodes_json(nodes: &[pb::NodeStatus]) -> Value {
 /// Allocations as a table.
 pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
     let mut t = Table::new(&[
-        "ID", "NAME", "SIZE", "KIND", "EXTENTS", "OWNER", "ATTACHED", "AGE",
+        "ID", "NAME", "SIZE", "KIND", "EXTENTS", "OWNER", "ATTACHED", "HEALTH", "AGE",
     ]);
     for a in allocs {
         let extents: Vec<String> = per_node(a)
@@ -308,6 +334,7 @@ pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
             extents.join(" "),
             owner(a),
             a.attached.len().to_string(),
+            health(a.health).to_string(),
             age(a.created_unix_ms),
         ]);
     }
@@ -330,6 +357,9 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
             "session_id": o.session_id, "node": o.node, "pid": o.pid, "program": o.program,
         })),
         "created_unix_ms": a.created_unix_ms,
+        "origin_node": (!a.origin_node.is_empty()).then_some(&a.origin_node),
+        "health": health(a.health),
+        "health_notes": a.health_notes,
         "extents": a.extents.iter().map(|e| json!({
             "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,
             "pool_offset": e.pool_offset, "data_addr": e.data_addr,
@@ -341,7 +371,7 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
 /// One allocation in detail.
 pub fn alloc_detail(a: &pb::Allocation) -> String {
     let mut out = format!(
-        "id:        {}\nname:      {}\nsize:      {} ({} bytes)\nkind:      {}\nplacement: {}\nowner:     {}\nattached:  {}\nage:       {}\n\n",
+        "id:        {}\nname:      {}\nsize:      {} ({} bytes)\nkind:      {}\nplacement: {}\nowner:     {}\nattached:  {}\nage:       {}\nhealth:    {}\n{}\n",
         a.id,
         if a.name.is_empty() { "-" } else { &a.name },
         HumanBytes(a.size),
@@ -350,7 +380,12 @@ pub fn alloc_detail(a: &pb::Allocation) -> String {
         placement(a),
         owner(a),
         attached(a),
-        age(a.created_unix_ms)
+        age(a.created_unix_ms),
+        health(a.health),
+        a.health_notes
+            .iter()
+            .map(|n| format!("           {n}\n"))
+            .collect::<String>()
     );
     // FABRIC: what the creating process uses for the extent (shm on its
     // own node, tcp elsewhere, unless it chose otherwise).

@@ -11,6 +11,7 @@ use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::size::{parse_size, SizeError};
 use serde::Deserialize;
 
+use crate::master::Liveness;
 use crate::pool::HugePages;
 
 /// Oncilla node daemon. Runs the agent role (`--join`: exports this node's
@@ -59,6 +60,14 @@ pub struct Cli {
     /// Agent heartbeat interval the master asks for, in milliseconds [default: 1000].
     #[arg(long, env = "ONCILLA_HEARTBEAT_MS", value_name = "MS")]
     pub heartbeat_ms: Option<u64>,
+    /// Master: silence after which a node is suspect and gets no new
+    /// memory, in milliseconds [default: 3 heartbeats].
+    #[arg(long, env = "ONCILLA_SUSPECT_AFTER_MS", value_name = "MS")]
+    pub suspect_after_ms: Option<u64>,
+    /// Master: silence after which a node is down and its allocations are
+    /// degraded, in milliseconds [default: 5 heartbeats].
+    #[arg(long, env = "ONCILLA_DOWN_AFTER_MS", value_name = "MS")]
+    pub down_after_ms: Option<u64>,
     /// TOML file with any of the settings above (snake_case keys).
     #[arg(long, env = "ONCILLA_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -80,6 +89,8 @@ struct FileConfig {
     token: Option<String>,
     token_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
+    suspect_after_ms: Option<u64>,
+    down_after_ms: Option<u64>,
 }
 
 /// Why the configuration is unusable.
@@ -107,6 +118,14 @@ pub enum ConfigError {
     Token(#[from] TokenError),
     #[error("--heartbeat-ms must be between 50 and 60000")]
     Heartbeat,
+    #[error(
+        "need heartbeat < suspect-after < down-after; got {heartbeat} < {suspect} < {down} ms"
+    )]
+    Liveness {
+        heartbeat: u64,
+        suspect: u64,
+        down: u64,
+    },
 }
 
 /// The agent role's settings.
@@ -128,7 +147,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub advertise: Option<String>,
     pub token: Token,
-    pub heartbeat: Duration,
+    pub liveness: Liveness,
 }
 
 impl Config {
@@ -176,6 +195,23 @@ impl Config {
         if !(50..=60_000).contains(&heartbeat_ms) {
             return Err(ConfigError::Heartbeat);
         }
+        let defaults = Liveness::from_heartbeat(Duration::from_millis(heartbeat_ms));
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let suspect = cli
+            .suspect_after_ms
+            .or(file.suspect_after_ms)
+            .unwrap_or(ms(defaults.suspect_after));
+        let down = cli
+            .down_after_ms
+            .or(file.down_after_ms)
+            .unwrap_or(ms(defaults.down_after));
+        if !(heartbeat_ms < suspect && suspect < down) {
+            return Err(ConfigError::Liveness {
+                heartbeat: heartbeat_ms,
+                suspect,
+                down,
+            });
+        }
         Ok(Self {
             master,
             agent,
@@ -185,7 +221,11 @@ impl Config {
             }),
             advertise: cli.advertise.or(file.advertise),
             token,
-            heartbeat: Duration::from_millis(heartbeat_ms),
+            liveness: Liveness {
+                heartbeat: Duration::from_millis(heartbeat_ms),
+                suspect_after: Duration::from_millis(suspect),
+                down_after: Duration::from_millis(down),
+            },
         })
     }
 

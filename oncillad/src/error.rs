@@ -33,6 +33,8 @@ pub enum CoreError {
     PermissionDenied(String),
     #[error("agent {node} failed: {reason}")]
     Agent { node: String, reason: String },
+    #[error("master recovering after a start: agents are re-registering; retry in {} ms", .0.as_millis())]
+    Recovering(std::time::Duration),
     #[error(transparent)]
     Pool(#[from] PoolError),
 }
@@ -55,6 +57,9 @@ impl From<CoreError> for tonic::Status {
                 Status::resource_exhausted(msg)
             }
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
+            // The one UNAVAILABLE a server gives itself; the message starts
+            // with "master" so callers do not reword it as unreachable.
+            CoreError::Recovering(_) => Status::unavailable(msg),
             CoreError::Agent { .. } | CoreError::Internal(_) | CoreError::Pool(_) => {
                 Status::internal(msg)
             }

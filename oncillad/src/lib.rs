@@ -119,7 +119,23 @@ async fn run(config: Config) -> Result<(), DaemonError> {
 
     let mut router = Server::builder().add_optional_service(config.master.then(|| {
         let link = grpc::links::GrpcAgentLink::new(config.token.clone());
-        let core = Arc::new(master::Master::new(link, config.heartbeat));
+        let core = Arc::new(master::Master::new(link, config.liveness));
+        tracing::info!(
+            incarnation = format!("{:016x}", core.incarnation()),
+            heartbeat_ms = config.liveness.heartbeat.as_millis(),
+            suspect_after_ms = config.liveness.suspect_after.as_millis(),
+            down_after_ms = config.liveness.down_after.as_millis(),
+            recovery_ms = config.liveness.recovery().as_millis(),
+            "master starting: waits for agents to re-register before changing the table"
+        );
+        let watcher = Arc::clone(&core);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(watcher.liveness().heartbeat);
+            loop {
+                every.tick().await;
+                watcher.tick();
+            }
+        });
         MasterServer::with_interceptor(grpc::master::MasterService::new(core), check.clone())
     }));
 
@@ -162,6 +178,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             pool_note: pool.note().unwrap_or_default().to_string(),
         };
         let agent = Arc::new(agent::Agent::new(node, Arc::new(pool)));
+        tracing::info!(
+            incarnation = format!("{:016x}", agent.incarnation()),
+            "agent starting with an empty pool: allocations held by an earlier run of this node are gone"
+        );
         let held = agent.held();
         let token = config.token.clone();
         std::thread::Builder::new()

@@ -65,7 +65,11 @@ pub fn lazy(addr: &str, token: &Token) -> Result<AuthChannel, AddrError> {
 /// themselves, so that code always means the peer could not be reached.
 pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Status {
     match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        // Cancelled: the connection broke under a call in flight.
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Unknown
+        | tonic::Code::Cancelled
             if !status.message().starts_with(what) =>
         {
             let detail = std::error::Error::source(&status)

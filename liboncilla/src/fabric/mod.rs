@@ -14,8 +14,11 @@ use oncilla_proto::auth::Token;
 
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
-use shm::Mapping;
+use shm::{Lease, Mapping};
 use tcp::{Io, IoBuf, TcpFabric};
+
+/// Remote pieces of a copy, by (node, data address).
+type ByNode<'a> = BTreeMap<(&'a str, &'a str), Vec<Io<'a>>>;
 
 /// Moves bytes between local memory and allocations.
 pub struct DataPath {
@@ -47,17 +50,20 @@ impl DataPath {
     ) -> Result<()> {
         d.check_range(offset, src.len() as u64)?;
         check_lease(d, local)?;
-        let mut by_node: BTreeMap<&str, Vec<Io<'_>>> = BTreeMap::new();
+        let mut by_node: ByNode<'_> = BTreeMap::new();
         let mut copies = Vec::new();
         for (extent, at, buf_at, len) in d.pieces(offset, src.len() as u64) {
             let end = buf_at + usize::try_from(len).map_err(|_| overflow())?;
             let piece = &src[buf_at..end];
             match local.and_then(|m| m.ptr_for(at, len)) {
                 Some(ptr) => copies.push((ptr, piece)),
-                None => by_node.entry(&extent.data_addr).or_default().push(Io {
-                    offset: at,
-                    buf: IoBuf::Write(piece),
-                }),
+                None => by_node
+                    .entry((&extent.node, &extent.data_addr))
+                    .or_default()
+                    .push(Io {
+                        offset: at,
+                        buf: IoBuf::Write(piece),
+                    }),
             }
         }
         self.fan_out(d, by_node, || {
@@ -85,7 +91,7 @@ impl DataPath {
     ) -> Result<()> {
         d.check_range(offset, dst.len() as u64)?;
         check_lease(d, local)?;
-        let mut by_node: BTreeMap<&str, Vec<Io<'_>>> = BTreeMap::new();
+        let mut by_node: ByNode<'_> = BTreeMap::new();
         let mut copies = Vec::new();
         let mut rest = dst;
         // Pieces come in allocation order, so the buffer is carved front to back.
@@ -95,10 +101,13 @@ impl DataPath {
             rest = tail;
             match local.and_then(|m| m.ptr_for(at, len)) {
                 Some(ptr) => copies.push((ptr, head)),
-                None => by_node.entry(&extent.data_addr).or_default().push(Io {
-                    offset: at,
-                    buf: IoBuf::Read(head),
-                }),
+                None => by_node
+                    .entry((&extent.node, &extent.data_addr))
+                    .or_default()
+                    .push(Io {
+                        offset: at,
+                        buf: IoBuf::Read(head),
+                    }),
             }
         }
         self.fan_out(d, by_node, || {
@@ -110,22 +119,17 @@ impl DataPath {
     }
 
     /// Runs each node's I/O on its own thread and `local` on this one.
-    fn fan_out(
-        &self,
-        d: &Descriptor,
-        by_node: BTreeMap<&str, Vec<Io<'_>>>,
-        local: impl FnOnce(),
-    ) -> Result<()> {
+    fn fan_out(&self, d: &Descriptor, by_node: ByNode<'_>, local: impl FnOnce()) -> Result<()> {
         if by_node.len() <= 1 {
             local();
             return by_node
                 .into_iter()
-                .try_for_each(|(addr, ios)| self.tcp.run(addr, d.id, &d.key, ios));
+                .try_for_each(|(peer, ios)| self.tcp.run(peer, d.id, &d.key, ios));
         }
         std::thread::scope(|s| {
             let handles: Vec<_> = by_node
                 .into_iter()
-                .map(|(addr, ios)| s.spawn(move || self.tcp.run(addr, d.id, &d.key, ios)))
+                .map(|(peer, ios)| s.spawn(move || self.tcp.run(peer, d.id, &d.key, ios)))
                 .collect();
             local();
             let mut result = Ok(());
@@ -142,15 +146,29 @@ impl DataPath {
     }
 }
 
-/// Refuses copies through a mapping whose allocation was released.
+/// Refuses copies through a mapping whose allocation was released or
+/// whose agent stopped: its bytes would be nobody's.
 fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()> {
-    if local.is_some_and(Mapping::revoked) {
-        return Err(Error::NotFound(format!(
+    let Some(m) = local else {
+        return Ok(());
+    };
+    match m.lease() {
+        Lease::Live => Ok(()),
+        Lease::Released => Err(Error::NotFound(format!(
             "no such allocation: {} was freed (its memory stays mapped here, detached, until the handle is dropped)",
             d.id
-        )));
+        ))),
+        Lease::AgentGone => {
+            Err(Error::NodeUnreachable {
+                node: m.node().to_string(),
+                addr: "its map socket".into(),
+                reason: format!(
+                    "the local agent stopped; allocation {}'s bytes on this node are gone with it",
+                    d.id
+                ),
+            })
+        }
     }
-    Ok(())
 }
 
 /// The client half of the handshake every agent socket starts with.

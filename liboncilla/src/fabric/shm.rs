@@ -38,6 +38,16 @@ struct Mapped {
 }
 
 /// The extents of an allocation that live on this node, mapped shared.
+/// What a mapping's lease says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    Live,
+    /// The allocation was freed.
+    Released,
+    /// The agent stopped: what stays mapped is no longer its memory.
+    AgentGone,
+}
+
 pub struct Mapping {
     base: NonNull<u8>,
     map_len: usize,
@@ -47,6 +57,8 @@ pub struct Mapping {
     /// holds the extents until it closes and writes a byte on it when the
     /// allocation is released.
     lease: UnixStream,
+    /// The node whose agent serves it (this one).
+    node: String,
 }
 
 // SAFETY: the mapping is process-wide memory owned by this value; moving it
@@ -144,6 +156,7 @@ impl Mapping {
             map_len,
             extents: Vec::with_capacity(extents.len()),
             lease: stream,
+            node: extents.first().map_or_else(String::new, |e| e.node.clone()),
         };
         let mut starts = Vec::with_capacity(pools.len());
         let mut at = 0usize;
@@ -186,18 +199,24 @@ impl Mapping {
         Ok(mapping)
     }
 
-    /// Whether the allocation was released (or the agent went away) since
-    /// it was mapped: a non-blocking peek at the lease.
-    pub fn revoked(&self) -> bool {
+    /// The node whose pool is mapped.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Whether the allocation is still served: a non-blocking peek at the
+    /// lease.
+    pub fn lease(&self) -> Lease {
         let mut byte = [0u8; 1];
         match nix::sys::socket::recv(
             std::os::fd::AsRawFd::as_raw_fd(&self.lease),
             &mut byte,
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         ) {
-            Err(nix::Error::EAGAIN) => false,
-            // A byte (revoked), end of stream (agent gone) or an error.
-            _ => true,
+            Err(nix::Error::EAGAIN) => Lease::Live,
+            Ok(1) => Lease::Released,
+            // End of stream or an error: the agent is gone.
+            _ => Lease::AgentGone,
         }
     }
 

@@ -5,9 +5,12 @@
 //! a copy is still touching — the extents go back to the pool (scrubbed) when
 //! the last clone drops. This module never talks to the network.
 
+use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Instant;
 
 use dashmap::DashMap;
+use oncilla_proto::pb;
 use oncilla_proto::wire::KEY_LEN;
 
 use crate::pool::PoolExtent;
@@ -33,11 +36,17 @@ impl HeldExtent {
     }
 }
 
-/// An allocation's extents on this node, with its access key.
+/// An allocation's extents on this node, with its access key and the
+/// master's record of it (reported back when a master restarts).
 pub struct Held {
     pub key: [u8; KEY_LEN],
     /// Ordered by `alloc_offset`, never overlapping.
     pub extents: Vec<Arc<HeldExtent>>,
+    /// The allocation as the master described it at reservation (no
+    /// extents, key or attachments).
+    pub record: pb::Allocation,
+    /// The fabric its creator uses for this node.
+    pub fabric: i32,
 }
 
 impl Held {
@@ -59,8 +68,43 @@ impl Held {
     }
 }
 
-/// Allocation id -> what this node holds of it.
-pub type HeldTable = Arc<DashMap<u64, Arc<Held>>>;
+/// Allocation id -> what this node holds of it, and who "this node" is, so
+/// a request for something not held can say why it may be missing.
+pub struct Holdings {
+    map: DashMap<u64, Arc<Held>>,
+    node: String,
+    started: Instant,
+}
+
+impl Holdings {
+    pub fn new(node: String) -> Self {
+        Self {
+            map: DashMap::new(),
+            node,
+            started: Instant::now(),
+        }
+    }
+
+    /// The message for a request naming an allocation not held here.
+    pub fn not_held(&self, id: u64) -> String {
+        format!(
+            "no such allocation on {}: {id} (this agent started {} s ago with an empty pool: \
+             the allocation was freed, or its bytes were lost when the agent restarted)",
+            self.node,
+            self.started.elapsed().as_secs()
+        )
+    }
+}
+
+impl Deref for Holdings {
+    type Target = DashMap<u64, Arc<Held>>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+/// Shared by the agent and the data servers.
+pub type HeldTable = Arc<Holdings>;
 
 #[cfg(test)]
 mod tests {
@@ -86,6 +130,8 @@ mod tests {
                     at: 0,
                 }),
             ],
+            record: pb::Allocation::default(),
+            fabric: 0,
         };
         assert_eq!(held.extent_for(0, 100), Some(0));
         assert_eq!(held.extent_for(350, 50), Some(1));

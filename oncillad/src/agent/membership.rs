@@ -1,64 +1,111 @@
-//! Keeps this agent a member of the cluster: registers with the master,
-//! heartbeats, and registers again whenever the master has forgotten it
-//! (for example after a master restart). Runs for the life of the daemon.
+//! Keeps this agent a member of the cluster: registers with the master
+//! (reporting everything it holds and every open session, so a restarted
+//! master can rebuild its table), heartbeats with its pool usage, the ids
+//! it holds and the sessions that ended, and registers again whenever the
+//! master has forgotten it. Runs for the life of the daemon; never gives up
+//! on the master and never decides anything itself: it only applies the
+//! releases the master asks for.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncilla_proto::pb;
+
 use crate::agent::Agent;
 use crate::grpc::links::MasterLink;
 
-const RETRY_MIN: Duration = Duration::from_millis(200);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+const RETRY_MIN: Duration = Duration::from_millis(100);
 
-/// Next retry delay: doubles from [`RETRY_MIN`] up to [`RETRY_MAX`].
-fn backoff(current: Duration) -> Duration {
-    (current * 2).clamp(RETRY_MIN, RETRY_MAX)
+/// Next retry delay: doubles from [`RETRY_MIN`] up to `max` (the heartbeat
+/// interval, so a master that comes back hears from every agent within
+/// one interval).
+fn backoff(current: Duration, max: Duration) -> Duration {
+    (current * 2).clamp(RETRY_MIN, max.max(RETRY_MIN))
 }
 
 /// Registers and heartbeats forever.
 pub async fn run(agent: Arc<Agent>, master: MasterLink) {
-    let mut registered: Option<Duration> = None;
+    let mut interval = Duration::from_secs(1);
+    let mut registered = false;
     let mut retry = RETRY_MIN;
     let mut reachable = true;
     loop {
-        let outcome = match registered {
-            None => master.register(agent.node().clone()).await.map(|interval| {
-                tracing::info!(node = %agent.node().name, "registered with master");
-                registered = Some(interval);
-            }),
-            Some(_) => master
-                .heartbeat(&agent.node().name, agent.usage())
-                .await
-                .map(|known| {
-                    if !known {
-                        tracing::info!("master does not know this node; registering again");
-                        registered = None;
-                    }
-                }),
+        let outcome = if registered {
+            heartbeat(&agent, &master).await.map(|known| {
+                if !known {
+                    tracing::info!("master does not know this node; registering again");
+                    registered = false;
+                }
+            })
+        } else {
+            register(&agent, &master).await.map(|every| {
+                interval = every;
+                registered = true;
+            })
         };
-        match outcome {
+        let wait = match outcome {
             Ok(()) => {
                 if !reachable {
                     tracing::info!("master reachable again");
                 }
                 reachable = true;
                 retry = RETRY_MIN;
+                if registered {
+                    interval
+                } else {
+                    Duration::ZERO
+                }
             }
             Err(e) => {
                 if reachable {
                     tracing::warn!(error = %e.message(), "master unreachable; retrying");
                 }
                 reachable = false;
-                retry = backoff(retry);
+                retry = backoff(retry, interval);
+                retry
             }
-        }
-        let wait = match (reachable, registered) {
-            (true, Some(interval)) => interval,
-            _ => retry,
         };
-        tokio::time::sleep(wait).await;
+        // An ended session is reported at once, not a heartbeat later.
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = agent.woken(), if reachable && registered => {}
+        }
     }
+}
+
+async fn register(agent: &Agent, master: &MasterLink) -> Result<Duration, tonic::Status> {
+    let (req, ended) = agent.registration();
+    let (held, sessions) = (req.held.len(), req.sessions.len());
+    let reply = master.register(req).await?;
+    agent.set_master_incarnation(reply.master_incarnation);
+    agent.ack_ended(&ended);
+    agent.release_all(&reply.release);
+    tracing::info!(
+        node = %agent.node().name,
+        held,
+        sessions,
+        released = reply.release.len(),
+        "registered with master"
+    );
+    Ok(Duration::from_millis(reply.heartbeat_interval_ms.max(50)))
+}
+
+async fn heartbeat(agent: &Agent, master: &MasterLink) -> Result<bool, tonic::Status> {
+    let ended = agent.ended_sessions();
+    let reply = master
+        .heartbeat(pb::HeartbeatRequest {
+            name: agent.node().name.clone(),
+            pool: Some(agent.usage()),
+            incarnation: agent.incarnation(),
+            held: agent.held_ids(),
+            ended_sessions: ended.clone(),
+        })
+        .await?;
+    if reply.known {
+        agent.ack_ended(&ended);
+        agent.release_all(&reply.release);
+    }
+    Ok(reply.known)
 }
 
 #[cfg(test)]
@@ -66,10 +113,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(Duration::ZERO), RETRY_MIN);
-        assert_eq!(backoff(RETRY_MIN), RETRY_MIN * 2);
-        assert_eq!(backoff(Duration::from_secs(4)), RETRY_MAX);
-        assert_eq!(backoff(RETRY_MAX), RETRY_MAX);
+    fn backoff_doubles_and_caps_at_the_interval() {
+        let max = Duration::from_secs(1);
+        assert_eq!(backoff(Duration::ZERO, max), RETRY_MIN);
+        assert_eq!(backoff(RETRY_MIN, max), RETRY_MIN * 2);
+        assert_eq!(backoff(Duration::from_millis(800), max), max);
+        assert_eq!(backoff(max, max), max);
+        assert_eq!(backoff(max, Duration::ZERO), RETRY_MIN);
     }
 }

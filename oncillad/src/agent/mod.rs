@@ -2,23 +2,28 @@
 //! sessions of local applications.
 //!
 //! The agent is the source of truth for the memory it holds. It reserves and
-//! releases extents when the master says so and tracks which local sessions
-//! are open. It never decides placement and never speaks gRPC itself (the
-//! `grpc` module calls in).
+//! releases extents when the master says so, keeps the master's record of
+//! each allocation it holds, and tracks which local sessions are open and
+//! which have ended, so that a restarted master can rebuild its table from
+//! the agents' reports. It never decides placement and never speaks gRPC
+//! itself (the `grpc` module calls in).
 
 pub mod held;
 pub mod lease;
 pub mod membership;
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use oncilla_proto::pb;
 use oncilla_proto::wire::KEY_LEN;
+use tokio::sync::Notify;
 
 use crate::error::CoreError;
 use crate::pool::Pool;
-use held::{Held, HeldExtent, HeldTable};
+use held::{Held, HeldExtent, HeldTable, Holdings};
 use lease::Leases;
 
 /// A local application's session.
@@ -27,26 +32,49 @@ pub struct SessionInfo {
     pub id: String,
     pub pid: u32,
     pub program: String,
+    /// Order of opening within this agent incarnation.
+    pub seq: u64,
+    /// Persistent allocations the session is attached to.
+    pub attached: BTreeSet<u64>,
 }
 
 /// The agent core.
 pub struct Agent {
     node: pb::NodeInfo,
+    /// Random per start, never 0: tells the master this is a new, empty pool.
+    incarnation: u64,
     pool: Arc<Pool>,
     held: HeldTable,
     leases: Arc<Leases>,
     sessions: DashMap<String, SessionInfo>,
+    next_session: AtomicU64,
+    /// Sessions that ended and that the master has not acknowledged.
+    ended: Mutex<Vec<String>>,
+    /// Wakes the membership loop to report ended sessions at once.
+    wake: Notify,
+    /// The master incarnation this agent last registered with.
+    master_incarnation: AtomicU64,
 }
 
 impl Agent {
     pub fn new(node: pb::NodeInfo, pool: Arc<Pool>) -> Self {
         Self {
+            held: Arc::new(Holdings::new(node.name.clone())),
             node,
+            incarnation: rand::random::<u64>().max(1),
             pool,
-            held: HeldTable::default(),
             leases: Arc::default(),
             sessions: DashMap::new(),
+            next_session: AtomicU64::new(0),
+            ended: Mutex::new(Vec::new()),
+            wake: Notify::new(),
+            master_incarnation: AtomicU64::new(0),
         }
+    }
+
+    /// This start of the agent (see [`pb::RegisterRequest::incarnation`]).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// What this node tells the master about itself.
@@ -73,6 +101,9 @@ impl Agent {
     /// gives. Blocks while the pool waits for its scrubber; call it off
     /// async executors.
     ///
+    /// `record` is the master's description of the allocation, kept for
+    /// reports; `fabric` what its creator uses for this node.
+    ///
     /// # Errors
     /// [`CoreError::InvalidArgument`] for a bad key, empty or overlapping
     /// ranges, or ranges already held; pool exhaustion.
@@ -81,6 +112,8 @@ impl Agent {
         alloc_id: u64,
         key: &[u8],
         ranges: &[(u64, u64)],
+        record: pb::Allocation,
+        fabric: i32,
     ) -> Result<Vec<pb::Piece>, CoreError> {
         let key: [u8; KEY_LEN] = key.try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
@@ -148,13 +181,20 @@ impl Agent {
             Arc::new(Held {
                 key,
                 extents: Vec::new(),
+                record: pb::Allocation::default(),
+                fabric,
             })
         });
         check_joinable(alloc_id, entry.value(), &key, &ranges)?;
         let mut all = entry.value().extents.clone();
         all.extend(extents);
         all.sort_by_key(|e| e.alloc_offset);
-        *entry.value_mut() = Arc::new(Held { key, extents: all });
+        *entry.value_mut() = Arc::new(Held {
+            key,
+            extents: all,
+            record,
+            fabric,
+        });
         tracing::debug!(alloc_id, ranges = ranges.len(), total, "reserved");
         Ok(pieces)
     }
@@ -179,18 +219,155 @@ impl Agent {
         held
     }
 
+    /// Releases each of `ids` (the master no longer knows them).
+    pub fn release_all(&self, ids: &[u64]) {
+        for &id in ids {
+            if self.release(id).is_some() {
+                tracing::info!(
+                    alloc_id = id,
+                    "released a stray allocation at the master's word"
+                );
+            }
+        }
+    }
+
     /// Number of allocations with memory on this node.
     pub fn allocations(&self) -> usize {
         self.held.len()
     }
 
+    /// Ids of every allocation held here.
+    pub fn held_ids(&self) -> Vec<u64> {
+        self.held.iter().map(|e| *e.key()).collect()
+    }
+
     /// Registers a new local session.
     pub fn open_session(&self, pid: u32, program: String) -> SessionInfo {
+        let seq = self.next_session.fetch_add(1, Ordering::SeqCst);
         let id = format!("{}-{:016x}", self.node.name, rand::random::<u64>());
-        let info = SessionInfo { id, pid, program };
+        let info = SessionInfo {
+            id,
+            pid,
+            program,
+            seq,
+            attached: BTreeSet::new(),
+        };
         self.sessions.insert(info.id.clone(), info.clone());
         tracing::info!(session = %info.id, pid, program = %info.program, "session opened");
         info
+    }
+
+    /// The process behind an open session, as the master records it.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchSession`].
+    pub fn owner(&self, session_id: &str) -> Result<pb::Owner, CoreError> {
+        let s = self.session(session_id)?;
+        Ok(self.owner_of(&s))
+    }
+
+    fn owner_of(&self, s: &SessionInfo) -> pb::Owner {
+        pb::Owner {
+            session_id: s.id.clone(),
+            node: self.node.name.clone(),
+            pid: s.pid,
+            program: s.program.clone(),
+            agent_incarnation: self.incarnation,
+            session_seq: s.seq,
+        }
+    }
+
+    /// Notes that a session attached to (or, with `attached` false, left)
+    /// a persistent allocation.
+    pub fn note_attached(&self, session_id: &str, alloc_id: u64, attached: bool) {
+        if let Some(mut s) = self.sessions.get_mut(session_id) {
+            if attached {
+                s.attached.insert(alloc_id);
+            } else {
+                s.attached.remove(&alloc_id);
+            }
+        }
+    }
+
+    /// A session's stream closed: forget it and queue the news for the
+    /// master (delivered by the membership loop until acknowledged).
+    pub fn end_session(&self, id: &str) {
+        self.sessions.remove(id);
+        self.ended_lock().push(id.to_string());
+        self.wake.notify_one();
+    }
+
+    /// Ended sessions not yet acknowledged by the master.
+    pub fn ended_sessions(&self) -> Vec<String> {
+        self.ended_lock().clone()
+    }
+
+    /// The master has processed these ended sessions.
+    pub fn ack_ended(&self, done: &[String]) {
+        self.ended_lock().retain(|s| !done.contains(s));
+    }
+
+    /// Resolves when something must be told to the master now.
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    pub fn set_master_incarnation(&self, m: u64) {
+        self.master_incarnation.store(m, Ordering::SeqCst);
+    }
+
+    /// Everything this agent holds and serves, for (re-)registering; with
+    /// the ended sessions it covers (acknowledged by a successful register).
+    pub fn registration(&self) -> (pb::RegisterRequest, Vec<String>) {
+        // Ended sessions first: one that ends after this snapshot is still
+        // in the list of open ones or queued again.
+        let ended = self.ended_sessions();
+        let next_session_seq = self.next_session.load(Ordering::SeqCst);
+        let sessions = self
+            .sessions
+            .iter()
+            .map(|s| pb::SessionReport {
+                who: Some(self.owner_of(s.value())),
+                attached: s.attached.iter().copied().collect(),
+            })
+            .collect();
+        let held = self
+            .held
+            .iter()
+            .map(|e| {
+                let h = e.value();
+                let mut record = h.record.clone();
+                record.id = *e.key();
+                record.access_key = h.key.to_vec();
+                record.extents = h
+                    .extents
+                    .iter()
+                    .map(|x| pb::Extent {
+                        node: self.node.name.clone(),
+                        alloc_offset: x.alloc_offset,
+                        len: x.len,
+                        pool_offset: x.memory.offset() + x.at,
+                        data_addr: self.node.data_addr.clone(),
+                        fabric: h.fabric,
+                    })
+                    .collect();
+                record
+            })
+            .collect();
+        let req = pb::RegisterRequest {
+            node: Some(self.node.clone()),
+            incarnation: self.incarnation,
+            master_incarnation: self.master_incarnation.load(Ordering::SeqCst),
+            held,
+            sessions,
+            next_session_seq,
+        };
+        (req, ended)
+    }
+
+    fn ended_lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        // A list of ids; a panic while it is held cannot leave it invalid.
+        self.ended.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Looks up an open session.
@@ -202,11 +379,6 @@ impl Agent {
             .get(id)
             .map(|s| s.value().clone())
             .ok_or_else(|| CoreError::NoSuchSession(id.to_string()))
-    }
-
-    /// Forgets a session (its stream closed).
-    pub fn close_session(&self, id: &str) -> Option<SessionInfo> {
-        self.sessions.remove(id).map(|(_, s)| s)
     }
 
     pub fn sessions(&self) -> usize {
@@ -262,23 +434,33 @@ mod tests {
     #[test]
     fn reserve_and_release() {
         let a = agent();
-        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)]).unwrap();
-        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)]).unwrap();
+        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)], rec(), 0).unwrap();
+        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)], rec(), 0)
+            .unwrap();
         assert_eq!(a.pool().stats().used, 3 * 4096);
         assert!(
-            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)]).is_err(),
+            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)], rec(), 0)
+                .is_err(),
             "overlap"
         );
         assert!(
-            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)]).is_err(),
+            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)], rec(), 0)
+                .is_err(),
             "other key"
         );
-        assert!(a.reserve(2, &[4; 3], &[(0, 10)]).is_err(), "short key");
         assert!(
-            a.reserve(3, &[4; KEY_LEN], &[(0, 10), (5, 10)]).is_err(),
+            a.reserve(2, &[4; 3], &[(0, 10)], rec(), 0).is_err(),
+            "short key"
+        );
+        assert!(
+            a.reserve(3, &[4; KEY_LEN], &[(0, 10), (5, 10)], rec(), 0)
+                .is_err(),
             "self-overlap"
         );
-        assert!(a.reserve(3, &[4; KEY_LEN], &[]).is_err(), "nothing");
+        assert!(
+            a.reserve(3, &[4; KEY_LEN], &[], rec(), 0).is_err(),
+            "nothing"
+        );
         let held = a.release(1).unwrap();
         assert_eq!(held.extents.len(), 2);
         drop(held);
@@ -291,7 +473,7 @@ mod tests {
         let a = agent();
         // 20 pages do not fit one 16-page slab: two pieces tiling the range.
         let pieces = a
-            .reserve(9, &[1; KEY_LEN], &[(100, 20 * 4096 - 5)])
+            .reserve(9, &[1; KEY_LEN], &[(100, 20 * 4096 - 5)], rec(), 0)
             .unwrap();
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces[0].alloc_offset, 100);
@@ -308,7 +490,7 @@ mod tests {
     fn striped_ranges_pack_into_one_pool_extent() {
         let a = agent();
         let ranges = [(0, 4096), (3 * 4096, 4096), (6 * 4096, 100)];
-        let pieces = a.reserve(5, &[1; KEY_LEN], &ranges).unwrap();
+        let pieces = a.reserve(5, &[1; KEY_LEN], &ranges, rec(), 0).unwrap();
         let got: Vec<(u64, u64)> = pieces.iter().map(|p| (p.alloc_offset, p.len)).collect();
         assert_eq!(got, ranges);
         // Densely packed: consecutive pool offsets, three pages in all.
@@ -320,13 +502,44 @@ mod tests {
         assert_eq!(held.extent_for(4096, 1), None, "a gap held elsewhere");
     }
 
+    fn rec() -> pb::Allocation {
+        pb::Allocation {
+            size: 1 << 20,
+            name: "kept".into(),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn sessions() {
+    fn sessions_and_reports() {
         let a = agent();
         let s = a.open_session(7, "prog".into());
+        let t = a.open_session(8, "other".into());
         assert!(s.id.starts_with("n1-"));
         assert_eq!(a.session(&s.id).unwrap().pid, 7);
-        a.close_session(&s.id);
+        a.note_attached(&t.id, 42, true);
+        a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), 2).unwrap();
+        a.end_session(&s.id);
         assert!(matches!(a.session(&s.id), Err(CoreError::NoSuchSession(_))));
+        assert_eq!(a.ended_sessions(), [s.id.clone()]);
+
+        let (report, ended) = a.registration();
+        assert_eq!(ended, [s.id.clone()]);
+        assert_eq!(report.incarnation, a.incarnation());
+        assert_eq!(report.next_session_seq, 2);
+        assert_eq!(report.sessions.len(), 1);
+        let only = &report.sessions[0];
+        assert_eq!(only.who.as_ref().unwrap().session_seq, 1);
+        assert_eq!(only.attached, [42]);
+        let held = &report.held[0];
+        assert_eq!((held.id, held.name.as_str()), (42, "kept"));
+        assert_eq!(held.access_key, [5; KEY_LEN]);
+        assert_eq!(held.extents.len(), 1);
+        assert_eq!(held.extents[0].fabric, 2);
+
+        a.ack_ended(&ended);
+        assert!(a.ended_sessions().is_empty());
+        a.release_all(&[42, 43]);
+        assert_eq!(a.allocations(), 0);
     }
 }

@@ -58,10 +58,7 @@ pub(crate) struct Authorized {
 /// and a range inside one extent; otherwise the status and message to send.
 pub(crate) fn authorize(table: &HeldTable, req: &Request) -> Result<Authorized, (Status, String)> {
     let Some(held) = table.get(&req.alloc_id).map(|e| Arc::clone(e.value())) else {
-        return Err((
-            Status::NoSuchAllocation,
-            format!("no such allocation on this node: {}", req.alloc_id),
-        ));
+        return Err((Status::NoSuchAllocation, table.not_held(req.alloc_id)));
     };
     if !held.key_matches(&req.key) {
         return Err((

@@ -31,7 +31,13 @@ impl agent_server::Agent for AgentService {
         let reserved = tokio::task::spawn_blocking(move || {
             let ranges: Vec<(u64, u64)> =
                 r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
-            agent.reserve(r.alloc_id, &r.access_key, &ranges)
+            agent.reserve(
+                r.alloc_id,
+                &r.access_key,
+                &ranges,
+                r.record.unwrap_or_default(),
+                r.fabric,
+            )
         })
         .await
         .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
@@ -67,6 +73,7 @@ impl agent_server::Agent for AgentService {
             allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
             sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
             mappings: u32::try_from(self.agent.leases().len()).unwrap_or(u32::MAX),
+            incarnation: self.agent.incarnation(),
         }))
     }
 }

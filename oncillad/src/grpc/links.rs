@@ -1,8 +1,6 @@
 //! Outgoing gRPC: the master's link to agents and an agent's link to the
 //! master. Channels are made once per peer and reused.
 
-use std::time::Duration;
-
 use dashmap::DashMap;
 use oncilla_proto::auth::Token;
 use oncilla_proto::client::{self, AgentClient, MasterClient};
@@ -81,29 +79,14 @@ impl MasterLink {
         client::unreachable("master", &self.addr, s)
     }
 
-    pub async fn register(&self, node: pb::NodeInfo) -> Result<Duration, Status> {
-        let r = self
-            .client
-            .clone()
-            .register(pb::RegisterRequest { node: Some(node) })
-            .await
-            .map_err(|s| self.wrap(s))?;
-        Ok(Duration::from_millis(
-            r.into_inner().heartbeat_interval_ms.max(100),
-        ))
+    pub async fn register(&self, req: pb::RegisterRequest) -> Result<pb::RegisterReply, Status> {
+        let r = self.client.clone().register(req).await;
+        r.map(tonic::Response::into_inner).map_err(|s| self.wrap(s))
     }
 
-    pub async fn heartbeat(&self, name: &str, pool: pb::PoolUsage) -> Result<bool, Status> {
-        let r = self
-            .client
-            .clone()
-            .heartbeat(pb::HeartbeatRequest {
-                name: name.to_string(),
-                pool: Some(pool),
-            })
-            .await
-            .map_err(|s| self.wrap(s))?;
-        Ok(r.into_inner().known)
+    pub async fn heartbeat(&self, req: pb::HeartbeatRequest) -> Result<pb::HeartbeatReply, Status> {
+        let r = self.client.clone().heartbeat(req).await;
+        r.map(tonic::Response::into_inner).map_err(|s| self.wrap(s))
     }
 
     pub async fn allocate(&self, req: pb::AllocateRequest) -> Result<pb::Allocation, Status> {
@@ -124,17 +107,5 @@ impl MasterLink {
     pub async fn detach(&self, req: pb::DetachRequest) -> Result<(), Status> {
         let r = self.client.clone().detach(req).await;
         r.map(|_| ()).map_err(|s| self.wrap(s))
-    }
-
-    pub async fn end_session(&self, session_id: &str) -> Result<u32, Status> {
-        let r = self
-            .client
-            .clone()
-            .end_session(pb::EndSessionRequest {
-                session_id: session_id.to_string(),
-            })
-            .await
-            .map_err(|s| self.wrap(s))?;
-        Ok(r.into_inner().freed)
     }
 }

@@ -22,28 +22,19 @@ impl MasterService {
 
 #[tonic::async_trait]
 impl master_server::Master for MasterService {
+    #[tracing::instrument(skip_all, fields(node = req.get_ref().node.as_ref().map_or("", |n| n.name.as_str())))]
     async fn register(
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
-        let node = req
-            .into_inner()
-            .node
-            .ok_or_else(|| Status::invalid_argument("register without node info"))?;
-        self.core.register(node)?;
-        let ms = u64::try_from(self.core.heartbeat_interval().as_millis()).unwrap_or(u64::MAX);
-        Ok(Response::new(pb::RegisterReply {
-            heartbeat_interval_ms: ms,
-        }))
+        reply(self.core.register(req.into_inner()).await)
     }
 
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
-        let r = req.into_inner();
-        let known = self.core.heartbeat(&r.name, r.pool.unwrap_or_default());
-        Ok(Response::new(pb::HeartbeatReply { known }))
+        Ok(Response::new(self.core.heartbeat(req.into_inner()).await))
     }
 
     #[tracing::instrument(skip_all, fields(size = req.get_ref().spec.as_ref().map_or(0, |s| s.size)))]
@@ -91,25 +82,13 @@ impl master_server::Master for MasterService {
         )
     }
 
-    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id))]
-    async fn end_session(
-        &self,
-        req: Request<pb::EndSessionRequest>,
-    ) -> Result<Response<pb::EndSessionReply>, Status> {
-        let session = req.into_inner().session_id;
-        if session.is_empty() {
-            return Err(CoreError::InvalidArgument("empty session id".into()).into());
-        }
-        let freed = self.core.end_session(&session).await;
-        Ok(Response::new(pb::EndSessionReply { freed }))
-    }
-
     async fn list_nodes(
         &self,
         _req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::NodeList>, Status> {
         Ok(Response::new(pb::NodeList {
             nodes: self.core.nodes(),
+            recovering_ms: u64::try_from(self.core.recovering().as_millis()).unwrap_or(u64::MAX),
         }))
     }
 

@@ -1,11 +1,11 @@
 //! The `Session` service on the agent's Unix socket: how local applications
 //! open sessions and allocate. Allocation and free are forwarded to the
-//! master; the session stream's end frees everything the session owned.
+//! master; the session stream's end is queued for the master (see
+//! `agent::membership`), which frees everything the session owned.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use oncilla_proto::pb::{self, session_server};
 use tokio::sync::mpsc;
@@ -14,10 +14,6 @@ use tonic::{Request, Response, Status};
 
 use crate::agent::Agent;
 use crate::grpc::links::MasterLink;
-
-/// Attempts to tell the master a session ended before giving up (the
-/// master's own session sweep is the backstop).
-const END_SESSION_TRIES: u32 = 5;
 
 pub struct SessionService {
     agent: Arc<Agent>,
@@ -31,13 +27,7 @@ impl SessionService {
 
     /// The process behind an open session, as the master records it.
     fn requester(&self, session_id: &str) -> Result<pb::Owner, Status> {
-        let session = self.agent.session(session_id)?;
-        Ok(pb::Owner {
-            session_id: session.id,
-            node: self.agent.node().name.clone(),
-            pid: session.pid,
-            program: session.program,
-        })
+        Ok(self.agent.owner(session_id)?)
     }
 }
 
@@ -61,32 +51,12 @@ impl Stream for SessionStream {
 struct SessionGuard {
     id: String,
     agent: Arc<Agent>,
-    master: MasterLink,
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        let id = std::mem::take(&mut self.id);
-        self.agent.close_session(&id);
-        let master = self.master.clone();
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::error!(session = %id, "session ended outside the runtime; its allocations stay until the master sweeps them");
-            return;
-        };
-        rt.spawn(async move {
-            for attempt in 1..=END_SESSION_TRIES {
-                match master.end_session(&id).await {
-                    Ok(freed) => {
-                        tracing::info!(session = %id, freed, "session closed");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(session = %id, attempt, error = %e.message(), "cannot end session at master");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        });
+        tracing::info!(session = %self.id, "session stream closed");
+        self.agent.end_session(&self.id);
     }
 }
 
@@ -110,7 +80,6 @@ impl session_server::Session for SessionService {
             _guard: SessionGuard {
                 id: info.id,
                 agent: Arc::clone(&self.agent),
-                master: self.master.clone(),
             },
         }))
     }
@@ -126,17 +95,22 @@ impl session_server::Session for SessionService {
             origin_node: self.agent.node().name.clone(),
             requester: Some(self.requester(&r.session_id)?),
         };
-        self.master.allocate(forwarded).await.map(Response::new)
+        let alloc = self.master.allocate(forwarded).await?;
+        if alloc.owner.is_none() {
+            // A persistent allocation: its creator is attached.
+            self.agent.note_attached(&r.session_id, alloc.id, true);
+        }
+        Ok(Response::new(alloc))
     }
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         let r = req.into_inner();
         self.agent.session(&r.session_id)?;
-        self.master
-            .free(r)
-            .await
-            .map(|()| Response::new(pb::FreeReply {}))
+        let (session, id) = (r.session_id.clone(), r.alloc.as_ref().map_or(0, |a| a.id));
+        self.master.free(r).await?;
+        self.agent.note_attached(&session, id, false);
+        Ok(Response::new(pb::FreeReply {}))
     }
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
@@ -149,7 +123,9 @@ impl session_server::Session for SessionService {
             alloc: r.alloc,
             requester: Some(self.requester(&r.session_id)?),
         };
-        self.master.attach(forwarded).await.map(Response::new)
+        let alloc = self.master.attach(forwarded).await?;
+        self.agent.note_attached(&r.session_id, alloc.id, true);
+        Ok(Response::new(alloc))
     }
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, id = req.get_ref().id))]
@@ -159,9 +135,9 @@ impl session_server::Session for SessionService {
     ) -> Result<Response<pb::DetachReply>, Status> {
         let r = req.into_inner();
         self.agent.session(&r.session_id)?;
-        self.master
-            .detach(r)
-            .await
-            .map(|()| Response::new(pb::DetachReply {}))
+        let (session, id) = (r.session_id.clone(), r.id);
+        self.master.detach(r).await?;
+        self.agent.note_attached(&session, id, false);
+        Ok(Response::new(pb::DetachReply {}))
     }
 }

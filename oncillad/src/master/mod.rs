@@ -1,25 +1,30 @@
 //! The master role: cluster membership, placement and the allocation table.
 //!
 //! The master decides where memory goes and records every allocation; the
-//! agents hold the memory. It reaches agents only through [`AgentLink`], so
-//! this module never imports a transport and is tested with a fake link.
-//! It never holds its lock across an await.
+//! agents hold the memory and keep the master's record of each allocation
+//! they hold, so the master is soft state: after a restart it rebuilds the
+//! table from the agents' registrations (`recovery`). It reaches agents
+//! only through [`AgentLink`], so this module never imports a transport and
+//! is tested with a fake link. It never holds its lock across an await.
 
+pub mod liveness;
 pub mod placement;
+mod recovery;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
 use oncilla_proto::fabric;
 use oncilla_proto::pb::{self, MemKind, NodeState};
 use oncilla_proto::wire::KEY_LEN;
 
 use crate::error::CoreError;
 use crate::pool::round_up;
+pub use liveness::Liveness;
+use liveness::{state_name, unix_ms, Seen};
 use placement::{Candidate, Planned};
 
 /// Largest single allocation accepted (1 PiB): anything above is a typo.
@@ -44,11 +49,17 @@ pub trait AgentLink: Send + Sync + 'static {
 
 struct Node {
     info: pb::NodeInfo,
+    /// The agent's current start (a new one holds nothing from before).
+    incarnation: u64,
     /// Bytes reserved on the node by allocations (page-rounded).
     reserved: u64,
     /// The pool as the node last reported it.
     pool: pb::PoolUsage,
-    last_seen: Instant,
+    seen: Seen,
+    /// The state last logged, to log each change once.
+    logged: NodeState,
+    /// Its sessions as of its registration, less those ended since.
+    sessions: recovery::SessionsSeen,
 }
 
 impl Node {
@@ -65,29 +76,62 @@ impl Node {
     }
 }
 
+/// An allocation as the master keeps it.
+struct Record {
+    /// Without attachments (derived from sessions) and health (derived from
+    /// node states when listed).
+    alloc: pb::Allocation,
+    /// Nodes that restarted since, losing their extents: name -> unix ms.
+    lost: BTreeMap<String, u64>,
+    /// Rebuilt from an agent's report after a master restart.
+    adopted: bool,
+}
+
+/// A process's session, known from its allocations and attachments.
+struct SessionRec {
+    who: pb::Owner,
+    /// Persistent allocations it is attached to.
+    attached: BTreeSet<u64>,
+}
+
 #[derive(Default)]
 struct State {
     nodes: BTreeMap<String, Node>,
-    allocs: BTreeMap<u64, pb::Allocation>,
+    allocs: BTreeMap<u64, Record>,
     /// Name -> id of named allocations.
     names: BTreeMap<String, u64>,
+    sessions: BTreeMap<String, SessionRec>,
+    /// Ids being reserved: agents already hold them, the table not yet.
+    reserving: BTreeSet<u64>,
+    /// Adopted allocations freed since: a late report of one is released,
+    /// not adopted again.
+    freed_adopted: BTreeSet<u64>,
     next_id: u64,
 }
 
 /// The master core.
 pub struct Master<L> {
     link: L,
-    heartbeat: Duration,
+    liveness: Liveness,
+    /// Random per start, never 0; agents report which master they knew.
+    incarnation: u64,
+    started: Instant,
+    /// How long after `started` the table stays frozen.
+    recovery: Duration,
     state: Mutex<State>,
 }
 
 impl<L: AgentLink> Master<L> {
-    /// A master expecting a heartbeat from each agent every `heartbeat`;
-    /// a node that misses three is reported down and gets no new memory.
-    pub fn new(link: L, heartbeat: Duration) -> Self {
+    /// A master expecting heartbeats as `liveness` says. It serves changes
+    /// to the table only after [`Liveness::recovery`], once agents that
+    /// knew a previous master have re-registered.
+    pub fn new(link: L, liveness: Liveness) -> Self {
         Self {
             link,
-            heartbeat,
+            liveness,
+            incarnation: rand::random::<u64>().max(1),
+            started: Instant::now(),
+            recovery: liveness.recovery(),
             state: Mutex::new(State {
                 next_id: 1,
                 ..State::default()
@@ -95,59 +139,23 @@ impl<L: AgentLink> Master<L> {
         }
     }
 
-    /// Interval agents should heartbeat at.
-    pub fn heartbeat_interval(&self) -> Duration {
-        self.heartbeat
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
     }
 
-    /// Adds or refreshes a node.
-    ///
-    /// # Errors
-    /// [`CoreError::InvalidArgument`] for a node without name, endpoints or capacity.
-    pub fn register(&self, info: pb::NodeInfo) -> Result<(), CoreError> {
-        if info.name.is_empty() || info.agent_addr.is_empty() || info.data_addr.is_empty() {
-            return Err(CoreError::InvalidArgument(
-                "a node needs a name, an agent address and a data address".into(),
-            ));
-        }
-        if info.capacity == 0 {
-            return Err(CoreError::InvalidArgument("a node needs capacity".into()));
-        }
-        let mut st = self.lock();
-        let reserved = st.nodes.get(&info.name).map_or(0, |n| n.reserved);
-        tracing::info!(node = %info.name, agent = %info.agent_addr, data = %info.data_addr, capacity = info.capacity, page = info.page_size, "node registered");
-        if !info.pool_note.is_empty() {
-            tracing::warn!(node = %info.name, "{}", info.pool_note);
-        }
-        let pool = pb::PoolUsage {
-            free: info.capacity.saturating_sub(reserved),
-            largest_free: info.capacity.saturating_sub(reserved),
-            used: reserved,
-            scrubbing: 0,
-        };
-        st.nodes.insert(
-            info.name.clone(),
-            Node {
-                info,
-                reserved,
-                pool,
-                last_seen: Instant::now(),
-            },
-        );
-        Ok(())
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
-    /// Records a heartbeat and the pool usage it carries; false when the
-    /// node is unknown and must register.
-    pub fn heartbeat(&self, name: &str, pool: pb::PoolUsage) -> bool {
-        let mut st = self.lock();
-        match st.nodes.get_mut(name) {
-            Some(n) => {
-                n.last_seen = Instant::now();
-                n.pool = pool;
-                true
-            }
-            None => false,
+    /// Time left before the master changes its table (0 once serving).
+    pub fn recovering(&self) -> Duration {
+        self.recovery.saturating_sub(self.started.elapsed())
+    }
+
+    fn check_serving(&self) -> Result<(), CoreError> {
+        match self.recovering() {
+            d if d.is_zero() => Ok(()),
+            d => Err(CoreError::Recovering(d)),
         }
     }
 
@@ -155,9 +163,10 @@ impl<L: AgentLink> Master<L> {
     ///
     /// # Errors
     /// Invalid requests, taken names, unknown/down nodes, exhausted capacity,
-    /// and agents that fail to reserve (whatever was reserved is released
-    /// again).
+    /// a master still recovering, and agents that fail to reserve (whatever
+    /// was reserved is released again).
     pub async fn allocate(&self, req: pb::AllocateRequest) -> Result<pb::Allocation, CoreError> {
+        self.check_serving()?;
         let spec = req.spec.unwrap_or_default();
         if spec.size > MAX_ALLOCATION {
             return Err(CoreError::InvalidArgument(format!(
@@ -174,6 +183,21 @@ impl<L: AgentLink> Master<L> {
         // Named allocations, and everything an operator makes, outlive their creator.
         let persistent = spec.persistent || !spec.name.is_empty() || req.requester.is_none();
         let key: [u8; KEY_LEN] = rand::random();
+        let (owner, creator) = match req.requester {
+            Some(r) if persistent => (None, Some(r)),
+            requester => (requester, None),
+        };
+        // What every holder keeps, so a restarted master can rebuild it.
+        let mut alloc = pb::Allocation {
+            size: spec.size,
+            kind: kind as i32,
+            owner,
+            created_unix_ms: unix_ms(),
+            name: spec.name.clone(),
+            placement: Some(placement.clone()),
+            origin_node: req.origin_node.clone(),
+            ..pb::Allocation::default()
+        };
         let (id, targets, fabrics) = {
             let mut st = self.lock();
             if let Some(&taken) = st.names.get(&spec.name) {
@@ -198,6 +222,7 @@ impl<L: AgentLink> Master<L> {
                 .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
             let id = st.next_id;
             st.next_id += 1;
+            st.reserving.insert(id);
             if !spec.name.is_empty() {
                 // Held from now on, so a concurrent request cannot take it.
                 st.names.insert(spec.name.clone(), id);
@@ -213,8 +238,9 @@ impl<L: AgentLink> Master<L> {
             }
             (id, targets, fabrics)
         };
+        alloc.id = id;
 
-        let reserves = targets.iter().map(|(p, addr, _)| {
+        let reserves = targets.iter().zip(&fabrics).map(|((p, addr, _), fabric)| {
             self.link.reserve(
                 addr,
                 pb::ReserveRequest {
@@ -225,6 +251,8 @@ impl<L: AgentLink> Master<L> {
                         .iter()
                         .map(|&(alloc_offset, len)| pb::Range { alloc_offset, len })
                         .collect(),
+                    record: Some(alloc.clone()),
+                    fabric: *fabric as i32,
                 },
             )
         });
@@ -249,41 +277,27 @@ impl<L: AgentLink> Master<L> {
         {
             let failed = targets[i].0.node.clone();
             tracing::warn!(alloc_id = id, node = %failed, error = %err, "reserve failed; rolling back");
-            self.rollback(id, &spec.name, &targets, &results).await;
+            self.rollback(id, &spec.name, &targets).await;
             return Err(CoreError::Agent {
                 node: failed,
                 reason: err,
             });
         }
 
-        let mut extents: Vec<pb::Extent> = Vec::new();
         for (((p, _, data), r), fabric) in targets.iter().zip(results).zip(&fabrics) {
-            extents.extend(r.unwrap_or_default().into_iter().map(|piece| pb::Extent {
-                node: p.node.clone(),
-                alloc_offset: piece.alloc_offset,
-                len: piece.len,
-                pool_offset: piece.pool_offset,
-                data_addr: data.clone(),
-                fabric: *fabric as i32,
-            }));
+            alloc
+                .extents
+                .extend(r.unwrap_or_default().into_iter().map(|piece| pb::Extent {
+                    node: p.node.clone(),
+                    alloc_offset: piece.alloc_offset,
+                    len: piece.len,
+                    pool_offset: piece.pool_offset,
+                    data_addr: data.clone(),
+                    fabric: *fabric as i32,
+                }));
         }
-        extents.sort_by_key(|e| e.alloc_offset);
-        let (owner, attached) = match req.requester {
-            Some(r) if persistent => (None, vec![r]),
-            requester => (requester, Vec::new()),
-        };
-        let alloc = pb::Allocation {
-            id,
-            size: spec.size,
-            kind: kind as i32,
-            extents,
-            access_key: key.to_vec(),
-            owner,
-            created_unix_ms: unix_ms(),
-            name: spec.name,
-            attached,
-            placement: Some(placement),
-        };
+        alloc.extents.sort_by_key(|e| e.alloc_offset);
+        alloc.access_key = key.to_vec();
         tracing::info!(
             alloc_id = id,
             size = spec.size,
@@ -292,28 +306,35 @@ impl<L: AgentLink> Master<L> {
             extents = alloc.extents.len(),
             "allocated"
         );
-        self.lock().allocs.insert(id, alloc.clone());
-        Ok(alloc)
+        let mut st = self.lock();
+        st.reserving.remove(&id);
+        if let Some(who) = creator {
+            attach_session(&mut st, who, id);
+        }
+        st.allocs.insert(
+            id,
+            Record {
+                alloc,
+                lost: BTreeMap::new(),
+                adopted: false,
+            },
+        );
+        Ok(self.view(&st, id)?)
     }
 
-    async fn rollback(
-        &self,
-        id: u64,
-        name: &str,
-        targets: &[(Planned, String, String)],
-        results: &[Result<Vec<pb::Piece>, String>],
-    ) {
+    /// Undoes a failed allocation. Every target is released, the failed
+    /// ones too: a reservation that timed out may still have happened.
+    async fn rollback(&self, id: u64, name: &str, targets: &[(Planned, String, String)]) {
         let releases = targets
             .iter()
-            .zip(results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|((_, addr, _), _)| self.link.release(addr, id));
+            .map(|(_, addr, _)| self.link.release(addr, id));
         for r in join_all(releases).await {
             if let Err(e) = r {
-                tracing::warn!(alloc_id = id, error = %e, "release during rollback failed");
+                tracing::warn!(alloc_id = id, error = %e, "release during rollback failed; the node's next heartbeat reconciles it");
             }
         }
         let mut st = self.lock();
+        st.reserving.remove(&id);
         st.names.remove(name);
         for (p, _, _) in targets {
             if let Some(n) = st.nodes.get_mut(&p.node) {
@@ -330,18 +351,20 @@ impl<L: AgentLink> Master<L> {
     /// # Errors
     /// [`CoreError::NoSuchAllocation`] / [`CoreError::NoSuchName`];
     /// [`CoreError::PermissionDenied`] when a session frees another
-    /// session's allocation; [`CoreError::InUse`] without `force`.
+    /// session's allocation; [`CoreError::InUse`] without `force`;
+    /// [`CoreError::Recovering`].
     pub async fn free(
         &self,
         target: &pb::AllocRef,
         session: &str,
         force: bool,
     ) -> Result<(), CoreError> {
+        self.check_serving()?;
         let (id, holders) = {
             let mut st = self.lock();
             let id = resolve(&st, target)?;
-            let alloc = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
-            if let Some(owner) = &alloc.owner {
+            let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+            if let Some(owner) = &rec.alloc.owner {
                 if !session.is_empty() && owner.session_id != session {
                     return Err(CoreError::PermissionDenied(format!(
                         "allocation {id} belongs to another session ({})",
@@ -349,9 +372,8 @@ impl<L: AgentLink> Master<L> {
                     )));
                 }
             }
-            let others: Vec<String> = alloc
-                .attached
-                .iter()
+            let others: Vec<String> = attached_to(&st, id)
+                .into_iter()
                 .filter(|a| a.session_id != session)
                 .map(describe)
                 .collect();
@@ -361,26 +383,17 @@ impl<L: AgentLink> Master<L> {
                     by: others.join(", "),
                 });
             }
-            let alloc = st
-                .allocs
-                .remove(&id)
-                .ok_or(CoreError::NoSuchAllocation(id))?;
-            st.names.remove(&alloc.name);
-            // One Release per agent, and its footprint counted once: its
-            // ranges were reserved together.
-            let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
-            for e in &alloc.extents {
-                *per_node.entry(e.node.as_str()).or_default() += e.len;
-            }
-            let mut holders = Vec::with_capacity(per_node.len());
-            for (node, len) in per_node {
-                if let Some(n) = st.nodes.get_mut(node) {
-                    n.reserved = n.reserved.saturating_sub(n.footprint(len));
-                    holders.push((node.to_string(), n.info.agent_addr.clone()));
-                }
-            }
-            (id, holders)
+            (id, remove(&mut st, id))
         };
+        self.release_on(id, holders).await;
+        tracing::info!(alloc_id = id, force, "freed");
+        Ok(())
+    }
+
+    /// Tells every holder to release `id` and records their pool usage. A
+    /// holder that cannot be reached drops it on its next heartbeat (it
+    /// reports what it holds; the master answers with what to release).
+    async fn release_on(&self, id: u64, holders: Vec<(String, String)>) {
         let replies = join_all(holders.iter().map(|(_, a)| self.link.release(a, id))).await;
         let mut st = self.lock();
         for ((node, _), r) in holders.iter().zip(replies) {
@@ -391,88 +404,88 @@ impl<L: AgentLink> Master<L> {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(alloc_id = id, node = %node, error = %e, "agent did not confirm release");
+                    tracing::warn!(alloc_id = id, node = %node, error = %e, "agent did not confirm release; its next heartbeat reconciles it");
                 }
             }
         }
-        drop(st);
-        tracing::info!(alloc_id = id, force, "freed");
-        Ok(())
     }
 
     /// Attaches a process to a persistent allocation (by id or name).
     ///
     /// # Errors
     /// Unknown allocations; [`CoreError::InvalidArgument`] for one that
-    /// belongs to a session (it ends with that session).
+    /// belongs to a session (it ends with that session);
+    /// [`CoreError::Recovering`].
     pub fn attach(
         &self,
         target: &pb::AllocRef,
         who: pb::Owner,
     ) -> Result<pb::Allocation, CoreError> {
+        self.check_serving()?;
         let mut st = self.lock();
         let id = resolve(&st, target)?;
-        let alloc = st
-            .allocs
-            .get_mut(&id)
-            .ok_or(CoreError::NoSuchAllocation(id))?;
-        if let Some(owner) = &alloc.owner {
+        let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+        if let Some(owner) = &rec.alloc.owner {
             return Err(CoreError::InvalidArgument(format!(
                 "allocation {id} belongs to {} and ends with it; only persistent allocations can be attached",
                 describe(owner)
             )));
         }
-        if !alloc
-            .attached
-            .iter()
-            .any(|a| a.session_id == who.session_id)
-        {
-            alloc.attached.push(who);
-        }
+        attach_session(&mut st, who, id);
+        let alloc = self.view(&st, id)?;
         tracing::info!(alloc_id = id, attached = alloc.attached.len(), "attached");
-        Ok(alloc.clone())
+        Ok(alloc)
     }
 
     /// Detaches a session from an allocation.
     ///
     /// # Errors
-    /// [`CoreError::NoSuchAllocation`].
+    /// [`CoreError::NoSuchAllocation`]; [`CoreError::Recovering`].
     pub fn detach(&self, id: u64, session: &str) -> Result<(), CoreError> {
+        self.check_serving()?;
         let mut st = self.lock();
-        let alloc = st
-            .allocs
-            .get_mut(&id)
-            .ok_or(CoreError::NoSuchAllocation(id))?;
-        alloc.attached.retain(|a| a.session_id != session);
+        if !st.allocs.contains_key(&id) {
+            return Err(CoreError::NoSuchAllocation(id));
+        }
+        if let Some(s) = st.sessions.get_mut(session) {
+            s.attached.remove(&id);
+        }
         Ok(())
     }
 
     /// Frees every allocation a session owns and detaches it from every
-    /// other (its application exited).
+    /// other (its application exited); returns how many were freed.
     pub async fn end_session(&self, session: &str) -> u32 {
-        let ids: Vec<u64> = {
+        let freed: Vec<(u64, Vec<(String, String)>)> = {
             let mut st = self.lock();
-            for a in st.allocs.values_mut() {
-                a.attached.retain(|w| w.session_id != session);
-            }
-            st.allocs
+            st.sessions.remove(session);
+            let ids: Vec<u64> = st
+                .allocs
                 .values()
-                .filter(|a| a.owner.as_ref().is_some_and(|o| o.session_id == session))
-                .map(|a| a.id)
+                .filter(|r| {
+                    r.alloc
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.session_id == session)
+                })
+                .map(|r| r.alloc.id)
+                .collect();
+            ids.into_iter()
+                .map(|id| (id, remove(&mut st, id)))
                 .collect()
         };
-        let mut freed = 0;
-        for id in ids {
-            let target = pb::AllocRef {
-                id,
-                name: String::new(),
-            };
-            if self.free(&target, session, false).await.is_ok() {
-                freed += 1;
-            }
+        let n = u32::try_from(freed.len()).unwrap_or(u32::MAX);
+        for (id, holders) in freed {
+            self.release_on(id, holders).await;
         }
-        tracing::info!(session, freed, "session ended");
-        freed
+        if n > 0 {
+            tracing::info!(
+                session,
+                freed = n,
+                "session ended; its allocations are freed"
+            );
+        }
+        n
     }
 
     /// Every node with its usage and state.
@@ -480,20 +493,29 @@ impl<L: AgentLink> Master<L> {
         let st = self.lock();
         st.nodes
             .values()
-            .map(|n| pb::NodeStatus {
-                info: Some(n.info.clone()),
-                used: n.reserved,
-                state: self.state_of(n) as i32,
-                last_heartbeat_ms_ago: u64::try_from(n.last_seen.elapsed().as_millis())
-                    .unwrap_or(u64::MAX),
-                pool: Some(n.pool),
+            .map(|n| {
+                let (state, since) = n.seen.state(&self.liveness);
+                pb::NodeStatus {
+                    info: Some(n.info.clone()),
+                    used: n.reserved,
+                    state: state as i32,
+                    last_heartbeat_ms_ago: u64::try_from(n.seen.last.elapsed().as_millis())
+                        .unwrap_or(u64::MAX),
+                    pool: Some(n.pool),
+                    state_since_unix_ms: since,
+                    incarnation: n.incarnation,
+                }
             })
             .collect()
     }
 
-    /// Every allocation, by id.
+    /// Every allocation, by id, with attachments and health.
     pub fn allocations(&self) -> Vec<pb::Allocation> {
-        self.lock().allocs.values().cloned().collect()
+        let st = self.lock();
+        st.allocs
+            .keys()
+            .filter_map(|&id| self.view(&st, id).ok())
+            .collect()
     }
 
     /// One allocation, by id or name.
@@ -503,18 +525,89 @@ impl<L: AgentLink> Master<L> {
     pub fn allocation(&self, target: &pb::AllocRef) -> Result<pb::Allocation, CoreError> {
         let st = self.lock();
         let id = resolve(&st, target)?;
-        st.allocs
-            .get(&id)
-            .cloned()
-            .ok_or(CoreError::NoSuchAllocation(id))
+        self.view(&st, id)
     }
 
-    fn state_of(&self, n: &Node) -> NodeState {
-        if n.last_seen.elapsed() > self.heartbeat * 3 {
-            NodeState::Down
-        } else {
-            NodeState::Up
+    /// Logs every node whose state changed since the last call (call it
+    /// about once per heartbeat interval).
+    pub fn tick(&self) {
+        let mut st = self.lock();
+        let degraded_on = |st: &State, node: &str| {
+            st.allocs
+                .values()
+                .filter(|r| r.alloc.extents.iter().any(|e| e.node == node))
+                .count()
+        };
+        let mut changes = Vec::new();
+        for n in st.nodes.values_mut() {
+            let (state, _) = n.seen.state(&self.liveness);
+            if state != n.logged {
+                changes.push((n.info.name.clone(), n.logged, state));
+                n.logged = state;
+            }
         }
+        for (node, from, to) in changes {
+            let allocations = degraded_on(&st, &node);
+            match to {
+                NodeState::Up => {
+                    tracing::info!(%node, from = state_name(from), "node up again");
+                }
+                NodeState::Down => tracing::warn!(
+                    %node,
+                    silent_ms = self.liveness.down_after.as_millis(),
+                    degraded_allocations = allocations,
+                    "node down: missed its heartbeats"
+                ),
+                _ => tracing::warn!(%node, to = state_name(to), "node missed heartbeats"),
+            }
+        }
+    }
+
+    /// An allocation as clients see it: with attachments and health.
+    fn view(&self, st: &State, id: u64) -> Result<pb::Allocation, CoreError> {
+        let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+        let mut a = rec.alloc.clone();
+        a.attached = attached_to(st, id).into_iter().cloned().collect();
+        let (health, notes) = self.health(st, rec);
+        a.health = health as i32;
+        a.health_notes = notes;
+        Ok(a)
+    }
+
+    /// LOST when a holder restarted since, DEGRADED when a holder is down or
+    /// has not re-registered (or bytes are missing), else HEALTHY.
+    fn health(&self, st: &State, rec: &Record) -> (pb::Health, Vec<String>) {
+        let mut health = pb::Health::Healthy;
+        let mut notes = Vec::new();
+        let holders: BTreeSet<&str> = rec.alloc.extents.iter().map(|e| e.node.as_str()).collect();
+        for node in holders {
+            if let Some(&at) = rec.lost.get(node) {
+                health = pb::Health::Lost;
+                notes.push(format!(
+                    "{node} restarted at unix ms {at}: its extents are gone"
+                ));
+                continue;
+            }
+            let state = st.nodes.get(node).map(|n| n.seen.state(&self.liveness));
+            match state {
+                Some((NodeState::Down, since)) => {
+                    health = health.max(pb::Health::Degraded);
+                    notes.push(format!("{node} down since unix ms {since}"));
+                }
+                None => {
+                    health = health.max(pb::Health::Degraded);
+                    notes.push(format!("{node} has not registered with this master"));
+                }
+                _ => {}
+            }
+        }
+        if let Some((from, to)) = first_gap(&rec.alloc) {
+            health = health.max(pb::Health::Degraded);
+            notes.push(format!(
+                "bytes {from}..{to} not reported yet: their node has not re-registered"
+            ));
+        }
+        (health, notes)
     }
 
     fn candidates(&self, st: &State) -> Vec<Candidate> {
@@ -523,7 +616,7 @@ impl<L: AgentLink> Master<L> {
             .map(|n| Candidate {
                 name: n.info.name.clone(),
                 free: n.info.capacity.saturating_sub(n.reserved),
-                up: self.state_of(n) == NodeState::Up,
+                up: n.seen.state(&self.liveness).0 == NodeState::Up,
                 page: n.page(),
             })
             .collect()
@@ -534,6 +627,73 @@ impl<L: AgentLink> Master<L> {
         // panic, so a poisoned lock still guards valid data.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Adds `who` to the processes attached to `id`.
+fn attach_session(st: &mut State, who: pb::Owner, id: u64) {
+    st.sessions
+        .entry(who.session_id.clone())
+        .or_insert_with(|| SessionRec {
+            who,
+            attached: BTreeSet::new(),
+        })
+        .attached
+        .insert(id);
+}
+
+/// Processes attached to `id`, by session id.
+fn attached_to(st: &State, id: u64) -> Vec<&pb::Owner> {
+    st.sessions
+        .values()
+        .filter(|s| s.attached.contains(&id))
+        .map(|s| &s.who)
+        .collect()
+}
+
+/// Takes `id` out of the table and its nodes' accounting; returns the
+/// holders to release it on (`(node, agent address)`), one per node.
+fn remove(st: &mut State, id: u64) -> Vec<(String, String)> {
+    let Some(rec) = st.allocs.remove(&id) else {
+        return Vec::new();
+    };
+    if st.names.get(&rec.alloc.name) == Some(&id) {
+        st.names.remove(&rec.alloc.name);
+    }
+    for s in st.sessions.values_mut() {
+        s.attached.remove(&id);
+    }
+    if rec.adopted {
+        st.freed_adopted.insert(id);
+    }
+    // One Release per agent, and its footprint counted once: its ranges
+    // were reserved together.
+    let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
+    for e in &rec.alloc.extents {
+        *per_node.entry(e.node.as_str()).or_default() += e.len;
+    }
+    let mut holders = Vec::with_capacity(per_node.len());
+    for (node, len) in per_node {
+        if rec.lost.contains_key(node) {
+            continue;
+        }
+        if let Some(n) = st.nodes.get_mut(node) {
+            n.reserved = n.reserved.saturating_sub(n.footprint(len));
+            holders.push((node.to_string(), n.info.agent_addr.clone()));
+        }
+    }
+    holders
+}
+
+/// The first byte range of `a` that no extent covers, if any.
+fn first_gap(a: &pb::Allocation) -> Option<(u64, u64)> {
+    let mut at = 0;
+    for e in &a.extents {
+        if e.alloc_offset > at {
+            return Some((at, e.alloc_offset));
+        }
+        at = at.max(e.alloc_offset + e.len);
+    }
+    (at < a.size).then_some((at, a.size))
 }
 
 /// The id an [`pb::AllocRef`] names.
@@ -596,13 +756,6 @@ fn check_pieces(p: &Planned, pieces: Vec<pb::Piece>) -> Result<Vec<pb::Piece>, S
         return Err("agent returned pieces outside the requested ranges".into());
     }
     Ok(pieces)
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -670,10 +823,25 @@ mod tests {
         })
     }
 
-    fn master(link: FakeLink) -> Master<FakeLink> {
-        let m = Master::new(link, Duration::from_secs(60));
-        m.register(node("a", 1 << 20)).unwrap();
-        m.register(node("b", 1 << 20)).unwrap();
+    /// A master that serves at once (no recovery window).
+    fn bare(link: FakeLink, liveness: Liveness) -> Master<FakeLink> {
+        let mut m = Master::new(link, liveness);
+        m.recovery = Duration::ZERO;
+        m
+    }
+
+    fn join(name: &str, cap: u64) -> pb::RegisterRequest {
+        pb::RegisterRequest {
+            node: Some(node(name, cap)),
+            incarnation: 1,
+            ..Default::default()
+        }
+    }
+
+    async fn master(link: FakeLink) -> Master<FakeLink> {
+        let m = bare(link, Liveness::from_heartbeat(Duration::from_secs(60)));
+        m.register(join("a", 1 << 20)).await.unwrap();
+        m.register(join("b", 1 << 20)).await.unwrap();
         m
     }
 
@@ -719,7 +887,7 @@ mod tests {
 
     #[tokio::test]
     async fn allocate_free_accounting() {
-        let m = master(FakeLink::default());
+        let m = master(FakeLink::default()).await;
         let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
         // Two nodes (a takes whole pages), each answering with pieces, in
         // allocation order.
@@ -738,7 +906,7 @@ mod tests {
 
     #[tokio::test]
     async fn striped_footprint_is_counted_once_per_node() {
-        let m = master(FakeLink::default());
+        let m = master(FakeLink::default()).await;
         let mut s = spec(5 * 4096 + 10, &["a", "b"]);
         if let Some(p) = s.placement.as_mut() {
             p.stripe = 4096;
@@ -764,20 +932,21 @@ mod tests {
             fail_on: Some("b:1"),
             ..FakeLink::default()
         };
-        let m = master(link.clone());
+        let m = master(link.clone()).await;
         let err = m
             .allocate(remote(10_000, &["a", "b"], None))
             .await
             .unwrap_err();
         assert!(err.to_string().contains("agent b failed"), "{err}");
-        assert_eq!(link.released.load(Ordering::SeqCst), 1);
+        // Both released: a failed reserve may have happened (a timeout).
+        assert_eq!(link.released.load(Ordering::SeqCst), 2);
         assert!(m.allocations().is_empty());
         assert!(m.nodes().iter().all(|n| n.used == 0));
     }
 
     #[tokio::test]
     async fn sessions_own_their_allocations() {
-        let m = master(FakeLink::default());
+        let m = master(FakeLink::default()).await;
         let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
         let _other = m.allocate(remote(100, &[], owner("s2"))).await.unwrap();
         let persistent = m.allocate(remote(100, &[], None)).await.unwrap();
@@ -793,7 +962,7 @@ mod tests {
 
     #[tokio::test]
     async fn named_allocations_attach_and_refuse_free_while_attached() {
-        let m = master(FakeLink::default());
+        let m = master(FakeLink::default()).await;
         let mut s = spec(100, &[]);
         s.name = "table".into();
         let req = pb::AllocateRequest {
@@ -850,7 +1019,7 @@ mod tests {
 
     #[tokio::test]
     async fn session_allocations_cannot_be_attached() {
-        let m = master(FakeLink::default());
+        let m = master(FakeLink::default()).await;
         let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
         let err = m.attach(&by_id(mine.id), owner("s2").unwrap()).unwrap_err();
         assert!(err.to_string().contains("only persistent"), "{err}");
@@ -858,7 +1027,7 @@ mod tests {
 
     #[tokio::test]
     async fn shm_preference_is_refused_for_other_nodes() {
-        let m = master(FakeLink::default());
+        let m = master(FakeLink::default()).await;
         let mut s = spec(100, &["b"]);
         s.fabric = pb::Fabric::Shm as i32;
         let req = pb::AllocateRequest {
@@ -879,14 +1048,200 @@ mod tests {
         assert_eq!(a.extents[0].fabric, pb::Fabric::Shm as i32);
     }
 
+    fn beat(name: &str, held: Vec<u64>, ended: &[&str]) -> pb::HeartbeatRequest {
+        pb::HeartbeatRequest {
+            name: name.into(),
+            incarnation: 1,
+            held,
+            ended_sessions: ended.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
     #[tokio::test]
-    async fn silent_nodes_go_down() {
-        let m = Master::new(FakeLink::default(), Duration::from_millis(1));
-        m.register(node("a", 1 << 20)).unwrap();
-        std::thread::sleep(Duration::from_millis(10));
+    async fn silent_nodes_go_down_and_their_allocations_degrade() {
+        let l = Liveness {
+            heartbeat: Duration::from_millis(1),
+            suspect_after: Duration::from_millis(20),
+            down_after: Duration::from_millis(40),
+        };
+        let m = bare(FakeLink::default(), l);
+        m.register(join("a", 1 << 20)).await.unwrap();
+        let a = m.allocate(remote(10, &["a"], None)).await.unwrap();
+        assert_eq!(a.health, pb::Health::Healthy as i32);
+        std::thread::sleep(Duration::from_millis(60));
         assert_eq!(m.nodes()[0].state, NodeState::Down as i32);
+        let seen = m.allocation(&by_id(a.id)).unwrap();
+        assert_eq!(seen.health, pb::Health::Degraded as i32);
+        assert!(
+            seen.health_notes[0].starts_with("a down since"),
+            "{:?}",
+            seen.health_notes
+        );
         assert!(m.allocate(remote(1, &[], None)).await.is_err());
-        assert!(m.heartbeat("a", pb::PoolUsage::default()));
-        assert!(!m.heartbeat("zz", pb::PoolUsage::default()));
+        assert!(m.heartbeat(beat("a", vec![a.id], &[])).await.known);
+        assert_eq!(m.nodes()[0].state, NodeState::Up as i32);
+        assert!(!m.heartbeat(beat("zz", vec![], &[])).await.known);
+        let mut other = beat("a", vec![], &[]);
+        other.incarnation = 2;
+        assert!(
+            !m.heartbeat(other).await.known,
+            "a restarted agent must register"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_master_waits_for_agents_before_changing_the_table() {
+        let m = Master::new(
+            FakeLink::default(),
+            Liveness::from_heartbeat(Duration::from_secs(1)),
+        );
+        m.register(join("a", 1 << 20)).await.unwrap();
+        let err = m.allocate(remote(10, &[], None)).await.unwrap_err();
+        assert!(err.to_string().starts_with("master recovering"), "{err}");
+        assert!(m.recovering() > Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn heartbeats_free_ended_sessions_and_release_strays() {
+        let m = master(FakeLink::default()).await;
+        let mine = m.allocate(remote(100, &["a"], owner("s1"))).await.unwrap();
+        let kept = m.allocate(remote(100, &["a"], None)).await.unwrap();
+        let reply = m
+            .heartbeat(beat("a", vec![mine.id, kept.id, 999], &["s1"]))
+            .await;
+        assert!(reply.known);
+        assert_eq!(reply.release, [999]);
+        let left: Vec<u64> = m.allocations().iter().map(|a| a.id).collect();
+        assert_eq!(left, [kept.id]);
+    }
+
+    /// What agent `node` reports after a master restart: `allocs` as the old
+    /// master recorded them, cut down to that node's extents.
+    fn report(
+        node_name: &str,
+        allocs: &[pb::Allocation],
+        sessions: Vec<pb::SessionReport>,
+        next_session_seq: u64,
+    ) -> pb::RegisterRequest {
+        let held = allocs
+            .iter()
+            .filter(|a| a.extents.iter().any(|e| e.node == node_name))
+            .map(|a| {
+                let mut r = a.clone();
+                r.attached.clear();
+                r.extents.retain(|e| e.node == node_name);
+                r
+            })
+            .collect();
+        pb::RegisterRequest {
+            node: Some(node(node_name, 1 << 20)),
+            incarnation: 1,
+            master_incarnation: 77,
+            held,
+            sessions,
+            next_session_seq,
+        }
+    }
+
+    fn session(id: &str, node: &str, seq: u64) -> pb::Owner {
+        pb::Owner {
+            session_id: id.into(),
+            node: node.into(),
+            agent_incarnation: 1,
+            session_seq: seq,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restarted_master_rebuilds_the_table_from_reports() {
+        let old = master(FakeLink::default()).await;
+        let live = session("a-live", "a", 0);
+        let dead = session("a-dead", "a", 1);
+        let mut s = spec(10_000, &["a", "b"]);
+        s.name = "shared".into();
+        let named = old
+            .allocate(pb::AllocateRequest {
+                spec: Some(s),
+                origin_node: "a".into(),
+                requester: Some(live.clone()),
+            })
+            .await
+            .unwrap();
+        let owned = old
+            .allocate(remote(100, &["b"], Some(live.clone())))
+            .await
+            .unwrap();
+        let orphan = old
+            .allocate(remote(100, &["b"], Some(dead.clone())))
+            .await
+            .unwrap();
+        let before = old.allocations();
+
+        let m = bare(
+            FakeLink::default(),
+            Liveness::from_heartbeat(Duration::from_secs(60)),
+        );
+        // b first: it holds half of `named`, `owned` and the dead session's.
+        let b = m.register(report("b", &before, vec![], 0)).await.unwrap();
+        assert!(b.release.is_empty());
+        let degraded = m.allocation(&by_name("shared")).unwrap();
+        assert_eq!(
+            degraded.health,
+            pb::Health::Degraded as i32,
+            "a's half is missing"
+        );
+        // a reports its live session (attached to `named`); a-dead is gone.
+        let sessions = vec![pb::SessionReport {
+            who: Some(live.clone()),
+            attached: vec![named.id],
+        }];
+        m.register(report("a", &before, sessions, 2)).await.unwrap();
+        let after = m.allocations();
+        let ids: Vec<u64> = after.iter().map(|a| a.id).collect();
+        assert_eq!(
+            ids,
+            [named.id, owned.id],
+            "the dead session's allocation is freed"
+        );
+        assert_eq!(after[0], before[0], "rebuilt exactly");
+        assert_eq!(after[1], before[1]);
+        assert!(after.iter().all(|a| a.health == pb::Health::Healthy as i32));
+        assert_eq!(
+            m.nodes().iter().map(|n| n.used).sum::<u64>(),
+            old.nodes().iter().map(|n| n.used).sum::<u64>() - 4096
+        );
+        // New ids continue after the adopted ones.
+        let next = m.allocate(remote(1, &[], None)).await.unwrap();
+        assert!(next.id > orphan.id);
+        // Freed while b was away: b's late report is released, not adopted.
+        m.free(&by_id(owned.id), "", false).await.unwrap();
+        let again = m.register(report("b", &before, vec![], 0)).await.unwrap();
+        assert!(again.release.contains(&owned.id), "{:?}", again.release);
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_restarted_loses_its_extents() {
+        let m = master(FakeLink::default()).await;
+        let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
+        let mut fresh = join("b", 1 << 20);
+        fresh.incarnation = 2;
+        m.register(fresh).await.unwrap();
+        let seen = m.allocation(&by_id(a.id)).unwrap();
+        assert_eq!(seen.health, pb::Health::Lost as i32);
+        assert!(
+            seen.health_notes[0].starts_with("b restarted"),
+            "{:?}",
+            seen.health_notes
+        );
+        let b_used = m
+            .nodes()
+            .iter()
+            .find(|n| n.info.as_ref().unwrap().name == "b")
+            .unwrap()
+            .used;
+        assert_eq!(b_used, 0);
+        m.free(&by_id(a.id), "", false).await.unwrap();
     }
 }

@@ -30,8 +30,9 @@ use slab::SlabError;
 pub const SLAB: u64 = 1 << 30;
 
 /// How long a reservation waits for the scrubber when only memory that is
-/// still being scrubbed could satisfy it.
-const SCRUB_WAIT: Duration = Duration::from_secs(30);
+/// still being scrubbed could satisfy it. Below the master's 15 s call
+/// deadline, so a reservation never outlives the call that asked for it.
+const SCRUB_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether the pool uses huge pages (`--hugepages`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]

@@ -32,8 +32,20 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub token: Token,
     pub master_addr: String,
+    capacity: String,
     master: Option<Child>,
     agents: Vec<Option<Child>>,
+    /// Each agent's gRPC and data ports, kept across restarts.
+    ports: Vec<(u16, u16)>,
+}
+
+/// A port free right now on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Cluster {
@@ -47,21 +59,18 @@ impl Cluster {
         std::fs::create_dir_all(&dir).unwrap();
         let token = Token::random();
         std::fs::write(dir.join("token"), token.as_str()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let mut c = Self {
             dir,
             token,
-            master_addr: format!("127.0.0.1:{port}"),
+            master_addr: format!("127.0.0.1:{}", free_port()),
+            capacity: capacity.to_string(),
             master: None,
             agents: Vec::new(),
+            ports: (0..agents).map(|_| (free_port(), free_port())).collect(),
         };
         c.start_master();
         for i in 0..agents {
-            let child = c.spawn_agent(i, capacity);
+            let child = c.spawn_agent(i);
             c.agents.push(Some(child));
         }
         c.wait_nodes_up(agents);
@@ -69,7 +78,12 @@ impl Cluster {
     }
 
     fn spawn(&self, log: &str, args: &[&str]) -> Child {
-        let log = std::fs::File::create(self.dir.join(log)).unwrap();
+        // Appended: a restarted daemon's log follows its predecessor's.
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(log))
+            .unwrap();
         Command::new(bin("oncillad"))
             .args(args)
             .env("RUST_LOG", "info")
@@ -97,9 +111,10 @@ impl Cluster {
         self.master = Some(child);
     }
 
-    fn spawn_agent(&self, i: usize, capacity: &str) -> Child {
+    fn spawn_agent(&self, i: usize) -> Child {
         let sock = self.socket(i).display().to_string();
         let name = format!("node-{i}");
+        let (grpc, data) = self.ports[i];
         self.spawn(
             &format!("{name}.log"),
             &[
@@ -108,13 +123,13 @@ impl Cluster {
                 "--name",
                 &name,
                 "--listen",
-                "127.0.0.1:0",
+                &format!("127.0.0.1:{grpc}"),
                 "--data-listen",
-                "127.0.0.1:0",
+                &format!("127.0.0.1:{data}"),
                 "--socket",
                 &sock,
                 "--capacity",
-                capacity,
+                &self.capacity,
                 "--token-file",
                 &self.token_file(),
                 "--heartbeat-ms",
@@ -131,22 +146,16 @@ impl Cluster {
         self.dir.join(format!("node-{i}.sock"))
     }
 
-    /// Waits until the master lists `n` nodes up and their sockets exist.
+    /// Waits until the master lists `n` nodes up, their sockets exist and
+    /// the master has left its recovery window (it takes allocations).
     pub fn wait_nodes_up(&self, n: usize) {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            let out = self.ocmctl(&["nodes", "--json"]);
-            if out.status.success() {
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                let up = v
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|n| n["state"] == "up")
-                    .count();
-                if up == n && (0..n).all(|i| self.socket(i).exists()) {
-                    return;
-                }
+            if self.nodes_up() == n
+                && (0..n).all(|i| self.socket(i).exists())
+                && !self.master_recovering()
+            {
+                return;
             }
             assert!(
                 Instant::now() < deadline,
@@ -155,6 +164,33 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Number of nodes the master lists as up (0 when it cannot be reached).
+    pub fn nodes_up(&self) -> usize {
+        self.nodes().iter().filter(|n| n["state"] == "up").count()
+    }
+
+    /// `ocmctl nodes --json`, empty when the master cannot be reached.
+    pub fn nodes(&self) -> Vec<serde_json::Value> {
+        let out = self.ocmctl(&["nodes", "--json"]);
+        if !out.status.success() {
+            return Vec::new();
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// One node's entry in `ocmctl nodes --json`.
+    pub fn node(&self, name: &str) -> Option<serde_json::Value> {
+        self.nodes().into_iter().find(|n| n["name"] == name)
+    }
+
+    /// Whether the master still waits for agents to re-register (or
+    /// cannot be reached).
+    pub fn master_recovering(&self) -> bool {
+        let out = self.ocmctl(&["nodes"]);
+        !out.status.success() || String::from_utf8_lossy(&out.stdout).contains("master recovering")
     }
 
     /// A session through agent `i`.
@@ -198,11 +234,51 @@ impl Cluster {
         cond()
     }
 
+    /// SIGKILL to the master.
     pub fn kill_master(&mut self) {
         if let Some(mut c) = self.master.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// SIGKILL to agent `i`.
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut c) = self.agents[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM to agent `i`, waiting (bounded) for it to exit.
+    pub fn stop_agent(&mut self, i: usize) {
+        if let Some(mut c) = self.agents[i].take() {
+            if let Ok(pid) = i32::try_from(c.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let exited = Self::eventually(Duration::from_secs(10), || {
+                matches!(c.try_wait(), Ok(Some(_)))
+            });
+            if !exited {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts agent `i` again with its name, ports and socket (an empty pool).
+    pub fn start_agent(&mut self, i: usize) {
+        assert!(self.agents[i].is_none(), "agent {i} is running");
+        let child = self.spawn_agent(i);
+        self.agents[i] = Some(child);
+    }
+
+    /// Text of a daemon's log ("master", "node-1", ...).
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
     }
 }
 

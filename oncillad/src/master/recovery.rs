@@ -1,0 +1,262 @@
+//! How agents (re-)join the master, and how the master reconciles its table
+//! with what they hold: it adopts allocations reported by agents that knew
+//! a previous master (a master restart loses nothing), marks allocations
+//! lost on an agent that restarted empty, ends sessions that died while it
+//! could not hear of it, and tells agents to release what it has freed.
+//! The agents' reports are the truth about memory; the master's table is
+//! the truth about what is still wanted. Never holds the lock across an
+//! await.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use oncilla_proto::pb::{self, NodeState};
+
+use super::liveness::{unix_ms, Seen};
+use super::{attach_session, AgentLink, Master, Node, Record, State};
+use crate::error::CoreError;
+
+/// Sessions of a node as of its registration.
+#[derive(Debug, Default)]
+pub(super) struct SessionsSeen {
+    /// Sessions numbered below this were opened before the registration...
+    pub next_seq: u64,
+    /// ...and of those, these are still open.
+    pub live: BTreeSet<String>,
+}
+
+impl<L: AgentLink> Master<L> {
+    /// Adds a node, or takes it back after a restart (its own or the
+    /// master's), and reconciles the table with what it reports.
+    ///
+    /// # Errors
+    /// [`CoreError::InvalidArgument`] for a node without name, endpoints or capacity.
+    pub async fn register(&self, req: pb::RegisterRequest) -> Result<pb::RegisterReply, CoreError> {
+        let info = req.node.clone().unwrap_or_default();
+        if info.name.is_empty() || info.agent_addr.is_empty() || info.data_addr.is_empty() {
+            return Err(CoreError::InvalidArgument(
+                "a node needs a name, an agent address and a data address".into(),
+            ));
+        }
+        if info.capacity == 0 {
+            return Err(CoreError::InvalidArgument("a node needs capacity".into()));
+        }
+        let name = info.name.clone();
+        let (release, dead) = {
+            let mut st = self.lock();
+            self.reconcile(&mut st, info, &req)
+        };
+        for session in &dead {
+            self.end_session(session).await;
+        }
+        Ok(pb::RegisterReply {
+            heartbeat_interval_ms: u64::try_from(self.liveness.heartbeat.as_millis())
+                .unwrap_or(u64::MAX),
+            master_incarnation: self.incarnation,
+            release,
+        })
+        .inspect(|r| {
+            tracing::info!(node = %name, released = r.release.len(), dead_sessions = dead.len(), "node registered");
+        })
+    }
+
+    /// Everything [`Self::register`] decides under the lock; returns what
+    /// the agent must release and the sessions to end.
+    fn reconcile(
+        &self,
+        st: &mut State,
+        info: pb::NodeInfo,
+        req: &pb::RegisterRequest,
+    ) -> (Vec<u64>, Vec<String>) {
+        let name = info.name.clone();
+        tracing::info!(node = %name, agent = %info.agent_addr, data = %info.data_addr, capacity = info.capacity, page = info.page_size, held = req.held.len(), "node registering");
+        if !info.pool_note.is_empty() {
+            tracing::warn!(node = %name, "{}", info.pool_note);
+        }
+        if let Some(prev) = st.nodes.get(&name) {
+            if prev.incarnation != req.incarnation {
+                let now = unix_ms();
+                let mut lost = 0;
+                for rec in st.allocs.values_mut() {
+                    if rec.alloc.extents.iter().any(|e| e.node == name) {
+                        rec.lost.entry(name.clone()).or_insert(now);
+                        lost += 1;
+                    }
+                }
+                if lost > 0 {
+                    tracing::warn!(node = %name, allocations = lost, "node restarted with an empty pool: these allocations lost their extents there");
+                }
+            }
+        }
+        st.nodes.insert(
+            name.clone(),
+            Node {
+                pool: pb::PoolUsage {
+                    free: info.capacity,
+                    largest_free: info.capacity,
+                    ..pb::PoolUsage::default()
+                },
+                info,
+                incarnation: req.incarnation,
+                reserved: 0,
+                seen: Seen::now(),
+                logged: NodeState::Up,
+                sessions: SessionsSeen {
+                    next_seq: req.next_session_seq,
+                    live: req
+                        .sessions
+                        .iter()
+                        .filter_map(|s| s.who.as_ref().map(|w| w.session_id.clone()))
+                        .collect(),
+                },
+            },
+        );
+
+        // Reports from an agent that knew another master are adopted.
+        let adopt = req.master_incarnation != 0 && req.master_incarnation != self.incarnation;
+        let mut release = Vec::new();
+        for record in &req.held {
+            let id = record.id;
+            st.next_id = st.next_id.max(id.saturating_add(1));
+            if let Some(rec) = st.allocs.get_mut(&id) {
+                if rec.alloc.access_key != record.access_key {
+                    tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
+                    release.push(id);
+                } else if !rec.alloc.extents.iter().any(|e| e.node == name) {
+                    rec.alloc.extents.extend(record.extents.iter().cloned());
+                    rec.alloc.extents.sort_by_key(|e| e.alloc_offset);
+                }
+                continue;
+            }
+            let owner_dead = record.owner.as_ref().is_some_and(|o| session_dead(st, o));
+            if adopt && !st.freed_adopted.contains(&id) && !owner_dead {
+                adopt_record(st, record.clone());
+            } else if !st.reserving.contains(&id) {
+                release.push(id);
+            }
+        }
+        for s in &req.sessions {
+            if let Some(who) = &s.who {
+                for &id in &s.attached {
+                    attach_session(st, who.clone(), id);
+                }
+            }
+        }
+
+        // Sessions of this node that ended while the master could not hear it.
+        let mut dead: BTreeSet<String> = BTreeSet::new();
+        let owners = st.allocs.values().filter_map(|r| r.alloc.owner.as_ref());
+        let attached = st.sessions.values().map(|s| &s.who);
+        for who in owners.chain(attached) {
+            if who.node == name && session_dead(st, who) {
+                dead.insert(who.session_id.clone());
+            }
+        }
+        recount(st, &name);
+        (release, dead.into_iter().collect())
+    }
+
+    /// Records a heartbeat: pool usage, sessions that ended (their
+    /// allocations are freed) and the ids the node holds (the reply names
+    /// those the master does not know, to release). Unknown nodes, and
+    /// nodes that restarted without registering, must register.
+    pub async fn heartbeat(&self, req: pb::HeartbeatRequest) -> pb::HeartbeatReply {
+        let release = {
+            let mut st = self.lock();
+            let Some(n) = st.nodes.get_mut(&req.name) else {
+                return pb::HeartbeatReply::default();
+            };
+            if n.incarnation != req.incarnation {
+                return pb::HeartbeatReply::default();
+            }
+            let before = n.seen.heard(&self.liveness);
+            if before != NodeState::Up {
+                tracing::info!(node = %req.name, "heard from node again");
+            }
+            n.pool = req.pool.unwrap_or(n.pool);
+            for s in &req.ended_sessions {
+                n.sessions.live.remove(s);
+            }
+            let st = &*st;
+            req.held
+                .iter()
+                .copied()
+                .filter(|id| !st.allocs.contains_key(id) && !st.reserving.contains(id))
+                .collect::<Vec<u64>>()
+        };
+        if !release.is_empty() {
+            tracing::info!(node = %req.name, ids = ?release, "node holds allocations the master has freed; releasing them");
+        }
+        for s in &req.ended_sessions {
+            self.end_session(s).await;
+        }
+        pb::HeartbeatReply {
+            known: true,
+            release,
+        }
+    }
+}
+
+/// Whether the session `who` names is known to have ended: its agent has
+/// registered with this master since, under another incarnation, or
+/// without it among the sessions open then (or it ended after).
+fn session_dead(st: &State, who: &pb::Owner) -> bool {
+    let Some(n) = st.nodes.get(&who.node) else {
+        return false;
+    };
+    n.incarnation != who.agent_incarnation
+        || (who.session_seq < n.sessions.next_seq && !n.sessions.live.contains(&who.session_id))
+}
+
+/// Puts a record reported after a master restart back in the table.
+fn adopt_record(st: &mut State, mut alloc: pb::Allocation) {
+    let id = alloc.id;
+    alloc.attached.clear();
+    alloc.health = 0;
+    alloc.health_notes.clear();
+    if !alloc.name.is_empty() {
+        match st.names.get(&alloc.name) {
+            Some(&other) if other != id => tracing::error!(
+                alloc_id = id,
+                name = %alloc.name,
+                other,
+                "a reported allocation's name is taken (its node came back after the recovery window); it stays, reachable by id only"
+            ),
+            _ => {
+                st.names.insert(alloc.name.clone(), id);
+            }
+        }
+    }
+    tracing::info!(alloc_id = id, name = %alloc.name, "allocation adopted from a node's report");
+    st.allocs.insert(
+        id,
+        Record {
+            alloc,
+            lost: BTreeMap::new(),
+            adopted: true,
+        },
+    );
+}
+
+/// Recomputes what the table places on `node` (its registration reset it).
+fn recount(st: &mut State, node: &str) {
+    let reserved = st
+        .allocs
+        .values()
+        .filter(|r| !r.lost.contains_key(node))
+        .map(|r| {
+            r.alloc
+                .extents
+                .iter()
+                .filter(|e| e.node == node)
+                .map(|e| e.len)
+                .sum::<u64>()
+        })
+        .filter(|&len| len > 0)
+        .collect::<Vec<u64>>();
+    if let Some(n) = st.nodes.get_mut(node) {
+        n.reserved = reserved.into_iter().map(|len| n.footprint(len)).sum();
+        n.pool.used = n.reserved;
+        n.pool.free = n.info.capacity.saturating_sub(n.reserved);
+        n.pool.largest_free = n.pool.free;
+    }
+}
