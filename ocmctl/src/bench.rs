@@ -51,6 +51,9 @@ pub enum Bench {
     /// Copy bandwidth: one remote node, striped over three, same-node
     /// shared memory, and a plain memcpy.
     Copy(CopyArgs),
+    /// Several clients allocate, copy, verify and free at random while one
+    /// agent is killed and restarted; counts corrupted bytes and leaks.
+    Soak(crate::soak::SoakArgs),
 }
 
 /// Options of `ocmctl bench copy`.
@@ -429,14 +432,15 @@ fn pool_ready_line(log: &std::path::Path) -> Option<String> {
     line.find("pool ready").map(|at| line[at..].to_string())
 }
 
-/// Asks every agent directly how much it is still scrubbing.
-struct Probe {
+/// Asks every agent directly what it holds and how much it is still
+/// scrubbing.
+pub(crate) struct Probe {
     agents: Vec<(String, AgentClient)>,
     rt: tokio::runtime::Runtime,
 }
 
 impl Probe {
-    fn new(nodes: &[pb::NodeStatus], token: &Token) -> Result<Self, CliError> {
+    pub(crate) fn new(nodes: &[pb::NodeStatus], token: &Token) -> Result<Self, CliError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -452,19 +456,27 @@ impl Probe {
         Ok(Self { agents, rt })
     }
 
+    /// Every agent's own account of itself.
+    pub(crate) fn statuses(&self) -> Result<Vec<pb::AgentStatus>, CliError> {
+        self.agents
+            .iter()
+            .map(|(addr, c)| {
+                self.rt
+                    .block_on(c.clone().status(pb::StatusRequest {}))
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| CliError::Rpc(client::unreachable("agent", addr, s)))
+            })
+            .collect()
+    }
+
     /// Waits until no agent is scrubbing; returns how long that took.
-    fn settle(&self) -> Result<Duration, CliError> {
+    pub(crate) fn settle(&self) -> Result<Duration, CliError> {
         let started = Instant::now();
         loop {
-            let mut busy = false;
-            for (addr, c) in &self.agents {
-                let status = self
-                    .rt
-                    .block_on(c.clone().status(pb::StatusRequest {}))
-                    .map_err(|s| CliError::Rpc(client::unreachable("agent", addr, s)))?
-                    .into_inner();
-                busy |= status.pool.is_some_and(|p| p.scrubbing > 0);
-            }
+            let busy = self
+                .statuses()?
+                .iter()
+                .any(|s| s.pool.is_some_and(|p| p.scrubbing > 0));
             if !busy {
                 return Ok(started.elapsed());
             }

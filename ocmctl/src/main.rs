@@ -7,6 +7,7 @@ mod cluster;
 mod data;
 mod demo;
 mod master;
+mod soak;
 mod table;
 
 use std::path::PathBuf;
@@ -357,6 +358,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
         Cmd::Bench(bench::Bench::Copy(args)) => bench::copy(&args)?,
+        Cmd::Bench(bench::Bench::Soak(args)) => soak::run(&args)?,
     }
     Ok(())
 }

@@ -58,3 +58,24 @@ fn bench_alloc_runs_on_its_own_cluster() {
     assert_eq!(rows[0]["paper_alloc_ib_ms"], 1.26);
     assert_eq!(v["skipped_sizes"][0], 1u64 << 30);
 }
+
+#[test]
+fn bench_soak_survives_an_agent_restart_without_corruption_or_leaks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ocmctl"))
+        .args(["bench", "soak", "--seconds", "4", "--clients", "2"])
+        .args(["--restarts", "1", "--capacity", "64MiB"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("node-2 restarted 1 times"), "{stdout}");
+    assert!(stdout.contains("corrupted bytes  0"), "{stdout}");
+    assert!(
+        stdout.contains("leaked at the end: 0 allocations listed, 0 B placed"),
+        "{stdout}"
+    );
+}

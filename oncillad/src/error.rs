@@ -52,7 +52,8 @@ impl From<CoreError> for tonic::Status {
             CoreError::UnknownNode { .. } | CoreError::InvalidArgument(_) => {
                 Status::invalid_argument(msg)
             }
-            CoreError::NodeDown(_) => Status::failed_precondition(msg),
+            // A node that could not do its part (unreachable, or refused).
+            CoreError::NodeDown(_) | CoreError::Agent { .. } => Status::failed_precondition(msg),
             CoreError::CapacityExhausted { .. } | CoreError::Pool(PoolError::Exhausted { .. }) => {
                 Status::resource_exhausted(msg)
             }
@@ -60,9 +61,7 @@ impl From<CoreError> for tonic::Status {
             // The one UNAVAILABLE a server gives itself; the message starts
             // with "master" so callers do not reword it as unreachable.
             CoreError::Recovering(_) => Status::unavailable(msg),
-            CoreError::Agent { .. } | CoreError::Internal(_) | CoreError::Pool(_) => {
-                Status::internal(msg)
-            }
+            CoreError::Internal(_) | CoreError::Pool(_) => Status::internal(msg),
         }
     }
 }

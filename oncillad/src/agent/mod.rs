@@ -521,10 +521,10 @@ mod tests {
         a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), 2).unwrap();
         a.end_session(&s.id);
         assert!(matches!(a.session(&s.id), Err(CoreError::NoSuchSession(_))));
-        assert_eq!(a.ended_sessions(), [s.id.clone()]);
+        assert_eq!(a.ended_sessions(), std::slice::from_ref(&s.id));
 
         let (report, ended) = a.registration();
-        assert_eq!(ended, [s.id.clone()]);
+        assert_eq!(ended, std::slice::from_ref(&s.id));
         assert_eq!(report.incarnation, a.incarnation());
         assert_eq!(report.next_session_seq, 2);
         assert_eq!(report.sessions.len(), 1);

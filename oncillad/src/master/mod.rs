@@ -319,7 +319,7 @@ impl<L: AgentLink> Master<L> {
                 adopted: false,
             },
         );
-        Ok(self.view(&st, id)?)
+        self.view(&st, id)
     }
 
     /// Undoes a failed allocation. Every target is released, the failed
