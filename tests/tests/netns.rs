@@ -1,6 +1,8 @@
 //! A cluster whose nodes sit in separate network namespaces joined by veth
 //! pairs (deploy/netns-cluster.sh), so data really crosses a network stack
-//! between hosts. Needs root and iproute2; elsewhere it says why it skipped.
+//! between hosts, and a node can be cut off the network or killed. Needs
+//! root and iproute2; elsewhere it says why it skipped. Every wait is
+//! bounded; the namespaces go away even when a test fails.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,6 +10,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 struct NetnsCluster {
     script: PathBuf,
@@ -24,6 +27,8 @@ impl NetnsCluster {
             .env("ONCILLA_BIN", bin.parent().unwrap())
             .env("ONCILLA_NETNS_DIR", &self.dir)
             .env("ONCILLA_NETNS_PREFIX", &self.prefix)
+            // Failure detection in about a second.
+            .env("ONCILLA_HEARTBEAT_MS", "200")
             .env_remove("ONCILLA_TOKEN")
             .output()
             .unwrap()
@@ -61,17 +66,144 @@ fn skip_reason() -> Option<String> {
     }
 }
 
+impl NetnsCluster {
+    /// A cluster named by `tag` (namespaces and links of concurrent tests
+    /// must not collide), or None with the reason printed.
+    fn new(tag: &str) -> Option<Self> {
+        if let Some(why) = skip_reason() {
+            println!("skipped netns cluster test: {why}");
+            return None;
+        }
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let pid = std::process::id();
+        Some(Self {
+            script: root.join("deploy/netns-cluster.sh"),
+            dir: std::env::temp_dir().join(format!("oncilla-netns-{tag}-{pid}")),
+            prefix: format!("o{tag}{}", pid % 10_000),
+        })
+    }
+
+    /// `ocmctl` run in node `i`'s namespace.
+    fn ocmctl(&self, i: usize, args: &[&str]) -> Output {
+        let node = i.to_string();
+        let mut all = vec!["run", node.as_str(), "ocmctl"];
+        all.extend_from_slice(args);
+        self.cmd(&all)
+    }
+
+    fn node_state(&self, name: &str) -> Option<String> {
+        let out = self.ocmctl(0, &["nodes", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        v.as_array()?
+            .iter()
+            .find(|n| n["name"] == name)
+            .and_then(|n| n["state"].as_str().map(str::to_string))
+    }
+
+    fn health(&self, id: &str) -> String {
+        let out = self.ocmctl(0, &["show", id, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["health"].as_str().unwrap().to_string()
+    }
+}
+
+/// Polls `cond` every 100 ms for at most 15 s.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cond()
+}
+
+#[test]
+fn a_partitioned_node_degrades_heals_and_a_killed_one_comes_back_empty() {
+    let Some(c) = NetnsCluster::new("f") else {
+        return;
+    };
+    c.ok(&["up", "3", "16MiB"]);
+    let alloc = |node: &str| {
+        let out = c.ok(&["run", "0", "ocmctl", "alloc", "1MiB", "--node", node]);
+        out.trim().to_string()
+    };
+    let (near, far) = (alloc("node-1"), alloc("node-2"));
+    let data: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
+    let input = c.dir.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    for id in [&near, &far] {
+        c.ok(&["run", "0", "ocmctl", "put", id, input.to_str().unwrap()]);
+    }
+    let output = c.dir.join("out.bin");
+    let get = |id: &str| {
+        let _ = std::fs::remove_file(&output);
+        c.ocmctl(
+            1,
+            &[
+                "get",
+                id,
+                "--len",
+                "1048576",
+                "-o",
+                output.to_str().unwrap(),
+            ],
+        )
+    };
+
+    // Unplug node-2: it goes down, its allocation degrades, node-1's works.
+    c.ok(&["cut", "2"]);
+    assert!(eventually(
+        || c.node_state("node-2").as_deref() == Some("down")
+    ));
+    assert_eq!(c.health(&far), "degraded");
+    assert_eq!(c.health(&near), "healthy");
+    assert!(get(&near).status.success());
+    assert!(std::fs::read(&output).unwrap() == data);
+    let out = get(&far);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node node-2 unreachable"), "{err}");
+
+    // Plug it back: same agent, nothing lost.
+    c.ok(&["heal", "2"]);
+    assert!(eventually(
+        || c.node_state("node-2").as_deref() == Some("up")
+    ));
+    assert_eq!(c.health(&far), "healthy");
+    assert!(
+        get(&far).status.success(),
+        "{}",
+        String::from_utf8_lossy(&get(&far).stderr)
+    );
+    assert!(
+        std::fs::read(&output).unwrap() == data,
+        "bytes changed across the partition"
+    );
+
+    // Kill it and start it again: it comes back empty, and says so.
+    c.ok(&["kill", "2"]);
+    c.ok(&["start", "2"]);
+    assert!(eventually(|| c.health(&far) == "lost"));
+    assert!(eventually(
+        || c.node_state("node-2").as_deref() == Some("up")
+    ));
+    let out = get(&far);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no such allocation on node-2"),
+        "{err}"
+    );
+    for id in [&near, &far] {
+        c.ok(&["run", "0", "ocmctl", "free", id]);
+    }
+}
+
 #[test]
 fn three_hosts_in_namespaces() {
-    if let Some(why) = skip_reason() {
-        println!("skipped netns cluster test: {why}");
+    let Some(c) = NetnsCluster::new("d") else {
         return;
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let c = NetnsCluster {
-        script: root.join("deploy/netns-cluster.sh"),
-        dir: std::env::temp_dir().join(format!("oncilla-netns-test-{}", std::process::id())),
-        prefix: format!("oct{}", std::process::id() % 10_000),
     };
     c.ok(&["up", "3", "16MiB"]);
 
