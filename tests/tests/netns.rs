@@ -129,7 +129,7 @@ fn a_partitioned_node_degrades_heals_and_a_killed_one_comes_back_empty() {
         let out = c.ok(&["run", "0", "ocmctl", "alloc", "1MiB", "--node", node]);
         out.trim().to_string()
     };
-    let (near, far) = (alloc("node-1"), alloc("node-2"));
+    let (near, far, freed) = (alloc("node-1"), alloc("node-2"), alloc("node-2"));
     let data: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
     let input = c.dir.join("in.bin");
     std::fs::write(&input, &data).unwrap();
