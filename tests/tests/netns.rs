@@ -165,12 +165,21 @@ fn a_partitioned_node_degrades_heals_and_a_killed_one_comes_back_empty() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("node node-2 unreachable"), "{err}");
+    // Freed while node-2 cannot hear it: the release must not be lost.
+    c.ok(&["run", "0", "ocmctl", "free", &freed]);
 
-    // Plug it back: same agent, nothing lost.
+    // Plug it back: same agent, nothing lost, and what was freed goes.
     c.ok(&["heal", "2"]);
     assert!(eventually(
         || c.node_state("node-2").as_deref() == Some("up")
     ));
+    let log = c.dir.join("node-2.log");
+    assert!(
+        eventually(|| std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("released a stray allocation")),
+        "node-2 kept the allocation freed during the partition"
+    );
     assert_eq!(c.health(&far), "healthy");
     assert!(
         get(&far).status.success(),

@@ -9,6 +9,9 @@ use tonic::Status;
 
 use crate::master::AgentLink;
 
+/// Deadline of a release (shorter than other calls: see `release`).
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The master's connections to agents, one channel per agent address.
 pub struct GrpcAgentLink {
     token: Token,
@@ -49,7 +52,11 @@ impl AgentLink for GrpcAgentLink {
 
     async fn release(&self, addr: &str, alloc_id: u64) -> Result<pb::ReleaseReply, String> {
         let mut c = self.client(addr)?;
-        c.release(pb::ReleaseRequest { alloc_id })
+        let mut req = tonic::Request::new(pb::ReleaseRequest { alloc_id });
+        // Best effort: a holder that misses it releases on its next
+        // heartbeat, so a free never waits long for a sick node.
+        req.set_timeout(RELEASE_TIMEOUT);
+        c.release(req)
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| client::unreachable("agent", addr, s).message().to_string())

@@ -383,7 +383,8 @@ impl<L: AgentLink> Master<L> {
                     by: others.join(", "),
                 });
             }
-            (id, remove(&mut st, id))
+            let holders = remove(&mut st, id);
+            (id, self.live_holders(&st, holders))
         };
         self.release_on(id, holders).await;
         tracing::info!(alloc_id = id, force, "freed");
@@ -471,7 +472,10 @@ impl<L: AgentLink> Master<L> {
                 .map(|r| r.alloc.id)
                 .collect();
             ids.into_iter()
-                .map(|id| (id, remove(&mut st, id)))
+                .map(|id| {
+                    let holders = remove(&mut st, id);
+                    (id, self.live_holders(&st, holders))
+                })
                 .collect()
         };
         let n = u32::try_from(freed.len()).unwrap_or(u32::MAX);
@@ -561,6 +565,19 @@ impl<L: AgentLink> Master<L> {
                 _ => tracing::warn!(%node, to = state_name(to), "node missed heartbeats"),
             }
         }
+    }
+
+    /// The holders worth telling to release now: those that are up. The
+    /// others learn it from the reply to their next heartbeat.
+    fn live_holders(&self, st: &State, holders: Vec<(String, String)>) -> Vec<(String, String)> {
+        holders
+            .into_iter()
+            .filter(|(node, _)| {
+                st.nodes
+                    .get(node)
+                    .is_some_and(|n| n.seen.state(&self.liveness).0 == NodeState::Up)
+            })
+            .collect()
     }
 
     /// An allocation as clients see it: with attachments and health.
