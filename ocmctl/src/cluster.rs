@@ -70,7 +70,8 @@ impl Handle {
     /// An agent that cannot be started or does not come back in time.
     pub fn restart_agent(&self, i: usize) -> Result<(), CliError> {
         let name = node_name(i);
-        let before = Master::connect(&self.master_addr, &self.token)?
+        let master = Master::connect(&self.master_addr, &self.token)?;
+        let before = master
             .nodes()?
             .into_iter()
             .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
@@ -85,7 +86,6 @@ impl Handle {
             let _ = d.child.wait();
             d.child = spawn(&self.dir, &d.name, &d.args, self.keep)?;
         }
-        let master = Master::connect(&self.master_addr, &self.token)?;
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
             let back = master.nodes().ok().and_then(|nodes| {

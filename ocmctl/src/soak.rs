@@ -353,12 +353,13 @@ struct Leftover {
     allocations: usize,
     used: u64,
     held_by_agents: u64,
-    scrubbing: u64,
+    /// Used or still scrubbing in the agents' own pools.
+    in_pools: u64,
 }
 
 impl Leftover {
     fn total(&self) -> u64 {
-        self.allocations as u64 + self.used + self.held_by_agents + self.scrubbing
+        self.allocations as u64 + self.used + self.held_by_agents + self.in_pools
     }
 }
 
@@ -366,16 +367,17 @@ impl Leftover {
 /// nothing and scrubs nothing; returns what is left then.
 fn settle(h: &Handle) -> Result<Leftover, CliError> {
     let master = Master::connect(&h.master_addr, &h.token)?;
+    // Agents keep their addresses (restarts included): one probe serves.
+    let probe = Probe::new(&master.nodes()?, &h.token)?;
     let deadline = Instant::now() + SETTLE;
     loop {
         let nodes = master.nodes()?;
-        let probe = Probe::new(&nodes, &h.token)?;
         let agents = probe.statuses()?;
         let left = Leftover {
             allocations: master.allocations()?.len(),
             used: nodes.iter().map(|n| n.used).sum(),
             held_by_agents: agents.iter().map(|s| u64::from(s.allocations)).sum(),
-            scrubbing: agents
+            in_pools: agents
                 .iter()
                 .map(|s| s.pool.map_or(0, |p| p.scrubbing + p.used))
                 .sum(),
@@ -439,7 +441,7 @@ fn report(
         left.allocations,
         HumanBytes(left.used),
         left.held_by_agents,
-        HumanBytes(left.scrubbing),
+        HumanBytes(left.in_pools),
     );
     Report {
         text: out,

@@ -516,9 +516,19 @@ impl<L: AgentLink> Master<L> {
     /// Every allocation, by id, with attachments and health.
     pub fn allocations(&self) -> Vec<pb::Allocation> {
         let st = self.lock();
+        // Attachments indexed once, not a scan of every session per allocation.
+        let mut attached: BTreeMap<u64, Vec<pb::Owner>> = BTreeMap::new();
+        for s in st.sessions.values() {
+            for id in &s.attached {
+                attached.entry(*id).or_default().push(s.who.clone());
+            }
+        }
         st.allocs
-            .keys()
-            .filter_map(|&id| self.view(&st, id).ok())
+            .values()
+            .map(|rec| {
+                let who = attached.remove(&rec.alloc.id).unwrap_or_default();
+                self.render(&st, rec, who)
+            })
             .collect()
     }
 
@@ -583,12 +593,18 @@ impl<L: AgentLink> Master<L> {
     /// An allocation as clients see it: with attachments and health.
     fn view(&self, st: &State, id: u64) -> Result<pb::Allocation, CoreError> {
         let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+        let attached = attached_to(st, id).into_iter().cloned().collect();
+        Ok(self.render(st, rec, attached))
+    }
+
+    /// `rec` with the processes `attached` to it and its health.
+    fn render(&self, st: &State, rec: &Record, attached: Vec<pb::Owner>) -> pb::Allocation {
         let mut a = rec.alloc.clone();
-        a.attached = attached_to(st, id).into_iter().cloned().collect();
+        a.attached = attached;
         let (health, notes) = self.health(st, rec);
         a.health = health as i32;
         a.health_notes = notes;
-        Ok(a)
+        a
     }
 
     /// LOST when a holder restarted since, DEGRADED when a holder is down or

@@ -14,6 +14,7 @@ use oncilla_proto::pb::{self, NodeState};
 use super::liveness::{unix_ms, Seen};
 use super::{attach_session, AgentLink, Master, Node, Record, State};
 use crate::error::CoreError;
+use crate::pool::round_up;
 
 /// Sessions of a node as of its registration.
 #[derive(Debug, Default)]
@@ -239,24 +240,30 @@ fn adopt_record(st: &mut State, mut alloc: pb::Allocation) {
 
 /// Recomputes what the table places on `node` (its registration reset it).
 fn recount(st: &mut State, node: &str) {
+    let Some(page) = st.nodes.get(node).map(Node::page) else {
+        return;
+    };
+    // Per allocation, like placement counted it: its ranges on a node were
+    // reserved together.
     let reserved = st
         .allocs
         .values()
         .filter(|r| !r.lost.contains_key(node))
         .map(|r| {
-            r.alloc
+            let len: u64 = r
+                .alloc
                 .extents
                 .iter()
                 .filter(|e| e.node == node)
                 .map(|e| e.len)
-                .sum::<u64>()
+                .sum();
+            round_up(len, page)
         })
-        .filter(|&len| len > 0)
-        .collect::<Vec<u64>>();
+        .sum();
     if let Some(n) = st.nodes.get_mut(node) {
-        n.reserved = reserved.into_iter().map(|len| n.footprint(len)).sum();
-        n.pool.used = n.reserved;
-        n.pool.free = n.info.capacity.saturating_sub(n.reserved);
+        n.reserved = reserved;
+        n.pool.used = reserved;
+        n.pool.free = n.info.capacity.saturating_sub(reserved);
         n.pool.largest_free = n.pool.free;
     }
 }
