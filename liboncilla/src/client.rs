@@ -22,7 +22,8 @@ use tonic::transport::{Endpoint, Uri};
 use crate::descriptor::{Descriptor, Kind};
 use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
-use crate::fabric::DataPath;
+use crate::fabric::tcp::IoBuf;
+use crate::fabric::{DataPath, Transfer};
 use crate::spec::{AllocSpec, Fabric};
 
 /// How to reach the local agent, and how to move bytes.
@@ -33,16 +34,21 @@ pub struct Options {
     pub token: Token,
     /// Fabric preference for every allocation of the session.
     pub fabric: Fabric,
+    /// Most TCP connections one copy uses per node (each moves at least
+    /// [`STREAM_MIN`](crate::fabric::STREAM_MIN) bytes).
+    pub streams: usize,
 }
 
 impl Options {
     /// `ONCILLA_SOCKET` (default `/run/oncilla/agent.sock`), the token from
     /// `ONCILLA_TOKEN` / `ONCILLA_TOKEN_FILE`, and `ONCILLA_FABRIC`
-    /// (`auto`, `tcp` or `shm`; default `auto`).
+    /// (`auto`, `tcp` or `shm`; default `auto`), and `ONCILLA_STREAMS`
+    /// (connections per node for one copy, 1 to 64; default
+    /// [`DEFAULT_STREAMS`](crate::fabric::DEFAULT_STREAMS)).
     ///
     /// # Errors
     /// [`Error::Token`] when no token is configured;
-    /// [`Error::InvalidArgument`] for an unknown fabric.
+    /// [`Error::InvalidArgument`] for an unknown fabric or a bad stream count.
     pub fn from_env() -> Result<Self> {
         let socket = std::env::var_os("ONCILLA_SOCKET").map_or_else(
             || PathBuf::from(oncilla_proto::DEFAULT_SOCKET),
@@ -53,10 +59,23 @@ impl Options {
                 .map_err(|e| Error::InvalidArgument(format!("ONCILLA_FABRIC: {e}")))?,
             Err(_) => Fabric::Auto,
         };
+        let streams = match std::env::var("ONCILLA_STREAMS") {
+            Ok(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "ONCILLA_STREAMS: {v:?} is not a number from 1 to 64"
+                    ))
+                })?,
+            Err(_) => crate::fabric::DEFAULT_STREAMS,
+        };
         Ok(Self {
             socket,
             token: Token::from_env()?,
             fabric,
+            streams,
         })
     }
 
@@ -66,7 +85,15 @@ impl Options {
             socket: socket.into(),
             token,
             fabric: Fabric::Auto,
+            streams: crate::fabric::DEFAULT_STREAMS,
         }
+    }
+
+    /// Uses up to `n` connections per node for one copy (at least one).
+    #[must_use]
+    pub fn streams(mut self, n: usize) -> Self {
+        self.streams = n.max(1);
+        self
     }
 }
 
@@ -78,7 +105,8 @@ struct Inner {
     session: SessionClient,
     session_id: String,
     node: String,
-    data: DataPath,
+    /// Shared with batches running in the background.
+    data: Arc<DataPath>,
 }
 
 /// A session with the cluster. Cheap to clone; thread-safe.
@@ -155,7 +183,7 @@ impl Oncilla {
                 session,
                 session_id,
                 node,
-                data: DataPath::new(opts.token),
+                data: Arc::new(DataPath::new(opts.token, opts.streams)),
             }),
         })
     }
@@ -236,7 +264,7 @@ impl Oncilla {
     fn open(&self, wire: pb::Allocation, fabric: Fabric) -> Result<Allocation> {
         let mut alloc = Allocation {
             ocm: self.clone(),
-            desc: Descriptor::from_wire(wire)?,
+            desc: Arc::new(Descriptor::from_wire(wire)?),
             fabric,
             local: None,
             done: false,
@@ -257,7 +285,7 @@ impl Oncilla {
                 &alloc.desc.key,
                 &local,
             )?;
-            alloc.local = Some(mapping);
+            alloc.local = Some(Arc::new(mapping));
         }
         Ok(alloc)
     }
@@ -294,6 +322,33 @@ impl Oncilla {
         Ok(())
     }
 
+    /// Starts every copy of `batch` in the background and returns at once;
+    /// the copies run in parallel (nodes at once, each over several
+    /// connections, pipelined), with no order among them. Wait for them
+    /// with [`Pending::wait`] or poll with [`Pending::is_done`].
+    pub fn submit(&self, batch: Batch) -> Pending {
+        let data = Arc::clone(&self.inner.data);
+        let task = self.inner.rt.spawn_blocking(move || {
+            let mut ops = batch.ops;
+            let outcome = data.run(ops.iter_mut().map(|op| Transfer {
+                desc: &op.desc,
+                local: op.local.as_deref(),
+                offset: op.offset,
+                buf: if op.write {
+                    IoBuf::Write(&op.buf)
+                } else {
+                    IoBuf::Read(&mut op.buf)
+                },
+            }));
+            let buffers = ops.into_iter().map(|op| op.buf).collect();
+            (outcome, buffers)
+        });
+        Pending {
+            ocm: self.clone(),
+            task,
+        }
+    }
+
     fn free_id(&self, id: u64, force: bool) -> Result<()> {
         let req = pb::FreeRequest {
             alloc: Some(pb::AllocRef {
@@ -324,11 +379,13 @@ impl Oncilla {
 /// free it and see the result.
 pub struct Allocation {
     ocm: Oncilla,
-    desc: Descriptor,
+    /// Shared with batches in flight, which keep it (and the mapping)
+    /// alive until they end.
+    desc: Arc<Descriptor>,
     /// The fabric preference this handle was opened with.
     fabric: Fabric,
     /// The extents on this node, mapped; copies to them are memcpy.
-    local: Option<Mapping>,
+    local: Option<Arc<Mapping>>,
     /// Freed or detached already.
     done: bool,
 }
@@ -394,10 +451,8 @@ impl Allocation {
     /// [`Error::OutOfBounds`]; fabric failures; [`Error::NotFound`] once the
     /// allocation was freed (by anyone).
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
-        self.ocm
-            .inner
-            .data
-            .write(&self.desc, offset, src, self.local.as_ref())
+        let local = self.local.as_deref();
+        self.ocm.inner.data.write(&self.desc, offset, src, local)
     }
 
     /// Reads `dst.len()` bytes from `offset`.
@@ -405,10 +460,8 @@ impl Allocation {
     /// # Errors
     /// As [`Allocation::copy_in`].
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.ocm
-            .inner
-            .data
-            .read(&self.desc, offset, dst, self.local.as_ref())
+        let local = self.local.as_deref();
+        self.ocm.inner.data.read(&self.desc, offset, dst, local)
     }
 
     /// The bytes of an allocation that lies wholly in this node's memory,
@@ -482,6 +535,88 @@ impl Drop for Allocation {
                 tracing::warn!(id = self.desc.id, error = %e, "cannot release allocation on drop")
             }
         }
+    }
+}
+
+/// Copies to run together in the background ([`Oncilla::submit`]). Each
+/// owns its buffer: a write's source, or the buffer a read fills; all come
+/// back from [`Pending::wait`] in the order they were added.
+#[derive(Default)]
+pub struct Batch {
+    ops: Vec<BatchOp>,
+}
+
+struct BatchOp {
+    desc: Arc<Descriptor>,
+    local: Option<Arc<Mapping>>,
+    offset: u64,
+    write: bool,
+    buf: Vec<u8>,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a write of `data` at `offset` of `alloc`.
+    pub fn write(&mut self, alloc: &Allocation, offset: u64, data: Vec<u8>) -> &mut Self {
+        self.push(alloc, offset, true, data)
+    }
+
+    /// Adds a read of `buf.len()` bytes at `offset` of `alloc` into `buf`.
+    pub fn read(&mut self, alloc: &Allocation, offset: u64, buf: Vec<u8>) -> &mut Self {
+        self.push(alloc, offset, false, buf)
+    }
+
+    fn push(&mut self, alloc: &Allocation, offset: u64, write: bool, buf: Vec<u8>) -> &mut Self {
+        self.ops.push(BatchOp {
+            desc: Arc::clone(&alloc.desc),
+            local: alloc.local.clone(),
+            offset,
+            write,
+            buf,
+        });
+        self
+    }
+
+    /// Copies added so far.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// A submitted [`Batch`]. Dropping it does not cancel the copies; they run
+/// to their end and their buffers are dropped.
+pub struct Pending {
+    ocm: Oncilla,
+    task: tokio::task::JoinHandle<(Result<()>, Vec<Vec<u8>>)>,
+}
+
+impl Pending {
+    /// True once every copy has ended (then [`Pending::wait`] returns at once).
+    pub fn is_done(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for every copy; returns the buffers in the order they were
+    /// added, reads filled.
+    ///
+    /// # Errors
+    /// The first failure of any copy, as the blocking copies report them
+    /// (the other copies still ran to their end).
+    pub fn wait(self) -> Result<Vec<Vec<u8>>> {
+        let (outcome, buffers) = self
+            .ocm
+            .inner
+            .rt
+            .block_on(self.task)
+            .map_err(|e| Error::Internal(format!("batch task failed: {e}")))?;
+        outcome.map(|()| buffers)
     }
 }
 

@@ -117,7 +117,11 @@ impl Descriptor {
 
     /// Splits `[offset, offset + len)` into per-extent pieces:
     /// `(extent, offset in allocation, offset in caller's buffer, length)`.
-    pub(crate) fn pieces(&self, offset: u64, len: u64) -> Vec<(&Extent, u64, usize, u64)> {
+    pub(crate) fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Iterator<Item = (&Extent, u64, usize, u64)> + '_ {
         let end = offset + len;
         // Extents are ordered: start at the one holding `offset`.
         let first = self
@@ -125,8 +129,8 @@ impl Descriptor {
             .partition_point(|e| e.alloc_offset + e.len <= offset);
         self.extents[first..]
             .iter()
-            .take_while(|e| e.alloc_offset < end)
-            .filter_map(|e| {
+            .take_while(move |e| e.alloc_offset < end)
+            .filter_map(move |e| {
                 let start = offset.max(e.alloc_offset);
                 let stop = end.min(e.alloc_offset + e.len);
                 (start < stop).then(|| {
@@ -134,7 +138,6 @@ impl Descriptor {
                     (e, start, buf_at, stop - start)
                 })
             })
-            .collect()
     }
 }
 
@@ -176,7 +179,6 @@ mod tests {
         let d = Descriptor::from_wire(wire(&[(0, 10), (10, 10), (20, 10)], 30)).unwrap();
         let p: Vec<_> = d
             .pieces(5, 20)
-            .into_iter()
             .map(|(e, a, b, l)| (e.alloc_offset, a, b, l))
             .collect();
         assert_eq!(p, vec![(0, 5, 0, 5), (10, 10, 5, 10), (20, 20, 15, 5)]);

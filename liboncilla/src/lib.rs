@@ -36,7 +36,7 @@ mod error;
 pub mod fabric;
 mod spec;
 
-pub use client::{Allocation, Oncilla, Options};
+pub use client::{Allocation, Batch, Oncilla, Options, Pending};
 pub use descriptor::{Descriptor, Extent, Kind};
 pub use error::{Error, Result};
 pub use spec::{AllocSpec, Fabric, Policy};

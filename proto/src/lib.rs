@@ -2,14 +2,16 @@
 //!
 //! This crate owns the gRPC schema (generated from `oncilla.proto` at build
 //! time with a pure-Rust compiler), the binary TCP data protocol, the cluster
-//! token, byte-size parsing, and what each fabric can reach. It must never
-//! contain policy: no placement, no pool logic, no I/O beyond encoding and
-//! decoding.
+//! token, byte-size parsing, what each fabric can reach, and the blocking
+//! socket primitives both ends of the data protocol share. It must never
+//! contain policy: no placement, no pool logic, no I/O beyond encoding,
+//! decoding and moving bytes through a socket.
 
 pub mod auth;
 pub mod client;
 pub mod fabric;
 pub mod size;
+pub mod sock;
 pub mod wire;
 
 /// Generated protobuf messages and gRPC clients and servers.

@@ -91,7 +91,7 @@ fn local_allocations_are_mapped_pool_memory() {
     buf[9_995..].copy_from_slice(b"world");
 
     // The same bytes, seen through the agent's pool over TCP.
-    let dp = DataPath::new(c.token.clone());
+    let dp = DataPath::new(c.token.clone(), liboncilla::fabric::DEFAULT_STREAMS);
     let mut over_tcp = [0u8; 5];
     dp.read(local.descriptor(), 9_995, &mut over_tcp, None)
         .unwrap();
@@ -219,7 +219,7 @@ fn wrong_token_is_denied_everywhere() {
     );
 
     let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
-    let err = DataPath::new(wrong)
+    let err = DataPath::new(wrong, liboncilla::fabric::DEFAULT_STREAMS)
         .read(a.descriptor(), 0, &mut [0u8; 8], None)
         .unwrap_err();
     assert!(

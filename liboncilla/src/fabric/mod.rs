@@ -7,132 +7,165 @@
 pub mod shm;
 pub mod tcp;
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 use oncilla_proto::auth::Token;
+use oncilla_proto::wire::{Op, Request};
 
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 use shm::{Lease, Mapping};
-use tcp::{Io, IoBuf, TcpFabric};
+use tcp::{Chunk, IoBuf, TcpFabric, CHUNK};
 
-/// Remote pieces of a copy, by (node, data address).
-type ByNode<'a> = BTreeMap<(&'a str, &'a str), Vec<Io<'a>>>;
+/// Connections per node one copy uses unless configured otherwise.
+pub const DEFAULT_STREAMS: usize = 4;
+/// Least bytes worth a connection of their own: below this a node's share
+/// of a copy goes over fewer connections than allowed.
+pub const STREAM_MIN: u64 = 1 << 20;
+
+/// One copy between caller memory and an allocation: `buf` is read from
+/// (write) or filled (read) at allocation offset `offset`.
+pub struct Transfer<'a> {
+    pub desc: &'a Descriptor,
+    /// This node's extents of the allocation, mapped.
+    pub local: Option<&'a Mapping>,
+    pub offset: u64,
+    pub buf: IoBuf<'a>,
+}
 
 /// Moves bytes between local memory and allocations.
 pub struct DataPath {
     tcp: TcpFabric,
+    streams: usize,
+}
+
+/// A node's share of a copy: its chunks, later dealt out to connections.
+struct NodeWork<'a> {
+    node: &'a str,
+    addr: &'a str,
+    bytes: u64,
+    chunks: Vec<Chunk<'a>>,
 }
 
 impl DataPath {
-    /// A data path that authenticates with `token`.
-    pub fn new(token: Token) -> Self {
+    /// A data path that authenticates with `token` and uses up to `streams`
+    /// connections per node for one copy.
+    pub fn new(token: Token, streams: usize) -> Self {
         Self {
             tcp: TcpFabric::new(token),
+            streams: streams.max(1),
         }
     }
 
-    /// Copies `src` into the allocation at `offset`. Extents in `local`
-    /// (mapped from this node's pool) are written with memcpy on this
-    /// thread while the other nodes are written over TCP, one thread per
-    /// node. Returns once every byte is in the holders' memory and visible
-    /// to any later reader.
+    /// Copies `src` into the allocation at `offset` ([`DataPath::run`] with
+    /// one transfer).
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] and fabric failures.
+    /// As [`DataPath::run`].
     pub fn write(
         &self,
-        d: &Descriptor,
+        desc: &Descriptor,
         offset: u64,
         src: &[u8],
         local: Option<&Mapping>,
     ) -> Result<()> {
-        d.check_range(offset, src.len() as u64)?;
-        check_lease(d, local)?;
-        let mut by_node: ByNode<'_> = BTreeMap::new();
-        let mut copies = Vec::new();
-        for (extent, at, buf_at, len) in d.pieces(offset, src.len() as u64) {
-            let end = buf_at + usize::try_from(len).map_err(|_| overflow())?;
-            let piece = &src[buf_at..end];
-            match local.and_then(|m| m.ptr_for(at, len)) {
-                Some(ptr) => copies.push((ptr, piece)),
-                None => by_node
-                    .entry((&extent.node, &extent.data_addr))
-                    .or_default()
-                    .push(Io {
-                        offset: at,
-                        buf: IoBuf::Write(piece),
-                    }),
-            }
-        }
-        self.fan_out(d, by_node, || {
-            for (ptr, piece) in copies {
-                // SAFETY: `ptr` is the mapping of exactly this piece of an
-                // extent on this node (`ptr_for` checked the range), valid
-                // while `local` is borrowed; `piece` is caller memory, so
-                // they cannot overlap.
-                unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), ptr, piece.len()) };
-            }
-        })
+        self.run([Transfer {
+            desc,
+            local,
+            offset,
+            buf: IoBuf::Write(src),
+        }])
     }
 
-    /// Copies bytes of the allocation starting at `offset` into `dst`, as
-    /// [`DataPath::write`] does the other way.
+    /// Fills `dst` from the allocation at `offset` ([`DataPath::run`] with
+    /// one transfer).
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] and fabric failures.
+    /// As [`DataPath::run`].
     pub fn read(
         &self,
-        d: &Descriptor,
+        desc: &Descriptor,
         offset: u64,
         dst: &mut [u8],
         local: Option<&Mapping>,
     ) -> Result<()> {
-        d.check_range(offset, dst.len() as u64)?;
-        check_lease(d, local)?;
-        let mut by_node: ByNode<'_> = BTreeMap::new();
-        let mut copies = Vec::new();
-        let mut rest = dst;
-        // Pieces come in allocation order, so the buffer is carved front to back.
-        for (extent, at, _, len) in d.pieces(offset, rest.len() as u64) {
-            let n = usize::try_from(len).map_err(|_| overflow())?;
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            rest = tail;
-            match local.and_then(|m| m.ptr_for(at, len)) {
-                Some(ptr) => copies.push((ptr, head)),
-                None => by_node
-                    .entry((&extent.node, &extent.data_addr))
-                    .or_default()
-                    .push(Io {
-                        offset: at,
-                        buf: IoBuf::Read(head),
-                    }),
-            }
-        }
-        self.fan_out(d, by_node, || {
-            for (ptr, head) in copies {
-                // SAFETY: as in `write`, with the roles of the buffers swapped.
-                unsafe { std::ptr::copy_nonoverlapping(ptr, head.as_mut_ptr(), head.len()) };
-            }
-        })
+        self.run([Transfer {
+            desc,
+            local,
+            offset,
+            buf: IoBuf::Read(dst),
+        }])
     }
 
-    /// Runs each node's I/O on its own thread and `local` on this one.
-    fn fan_out(&self, d: &Descriptor, by_node: ByNode<'_>, local: impl FnOnce()) -> Result<()> {
-        if by_node.len() <= 1 {
-            local();
-            return by_node
-                .into_iter()
-                .try_for_each(|(peer, ios)| self.tcp.run(peer, d.id, &d.key, ios));
+    /// Runs every transfer; returns once all are complete (a write's bytes
+    /// are then in the holders' memory and visible to any later reader).
+    /// Extents mapped from this node's pool are copied with memcpy on this
+    /// thread while other nodes are served over TCP, each node over up to
+    /// `streams` connections in parallel (one thread each), every
+    /// connection pipelined. There is no order among the transfers.
+    ///
+    /// A single transfer that fits one request on one remote node takes a
+    /// direct path: no thread, no allocation.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], refused leases, and fabric failures (the
+    /// first one met; every transfer is still run to its end).
+    pub fn run<'a>(&self, transfers: impl IntoIterator<Item = Transfer<'a>>) -> Result<()> {
+        let mut transfers = transfers.into_iter();
+        let Some(first) = transfers.next() else {
+            return Ok(());
+        };
+        let mut rest = transfers.peekable();
+        let first = if rest.peek().is_none() {
+            match self.direct(first) {
+                Ok(outcome) => return outcome,
+                Err(t) => t,
+            }
+        } else {
+            first
+        };
+        let mut nodes: Vec<NodeWork<'a>> = Vec::new();
+        let mut local: Vec<(*mut u8, IoBuf<'a>)> = Vec::new();
+        for t in std::iter::once(first).chain(rest) {
+            plan(t, &mut nodes, &mut local)?;
         }
+        let mut jobs: Vec<((&str, &str), &mut [Chunk<'a>])> = Vec::new();
+        for n in &mut nodes {
+            let streams = self.streams_for(n.bytes);
+            let chunks = resplit(std::mem::take(&mut n.chunks), n.bytes, streams);
+            n.chunks = chunks;
+            deal(&mut n.chunks, n.bytes, streams, |part| {
+                jobs.push(((n.node, n.addr), part));
+            });
+        }
+        let copy_local = move || {
+            for (ptr, buf) in local {
+                match buf {
+                    // SAFETY: `ptr` maps exactly this piece of an extent on
+                    // this node (`ptr_for` checked the range) and stays
+                    // valid while the mapping is borrowed; `b` is caller
+                    // memory, so they cannot overlap.
+                    IoBuf::Write(b) => unsafe {
+                        std::ptr::copy_nonoverlapping(b.as_ptr(), ptr, b.len());
+                    },
+                    // SAFETY: as above, with the roles swapped.
+                    IoBuf::Read(b) => unsafe {
+                        std::ptr::copy_nonoverlapping(ptr, b.as_mut_ptr(), b.len());
+                    },
+                }
+            }
+        };
+        let mut jobs = jobs.into_iter();
+        let Some((peer, chunks)) = jobs.next() else {
+            copy_local();
+            return Ok(());
+        };
         std::thread::scope(|s| {
-            let handles: Vec<_> = by_node
-                .into_iter()
-                .map(|(peer, ios)| s.spawn(move || self.tcp.run(peer, d.id, &d.key, ios)))
+            let handles: Vec<_> = jobs
+                .map(|(peer, chunks)| s.spawn(move || self.tcp.run(peer, chunks)))
                 .collect();
-            local();
-            let mut result = Ok(());
+            copy_local();
+            let mut result = self.tcp.run(peer, chunks);
             for h in handles {
                 let r = h
                     .join()
@@ -143,6 +176,148 @@ impl DataPath {
             }
             result
         })
+    }
+
+    /// Runs `t` at once when it is one request to one remote node; hands
+    /// it back otherwise.
+    fn direct<'a>(&self, t: Transfer<'a>) -> std::result::Result<Result<()>, Transfer<'a>> {
+        let len = t.buf.len() as u64;
+        // Copies touching a mapping go the general way: the lease check.
+        if len > CHUNK || t.local.is_some() {
+            return Err(t);
+        }
+        if let Err(e) = t.desc.check_range(t.offset, len) {
+            return Ok(Err(e));
+        }
+        let mut pieces = t.desc.pieces(t.offset, len);
+        let (Some((extent, at, _, _)), None) = (pieces.next(), pieces.next()) else {
+            return Err(t);
+        };
+        let mut one = [Chunk {
+            req: request(&t.buf, t.desc, at, len),
+            buf: t.buf,
+        }];
+        Ok(self.tcp.run((&extent.node, &extent.data_addr), &mut one))
+    }
+
+    /// Connections for a node's share of `bytes`.
+    fn streams_for(&self, bytes: u64) -> usize {
+        usize::try_from(bytes / STREAM_MIN)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.streams)
+    }
+}
+
+/// Adds one transfer to the plan: its local pieces to `local`, the others
+/// to their node's work, one piece per chunk for now.
+fn plan<'a>(
+    t: Transfer<'a>,
+    nodes: &mut Vec<NodeWork<'a>>,
+    local: &mut Vec<(*mut u8, IoBuf<'a>)>,
+) -> Result<()> {
+    let len = t.buf.len() as u64;
+    t.desc.check_range(t.offset, len)?;
+    check_lease(t.desc, t.local)?;
+    let mut rest = t.buf;
+    // Pieces come in allocation order, so the buffer is carved front to back.
+    for (extent, at, _, n) in t.desc.pieces(t.offset, len) {
+        let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
+        rest = tail;
+        if let Some(ptr) = t.local.and_then(|m| m.ptr_for(at, n)) {
+            local.push((ptr, head));
+            continue;
+        }
+        let i = match nodes
+            .iter()
+            .position(|w| w.node == extent.node && w.addr == extent.data_addr)
+        {
+            Some(i) => i,
+            None => {
+                nodes.push(NodeWork {
+                    node: &extent.node,
+                    addr: &extent.data_addr,
+                    bytes: 0,
+                    chunks: Vec::new(),
+                });
+                nodes.len() - 1
+            }
+        };
+        nodes[i].bytes += n;
+        nodes[i].chunks.push(Chunk {
+            req: request(&head, t.desc, at, n),
+            buf: head,
+        });
+    }
+    Ok(())
+}
+
+fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) -> Request {
+    Request {
+        op: match buf {
+            IoBuf::Read(_) => Op::Read,
+            IoBuf::Write(_) => Op::Write,
+        },
+        alloc_id: d.id,
+        key: d.key,
+        offset,
+        len,
+    }
+}
+
+/// Splits pieces into requests of at most [`CHUNK`] bytes, and small enough
+/// that `streams` connections each get a share of the node's `bytes`.
+fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<'a>> {
+    let target = CHUNK.min(bytes.div_ceil(streams as u64)).max(1);
+    if pieces.iter().all(|c| c.req.len <= target) {
+        return pieces;
+    }
+    let mut out = Vec::with_capacity(usize::try_from(bytes / target).unwrap_or(0) + pieces.len());
+    for Chunk { req, mut buf } in pieces {
+        let mut at = 0;
+        while at < req.len {
+            let n = (req.len - at).min(target);
+            let (head, tail) = buf.split_at(usize::try_from(n).unwrap_or(usize::MAX));
+            buf = tail;
+            out.push(Chunk {
+                req: Request {
+                    offset: req.offset + at,
+                    len: n,
+                    ..req
+                },
+                buf: head,
+            });
+            at += n;
+        }
+    }
+    out
+}
+
+/// Deals `chunks` (in order) into at most `streams` contiguous runs of
+/// about equal bytes and hands each to `job`.
+fn deal<'s, 'a>(
+    chunks: &'s mut [Chunk<'a>],
+    bytes: u64,
+    streams: usize,
+    mut job: impl FnMut(&'s mut [Chunk<'a>]),
+) {
+    let mut rest = chunks;
+    let mut taken = 0u64;
+    for k in 1..=streams as u64 {
+        if rest.is_empty() {
+            break;
+        }
+        let goal = bytes * k / streams as u64;
+        let mut n = 0;
+        while n < rest.len() && (taken < goal || n == 0) {
+            taken += rest[n].req.len;
+            n += 1;
+        }
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        job(part);
+    }
+    if !rest.is_empty() {
+        job(rest);
     }
 }
 

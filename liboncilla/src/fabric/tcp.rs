@@ -2,20 +2,25 @@
 //! a pool per address, and pipelined reads and writes over one connection.
 //!
 //! A connection that saw any error is dropped, never returned to the pool,
-//! so a half-finished exchange can never confuse a later copy.
+//! so a half-finished exchange can never confuse a later copy. Nothing here
+//! allocates per request: a small read's reply arrives through the
+//! connection's own receive buffer in one `recv`, a large one straight into
+//! the caller's memory, and a write's header and payload leave in one
+//! `sendmsg`.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use oncilla_proto::auth::Token;
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, KEY_LEN, REPLY_LEN};
+use oncilla_proto::sock::{self, RecvBuf};
+use oncilla_proto::wire::{self, Reply, Request, Status, REPLY_LEN};
 
 use crate::error::{Error, Result};
 
-/// Bytes moved per request.
+/// Most bytes one request moves; larger pieces are split.
 pub const CHUNK: u64 = 4 << 20;
 /// Requests in flight per connection.
 pub const WINDOW: usize = 8;
@@ -23,24 +28,64 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A peer that sends or accepts nothing for this long is considered dead.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle connections kept per agent.
-const IDLE_PER_ADDR: usize = 8;
+const IDLE_PER_ADDR: usize = 64;
+/// Reads up to this size come through the receive buffer with their reply
+/// header (one system call); larger ones are received in place.
+const SMALL_READ: usize = 4096;
+/// A connection's receive buffer: a reply header, a small read, and an
+/// error message.
+const RECV_CAP: usize = REPLY_LEN + SMALL_READ + wire::MAX_MESSAGE as usize;
 
-/// One operation on a contiguous range: `len` bytes at allocation offset `offset`.
-pub struct Io<'a> {
-    pub offset: u64,
-    pub buf: IoBuf<'a>,
-}
-
-/// The caller's side of an operation.
+/// The caller's side of one request.
 pub enum IoBuf<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
 }
 
+impl IoBuf<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            IoBuf::Read(b) => b.len(),
+            IoBuf::Write(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Splits off the first `n` bytes.
+    pub fn split_at(self, n: usize) -> (Self, Self) {
+        match self {
+            IoBuf::Read(b) => {
+                let (h, t) = b.split_at_mut(n);
+                (IoBuf::Read(h), IoBuf::Read(t))
+            }
+            IoBuf::Write(b) => {
+                let (h, t) = b.split_at(n);
+                (IoBuf::Write(h), IoBuf::Write(t))
+            }
+        }
+    }
+}
+
+/// One request and the caller memory it reads into or writes from
+/// (`req.len == buf.len()`).
+pub struct Chunk<'a> {
+    pub req: Request,
+    pub buf: IoBuf<'a>,
+}
+
+/// An authenticated data connection and its receive buffer.
+pub struct Conn {
+    stream: TcpStream,
+    recv: RecvBuf,
+}
+
 /// Connections to agents, reused across copies.
 pub struct TcpFabric {
     token: Token,
-    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+    idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl TcpFabric {
@@ -51,69 +96,28 @@ impl TcpFabric {
         }
     }
 
-    /// Runs `ios` against allocation `id` on `node`'s agent at `addr`,
-    /// pipelined over one connection, each split into [`CHUNK`]-sized
-    /// requests. A pooled connection that turns out dead before its first
-    /// reply (the agent restarted since) is replaced once: requests are
-    /// idempotent, so resending them is safe.
+    /// Runs `chunks` on `node`'s agent at `addr`, pipelined over one
+    /// connection. A pooled connection that turns out dead before its
+    /// first reply (the agent restarted since) is replaced once: requests
+    /// are idempotent, so resending them is safe.
     ///
     /// # Errors
     /// [`Error::NodeUnreachable`] when the node cannot be reached or the
     /// connection breaks; per-request failures with the agent's message.
-    pub fn run(
-        &self,
-        (node, addr): (&str, &str),
-        id: u64,
-        key: &[u8; KEY_LEN],
-        ios: Vec<Io<'_>>,
-    ) -> Result<()> {
-        let mut reqs: Vec<(Request, IoBuf<'_>)> = Vec::new();
-        for io in ios {
-            let (op, len) = match &io.buf {
-                IoBuf::Read(b) => (Op::Read, b.len()),
-                IoBuf::Write(b) => (Op::Write, b.len()),
-            };
-            let mut at = 0usize;
-            let mut rest = io.buf;
-            while at < len {
-                let n = (len - at).min(usize::try_from(CHUNK).unwrap_or(usize::MAX));
-                let (head, tail) = match rest {
-                    IoBuf::Read(b) => {
-                        let (h, t) = b.split_at_mut(n);
-                        (IoBuf::Read(h), IoBuf::Read(t))
-                    }
-                    IoBuf::Write(b) => {
-                        let (h, t) = b.split_at(n);
-                        (IoBuf::Write(h), IoBuf::Write(t))
-                    }
-                };
-                reqs.push((
-                    Request {
-                        op,
-                        alloc_id: id,
-                        key: *key,
-                        offset: io.offset + at as u64,
-                        len: n as u64,
-                    },
-                    head,
-                ));
-                rest = tail;
-                at += n;
-            }
-        }
+    pub fn run(&self, (node, addr): (&str, &str), chunks: &mut [Chunk<'_>]) -> Result<()> {
         let peer = Peer { node, addr };
-        let (mut stream, mut pooled) = self.take(&peer)?;
+        let (mut conn, mut pooled) = self.take(&peer)?;
         loop {
-            match exchange(&peer, &mut stream, &mut reqs) {
+            match exchange(&peer, &mut conn, chunks) {
                 Ok(outcome) => {
                     // Every reply was read, so the stream is in step and
                     // reusable even when the agent refused a request.
-                    self.put(addr, stream);
+                    self.put(addr, conn);
                     return outcome;
                 }
                 Err(Broken { error, replied }) => {
                     if pooled && !replied {
-                        stream = self.connect(&peer)?;
+                        conn = self.connect(&peer)?;
                         pooled = false;
                         continue;
                     }
@@ -124,22 +128,25 @@ impl TcpFabric {
     }
 
     /// An idle pooled connection (true) or a new one (false).
-    fn take(&self, peer: &Peer<'_>) -> Result<(TcpStream, bool)> {
-        if let Some(s) = self.lock().get_mut(peer.addr).and_then(Vec::pop) {
-            return Ok((s, true));
+    fn take(&self, peer: &Peer<'_>) -> Result<(Conn, bool)> {
+        if let Some(c) = self.lock().get_mut(peer.addr).and_then(Vec::pop) {
+            return Ok((c, true));
         }
-        self.connect(peer).map(|s| (s, false))
+        self.connect(peer).map(|c| (c, false))
     }
 
-    fn put(&self, addr: &str, stream: TcpStream) {
+    fn put(&self, addr: &str, conn: Conn) {
         let mut idle = self.lock();
-        let list = idle.entry(addr.to_string()).or_default();
+        let list = match idle.get_mut(addr) {
+            Some(list) => list,
+            None => idle.entry(addr.to_string()).or_default(),
+        };
         if list.len() < IDLE_PER_ADDR {
-            list.push(stream);
+            list.push(conn);
         }
     }
 
-    fn connect(&self, peer: &Peer<'_>) -> Result<TcpStream> {
+    fn connect(&self, peer: &Peer<'_>) -> Result<Conn> {
         let sockaddr = peer
             .addr
             .to_socket_addrs()
@@ -158,10 +165,13 @@ impl TcpFabric {
             .set_write_timeout(Some(IO_TIMEOUT))
             .map_err(|e| peer.unreachable(e.to_string()))?;
         super::greet(&mut stream, &self.token, |m| peer.unreachable(m))?;
-        Ok(stream)
+        Ok(Conn {
+            stream,
+            recv: RecvBuf::new(RECV_CAP),
+        })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<TcpStream>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Conn>>> {
         // The map holds only idle sockets; a panic elsewhere cannot leave it inconsistent.
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -198,40 +208,63 @@ struct Broken {
     replied: bool,
 }
 
-/// Sends `reqs` with at most [`WINDOW`] in flight and reads every reply.
-/// `Ok` holds the first refusal the agent answered with, if any (the
-/// stream is then still in step); `Err` a broken stream.
+/// Sends `chunks` with at most [`WINDOW`] in flight and reads every reply.
+/// A write's payload is sent only while no read is outstanding, so the
+/// client never blocks sending while the agent blocks sending it read data
+/// (reads and writes may share a connection). `Ok` holds the first refusal
+/// the agent answered with, if any (the stream is then still in step);
+/// `Err` a broken stream.
 fn exchange(
     peer: &Peer<'_>,
-    stream: &mut TcpStream,
-    reqs: &mut [(Request, IoBuf<'_>)],
+    conn: &mut Conn,
+    chunks: &mut [Chunk<'_>],
 ) -> Result<Result<()>, Broken> {
+    let fd = conn.stream.as_raw_fd();
     let mut sent = 0;
     let mut done = 0;
+    let mut reads_in_flight = 0usize;
     let mut first_error: Option<Error> = None;
     let broken = |done: usize, error: Error| Broken {
         error,
         replied: done > 0,
     };
     let io = |e: std::io::Error| peer.unreachable(format!("connection lost: {e}"));
-    while done < reqs.len() {
-        while sent < reqs.len() && sent - done < WINDOW {
-            let (req, buf) = &reqs[sent];
-            stream
-                .write_all(&req.encode())
-                .map_err(|e| broken(done, io(e)))?;
-            if let IoBuf::Write(b) = buf {
-                stream.write_all(b).map_err(|e| broken(done, io(e)))?;
+    while done < chunks.len() {
+        while sent < chunks.len() && sent - done < WINDOW {
+            let Chunk { req, buf } = &chunks[sent];
+            let head = req.encode();
+            let mut iov = [
+                sock::iovec(head.as_ptr(), head.len()),
+                sock::iovec(head.as_ptr(), 0),
+            ];
+            match buf {
+                IoBuf::Write(b) => {
+                    if reads_in_flight > 0 {
+                        break;
+                    }
+                    iov[1] = sock::iovec(b.as_ptr(), b.len());
+                }
+                IoBuf::Read(_) => reads_in_flight += 1,
             }
+            // SAFETY: `head` is on the stack and `b` is borrowed for the
+            // whole exchange; the kernel only reads them.
+            unsafe { sock::send_all(fd, &mut iov) }.map_err(|e| broken(done, io(e)))?;
             sent += 1;
         }
-        let mut head = [0u8; REPLY_LEN];
-        stream
-            .read_exact(&mut head)
+        let Chunk { req, buf } = &mut chunks[done];
+        let small = match buf {
+            IoBuf::Read(b) if b.len() <= SMALL_READ => b.len(),
+            _ => 0,
+        };
+        let head = conn
+            .recv
+            .header::<REPLY_LEN>(fd, REPLY_LEN + small)
             .map_err(|e| broken(done, io(e)))?;
         let reply =
             Reply::decode(&head).map_err(|e| broken(done + 1, peer.protocol(e.to_string())))?;
-        let (req, buf) = &mut reqs[done];
+        if let IoBuf::Read(_) = buf {
+            reads_in_flight -= 1;
+        }
         if reply.status == Status::Ok {
             if let IoBuf::Read(b) = buf {
                 if reply.len != req.len {
@@ -243,7 +276,9 @@ fn exchange(
                         )),
                     ));
                 }
-                stream.read_exact(b).map_err(|e| broken(done + 1, io(e)))?;
+                conn.recv
+                    .read_exact(fd, b)
+                    .map_err(|e| broken(done + 1, io(e)))?;
             }
         } else {
             if reply.len > wire::MAX_MESSAGE {
@@ -252,11 +287,12 @@ fn exchange(
                     peer.protocol("error message too long".into()),
                 ));
             }
-            let mut msg = vec![0u8; usize::try_from(reply.len).unwrap_or(0)];
-            stream
-                .read_exact(&mut msg)
+            let mut msg = [0u8; wire::MAX_MESSAGE as usize];
+            let msg = &mut msg[..usize::try_from(reply.len).unwrap_or(0)];
+            conn.recv
+                .read_exact(fd, msg)
                 .map_err(|e| broken(done + 1, io(e)))?;
-            let msg = String::from_utf8_lossy(&msg).into_owned();
+            let msg = String::from_utf8_lossy(msg).into_owned();
             first_error.get_or_insert(match reply.status {
                 Status::NoSuchAllocation => Error::NotFound(msg),
                 Status::BadKey => Error::PermissionDenied(msg),

@@ -1,5 +1,15 @@
 //! The TCP data server: one thread per connection, reading requests and
-//! moving bytes between the socket and pool memory directly.
+//! moving bytes between the socket and pool memory directly: a read's reply
+//! header and data leave in one `sendmsg` straight from the pool, a write's
+//! payload is received straight into it. No intermediate buffer, no
+//! allocation per request.
+//!
+//! Not `sendfile` from the slab's memfd, on purpose: the kernel keeps
+//! references to the pages in socket buffers after the call returns, with
+//! no signal when it lets go, so a freed extent could be scrubbed and handed
+//! to another allocation while its old bytes are still in flight to a
+//! reader (or a new tenant's bytes could leave under the old reply).
+//! `docs/benchmarks.md` measures what that copy costs.
 //!
 //! It owns the wire handshake, the per-request checks (allocation known,
 //! access key, bounds) and the copies. It never changes which allocations
@@ -7,7 +17,7 @@
 //! every byte is in pool memory, so an acknowledged write is visible to every
 //! later reader.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncilla_proto::auth::Token;
+use oncilla_proto::sock::{self, RecvBuf};
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, REQUEST_LEN};
 
 use crate::agent::held::HeldTable;
@@ -22,6 +33,11 @@ use crate::agent::held::HeldTable;
 /// Most data connections served at once.
 pub const MAX_CONNECTIONS: usize = 1024;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes a connection asks the kernel for when it reads a request header:
+/// room for the header, a small write's payload and further pipelined
+/// headers, so small requests cost one `recv`. Larger payloads go straight
+/// into pool memory.
+const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
 /// Accepts data connections until the listener fails.
 pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
@@ -48,7 +64,7 @@ pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
                 let result = if n >= MAX_CONNECTIONS {
                     reject(stream, "too many data connections")
                 } else {
-                    Connection { stream, held }.run(&token)
+                    Connection::new(stream, held).run(&token)
                 };
                 live.fetch_sub(1, Ordering::SeqCst);
                 match result {
@@ -69,9 +85,18 @@ fn reject(mut stream: TcpStream, why: &str) -> Result<(), wire::WireError> {
 struct Connection {
     stream: TcpStream,
     held: HeldTable,
+    recv: RecvBuf,
 }
 
 impl Connection {
+    fn new(stream: TcpStream, held: HeldTable) -> Self {
+        Self {
+            stream,
+            held,
+            recv: RecvBuf::new(RECV_AHEAD),
+        }
+    }
+
     fn run(mut self, token: &Token) -> Result<(), wire::WireError> {
         self.stream.set_nodelay(true)?;
         self.stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -79,13 +104,16 @@ impl Connection {
             return Ok(());
         }
         self.stream.set_read_timeout(None)?;
+        let fd = self.stream.as_raw_fd();
         loop {
-            let mut head = [0u8; REQUEST_LEN];
-            match self.stream.read_exact(&mut head) {
-                Ok(()) => {}
+            // Ask for a header and whatever small payload or further
+            // pipelined headers came with it: one system call per small
+            // request.
+            let head = match self.recv.header::<REQUEST_LEN>(fd, RECV_AHEAD) {
+                Ok(h) => h,
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e.into()),
-            }
+            };
             let req = match Request::decode(&head) {
                 Ok(r) => r,
                 Err(e) => {
@@ -113,19 +141,19 @@ impl Connection {
                 Ok(())
             };
         }
+        let fd = self.stream.as_raw_fd();
         let ok = match super::authorize(&self.held, req) {
             Ok(ok) => ok,
             Err((status, msg)) => {
                 if req.op == Op::Write {
-                    self.drain(req.len)?;
+                    self.recv.skip(fd, req.len)?;
                 }
                 return self.fail(status, &msg);
             }
         };
         let extent = &ok.held.extents[ok.extent];
-        let at = ok.at;
         let len = usize::try_from(req.len).unwrap_or(0);
-        let ptr = extent.ptr(at);
+        let ptr = extent.ptr(ok.at);
         match req.op {
             Op::Read => {
                 let head = Reply {
@@ -133,16 +161,20 @@ impl Connection {
                     len: req.len,
                 }
                 .encode();
-                self.stream.write_all(&head)?;
+                let mut iov = [
+                    sock::iovec(head.as_ptr(), head.len()),
+                    sock::iovec(ptr, len),
+                ];
                 // SAFETY: `authorize` proved [at, at+len) lies inside this
                 // extent, and `ok.held` keeps it alive (not freed or
-                // recycled) until this copy returns.
-                unsafe { send_raw(&self.stream, ptr, len)? };
+                // recycled) until this send returns; `head` is on the stack.
+                // The kernel copies the bytes out before `send_all` returns.
+                unsafe { sock::send_all(fd, &mut iov)? };
             }
             Op::Write => {
-                // SAFETY: as above; the kernel writes into pool memory that
-                // no Rust reference aliases.
-                unsafe { recv_raw(&self.stream, ptr, len)? };
+                // SAFETY: as above; the bytes land in pool memory that no
+                // Rust reference aliases.
+                unsafe { self.recv.read_raw(fd, ptr, len)? };
                 let head = Reply {
                     status: Status::Ok,
                     len: 0,
@@ -161,58 +193,12 @@ impl Connection {
             len: bytes.len() as u64,
         }
         .encode();
-        self.stream.write_all(&head)?;
-        self.stream.write_all(bytes)?;
+        let mut iov = [
+            sock::iovec(head.as_ptr(), head.len()),
+            sock::iovec(bytes.as_ptr(), bytes.len()),
+        ];
+        // SAFETY: both ranges are borrowed for the whole call.
+        unsafe { sock::send_all(self.stream.as_raw_fd(), &mut iov)? };
         Ok(())
     }
-
-    fn drain(&mut self, len: u64) -> Result<(), wire::WireError> {
-        io::copy(&mut (&mut self.stream).take(len), &mut io::sink())?;
-        Ok(())
-    }
-}
-
-/// Sends `len` bytes starting at `ptr`.
-///
-/// # Safety
-/// `ptr..ptr+len` must stay mapped and readable until this returns.
-unsafe fn send_raw(sock: &TcpStream, ptr: *const u8, len: usize) -> io::Result<()> {
-    let fd = sock.as_raw_fd();
-    transfer(len, |done| {
-        // SAFETY: the caller guarantees the range is readable; `done < len`.
-        unsafe { libc::send(fd, ptr.add(done).cast(), len - done, libc::MSG_NOSIGNAL) }
-    })
-}
-
-/// Receives exactly `len` bytes into `ptr`.
-///
-/// # Safety
-/// `ptr..ptr+len` must stay mapped and writable until this returns.
-unsafe fn recv_raw(sock: &TcpStream, ptr: *mut u8, len: usize) -> io::Result<()> {
-    let fd = sock.as_raw_fd();
-    transfer(len, |done| {
-        // SAFETY: the caller guarantees the range is writable; `done < len`.
-        unsafe { libc::recv(fd, ptr.add(done).cast(), len - done, libc::MSG_WAITALL) }
-    })
-}
-
-/// Calls `op(done)` until `len` bytes have moved, retrying on EINTR; a
-/// return of 0 before the end means the peer closed the connection.
-fn transfer(len: usize, mut op: impl FnMut(usize) -> isize) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        let n = op(done);
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        done += n.unsigned_abs();
-    }
-    Ok(())
 }
