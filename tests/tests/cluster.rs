@@ -357,3 +357,72 @@ fn fabric_can_be_forced_to_tcp_per_session_or_allocation() {
     drop(mapped);
     named.force_free().unwrap();
 }
+
+#[test]
+fn batches_and_many_stream_copies_move_every_byte() {
+    let c = Cluster::start(3, "32MiB");
+    // Eight connections per node, so a 12 MiB copy is dealt over several.
+    let ocm = Oncilla::connect_with(Options::new(c.socket(0), c.token.clone()).streams(8)).unwrap();
+    let one = ocm
+        .alloc_with(&AllocSpec::new(12 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
+    let striped = ocm
+        .alloc_with(
+            &AllocSpec::new((8 << 20) + 5, Kind::RemoteHost)
+                .on_nodes(["node-1", "node-2"])
+                .stripe(64 << 10),
+        )
+        .unwrap();
+    let local = ocm.alloc(1 << 20, Kind::LocalHost).unwrap();
+
+    let big = bytes(12 << 20, 3);
+    one.copy_in(0, &big).unwrap();
+    let mut back = vec![0u8; big.len()];
+    one.copy_out(0, &mut back).unwrap();
+    assert!(back == big, "multi-stream copy did not round-trip");
+
+    // One batch: writes to every allocation, small and large, then a batch
+    // of reads mixed with writes to other ranges (reads and writes share
+    // connections).
+    let s = bytes(striped.size() as usize, 9);
+    let l = bytes(1 << 20, 11);
+    let mut b = liboncilla::Batch::new();
+    b.write(&striped, 0, s.clone())
+        .write(&local, 0, l.clone())
+        .write(&one, 8, b"8 bytes!".to_vec());
+    let pending = ocm.submit(b);
+    let bufs = pending.wait().unwrap();
+    assert_eq!(bufs.len(), 3);
+    assert_eq!(bufs[0], s, "write buffers come back unchanged");
+
+    let mut b = liboncilla::Batch::new();
+    b.read(&striped, 0, vec![0; s.len()])
+        .read(&local, 0, vec![0; l.len()])
+        .read(&one, 0, vec![0; 16])
+        .write(&one, 4 << 20, vec![0xEE; 4 << 20])
+        .read(&one, 8 << 20, vec![0; 4 << 20]);
+    assert_eq!(b.len(), 5);
+    let pending = ocm.submit(b);
+    let started = std::time::Instant::now();
+    while !pending.is_done() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(pending.is_done());
+    let bufs = pending.wait().unwrap();
+    assert!(bufs[0] == s, "striped batch read");
+    assert!(bufs[1] == l, "local batch read");
+    assert_eq!(&bufs[2][..8], &big[..8]);
+    assert_eq!(&bufs[2][8..], b"8 bytes!");
+    assert!(bufs[4][..] == big[8 << 20..], "read beside a write");
+    let mut mid = vec![0u8; 4 << 20];
+    one.copy_out(4 << 20, &mut mid).unwrap();
+    assert!(mid.iter().all(|&x| x == 0xEE));
+
+    // A failing copy fails the batch and names the problem.
+    let mut b = liboncilla::Batch::new();
+    b.read(&one, (12 << 20) - 4, vec![0; 8]);
+    assert!(matches!(
+        ocm.submit(b).wait(),
+        Err(Error::OutOfBounds { .. })
+    ));
+}

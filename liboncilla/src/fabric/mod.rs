@@ -369,3 +369,82 @@ pub(crate) fn greet(
 fn overflow() -> Error {
     Error::Internal("copy larger than the address space".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks<'a>(lens: &[u64], buf: &'a mut [u8]) -> Vec<Chunk<'a>> {
+        let mut rest = buf;
+        let mut offset = 0;
+        let mut out = Vec::new();
+        for &len in lens {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+            rest = tail;
+            out.push(Chunk {
+                req: Request {
+                    op: Op::Read,
+                    alloc_id: 1,
+                    key: [0; 16],
+                    offset,
+                    len,
+                },
+                buf: IoBuf::Read(head),
+            });
+            offset += len;
+        }
+        out
+    }
+
+    #[test]
+    fn resplit_gives_every_stream_a_share_and_keeps_offsets() {
+        let mut buf = vec![0u8; 10 << 20];
+        let pieces = chunks(&[6 << 20, 4 << 20], &mut buf);
+        let out = resplit(pieces, 10 << 20, 4);
+        // 10 MiB over 4 streams: requests of at most 2.5 MiB.
+        assert!(out.iter().all(|c| c.req.len <= (10 << 20) / 4 + 1));
+        assert_eq!(out.iter().map(|c| c.req.len).sum::<u64>(), 10 << 20);
+        let mut at = 0;
+        for c in &out {
+            assert_eq!(c.req.offset, at);
+            assert_eq!(c.buf.len() as u64, c.req.len);
+            at += c.req.len;
+        }
+        // Never above CHUNK, whatever the stream count.
+        let mut buf = vec![0u8; 9 << 20];
+        let out = resplit(chunks(&[9 << 20], &mut buf), 9 << 20, 1);
+        assert!(out.iter().all(|c| c.req.len <= CHUNK));
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn deal_covers_every_chunk_once_in_balanced_runs() {
+        for (n, streams) in [(1usize, 4usize), (3, 4), (4, 4), (17, 4), (64, 8), (5, 1)] {
+            let mut buf = vec![0u8; n * 100];
+            let mut cs = chunks(&vec![100; n], &mut buf);
+            let mut runs = Vec::new();
+            deal(&mut cs, n as u64 * 100, streams, |part| {
+                runs.push(part.iter().map(|c| c.req.offset).collect::<Vec<_>>())
+            });
+            assert!(
+                runs.len() <= streams && runs.len() == n.min(streams),
+                "{n} {streams}: {runs:?}"
+            );
+            let all: Vec<u64> = runs.concat();
+            assert_eq!(all, (0..n as u64).map(|i| i * 100).collect::<Vec<_>>());
+            let (min, max) = (
+                runs.iter().map(Vec::len).min().unwrap(),
+                runs.iter().map(Vec::len).max().unwrap(),
+            );
+            assert!(max - min <= 1, "{n} over {streams}: {runs:?}");
+        }
+    }
+
+    #[test]
+    fn streams_grow_with_size_up_to_the_limit() {
+        let dp = DataPath::new(Token::random(), 4);
+        assert_eq!(dp.streams_for(8), 1);
+        assert_eq!(dp.streams_for(2 * STREAM_MIN), 2);
+        assert_eq!(dp.streams_for(1 << 30), 4);
+    }
+}
