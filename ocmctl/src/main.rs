@@ -4,9 +4,11 @@
 
 mod bench;
 mod cluster;
+mod copybench;
 mod data;
 mod demo;
 mod master;
+mod rawtcp;
 mod soak;
 mod table;
 
@@ -357,7 +359,8 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         }
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
-        Cmd::Bench(bench::Bench::Copy(args)) => bench::copy(&args)?,
+        Cmd::Bench(bench::Bench::Copy(args)) => copybench::copy(&args)?,
+        Cmd::Bench(bench::Bench::RawServer(args)) => copybench::raw_server(&args)?,
         Cmd::Bench(bench::Bench::Soak(args)) => soak::run(&args)?,
     }
     Ok(())
