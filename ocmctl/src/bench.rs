@@ -11,6 +11,8 @@
 //!   path.
 //! - `copy` ([`crate::copybench`]): copy latency and bandwidth beside raw
 //!   TCP.
+//! - `placement` ([`crate::placement`]): copy bandwidth by where the bytes
+//!   live.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -52,6 +54,9 @@ pub enum Bench {
     /// connections, beside raw TCP over the same path; clients at once; a
     /// batch against one copy at a time.
     Copy(crate::copybench::CopyArgs),
+    /// Copy bandwidth by placement: one remote node, three striped,
+    /// same-node shared memory, and a plain memcpy.
+    Placement(crate::placement::PlacementArgs),
     /// Serve the raw TCP baseline that `bench copy --raw` measures against
     /// (run it beside the target agent).
     RawServer(crate::copybench::RawServerArgs),

@@ -333,6 +333,9 @@ fn measure(
             }
         }
         a.free()?;
+        // Let the agent scrub what was freed before the next series: the
+        // scrubber would otherwise compete for the CPU with the copies.
+        probe.settle()?;
     }
 
     let mut concurrency = Vec::new();
@@ -345,6 +348,7 @@ fn measure(
             let (cpu0, _) = (agent_cpu()?, 0);
             let ours = concurrent(opts, &target, clients, plan.clients_size, op)?;
             let cpu1 = agent_cpu()?;
+            probe.settle()?;
             let raw = concurrent_raw(raw_addr, clients, plan.clients_size, op)?;
             concurrency.push(Concurrent {
                 clients,
@@ -363,6 +367,7 @@ fn measure(
         HumanBytes(BATCH_OP_SIZE as u64)
     ));
     let batch = batch(opts, &target)?;
+    probe.settle()?;
 
     let report = Report {
         target,
@@ -431,18 +436,16 @@ fn concurrent(
         let a = ocm.alloc_with(&AllocSpec::new(size, Kind::RemoteHost).on_nodes([target]))?;
         sessions.push((ocm, a));
     }
-    let barrier = std::sync::Barrier::new(clients);
+    let mut bufs: Vec<Vec<u8>> = (0..clients).map(|_| vec![0x33u8; n]).collect();
     let started = Instant::now();
     let outcome: Result<(), CliError> = std::thread::scope(|s| {
         let handles: Vec<_> = sessions
             .iter()
-            .map(|(_, a)| {
-                let barrier = &barrier;
+            .zip(bufs.iter_mut())
+            .map(|((_, a), buf)| {
                 s.spawn(move || -> Result<(), CliError> {
-                    let mut buf = vec![0x33u8; n];
-                    barrier.wait();
                     for _ in 0..rounds {
-                        copy_one(a, op, &mut buf)?;
+                        copy_one(a, op, buf)?;
                     }
                     Ok(())
                 })
@@ -478,17 +481,18 @@ fn concurrent_raw(addr: &str, clients: usize, size: u64, op: Op) -> Result<f64, 
     let mut conns = (0..clients)
         .map(|_| RawClient::connect(addr, 1))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut bufs: Vec<Vec<u8>> = (0..clients).map(|_| vec![0x33u8; n]).collect();
     let started = Instant::now();
     std::thread::scope(|s| {
         let handles: Vec<_> = conns
             .iter_mut()
-            .map(|c| {
+            .zip(bufs.iter_mut())
+            .map(|(c, buf)| {
                 s.spawn(move || -> Result<(), CliError> {
-                    let mut buf = vec![0x33u8; n];
                     for _ in 0..rounds {
                         match op {
-                            Op::Write => c.write(&buf)?,
-                            Op::Read => c.read(&mut buf)?,
+                            Op::Write => c.write(buf)?,
+                            Op::Read => c.read(buf)?,
                         }
                     }
                     Ok(())

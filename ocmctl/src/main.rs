@@ -8,6 +8,7 @@ mod copybench;
 mod data;
 mod demo;
 mod master;
+mod placement;
 mod rawtcp;
 mod soak;
 mod table;
@@ -360,6 +361,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
         Cmd::Bench(bench::Bench::Copy(args)) => copybench::copy(&args)?,
+        Cmd::Bench(bench::Bench::Placement(args)) => placement::run(&args)?,
         Cmd::Bench(bench::Bench::RawServer(args)) => copybench::raw_server(&args)?,
         Cmd::Bench(bench::Bench::Soak(args)) => soak::run(&args)?,
     }
