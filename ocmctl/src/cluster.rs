@@ -445,11 +445,17 @@ fn spawn(dir: &Path, name: &str, args: &[String], keep: bool) -> Result<Child, C
         .map_err(|e| CliError::Other(format!("cannot start {name}: {e}")))
 }
 
+/// A loopback port free right now, below the kernel's ephemeral range
+/// (32768 and up by default), so that no outgoing connection takes it as
+/// its source port before the daemon binds it.
 fn free_port() -> Result<u16, CliError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| CliError::Other(format!("cannot find a free port: {e}")))
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 131;
+    (0..2000u64)
+        .map(|i| 20000 + u16::try_from((seed + i * 17) % 12000).unwrap_or(0))
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .ok_or_else(|| CliError::Other("no free loopback port in 20000..32000".into()))
 }
 
 fn tail(path: &Path, lines: usize) -> String {

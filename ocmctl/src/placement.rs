@@ -120,4 +120,3 @@ pub fn run(args: &PlacementArgs) -> Result<(), CliError> {
         Ok(())
     })
 }
-

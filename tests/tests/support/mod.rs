@@ -39,13 +39,18 @@ pub struct Cluster {
     ports: Vec<(u16, u16)>,
 }
 
-/// A port free right now on loopback.
+/// A loopback port free right now, below the kernel's ephemeral range
+/// (32768 and up by default): a port from that range can be taken as the
+/// source port of some other test's outgoing connection before the daemon
+/// binds it.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 131;
+    (0..2000u64)
+        .map(|i| 20000 + ((seed + i * 17) % 12000) as u16)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free port below 32000")
 }
 
 impl Cluster {
