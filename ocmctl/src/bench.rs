@@ -116,14 +116,7 @@ pub fn alloc(args: &AllocArgs) -> Result<(), CliError> {
             "--iterations must be between 1 and 100000".into(),
         ));
     }
-    let sizes = if args.sizes.is_empty() {
-        SIZES.to_vec()
-    } else {
-        args.sizes
-            .iter()
-            .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--size {s}: {e}"))))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let sizes = sizes_or(&args.sizes, &SIZES)?;
     if sizes.contains(&0) {
         return Err(CliError::Other("--size must be at least 1 byte".into()));
     }
@@ -324,6 +317,17 @@ pub(crate) fn pct(samples: &[f64], p: f64) -> f64 {
     s.sort_by(f64::total_cmp);
     let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
     s[rank.clamp(1, s.len()) - 1]
+}
+
+/// The `--size` values given, parsed, or `default` when there are none.
+pub(crate) fn sizes_or(given: &[String], default: &[u64]) -> Result<Vec<u64>, CliError> {
+    if given.is_empty() {
+        return Ok(default.to_vec());
+    }
+    given
+        .iter()
+        .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--size {s}: {e}"))))
+        .collect()
 }
 
 /// The pool usage line an agent logged at start, if found.

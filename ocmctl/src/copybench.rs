@@ -13,7 +13,7 @@ use liboncilla::{AllocSpec, Allocation, Batch, Kind, Oncilla, Options};
 use oncilla_proto::size::{parse_size, HumanBytes};
 use serde::Serialize;
 
-use crate::bench::{pct, Probe};
+use crate::bench::{pct, sizes_or, Probe};
 use crate::cluster;
 use crate::master::Master;
 use crate::rawtcp::{self, RawClient};
@@ -200,14 +200,7 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
 }
 
 fn plan(args: &CopyArgs) -> Result<Plan, CliError> {
-    let sizes = if args.sizes.is_empty() {
-        SIZES.to_vec()
-    } else {
-        args.sizes
-            .iter()
-            .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--size {s}: {e}"))))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let sizes = sizes_or(&args.sizes, &SIZES)?;
     if sizes.iter().any(|&s| s == 0 || s > 4 << 30) {
         return Err(CliError::Other(
             "--size must be between 1 byte and 4GiB".into(),
