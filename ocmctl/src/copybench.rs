@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use liboncilla::{AllocSpec, Allocation, Batch, Kind, Oncilla, Options};
+use liboncilla::{AllocSpec, Batch, Kind, Oncilla, Options};
 use oncilla_proto::size::{parse_size, HumanBytes};
 use serde::Serialize;
 
@@ -279,9 +279,7 @@ fn measure(
             ocm.alloc_with(&AllocSpec::new(largest, Kind::RemoteHost).on_nodes([target.as_str()]))?;
         for &size in &plan.sizes {
             let n = to_usize(size)?;
-            let connections = usize::try_from(size / liboncilla::fabric::STREAM_MIN)
-                .unwrap_or(usize::MAX)
-                .clamp(1, streams);
+            let connections = liboncilla::fabric::streams_for(size, streams);
             let mut raw = RawClient::connect(raw_addr, connections)?;
             let iterations = (BYTES_PER_POINT / size).clamp(MIN_ITERS, MAX_ITERS);
             say(format!(
@@ -338,7 +336,7 @@ fn measure(
             HumanBytes(plan.clients_size)
         ));
         for op in [Op::Write, Op::Read] {
-            let (cpu0, _) = (agent_cpu()?, 0);
+            let cpu0 = agent_cpu()?;
             let ours = concurrent(opts, &target, clients, plan.clients_size, op)?;
             let cpu1 = agent_cpu()?;
             probe.settle()?;
@@ -412,8 +410,7 @@ fn series(size: u64, us: &[f64]) -> Series {
 }
 
 /// `clients` sessions, each with its own allocation on `target`, copying
-/// `size` bytes at the same time for about a second; aggregate GB/s and
-/// bytes moved.
+/// `size` bytes at the same time; aggregate GB/s and bytes moved.
 fn concurrent(
     opts: &Options,
     target: &str,
@@ -421,84 +418,68 @@ fn concurrent(
     size: u64,
     op: Op,
 ) -> Result<(f64, u64), CliError> {
-    let n = to_usize(size)?;
-    let rounds = (BYTES_PER_POINT / size / clients as u64).clamp(2, 200);
     let mut sessions = Vec::new();
     for _ in 0..clients {
         let ocm = Oncilla::connect_with(opts.clone().streams(1))?;
         let a = ocm.alloc_with(&AllocSpec::new(size, Kind::RemoteHost).on_nodes([target]))?;
         sessions.push((ocm, a));
     }
-    let mut bufs: Vec<Vec<u8>> = (0..clients).map(|_| vec![0x33u8; n]).collect();
-    let started = Instant::now();
-    let outcome: Result<(), CliError> = std::thread::scope(|s| {
-        let handles: Vec<_> = sessions
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|((_, a), buf)| {
-                s.spawn(move || -> Result<(), CliError> {
-                    for _ in 0..rounds {
-                        copy_one(a, op, buf)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(CliError::Other("client thread panicked".into())))
-        })
-    });
-    let elapsed = started.elapsed();
-    outcome?;
-    let moved = size * rounds * clients as u64;
+    let outcome = at_once(&mut sessions, size, |(_, a), buf| {
+        match op {
+            Op::Write => a.copy_in(0, buf)?,
+            Op::Read => a.copy_out(0, buf)?,
+        }
+        Ok(())
+    })?;
     for (_, a) in sessions {
         a.free()?;
     }
-    Ok((moved as f64 / elapsed.as_secs_f64().max(1e-9) / 1e9, moved))
-}
-
-fn copy_one(a: &Allocation, op: Op, buf: &mut [u8]) -> Result<(), CliError> {
-    match op {
-        Op::Write => a.copy_in(0, buf)?,
-        Op::Read => a.copy_out(0, buf)?,
-    }
-    Ok(())
+    Ok(outcome)
 }
 
 /// The raw baseline of [`concurrent`]: `clients` connections, each moving
 /// its own copies at the same time.
 fn concurrent_raw(addr: &str, clients: usize, size: u64, op: Op) -> Result<f64, CliError> {
-    let n = to_usize(size)?;
-    let rounds = (BYTES_PER_POINT / size / clients as u64).clamp(2, 200);
     let mut conns = (0..clients)
         .map(|_| RawClient::connect(addr, 1))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut bufs: Vec<Vec<u8>> = (0..clients).map(|_| vec![0x33u8; n]).collect();
+    let (gb_per_s, _) = at_once(&mut conns, size, |c, buf| match op {
+        Op::Write => c.write(buf),
+        Op::Read => c.read(buf),
+    })?;
+    Ok(gb_per_s)
+}
+
+/// Runs `copy` on every worker, each on its own thread with its own
+/// `size`-byte buffer, the same number of rounds each (about
+/// [`BYTES_PER_POINT`] in all); aggregate GB/s and bytes moved. Buffers
+/// are made before the clock starts.
+fn at_once<W: Send>(
+    workers: &mut [W],
+    size: u64,
+    copy: impl Fn(&mut W, &mut [u8]) -> Result<(), CliError> + Sync,
+) -> Result<(f64, u64), CliError> {
+    let n = to_usize(size)?;
+    let rounds = (BYTES_PER_POINT / size / workers.len().max(1) as u64).clamp(2, 200);
+    let mut bufs: Vec<Vec<u8>> = workers.iter().map(|_| vec![0x33u8; n]).collect();
     let started = Instant::now();
     std::thread::scope(|s| {
-        let handles: Vec<_> = conns
+        let copy = &copy;
+        let handles: Vec<_> = workers
             .iter_mut()
             .zip(bufs.iter_mut())
-            .map(|(c, buf)| {
-                s.spawn(move || -> Result<(), CliError> {
-                    for _ in 0..rounds {
-                        match op {
-                            Op::Write => c.write(buf)?,
-                            Op::Read => c.read(buf)?,
-                        }
-                    }
-                    Ok(())
-                })
-            })
+            .map(|(w, buf)| s.spawn(move || (0..rounds).try_for_each(|_| copy(w, buf))))
             .collect();
         handles.into_iter().try_for_each(|h| {
             h.join()
-                .unwrap_or_else(|_| Err(CliError::Other("raw thread panicked".into())))
+                .unwrap_or_else(|_| Err(CliError::Other("copy thread panicked".into())))
         })
     })?;
-    let moved = size * rounds * clients as u64;
-    Ok(moved as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9)
+    let moved = size * rounds * workers.len() as u64;
+    Ok((
+        moved as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9,
+        moved,
+    ))
 }
 
 /// [`BATCH_OPS`] small reads one at a time, then as one batch.

@@ -131,9 +131,8 @@ impl DataPath {
         }
         let mut jobs: Vec<((&str, &str), &mut [Chunk<'a>])> = Vec::new();
         for n in &mut nodes {
-            let streams = self.streams_for(n.bytes);
-            let chunks = resplit(std::mem::take(&mut n.chunks), n.bytes, streams);
-            n.chunks = chunks;
+            let streams = streams_for(n.bytes, self.streams);
+            n.chunks = resplit(std::mem::take(&mut n.chunks), n.bytes, streams);
             deal(&mut n.chunks, n.bytes, streams, |part| {
                 jobs.push(((n.node, n.addr), part));
             });
@@ -199,13 +198,14 @@ impl DataPath {
         }];
         Ok(self.tcp.run((&extent.node, &extent.data_addr), &mut one))
     }
+}
 
-    /// Connections for a node's share of `bytes`.
-    fn streams_for(&self, bytes: u64) -> usize {
-        usize::try_from(bytes / STREAM_MIN)
-            .unwrap_or(usize::MAX)
-            .clamp(1, self.streams)
-    }
+/// Connections a node's share of `bytes` goes over when `max` are allowed:
+/// one per [`STREAM_MIN`], at least one.
+pub fn streams_for(bytes: u64, max: usize) -> usize {
+    usize::try_from(bytes / STREAM_MIN)
+        .unwrap_or(usize::MAX)
+        .clamp(1, max.max(1))
 }
 
 /// Adds one transfer to the plan: its local pieces to `local`, the others
@@ -442,9 +442,8 @@ mod tests {
 
     #[test]
     fn streams_grow_with_size_up_to_the_limit() {
-        let dp = DataPath::new(Token::random(), 4);
-        assert_eq!(dp.streams_for(8), 1);
-        assert_eq!(dp.streams_for(2 * STREAM_MIN), 2);
-        assert_eq!(dp.streams_for(1 << 30), 4);
+        assert_eq!(streams_for(8, 4), 1);
+        assert_eq!(streams_for(2 * STREAM_MIN, 4), 2);
+        assert_eq!(streams_for(1 << 30, 4), 4);
     }
 }

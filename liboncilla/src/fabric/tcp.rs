@@ -77,7 +77,7 @@ pub struct Chunk<'a> {
 }
 
 /// An authenticated data connection and its receive buffer.
-pub struct Conn {
+struct Conn {
     stream: TcpStream,
     recv: RecvBuf,
 }
