@@ -104,8 +104,9 @@ impl DataPath {
     /// `streams` connections in parallel (one thread each), every
     /// connection pipelined. There is no order among the transfers.
     ///
-    /// A single transfer that fits one request on one remote node takes a
-    /// direct path: no thread, no allocation.
+    /// A single transfer that fits one request on one remote node, and is
+    /// too small to be worth a second connection, takes a direct path: no
+    /// thread, no allocation.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`], refused leases, and fabric failures (the
@@ -182,7 +183,7 @@ impl DataPath {
     fn direct<'a>(&self, t: Transfer<'a>) -> std::result::Result<Result<()>, Transfer<'a>> {
         let len = t.buf.len() as u64;
         // Copies touching a mapping go the general way: the lease check.
-        if len > CHUNK || t.local.is_some() {
+        if !one_request(len, self.streams) || t.local.is_some() {
             return Err(t);
         }
         if let Err(e) = t.desc.check_range(t.offset, len) {
@@ -198,6 +199,12 @@ impl DataPath {
         }];
         Ok(self.tcp.run((&extent.node, &extent.data_addr), &mut one))
     }
+}
+
+/// Whether a copy of `len` bytes to one node is one request on one
+/// connection when `max` connections are allowed.
+fn one_request(len: u64, max: usize) -> bool {
+    len <= CHUNK && streams_for(len, max) == 1
 }
 
 /// Connections a node's share of `bytes` goes over when `max` are allowed:
@@ -394,6 +401,17 @@ mod tests {
             offset += len;
         }
         out
+    }
+
+    #[test]
+    fn only_copies_worth_one_connection_take_the_direct_path() {
+        assert!(one_request(8, 4));
+        assert!(one_request(STREAM_MIN, 4));
+        // 4 MiB fits one request but is worth four connections.
+        assert!(!one_request(CHUNK, 4));
+        assert!(!one_request(2 * STREAM_MIN, 2));
+        assert!(one_request(CHUNK, 1));
+        assert!(!one_request(CHUNK + 1, 1));
     }
 
     #[test]
