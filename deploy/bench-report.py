@@ -43,11 +43,12 @@ def oncilla_tables(prefix):
                   f"{p['oncilla']['gb_per_s']:.3f} | {p['raw']['gb_per_s']:.3f} | {p['ratio'] * 100:.0f}% | "
                   f"{p['agent_cpu_s_per_gib']:.3f} |")
         if part == "bw":
-            print("\n| clients | op | size | Oncilla GB/s | raw GB/s | % of raw | agent CPU s/GiB |")
-            print("|---|---|---|---|---|---|---|")
+            print("\n| clients | op | size | threads GB/s | processes GB/s | raw GB/s | threads % of raw | processes % of raw | agent CPU s/GiB |")
+            print("|---|---|---|---|---|---|---|---|---|")
             for c in r["concurrency"]:
                 print(f"| {c['clients']} | {c['op']} | {human(c['size'])} | {c['oncilla_gb_per_s']:.3f} | "
-                      f"{c['raw_gb_per_s']:.3f} | {c['ratio'] * 100:.0f}% | {c['agent_cpu_s_per_gib']:.3f} |")
+                      f"{c['processes_gb_per_s']:.3f} | {c['raw_gb_per_s']:.3f} | {c['ratio'] * 100:.0f}% | "
+                      f"{c['processes_ratio'] * 100:.0f}% | {c['agent_cpu_s_per_gib']:.3f} |")
             b = r["batch"]
             print(f"\n{b['ops']} reads of {human(b['op_size'])}: one at a time {b['one_at_a_time_ops_per_s']:.0f} ops/s, "
                   f"one batch {b['batch_ops_per_s']:.0f} ops/s")

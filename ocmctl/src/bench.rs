@@ -60,6 +60,9 @@ pub enum Bench {
     /// Serve the raw TCP baseline that `bench copy --raw` measures against
     /// (run it beside the target agent).
     RawServer(crate::copybench::RawServerArgs),
+    /// One of the processes `bench copy` starts to copy at once (internal).
+    #[command(hide = true)]
+    CopyWorker(crate::procbench::WorkerArgs),
     /// Several clients allocate, copy, verify and free at random while one
     /// agent is killed and restarted; counts corrupted bytes and leaks.
     Soak(crate::soak::SoakArgs),

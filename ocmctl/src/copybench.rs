@@ -2,7 +2,8 @@
 //! size, direction and number of connections, each point beside the raw
 //! TCP baseline ([`crate::rawtcp`]) measured the same way over the same
 //! path and the same number of connections, right before it. Then many
-//! clients at once, and a batch against one copy at a time.
+//! clients at once (threads of this process, then separate processes:
+//! [`crate::procbench`]), and a batch against one copy at a time.
 //!
 //! It measures; it asserts nothing but that the bytes read back.
 
@@ -146,9 +147,15 @@ struct Concurrent {
     clients: usize,
     op: Op,
     size: u64,
+    /// Clients as threads of this process.
     oncilla_gb_per_s: f64,
+    /// Clients as separate processes.
+    processes_gb_per_s: f64,
+    /// As many raw TCP connections, one thread each.
     raw_gb_per_s: f64,
     ratio: f64,
+    processes_ratio: f64,
+    /// Of the threads run.
     agent_cpu_s_per_gib: f64,
 }
 
@@ -340,14 +347,25 @@ fn measure(
             let ours = concurrent(opts, &target, clients, plan.clients_size, op)?;
             let cpu1 = agent_cpu()?;
             probe.settle()?;
+            let (procs, _) = crate::procbench::at_once(
+                opts,
+                &target,
+                clients,
+                plan.clients_size,
+                rounds(plan.clients_size, clients),
+                op == Op::Write,
+            )?;
+            probe.settle()?;
             let raw = concurrent_raw(raw_addr, clients, plan.clients_size, op)?;
             concurrency.push(Concurrent {
                 clients,
                 op,
                 size: plan.clients_size,
                 oncilla_gb_per_s: ours.0,
+                processes_gb_per_s: procs,
                 raw_gb_per_s: raw,
                 ratio: ours.0 / raw.max(1e-12),
+                processes_ratio: procs / raw.max(1e-12),
                 agent_cpu_s_per_gib: cpu_per_gib(cpu1.saturating_sub(cpu0), ours.1),
             });
         }
@@ -460,7 +478,7 @@ fn at_once<W: Send>(
     copy: impl Fn(&mut W, &mut [u8]) -> Result<(), CliError> + Sync,
 ) -> Result<(f64, u64), CliError> {
     let n = to_usize(size)?;
-    let rounds = (BYTES_PER_POINT / size / workers.len().max(1) as u64).clamp(2, 200);
+    let rounds = rounds(size, workers.len());
     let mut bufs: Vec<Vec<u8>> = workers.iter().map(|_| vec![0x33u8; n]).collect();
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -480,6 +498,11 @@ fn at_once<W: Send>(
         moved as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9,
         moved,
     ))
+}
+
+/// Copies each of `clients` makes at once: about [`BYTES_PER_POINT`] in all.
+fn rounds(size: u64, clients: usize) -> u64 {
+    (BYTES_PER_POINT / size.max(1) / clients.max(1) as u64).clamp(2, 200)
 }
 
 /// [`BATCH_OPS`] small reads one at a time, then as one batch.
@@ -548,14 +571,18 @@ fn render(r: &Report) -> String {
         ]);
     }
     out.push_str(&t.render());
-    out.push_str("\nclients copying at once (each its own session, allocation and connection):\n");
+    out.push_str(
+        "\nclients copying at once (each its own session, allocation and connection), as threads of one process and as processes, beside as many raw connections:\n",
+    );
     let mut t = Table::new(&[
         "CLIENTS",
         "OP",
         "SIZE",
-        "ONCILLA GB/s",
+        "THREADS GB/s",
+        "PROCESSES GB/s",
         "RAW GB/s",
-        "BW %",
+        "THREADS %",
+        "PROCESSES %",
         "AGENT CPU s/GiB",
     ]);
     for c in &r.concurrency {
@@ -564,8 +591,10 @@ fn render(r: &Report) -> String {
             format!("{:?}", c.op).to_lowercase(),
             HumanBytes(c.size).to_string(),
             format!("{:.3}", c.oncilla_gb_per_s),
+            format!("{:.3}", c.processes_gb_per_s),
             format!("{:.3}", c.raw_gb_per_s),
             format!("{:.0}%", c.ratio * 100.0),
+            format!("{:.0}%", c.processes_ratio * 100.0),
             format!("{:.3}", c.agent_cpu_s_per_gib),
         ]);
     }

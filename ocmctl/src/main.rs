@@ -9,6 +9,7 @@ mod data;
 mod demo;
 mod master;
 mod placement;
+mod procbench;
 mod rawtcp;
 mod soak;
 mod table;
@@ -363,6 +364,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Bench(bench::Bench::Copy(args)) => copybench::copy(&args)?,
         Cmd::Bench(bench::Bench::Placement(args)) => placement::run(&args)?,
         Cmd::Bench(bench::Bench::RawServer(args)) => copybench::raw_server(&args)?,
+        Cmd::Bench(bench::Bench::CopyWorker(args)) => procbench::worker(&args)?,
         Cmd::Bench(bench::Bench::Soak(args)) => soak::run(&args)?,
     }
     Ok(())
