@@ -271,8 +271,13 @@ impl Oncilla {
         };
         let mut local = Vec::new();
         for e in &alloc.desc.extents {
-            let chosen = oncilla_proto::fabric::choose(&e.node, &self.inner.node, fabric.to_wire())
-                .map_err(|err| Error::InvalidArgument(err.to_string()))?;
+            let chosen = oncilla_proto::fabric::choose(
+                &e.node,
+                &self.inner.node,
+                fabric.to_wire(),
+                &self.inner.data.rdma_for(&e.node, &e.agent_addr),
+            )
+            .map_err(|err| Error::InvalidArgument(err.to_string()))?;
             if chosen == pb::Fabric::Shm {
                 local.push(e);
             }
@@ -333,6 +338,7 @@ impl Oncilla {
             let outcome = data.run(ops.iter_mut().map(|op| Transfer {
                 desc: &op.desc,
                 local: op.local.as_deref(),
+                fabric: op.fabric.to_wire(),
                 offset: op.offset,
                 buf: if op.write {
                     IoBuf::Write(&op.buf)
@@ -437,8 +443,13 @@ impl Allocation {
             .extents
             .iter()
             .map(|e| {
-                oncilla_proto::fabric::choose(&e.node, self.ocm.node(), self.fabric.to_wire())
-                    .map_or(Fabric::Tcp, Fabric::from_wire)
+                oncilla_proto::fabric::choose(
+                    &e.node,
+                    self.ocm.node(),
+                    self.fabric.to_wire(),
+                    &self.ocm.inner.data.rdma_for(&e.node, &e.agent_addr),
+                )
+                .map_or(Fabric::Tcp, Fabric::from_wire)
             })
             .collect()
     }
@@ -452,7 +463,11 @@ impl Allocation {
     /// allocation was freed (by anyone).
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
         let local = self.local.as_deref();
-        self.ocm.inner.data.write(&self.desc, offset, src, local)
+        let fabric = self.fabric.to_wire();
+        self.ocm
+            .inner
+            .data
+            .write(&self.desc, offset, src, local, fabric)
     }
 
     /// Reads `dst.len()` bytes from `offset`.
@@ -461,7 +476,11 @@ impl Allocation {
     /// As [`Allocation::copy_in`].
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let local = self.local.as_deref();
-        self.ocm.inner.data.read(&self.desc, offset, dst, local)
+        let fabric = self.fabric.to_wire();
+        self.ocm
+            .inner
+            .data
+            .read(&self.desc, offset, dst, local, fabric)
     }
 
     /// The bytes of an allocation that lies wholly in this node's memory,
@@ -549,6 +568,7 @@ pub struct Batch {
 struct BatchOp {
     desc: Arc<Descriptor>,
     local: Option<Arc<Mapping>>,
+    fabric: Fabric,
     offset: u64,
     write: bool,
     buf: Vec<u8>,
@@ -573,6 +593,7 @@ impl Batch {
         self.ops.push(BatchOp {
             desc: Arc::clone(&alloc.desc),
             local: alloc.local.clone(),
+            fabric: alloc.fabric,
             offset,
             write,
             buf,

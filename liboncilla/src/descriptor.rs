@@ -34,6 +34,10 @@ pub struct Extent {
     pub len: u64,
     /// TCP data endpoint of the node.
     pub data_addr: String,
+    /// Agent gRPC endpoint of the node (RDMA connection setup).
+    pub agent_addr: String,
+    /// Where the extent starts in the node's pool (RDMA addressing).
+    pub pool_offset: u64,
 }
 
 /// Everything needed to copy to and from an allocation.
@@ -92,6 +96,8 @@ impl Descriptor {
                     alloc_offset: e.alloc_offset,
                     len: e.len,
                     data_addr: e.data_addr,
+                    agent_addr: e.agent_addr,
+                    pool_offset: e.pool_offset,
                 })
                 .collect(),
             key,

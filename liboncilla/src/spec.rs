@@ -34,17 +34,21 @@ impl Policy {
 /// How this process moves bytes to and from an extent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fabric {
-    /// Shared memory for extents on this node, TCP for the others.
+    /// Shared memory for extents on this node, RDMA verbs for the others
+    /// where both ends have it, TCP otherwise.
     #[default]
     Auto,
     /// TCP everywhere, this node included.
     Tcp,
     /// Shared memory only (every extent must be on this node).
     Shm,
+    /// RDMA verbs only (a build with the `verbs` feature, and an active
+    /// RDMA port on both ends).
+    Verbs,
 }
 
 impl Fabric {
-    /// Parses `auto`, `tcp` or `shm` (as in `ONCILLA_FABRIC`).
+    /// Parses `auto`, `tcp`, `shm` or `verbs` (as in `ONCILLA_FABRIC`).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the accepted values.
@@ -59,6 +63,7 @@ impl Fabric {
             Fabric::Auto => pb::Fabric::Auto,
             Fabric::Tcp => pb::Fabric::Tcp,
             Fabric::Shm => pb::Fabric::Shm,
+            Fabric::Verbs => pb::Fabric::Verbs,
         }
     }
 
@@ -67,6 +72,7 @@ impl Fabric {
             pb::Fabric::Auto => Fabric::Auto,
             pb::Fabric::Tcp => Fabric::Tcp,
             pb::Fabric::Shm => Fabric::Shm,
+            pb::Fabric::Verbs => Fabric::Verbs,
         }
     }
 }

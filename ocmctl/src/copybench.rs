@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use liboncilla::{AllocSpec, Batch, Kind, Oncilla, Options};
+use liboncilla::{AllocSpec, Batch, Fabric, Kind, Oncilla, Options};
 use oncilla_proto::size::{parse_size, HumanBytes};
 use serde::Serialize;
 
@@ -70,6 +70,10 @@ pub struct CopyArgs {
     /// own cluster.
     #[arg(long, value_name = "ADDR")]
     raw: Option<String>,
+    /// Fabric for Oncilla's copies: auto (verbs where both ends have it,
+    /// else tcp), tcp or verbs (fails where verbs is unavailable).
+    #[arg(long, default_value = "auto")]
+    fabric: String,
     #[command(flatten)]
     conn: crate::Conn,
     /// Print JSON instead of tables.
@@ -190,16 +194,19 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
         Some(socket) => {
             let raw = args.raw.clone().unwrap_or_default();
             let master = Master::connect(&args.conn.master, &args.conn.token()?)?;
-            let opts = Options::new(socket.clone(), args.conn.token()?);
+            let mut opts = Options::new(socket.clone(), args.conn.token()?);
+            opts.fabric = Fabric::parse(&args.fabric)?;
             measure(&master, &opts, args.target.clone(), &raw, &plan)
         }
         None => {
             // node-0 serves the benchmark's session; node-1 holds the bytes.
             let capacities = [64 << 20, need + (64 << 20)];
+            let fabric = Fabric::parse(&args.fabric)?;
             let raw = rawtcp::spawn_local()?;
             cluster::run(&capacities, false, move |c| {
                 let master = Master::connect(&c.master_addr, &c.token)?;
-                let opts = Options::new(c.socket(0), c.token.clone());
+                let mut opts = Options::new(c.socket(0), c.token.clone());
+                opts.fabric = fabric;
                 measure(&master, &opts, Some("node-1".into()), &raw, &plan)
             })
         }

@@ -44,7 +44,7 @@ pub fn put(
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
         f.read_exact(&mut buf[..n]).map_err(io_err)?;
-        data.write(&desc, offset + done, &buf[..n], None)?;
+        data.write(&desc, offset + done, &buf[..n], None, pb::Fabric::Auto)?;
         done += n as u64;
         progress.update(done);
     }
@@ -83,7 +83,7 @@ pub fn get(
     let mut done = 0u64;
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
-        data.read(&desc, offset + done, &mut buf[..n], None)?;
+        data.read(&desc, offset + done, &mut buf[..n], None, pb::Fabric::Auto)?;
         out.write_all(&buf[..n]).map_err(io_err)?;
         done += n as u64;
         progress.update(done);

@@ -232,6 +232,7 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
         "STATE",
         "SINCE",
         "FABRICS",
+        "RDMA",
         "GPUS",
     ]);
     let mut notes = String::new();
@@ -244,6 +245,13 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
             notes.push_str(&format!("{}: {}\n", info.name, info.pool_note));
         }
         let free = free(&info, n);
+        let rdma = rdma_cell(&info);
+        if !info.rdma_note.is_empty() && !info.rdma.is_empty() {
+            notes.push_str(&format!(
+                "{}: verbs unavailable: {}\n",
+                info.name, info.rdma_note
+            ));
+        }
         t.row(vec![
             info.name,
             info.agent_addr,
@@ -257,6 +265,7 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
             state(n.state).to_string(),
             age(n.state_since_unix_ms),
             info.fabrics.join(","),
+            rdma,
             info.gpus.to_string(),
         ]);
     }
@@ -267,6 +276,31 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
         ));
     }
     t.render() + &notes
+}
+
+/// A node's RDMA ports in one cell: `mlx5_0:1 IB ACTIVE 4096`, or `-`
+/// when it has none.
+fn rdma_cell(info: &pb::NodeInfo) -> String {
+    if info.rdma.is_empty() {
+        return "-".into();
+    }
+    info.rdma
+        .iter()
+        .map(|p| {
+            let layer = if p.link_layer == "Ethernet" {
+                "RoCE"
+            } else {
+                "IB"
+            };
+            let mtu = if p.active_mtu > 0 {
+                format!(" {}", p.active_mtu)
+            } else {
+                String::new()
+            };
+            format!("{}:{} {layer} {}{mtu}", p.device, p.port, p.state)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Free bytes of a node: what the master has not placed there, less what
@@ -301,6 +335,18 @@ pub fn nodes_json(list: &pb::NodeList) -> Value {
                     "state_since_unix_ms": n.state_since_unix_ms,
                     "incarnation": format!("{:016x}", n.incarnation),
                     "fabrics": info.fabrics,
+                    "rdma": info.rdma.iter().map(|p| json!({
+                        "device": p.device,
+                        "port": p.port,
+                        "link_layer": p.link_layer,
+                        "state": p.state,
+                        "active_mtu": p.active_mtu,
+                        "gids": p.gids,
+                        "numa_node": p.numa_node,
+                        "lid": p.lid,
+                        "rate": p.rate,
+                    })).collect::<Vec<_>>(),
+                    "rdma_note": (!info.rdma_note.is_empty()).then_some(&info.rdma_note),
                     "gpus": info.gpus,
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago,
                 })

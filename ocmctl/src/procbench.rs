@@ -41,6 +41,9 @@ pub struct WorkerArgs {
     /// Copy direction.
     #[arg(long, value_parser = ["read", "write"])]
     op: String,
+    /// Fabric preference.
+    #[arg(long, default_value = "auto")]
+    fabric: String,
     /// Cluster token.
     #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
     token: String,
@@ -53,7 +56,9 @@ pub struct WorkerArgs {
 /// The session, the allocation or a copy fails, or the parent goes away.
 pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
     let token = oncilla_proto::auth::Token::new(&args.token)?;
-    let ocm = Oncilla::connect_with(Options::new(args.socket.clone(), token).streams(1))?;
+    let mut opts = Options::new(args.socket.clone(), token).streams(1);
+    opts.fabric = liboncilla::Fabric::parse(&args.fabric)?;
+    let ocm = Oncilla::connect_with(opts)?;
     let a =
         ocm.alloc_with(&AllocSpec::new(args.size, Kind::RemoteHost).on_nodes([&args.target]))?;
     let n = usize::try_from(args.size)
@@ -107,6 +112,7 @@ impl Worker {
             .args(["--target", target, "--size", &size.to_string()])
             .args(["--rounds", &rounds.to_string()])
             .args(["--op", if write { "write" } else { "read" }])
+            .args(["--fabric", &opts.fabric.to_string()])
             .env("ONCILLA_TOKEN", opts.token.as_str())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

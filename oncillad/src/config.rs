@@ -51,6 +51,16 @@ pub struct Cli {
     /// start without them [default: auto].
     #[arg(long, env = "ONCILLA_HUGEPAGES", value_name = "MODE")]
     pub hugepages: Option<HugePages>,
+    /// RDMA ports to export the pool on, `NAME` or `NAME:PORT`, repeatable
+    /// or comma-separated (agent) [default: every active port]. Used only
+    /// by a build with the `verbs` feature.
+    #[arg(
+        long = "rdma-device",
+        env = "ONCILLA_RDMA_DEVICE",
+        value_name = "NAME[:PORT]",
+        value_delimiter = ','
+    )]
+    pub rdma_device: Vec<String>,
     /// Cluster token (prefer --token-file: flags show up in `ps`).
     #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -86,6 +96,7 @@ struct FileConfig {
     socket: Option<PathBuf>,
     capacity: Option<String>,
     hugepages: Option<HugePages>,
+    rdma_device: Option<Vec<String>>,
     token: Option<String>,
     token_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
@@ -136,6 +147,8 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     pub capacity: u64,
     pub huge_pages: HugePages,
+    /// `--rdma-device` selections; empty: every active port.
+    pub rdma_devices: Vec<String>,
 }
 
 /// The merged, validated configuration.
@@ -187,6 +200,11 @@ impl Config {
                         .unwrap_or_else(|| PathBuf::from(oncilla_proto::DEFAULT_SOCKET)),
                     capacity: parse_size(&capacity)?,
                     huge_pages: cli.hugepages.or(file.hugepages).unwrap_or_default(),
+                    rdma_devices: if cli.rdma_device.is_empty() {
+                        file.rdma_device.unwrap_or_default()
+                    } else {
+                        cli.rdma_device
+                    },
                 })
             }
             None => None,

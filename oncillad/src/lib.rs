@@ -167,15 +167,23 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 0
             }
         };
+        let rdma = Arc::new(fabric::verbs::Rdma::start(&agent_cfg.rdma_devices, &pool));
+        let mut fabrics = vec!["tcp".to_string(), "shm".to_string()];
+        if rdma.available() {
+            fabrics.push("verbs".into());
+        }
+        let (rdma_ports, rdma_note) = rdma.report();
         let node = oncilla_proto::pb::NodeInfo {
             name: config.name.clone(),
             agent_addr: config.advertised(grpc_addr),
             data_addr: config.advertised(data_addr),
             capacity: pool.capacity(),
             gpus,
-            fabrics: vec!["tcp".into(), "shm".into()],
+            fabrics,
             page_size: pool.page_size(),
             pool_note: pool.note().unwrap_or_default().to_string(),
+            rdma: rdma_ports,
+            rdma_note,
         };
         let agent = Arc::new(agent::Agent::new(node, Arc::new(pool)));
         tracing::info!(
@@ -211,7 +219,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;
         tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
         router = router.add_service(AgentServer::with_interceptor(
-            grpc::agent::AgentService::new(Arc::clone(&agent)),
+            grpc::agent::AgentService::new(Arc::clone(&agent), rdma),
             check.clone(),
         ));
         let listener = bind_unix(&agent_cfg.socket)?;

@@ -8,28 +8,41 @@ use crate::pb::Fabric;
 
 /// A fabric that cannot reach an extent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "fabric shm reaches only memory on the caller's own node ({mine}); an extent is on {extent}"
-)]
-pub struct Unreachable {
-    pub mine: String,
-    pub extent: String,
+pub enum Unreachable {
+    #[error("fabric shm reaches only memory on the caller's own node ({mine}); an extent is on {extent}")]
+    NotLocal { mine: String, extent: String },
+    #[error("fabric verbs cannot reach {extent}: {why} (use auto to fall back to tcp)")]
+    NoRdma { extent: String, why: String },
+}
+
+/// Whether both ends of a copy have the verbs fabric, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rdma {
+    Both,
+    Unavailable(String),
 }
 
 /// The fabric a process on `my_node` (empty: not on any agent's node) uses
 /// for an extent on `extent_node`, given its preference: shared memory for
-/// its own node, TCP otherwise, unless told TCP (always possible) or shared
-/// memory (same node only).
+/// its own node, else RDMA verbs when both ends have it, else TCP. Told
+/// TCP, always TCP; told shm or verbs, that or an error.
 ///
 /// # Errors
-/// [`Unreachable`] when shared memory is demanded for another node.
-pub fn choose(extent_node: &str, my_node: &str, preference: Fabric) -> Result<Fabric, Unreachable> {
+/// [`Unreachable`] when shared memory is demanded for another node, or
+/// verbs where an end has none.
+pub fn choose(
+    extent_node: &str,
+    my_node: &str,
+    preference: Fabric,
+    rdma: &Rdma,
+) -> Result<Fabric, Unreachable> {
     let same = !my_node.is_empty() && extent_node == my_node;
-    match preference {
-        Fabric::Auto if same => Ok(Fabric::Shm),
-        Fabric::Auto | Fabric::Tcp => Ok(Fabric::Tcp),
-        Fabric::Shm if same => Ok(Fabric::Shm),
-        Fabric::Shm => Err(Unreachable {
+    match (preference, rdma) {
+        (Fabric::Auto, _) if same => Ok(Fabric::Shm),
+        (Fabric::Auto, Rdma::Both) => Ok(Fabric::Verbs),
+        (Fabric::Auto | Fabric::Tcp, _) => Ok(Fabric::Tcp),
+        (Fabric::Shm, _) if same => Ok(Fabric::Shm),
+        (Fabric::Shm, _) => Err(Unreachable::NotLocal {
             mine: if my_node.is_empty() {
                 "none".into()
             } else {
@@ -37,10 +50,15 @@ pub fn choose(extent_node: &str, my_node: &str, preference: Fabric) -> Result<Fa
             },
             extent: extent_node.into(),
         }),
+        (Fabric::Verbs, Rdma::Both) => Ok(Fabric::Verbs),
+        (Fabric::Verbs, Rdma::Unavailable(why)) => Err(Unreachable::NoRdma {
+            extent: extent_node.into(),
+            why: why.clone(),
+        }),
     }
 }
 
-/// Parses `ONCILLA_FABRIC`-style names: `auto`, `tcp`, `shm`.
+/// Parses `ONCILLA_FABRIC`-style names: `auto`, `tcp`, `shm`, `verbs`.
 ///
 /// # Errors
 /// The accepted names, for anything else.
@@ -49,7 +67,10 @@ pub fn parse(name: &str) -> Result<Fabric, String> {
         "" | "auto" => Ok(Fabric::Auto),
         "tcp" => Ok(Fabric::Tcp),
         "shm" => Ok(Fabric::Shm),
-        other => Err(format!("unknown fabric {other:?}; use auto, tcp or shm")),
+        "verbs" | "rdma" => Ok(Fabric::Verbs),
+        other => Err(format!(
+            "unknown fabric {other:?}; use auto, tcp, shm or verbs"
+        )),
     }
 }
 
@@ -59,6 +80,7 @@ pub fn name(f: Fabric) -> &'static str {
         Fabric::Auto => "auto",
         Fabric::Tcp => "tcp",
         Fabric::Shm => "shm",
+        Fabric::Verbs => "verbs",
     }
 }
 
@@ -68,15 +90,35 @@ mod tests {
 
     #[test]
     fn same_node_is_shm_unless_told_tcp() {
-        assert_eq!(choose("a", "a", Fabric::Auto), Ok(Fabric::Shm));
-        assert_eq!(choose("b", "a", Fabric::Auto), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", "a", Fabric::Tcp), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", "", Fabric::Auto), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", "a", Fabric::Shm), Ok(Fabric::Shm));
-        let err = choose("b", "a", Fabric::Shm).unwrap_err();
+        let no = Rdma::Unavailable("no device".into());
+        assert_eq!(choose("a", "a", Fabric::Auto, &no), Ok(Fabric::Shm));
+        assert_eq!(choose("b", "a", Fabric::Auto, &no), Ok(Fabric::Tcp));
+        assert_eq!(choose("a", "a", Fabric::Tcp, &no), Ok(Fabric::Tcp));
+        assert_eq!(choose("a", "", Fabric::Auto, &no), Ok(Fabric::Tcp));
+        assert_eq!(choose("a", "a", Fabric::Shm, &no), Ok(Fabric::Shm));
+        let err = choose("b", "a", Fabric::Shm, &no).unwrap_err();
         assert!(err.to_string().contains("an extent is on b"), "{err}");
         assert_eq!(parse("TCP"), Ok(Fabric::Tcp));
-        assert!(parse("verbs").is_err());
+        assert_eq!(parse("verbs"), Ok(Fabric::Verbs));
+        assert!(parse("ib").is_err());
         assert_eq!(name(Fabric::Shm), "shm");
+    }
+
+    #[test]
+    fn verbs_when_both_ends_have_it_else_tcp_or_a_reason() {
+        let no = Rdma::Unavailable("node b: no RDMA devices".into());
+        assert_eq!(
+            choose("b", "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Verbs)
+        );
+        // Same node still prefers shared memory.
+        assert_eq!(choose("a", "a", Fabric::Auto, &Rdma::Both), Ok(Fabric::Shm));
+        assert_eq!(choose("b", "a", Fabric::Tcp, &Rdma::Both), Ok(Fabric::Tcp));
+        assert_eq!(
+            choose("b", "a", Fabric::Verbs, &Rdma::Both),
+            Ok(Fabric::Verbs)
+        );
+        let err = choose("b", "a", Fabric::Verbs, &no).unwrap_err();
+        assert!(err.to_string().contains("no RDMA devices"), "{err}");
     }
 }

@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod client;
 pub mod fabric;
+pub mod rdma;
 pub mod size;
 pub mod sock;
 pub mod wire;

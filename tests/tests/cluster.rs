@@ -10,6 +10,7 @@ use std::time::Duration;
 use liboncilla::fabric::DataPath;
 use liboncilla::{AllocSpec, Error, Fabric, Kind, Oncilla, Options};
 use oncilla_proto::auth::Token;
+use oncilla_proto::pb;
 use support::Cluster;
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
@@ -93,10 +94,17 @@ fn local_allocations_are_mapped_pool_memory() {
     // The same bytes, seen through the agent's pool over TCP.
     let dp = DataPath::new(c.token.clone(), liboncilla::fabric::DEFAULT_STREAMS);
     let mut over_tcp = [0u8; 5];
-    dp.read(local.descriptor(), 9_995, &mut over_tcp, None)
-        .unwrap();
+    dp.read(
+        local.descriptor(),
+        9_995,
+        &mut over_tcp,
+        None,
+        pb::Fabric::Tcp,
+    )
+    .unwrap();
     assert_eq!(&over_tcp, b"world");
-    dp.write(local.descriptor(), 0, b"HELLO", None).unwrap();
+    dp.write(local.descriptor(), 0, b"HELLO", None, pb::Fabric::Tcp)
+        .unwrap();
     let mut back = [0u8; 5];
     local.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"HELLO");
@@ -220,7 +228,7 @@ fn wrong_token_is_denied_everywhere() {
 
     let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
     let err = DataPath::new(wrong, liboncilla::fabric::DEFAULT_STREAMS)
-        .read(a.descriptor(), 0, &mut [0u8; 8], None)
+        .read(a.descriptor(), 0, &mut [0u8; 8], None, pb::Fabric::Tcp)
         .unwrap_err();
     assert!(
         matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),
@@ -342,7 +350,8 @@ fn fabric_can_be_forced_to_tcp_per_session_or_allocation() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("fabric shm reaches only"), "{err}");
-    assert!(Fabric::parse("rdma").is_err());
+    assert!(Fabric::parse("ib").is_err());
+    assert_eq!(Fabric::parse("verbs").unwrap(), Fabric::Verbs);
 
     // The same bytes through a session that maps them (attach by id).
     let named = ocm

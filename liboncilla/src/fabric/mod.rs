@@ -6,10 +6,13 @@
 
 pub mod shm;
 pub mod tcp;
+pub mod verbs;
 
 use std::io::{Read, Write};
 
 use oncilla_proto::auth::Token;
+use oncilla_proto::fabric::{self as choice, Rdma};
+use oncilla_proto::pb;
 use oncilla_proto::wire::{Op, Request};
 
 use crate::descriptor::Descriptor;
@@ -31,20 +34,35 @@ pub struct Transfer<'a> {
     pub local: Option<&'a Mapping>,
     pub offset: u64,
     pub buf: IoBuf<'a>,
+    /// The allocation's fabric preference (`Auto`: verbs where both ends
+    /// have it, else TCP).
+    pub fabric: pb::Fabric,
 }
 
 /// Moves bytes between local memory and allocations.
 pub struct DataPath {
     tcp: TcpFabric,
     streams: usize,
+    #[cfg(feature = "verbs")]
+    verbs: verbs::VerbsFabric,
 }
 
-/// A node's share of a copy: its chunks, later dealt out to connections.
+/// A node's share of a copy: its chunks, later dealt out to connections;
+/// or, over verbs, its pieces by pool offset (one allocation each).
 struct NodeWork<'a> {
     node: &'a str,
     addr: &'a str,
     bytes: u64,
     chunks: Vec<Chunk<'a>>,
+    /// `Some((agent address, allocation id))` for work over verbs.
+    rdma: Option<(&'a str, u64)>,
+    pieces: Vec<(u64, IoBuf<'a>)>,
+}
+
+/// One thread's work in [`DataPath::run`].
+enum Job<'s, 'a> {
+    Tcp((&'a str, &'a str), &'s mut [Chunk<'a>]),
+    Verbs(&'a str, &'a str, u64, &'s mut [(u64, IoBuf<'a>)]),
 }
 
 impl DataPath {
@@ -52,8 +70,30 @@ impl DataPath {
     /// connections per node for one copy.
     pub fn new(token: Token, streams: usize) -> Self {
         Self {
+            #[cfg(feature = "verbs")]
+            verbs: verbs::VerbsFabric::from_env(token.clone()),
             tcp: TcpFabric::new(token),
             streams: streams.max(1),
+        }
+    }
+
+    /// Whether this process can use verbs to `node` (whose agent listens
+    /// at `agent_addr`), and if not, why. With the `verbs` feature this
+    /// sets up the queue pair on first use, so an agent without RDMA is
+    /// found out before a copy depends on it.
+    pub fn rdma_for(&self, node: &str, agent_addr: &str) -> Rdma {
+        #[cfg(feature = "verbs")]
+        return match self.verbs.reachable(node, agent_addr) {
+            Ok(()) => Rdma::Both,
+            Err(why) => Rdma::Unavailable(why),
+        };
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = (node, agent_addr);
+            Rdma::Unavailable(
+                "this build has no verbs support (rebuild with `cargo build --features verbs`)"
+                    .into(),
+            )
         }
     }
 
@@ -68,12 +108,14 @@ impl DataPath {
         offset: u64,
         src: &[u8],
         local: Option<&Mapping>,
+        fabric: pb::Fabric,
     ) -> Result<()> {
         self.run([Transfer {
             desc,
             local,
             offset,
             buf: IoBuf::Write(src),
+            fabric,
         }])
     }
 
@@ -88,12 +130,14 @@ impl DataPath {
         offset: u64,
         dst: &mut [u8],
         local: Option<&Mapping>,
+        fabric: pb::Fabric,
     ) -> Result<()> {
         self.run([Transfer {
             desc,
             local,
             offset,
             buf: IoBuf::Read(dst),
+            fabric,
         }])
     }
 
@@ -128,14 +172,18 @@ impl DataPath {
         let mut nodes: Vec<NodeWork<'a>> = Vec::new();
         let mut local: Vec<(*mut u8, IoBuf<'a>)> = Vec::new();
         for t in std::iter::once(first).chain(rest) {
-            plan(t, &mut nodes, &mut local)?;
+            self.plan(t, &mut nodes, &mut local)?;
         }
-        let mut jobs: Vec<((&str, &str), &mut [Chunk<'a>])> = Vec::new();
+        let mut jobs: Vec<Job<'_, 'a>> = Vec::new();
         for n in &mut nodes {
+            if let Some((agent, id)) = n.rdma {
+                jobs.push(Job::Verbs(n.node, agent, id, &mut n.pieces));
+                continue;
+            }
             let streams = streams_for(n.bytes, self.streams);
             n.chunks = resplit(std::mem::take(&mut n.chunks), n.bytes, streams);
             deal(&mut n.chunks, n.bytes, streams, |part| {
-                jobs.push(((n.node, n.addr), part));
+                jobs.push(Job::Tcp((n.node, n.addr), part));
             });
         }
         let copy_local = move || {
@@ -156,16 +204,14 @@ impl DataPath {
             }
         };
         let mut jobs = jobs.into_iter();
-        let Some((peer, chunks)) = jobs.next() else {
+        let Some(first) = jobs.next() else {
             copy_local();
             return Ok(());
         };
         std::thread::scope(|s| {
-            let handles: Vec<_> = jobs
-                .map(|(peer, chunks)| s.spawn(move || self.tcp.run(peer, chunks)))
-                .collect();
+            let handles: Vec<_> = jobs.map(|job| s.spawn(move || self.job(job))).collect();
             copy_local();
-            let mut result = self.tcp.run(peer, chunks);
+            let mut result = self.job(first);
             for h in handles {
                 let r = h
                     .join()
@@ -176,6 +222,37 @@ impl DataPath {
             }
             result
         })
+    }
+
+    fn job(&self, job: Job<'_, '_>) -> Result<()> {
+        match job {
+            Job::Tcp(peer, chunks) => self.tcp.run(peer, chunks),
+            #[cfg(feature = "verbs")]
+            Job::Verbs(node, agent, id, pieces) => self.verbs.run(node, agent, id, pieces),
+            #[cfg(not(feature = "verbs"))]
+            Job::Verbs(node, agent, id, pieces) => Err(Error::Fabric {
+                node: node.to_string(),
+                addr: agent.to_string(),
+                reason: format!(
+                    "allocation {id}: {} pieces planned over verbs in a build without it",
+                    pieces.len()
+                ),
+            }),
+        }
+    }
+
+    /// The fabric for a remote extent on `node`: verbs or TCP.
+    ///
+    /// # Errors
+    /// A preference that cannot reach the node (verbs without RDMA, shm).
+    fn remote_fabric(&self, node: &str, agent: &str, prefer: pb::Fabric) -> Result<pb::Fabric> {
+        // Local extents never get here (they are mapped), so the caller's
+        // node does not matter: "" means "not this one".
+        let rdma = match prefer {
+            pb::Fabric::Tcp => Rdma::Unavailable(String::new()),
+            _ => self.rdma_for(node, agent),
+        };
+        choice::choose(node, "", prefer, &rdma).map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
     /// Runs `t` at once when it is one request to one remote node; hands
@@ -193,6 +270,11 @@ impl DataPath {
         let (Some((extent, at, _, _)), None) = (pieces.next(), pieces.next()) else {
             return Err(t);
         };
+        match self.remote_fabric(&extent.node, &extent.agent_addr, t.fabric) {
+            Ok(pb::Fabric::Tcp) => {}
+            Ok(_) => return Err(t),
+            Err(e) => return Ok(Err(e)),
+        }
         let mut one = [Chunk {
             req: request(&t.buf, t.desc, at, len),
             buf: t.buf,
@@ -215,47 +297,63 @@ pub fn streams_for(bytes: u64, max: usize) -> usize {
         .clamp(1, max.max(1))
 }
 
-/// Adds one transfer to the plan: its local pieces to `local`, the others
-/// to their node's work, one piece per chunk for now.
-fn plan<'a>(
-    t: Transfer<'a>,
-    nodes: &mut Vec<NodeWork<'a>>,
-    local: &mut Vec<(*mut u8, IoBuf<'a>)>,
-) -> Result<()> {
-    let len = t.buf.len() as u64;
-    t.desc.check_range(t.offset, len)?;
-    check_lease(t.desc, t.local)?;
-    let mut rest = t.buf;
-    // Pieces come in allocation order, so the buffer is carved front to back.
-    for (extent, at, _, n) in t.desc.pieces(t.offset, len) {
-        let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
-        rest = tail;
-        if let Some(ptr) = t.local.and_then(|m| m.ptr_for(at, n)) {
-            local.push((ptr, head));
-            continue;
-        }
-        let i = match nodes
-            .iter()
-            .position(|w| w.node == extent.node && w.addr == extent.data_addr)
-        {
-            Some(i) => i,
-            None => {
-                nodes.push(NodeWork {
-                    node: &extent.node,
-                    addr: &extent.data_addr,
-                    bytes: 0,
-                    chunks: Vec::new(),
-                });
-                nodes.len() - 1
+impl DataPath {
+    /// Adds one transfer to the plan: its local pieces to `local`, the others
+    /// to their node's work (one piece per chunk for now, or by pool offset
+    /// over verbs).
+    fn plan<'a>(
+        &self,
+        t: Transfer<'a>,
+        nodes: &mut Vec<NodeWork<'a>>,
+        local: &mut Vec<(*mut u8, IoBuf<'a>)>,
+    ) -> Result<()> {
+        let len = t.buf.len() as u64;
+        t.desc.check_range(t.offset, len)?;
+        check_lease(t.desc, t.local)?;
+        let mut rest = t.buf;
+        // Pieces come in allocation order, so the buffer is carved front to back.
+        for (extent, at, _, n) in t.desc.pieces(t.offset, len) {
+            let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
+            rest = tail;
+            if let Some(ptr) = t.local.and_then(|m| m.ptr_for(at, n)) {
+                local.push((ptr, head));
+                continue;
             }
-        };
-        nodes[i].bytes += n;
-        nodes[i].chunks.push(Chunk {
-            req: request(&head, t.desc, at, n),
-            buf: head,
-        });
+            let rdma = match self.remote_fabric(&extent.node, &extent.agent_addr, t.fabric)? {
+                pb::Fabric::Verbs => Some((extent.agent_addr.as_str(), t.desc.id)),
+                _ => None,
+            };
+            let i = match nodes
+                .iter()
+                .position(|w| w.node == extent.node && w.addr == extent.data_addr && w.rdma == rdma)
+            {
+                Some(i) => i,
+                None => {
+                    nodes.push(NodeWork {
+                        node: &extent.node,
+                        addr: &extent.data_addr,
+                        bytes: 0,
+                        chunks: Vec::new(),
+                        rdma,
+                        pieces: Vec::new(),
+                    });
+                    nodes.len() - 1
+                }
+            };
+            nodes[i].bytes += n;
+            if rdma.is_some() {
+                nodes[i]
+                    .pieces
+                    .push((extent.pool_offset + (at - extent.alloc_offset), head));
+            } else {
+                nodes[i].chunks.push(Chunk {
+                    req: request(&head, t.desc, at, n),
+                    buf: head,
+                });
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) -> Request {

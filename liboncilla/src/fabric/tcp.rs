@@ -54,6 +54,14 @@ impl IoBuf<'_> {
         self.len() == 0
     }
 
+    /// Where the bytes start.
+    pub fn as_ptr(&self) -> *const u8 {
+        match self {
+            IoBuf::Read(b) => b.as_ptr(),
+            IoBuf::Write(b) => b.as_ptr(),
+        }
+    }
+
     /// Splits off the first `n` bytes.
     pub fn split_at(self, n: usize) -> (Self, Self) {
         match self {

@@ -349,6 +349,7 @@ impl Agent {
                         pool_offset: x.memory.offset() + x.at,
                         data_addr: self.node.data_addr.clone(),
                         fabric: h.fabric,
+                        agent_addr: self.node.agent_addr.clone(),
                     })
                     .collect();
                 record

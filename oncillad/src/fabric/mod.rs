@@ -4,6 +4,7 @@
 
 pub mod shm;
 pub mod tcp;
+pub mod verbs;
 
 use std::io::{Read, Write};
 use std::sync::Arc;

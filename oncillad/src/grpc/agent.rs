@@ -7,16 +7,24 @@ use tonic::{Request, Response, Status};
 
 use super::reply;
 use crate::agent::Agent;
+use crate::fabric::verbs::Rdma;
 
 pub struct AgentService {
     agent: Arc<Agent>,
+    rdma: Arc<Rdma>,
 }
 
 impl AgentService {
-    pub fn new(agent: Arc<Agent>) -> Self {
-        Self { agent }
+    pub fn new(agent: Arc<Agent>, rdma: Arc<Rdma>) -> Self {
+        Self { agent, rdma }
     }
 }
+
+/// One reply, then pending for as long as the client keeps the stream:
+/// the queue pair lives in the stream's state.
+type ConnectVerbsStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<pb::ConnectVerbsReply, Status>> + Send>,
+>;
 
 #[tonic::async_trait]
 impl agent_server::Agent for AgentService {
@@ -76,5 +84,33 @@ impl agent_server::Agent for AgentService {
             incarnation: self.agent.incarnation(),
             cpu_ns: oncilla_proto::process_cpu_ns(),
         }))
+    }
+
+    type ConnectVerbsStream = ConnectVerbsStream;
+
+    #[tracing::instrument(skip_all, fields(port_index = req.get_ref().port_index))]
+    async fn connect_verbs(
+        &self,
+        req: Request<pb::ConnectVerbsRequest>,
+    ) -> Result<Response<ConnectVerbsStream>, Status> {
+        let rdma = Arc::clone(&self.rdma);
+        let r = req.into_inner();
+        // Creating and connecting a queue pair are blocking verbs calls.
+        let (reply, held) = tokio::task::spawn_blocking(move || rdma.connect(&r))
+            .await
+            .map_err(|e| Status::internal(format!("connect task failed: {e}")))??;
+        tracing::info!(device = %reply.device, port = reply.port, "verbs queue pair connected");
+        let stream =
+            futures_util::stream::unfold((Some(reply), held), |(reply, held)| async move {
+                match reply {
+                    Some(r) => Some((Ok(r), (None, held))),
+                    None => {
+                        // `held` stays in this future until the client goes.
+                        std::future::pending::<()>().await;
+                        None
+                    }
+                }
+            });
+        Ok(Response::new(Box::pin(stream)))
     }
 }

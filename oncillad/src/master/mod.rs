@@ -215,9 +215,29 @@ impl<L: AgentLink> Master<L> {
             )?;
             // What the creator will use for each node, refused up front
             // when its preference cannot reach one.
+            let verbs = |node: &str| {
+                st.nodes
+                    .get(node)
+                    .is_some_and(|n| n.info.fabrics.iter().any(|f| f == "verbs"))
+            };
             let fabrics = plan
                 .iter()
-                .map(|p| fabric::choose(&p.node, &req.origin_node, preference))
+                .map(|p| {
+                    let rdma = if verbs(&p.node) && verbs(&req.origin_node) {
+                        fabric::Rdma::Both
+                    } else {
+                        fabric::Rdma::Unavailable(format!(
+                            "{} or {} has no usable RDMA port (see `ocmctl nodes`)",
+                            p.node,
+                            if req.origin_node.is_empty() {
+                                "the caller"
+                            } else {
+                                &req.origin_node
+                            }
+                        ))
+                    };
+                    fabric::choose(&p.node, &req.origin_node, preference, &rdma)
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
             let id = st.next_id;
@@ -284,7 +304,7 @@ impl<L: AgentLink> Master<L> {
             });
         }
 
-        for (((p, _, data), r), fabric) in targets.iter().zip(results).zip(&fabrics) {
+        for (((p, agent, data), r), fabric) in targets.iter().zip(results).zip(&fabrics) {
             alloc
                 .extents
                 .extend(r.unwrap_or_default().into_iter().map(|piece| pb::Extent {
@@ -294,6 +314,7 @@ impl<L: AgentLink> Master<L> {
                     pool_offset: piece.pool_offset,
                     data_addr: data.clone(),
                     fabric: *fabric as i32,
+                    agent_addr: agent.clone(),
                 }));
         }
         alloc.extents.sort_by_key(|e| e.alloc_offset);

@@ -1,0 +1,504 @@
+//! The HCA side of the client's verbs fabric (feature `verbs`): opens
+//! this host's RDMA ports once per process, connects a queue pair to each
+//! remote agent per device on first use (`Agent.ConnectVerbs`), reuses it
+//! for every allocation on that agent, and closes it after an idle time.
+//!
+//! A copy registers the caller's buffer (through the registration cache
+//! where the HCA supports on-demand paging, else for the copy's duration),
+//! or, below [`BOUNCE_MAX`], goes through a pre-registered bounce buffer;
+//! then [`super::plan`] posts and polls. Every failed completion becomes an
+//! error naming the node and the allocation, and the queue pair, now in
+//! the error state, is dropped so the next copy connects afresh.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use oncilla_proto::auth::Token;
+use oncilla_proto::pb;
+use oncilla_proto::rdma::verbs::{Device, Mr, Qp};
+use oncilla_proto::rdma::{self, Completion, Probe, Wr};
+
+use super::plan::{self, Piece, Queue, Tuning};
+use super::regcache::{RegCache, Register};
+use super::Affinity;
+use crate::error::{Error, Result};
+use crate::fabric::tcp::IoBuf;
+
+/// Copies up to this size go through a registered bounce buffer: a memcpy
+/// is cheaper than registering a small buffer.
+pub const BOUNCE_MAX: usize = 64 << 10;
+/// Bounce buffers kept per device.
+const BOUNCE_KEEP: usize = 8;
+/// Registered bytes the cache may hold.
+const CACHE_LIMIT: u64 = 1 << 30;
+/// Default idle time after which a queue pair is closed.
+pub const IDLE: Duration = Duration::from_secs(60);
+
+/// One remote agent's queue pair on one of our devices.
+struct Conn {
+    qp: Qp,
+    slabs: Vec<pb::SlabRegion>,
+    /// Keeps the agent's end alive; dropping it tears the pair down.
+    _stream: tonic::Streaming<pb::ConnectVerbsReply>,
+    last_use: Instant,
+}
+
+/// A queue pair slot: empty until first use, and again after an error or
+/// an idle close.
+type Slot = Arc<Mutex<Option<Conn>>>;
+/// A device's spare bounce buffers, each with its registration.
+type Bounce = Mutex<Vec<(Box<[u8]>, Mr)>>;
+
+/// The verbs fabric of this process.
+pub struct VerbsFabric {
+    probe: Probe,
+    token: Token,
+    rt: tokio::runtime::Runtime,
+    conns: Mutex<HashMap<(String, usize), Slot>>,
+    /// Nodes whose agent has no verbs, and why.
+    refused: Mutex<HashMap<String, String>>,
+    cache: Mutex<RegCache<Mr>>,
+    /// Whether registrations follow the page tables (on-demand paging), so
+    /// a cached one can never point at pages the buffer no longer has.
+    odp: bool,
+    bounce: Vec<Bounce>,
+    tuning: Tuning,
+    idle: Duration,
+    affinity: Affinity,
+}
+
+impl VerbsFabric {
+    /// Opens the ports `wanted` selects (`ONCILLA_RDMA_DEVICE`; none: every
+    /// active port). Never fails: [`VerbsFabric::unavailable`] says why it
+    /// cannot be used.
+    pub fn new(
+        token: Token,
+        wanted: &[String],
+        tuning: Tuning,
+        idle: Duration,
+        affinity: Affinity,
+    ) -> Self {
+        let mut probe = rdma::probe(std::path::Path::new(rdma::discover::SYSFS), wanted);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("oncilla-verbs")
+            .enable_all()
+            .build();
+        let rt = match rt {
+            Ok(rt) => rt,
+            Err(e) => {
+                probe.note = Some(format!("cannot start the connection runtime: {e}"));
+                #[allow(clippy::expect_used)]
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("a current-thread runtime needs no resources")
+            }
+        };
+        let odp = probe.devices.iter().all(|d| d.odp);
+        let bounce = probe
+            .devices
+            .iter()
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
+        match &probe.note {
+            Some(why) => tracing::info!("verbs fabric unavailable: {why}; using tcp"),
+            None => tracing::info!(
+                ports = %probe.devices.iter().map(|d| d.port.label()).collect::<Vec<_>>().join(","),
+                odp,
+                chunk = tuning.chunk,
+                window = tuning.window,
+                affinity = ?affinity,
+                "verbs fabric ready"
+            ),
+        }
+        Self {
+            probe,
+            token,
+            rt,
+            conns: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+            cache: Mutex::new(RegCache::new(if odp { CACHE_LIMIT } else { 0 })),
+            odp,
+            bounce,
+            tuning,
+            idle,
+            affinity,
+        }
+    }
+
+    /// [`VerbsFabric::new`] configured from the environment:
+    /// `ONCILLA_RDMA_DEVICE` (`NAME[:PORT]`, comma-separated),
+    /// `ONCILLA_RDMA_CHUNK` (bytes per work request), `ONCILLA_RDMA_WINDOW`
+    /// (work requests in flight), `ONCILLA_RDMA_IDLE_S` (seconds before an
+    /// idle queue pair closes), `ONCILLA_RDMA_AFFINITY` (`none`,
+    /// `hca-socket`, `core:N`). A bad value is reported as the reason the
+    /// fabric is unavailable.
+    pub fn from_env(token: Token) -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let wanted: Vec<String> = var("ONCILLA_RDMA_DEVICE")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default();
+        let mut tuning = Tuning::default();
+        let mut bad = Vec::new();
+        let mut num = |k: &str, min: u64, max: u64| -> Option<u64> {
+            let v = var(k)?;
+            match v.trim().parse::<u64>() {
+                Ok(n) if (min..=max).contains(&n) => Some(n),
+                _ => {
+                    bad.push(format!("{k}={v:?} is not a number from {min} to {max}"));
+                    None
+                }
+            }
+        };
+        if let Some(c) = num("ONCILLA_RDMA_CHUNK", 4096, plan::MAX_WR) {
+            tuning.chunk = c;
+        }
+        if let Some(w) = num("ONCILLA_RDMA_WINDOW", 1, 1024) {
+            tuning.window = usize::try_from(w).unwrap_or(32);
+        }
+        let idle = num("ONCILLA_RDMA_IDLE_S", 1, 86_400).map_or(IDLE, Duration::from_secs);
+        let affinity = match var("ONCILLA_RDMA_AFFINITY").map(|v| Affinity::parse(&v)) {
+            Some(Ok(a)) => a,
+            Some(Err(e)) => {
+                bad.push(e);
+                Affinity::None
+            }
+            None => Affinity::None,
+        };
+        let mut me = Self::new(token, &wanted, tuning, idle, affinity);
+        if !bad.is_empty() {
+            me.probe.note = Some(bad.join("; "));
+            tracing::warn!("verbs fabric disabled: {}", bad.join("; "));
+        }
+        me
+    }
+
+    /// Whether verbs reaches `node` (agent at `agent_addr`): connects the
+    /// first device's queue pair if none is up.
+    ///
+    /// # Errors
+    /// Why not, once known, every time after.
+    pub fn reachable(&self, node: &str, agent_addr: &str) -> std::result::Result<(), String> {
+        if let Some(why) = self.unavailable(node) {
+            return Err(why);
+        }
+        let slot = self.slot(agent_addr, 0);
+        let mut guard = lock(&slot);
+        if guard.is_none() {
+            match self.connect(node, agent_addr, 0) {
+                Ok(c) => *guard = Some(c),
+                Err(e) => {
+                    let why = e.to_string();
+                    lock(&self.refused).insert(node.to_string(), why.clone());
+                    return Err(why);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Why this process cannot use verbs to `node`; `None` when it can.
+    pub fn unavailable(&self, node: &str) -> Option<String> {
+        if let Some(why) = &self.probe.note {
+            return Some(format!("this host: {why}"));
+        }
+        lock(&self.refused)
+            .get(node)
+            .map(|why| format!("{node}: {why}"))
+    }
+
+    /// Moves `pieces` (pool offset on `node`, caller buffer) of allocation
+    /// `alloc_id`, spread over this host's devices.
+    ///
+    /// # Errors
+    /// [`Error::Fabric`] naming the node and allocation for any failed
+    /// completion; [`Error::NodeUnreachable`] when the pair cannot be set up.
+    pub fn run(
+        &self,
+        node: &str,
+        agent_addr: &str,
+        alloc_id: u64,
+        pieces: &mut [(u64, IoBuf<'_>)],
+    ) -> Result<()> {
+        let n = self.probe.devices.len().max(1);
+        if n == 1 || pieces.len() == 1 {
+            return self.run_on(0, node, agent_addr, alloc_id, pieces);
+        }
+        // Several devices at once: a contiguous share of the pieces each.
+        let per = pieces.len().div_ceil(n);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = pieces
+                .chunks_mut(per)
+                .enumerate()
+                .map(|(dev, part)| {
+                    s.spawn(move || self.run_on(dev, node, agent_addr, alloc_id, part))
+                })
+                .collect();
+            let mut result = Ok(());
+            for h in handles {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Internal("verbs copy thread panicked".into())));
+                if result.is_ok() {
+                    result = r;
+                }
+            }
+            result
+        })
+    }
+
+    fn run_on(
+        &self,
+        dev: usize,
+        node: &str,
+        agent_addr: &str,
+        alloc_id: u64,
+        pieces: &mut [(u64, IoBuf<'_>)],
+    ) -> Result<()> {
+        let device = &self.probe.devices[dev];
+        if let Some(cpus) = self
+            .affinity
+            .cpus(std::path::Path::new("/"), device.port.numa_node)
+            .map_err(|e| self.fail(node, agent_addr, alloc_id, &e))?
+        {
+            super::pin_current_thread(&cpus)
+                .map_err(|e| self.fail(node, agent_addr, alloc_id, &e))?;
+        }
+        let slot = self.slot(agent_addr, dev);
+        let mut guard = lock(&slot);
+        if guard.is_none() {
+            *guard = Some(self.connect(node, agent_addr, dev)?);
+        }
+        let Some(conn) = guard.as_mut() else {
+            return Err(Error::Internal("verbs connection vanished".into()));
+        };
+        conn.last_use = Instant::now();
+        let outcome = self.copy(dev, conn, pieces);
+        if let Err(e) = outcome {
+            // The pair is in the error state: the next copy reconnects.
+            *guard = None;
+            return Err(self.fail(node, agent_addr, alloc_id, &e));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, node: &str, addr: &str, alloc_id: u64, e: &str) -> Error {
+        Error::Fabric {
+            node: node.to_string(),
+            addr: addr.to_string(),
+            reason: format!("verbs, allocation {alloc_id}: {e}"),
+        }
+    }
+
+    /// The connection slot for (agent, device), closing idle ones on the way.
+    fn slot(&self, agent_addr: &str, dev: usize) -> Slot {
+        let mut conns = lock(&self.conns);
+        let now = Instant::now();
+        for s in conns.values() {
+            if let Ok(mut c) = s.try_lock() {
+                if c.as_ref()
+                    .is_some_and(|c| now.duration_since(c.last_use) > self.idle)
+                {
+                    tracing::debug!("closing an idle verbs queue pair");
+                    *c = None;
+                }
+            }
+        }
+        Arc::clone(conns.entry((agent_addr.to_string(), dev)).or_default())
+    }
+
+    fn connect(&self, node: &str, agent_addr: &str, dev: usize) -> Result<Conn> {
+        let device = &self.probe.devices[dev];
+        let unreachable = |reason: String| Error::NodeUnreachable {
+            node: node.to_string(),
+            addr: agent_addr.to_string(),
+            reason,
+        };
+        let mut qp = Qp::new(
+            device,
+            u32::try_from(self.tuning.window).unwrap_or(64).max(16),
+        )
+        .map_err(|e| {
+            unreachable(format!(
+                "cannot create a queue pair on {}: {e}",
+                device.port.label()
+            ))
+        })?;
+        let req = pb::ConnectVerbsRequest {
+            client: Some(qp.endpoint().to_wire()),
+            port_index: u32::try_from(dev).unwrap_or(0),
+        };
+        let channel = oncilla_proto::client::lazy(agent_addr, &self.token)
+            .map_err(|e| unreachable(e.to_string()))?;
+        let mut client = pb::agent_client::AgentClient::new(channel);
+        let (stream, reply) = self
+            .rt
+            .block_on(async {
+                let mut stream = client.connect_verbs(req).await?.into_inner();
+                let first = stream.message().await?;
+                Ok::<_, tonic::Status>((stream, first))
+            })
+            .map_err(|s| {
+                if s.code() == tonic::Code::FailedPrecondition {
+                    lock(&self.refused).insert(node.to_string(), s.message().to_string());
+                    tracing::info!(node, "verbs unavailable: {}; using tcp", s.message());
+                }
+                unreachable(format!("ConnectVerbs: {}", s.message()))
+            })?;
+        let reply =
+            reply.ok_or_else(|| unreachable("ConnectVerbs: the agent closed the stream".into()))?;
+        let agent = reply
+            .agent
+            .as_ref()
+            .ok_or_else(|| unreachable("ConnectVerbs: no agent endpoint".into()))
+            .and_then(|e| rdma::qp::Endpoint::from_wire(e).map_err(unreachable))?;
+        qp.connect(&agent).map_err(unreachable)?;
+        tracing::info!(node, device = %device.port.label(), remote = %format!("{}:{}", reply.device, reply.port), "verbs queue pair connected");
+        Ok(Conn {
+            qp,
+            slabs: reply.slabs,
+            _stream: stream,
+            last_use: Instant::now(),
+        })
+    }
+
+    /// Copies every piece over `conn`'s pair.
+    fn copy(
+        &self,
+        dev: usize,
+        conn: &mut Conn,
+        pieces: &mut [(u64, IoBuf<'_>)],
+    ) -> std::result::Result<(), String> {
+        let device = &self.probe.devices[dev];
+        let mut work = Vec::with_capacity(pieces.len());
+        // Registrations (or bounce buffers) that must outlive the requests.
+        let mut keep: Vec<Arc<Mr>> = Vec::new();
+        let mut bounced: Vec<(usize, Box<[u8]>, Mr)> = Vec::new();
+        for (i, (pool_offset, buf)) in pieces.iter_mut().enumerate() {
+            let len = buf.len();
+            let (remote, rkey) = remote_of(&conn.slabs, *pool_offset, len as u64)?;
+            let read = matches!(buf, IoBuf::Read(_));
+            let (local, lkey) = if len <= BOUNCE_MAX {
+                let (mut b, mr) = self.take_bounce(dev, device)?;
+                if let IoBuf::Write(src) = buf {
+                    b[..len].copy_from_slice(src);
+                }
+                let at = (mr.addr, mr.lkey());
+                bounced.push((i, b, mr));
+                at
+            } else {
+                let addr = buf.as_ptr() as u64;
+                let mr = if self.odp {
+                    lock(&self.cache).get(&Registrar(device), addr, len as u64)?
+                } else {
+                    Arc::new(Registrar(device).register(addr, len as u64)?)
+                };
+                let lkey = mr.lkey();
+                keep.push(mr);
+                (addr, lkey)
+            };
+            work.push(Piece {
+                local,
+                lkey,
+                remote,
+                rkey,
+                len: len as u64,
+                read,
+            });
+        }
+        let wrs = plan::plan(&work, &self.tuning);
+        let outcome =
+            plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning).map_err(|e| e.to_string());
+        for (i, b, mr) in bounced {
+            if outcome.is_ok() {
+                if let IoBuf::Read(dst) = &mut pieces[i].1 {
+                    let n = dst.len();
+                    dst.copy_from_slice(&b[..n]);
+                }
+            }
+            self.give_bounce(dev, b, mr);
+        }
+        drop(keep);
+        outcome
+    }
+
+    fn take_bounce(
+        &self,
+        dev: usize,
+        device: &Arc<Device>,
+    ) -> std::result::Result<(Box<[u8]>, Mr), String> {
+        if let Some(b) = lock(&self.bounce[dev]).pop() {
+            return Ok(b);
+        }
+        let mut b = vec![0u8; BOUNCE_MAX].into_boxed_slice();
+        // SAFETY: the box is heap memory that moves with the registration
+        // (the pair is kept together in the bounce list and dropped MR
+        // first, see `give_bounce`), so it stays mapped while registered.
+        let mr = unsafe { device.register(b.as_mut_ptr(), b.len(), false)? };
+        Ok((b, mr))
+    }
+
+    fn give_bounce(&self, dev: usize, b: Box<[u8]>, mr: Mr) {
+        let mut list = lock(&self.bounce[dev]);
+        if list.len() < BOUNCE_KEEP {
+            list.push((b, mr));
+        } else {
+            drop(mr);
+            drop(b);
+        }
+    }
+}
+
+/// Registers caller buffers on one device for local access.
+struct Registrar<'a>(&'a Arc<Device>);
+
+impl Register for Registrar<'_> {
+    type Region = Mr;
+    fn register(&self, addr: u64, len: u64) -> std::result::Result<Mr, String> {
+        let len = usize::try_from(len).map_err(|_| "buffer larger than memory".to_string())?;
+        // SAFETY: `addr..addr+len` is (a page-widened cover of) a caller
+        // buffer borrowed for the whole copy. Without on-demand paging the
+        // registration is dropped when the copy ends; with it the cache may
+        // keep it, and the HCA then follows the page tables, so a later
+        // unmap or remap of that memory cannot leave it pointing at stale
+        // pages.
+        unsafe { self.0.register(addr as *mut u8, len, false) }
+    }
+}
+
+/// The HCA as the planner's queue.
+struct Hca<'a>(&'a mut Qp);
+
+impl Queue for Hca<'_> {
+    fn post(&mut self, wrs: &[Wr]) -> std::result::Result<(), String> {
+        // SAFETY: every request names a registered range of a buffer (or
+        // bounce buffer) that `copy` keeps borrowed and registered until
+        // `plan::run` has seen a completion covering the last request.
+        unsafe { self.0.post(wrs) }
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> std::result::Result<usize, String> {
+        self.0.poll(out)
+    }
+}
+
+/// The remote address and key of `len` bytes at `pool_offset`.
+fn remote_of(
+    slabs: &[pb::SlabRegion],
+    pool_offset: u64,
+    len: u64,
+) -> std::result::Result<(u64, u32), String> {
+    slabs
+        .iter()
+        .find(|s| s.pool_offset <= pool_offset && pool_offset + len <= s.pool_offset + s.len)
+        .map(|s| (s.addr + (pool_offset - s.pool_offset), s.rkey))
+        .ok_or_else(|| {
+            format!("pool offset {pool_offset} (+{len}) is in no registered slab of the agent")
+        })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every holder leaves the state consistent before it can panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,131 @@
+//! RDMA: what this node has (sysfs discovery), the queue-pair life and
+//! completion meanings that the agent and the client share, and, with the
+//! `verbs` cargo feature, the verbs layer itself.
+//!
+//! Everything but [`verbs`] is plain logic that builds and is tested on
+//! any machine. Nothing here chooses a fabric ([`crate::fabric`] does) or
+//! moves bytes on its own.
+
+pub mod discover;
+pub mod qp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
+pub mod wc;
+
+use std::path::Path;
+#[cfg(feature = "verbs")]
+use std::sync::Arc;
+
+use discover::Port;
+
+/// One RDMA READ or WRITE between a registered local range and a remote
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wr {
+    pub wr_id: u64,
+    pub read: bool,
+    pub local: u64,
+    pub lkey: u32,
+    pub len: u32,
+    pub remote: u64,
+    pub rkey: u32,
+    /// Whether it produces a completion (selective signaling).
+    pub signaled: bool,
+}
+
+/// A completed (or failed) work request: its id and `ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: u32,
+}
+
+/// What a process found when it looked for RDMA, and what it can use.
+pub struct Probe {
+    /// Every port sysfs lists, usable or not (for `ocmctl nodes`).
+    pub found: Vec<Port>,
+    /// Opened ports, in selection order.
+    #[cfg(feature = "verbs")]
+    pub devices: Vec<Arc<verbs::Device>>,
+    /// Why the verbs fabric is unavailable; `None` when it is available.
+    pub note: Option<String>,
+}
+
+impl Probe {
+    pub fn available(&self) -> bool {
+        self.note.is_none()
+    }
+
+    /// The ports as the wire reports them, active MTUs filled in where a
+    /// port was opened.
+    pub fn to_wire(&self) -> Vec<crate::pb::RdmaPort> {
+        self.found
+            .iter()
+            .map(|p| {
+                #[cfg(feature = "verbs")]
+                if let Some(d) = self.devices.iter().find(|d| d.port.label() == p.label()) {
+                    return d.port.to_wire();
+                }
+                p.to_wire()
+            })
+            .collect()
+    }
+}
+
+/// Looks for RDMA ports under `root` (normally [`discover::SYSFS`]) and,
+/// in a `verbs` build, opens the ones `wanted` selects (`NAME` or
+/// `NAME:PORT`; none: every active port). Never fails: what cannot be
+/// used is explained in [`Probe::note`].
+pub fn probe(root: &Path, wanted: &[String]) -> Probe {
+    let found = match discover::ports(root) {
+        Ok(f) => f,
+        Err(why) => {
+            return Probe {
+                found: Vec::new(),
+                #[cfg(feature = "verbs")]
+                devices: Vec::new(),
+                note: Some(why),
+            }
+        }
+    };
+    let selected = match discover::select(&found, wanted) {
+        Ok(s) => s,
+        Err(why) => {
+            return Probe {
+                found,
+                #[cfg(feature = "verbs")]
+                devices: Vec::new(),
+                note: Some(why),
+            }
+        }
+    };
+    open(found, &selected)
+}
+
+#[cfg(feature = "verbs")]
+fn open(found: Vec<Port>, selected: &[Port]) -> Probe {
+    let mut devices = Vec::new();
+    let mut errors = Vec::new();
+    for p in selected {
+        match verbs::Device::open(p) {
+            Ok(d) => devices.push(d),
+            Err(e) => errors.push(format!("{}: {e}", p.label())),
+        }
+    }
+    let note = devices.is_empty().then(|| errors.join("; "));
+    Probe {
+        found,
+        devices,
+        note,
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open(found: Vec<Port>, _selected: &[Port]) -> Probe {
+    Probe {
+        found,
+        note: Some(
+            "this build has no verbs support (rebuild with `cargo build --features verbs`)".into(),
+        ),
+    }
+}
