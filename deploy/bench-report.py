@@ -90,6 +90,8 @@ def rows():
             out.append((f"raw TCP, {c} client(s) at once, {op} 64 MiB", f"oncilla_raw_conc_{op}_c{c}", "GB/s", None))
             out.append((f"**Oncilla, {c} client(s) at once, {op} 64 MiB**", f"oncilla_conc_{op}_c{c}", "GB/s",
                         f"oncilla_raw_conc_{op}_c{c}"))
+            out.append((f"**Oncilla, {c} process(es) at once, {op} 64 MiB**", f"oncilla_proc_conc_{op}_c{c}", "GB/s",
+                        f"oncilla_raw_conc_{op}_c{c}"))
     for size in (1, 4, 16, 64):
         out.append((f"UCX ucp_get {size} MiB", f"ucx_get_bw_{size}MiB", "GB/s", None))
         out.append((f"UCX ucp_put {size} MiB", f"ucx_put_bw_{size}MiB", "GB/s", None))

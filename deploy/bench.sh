@@ -124,6 +124,7 @@ for path in sys.argv[1:]:
     for c in r["concurrency"]:
         tag = f'{c["op"]}_c{c["clients"]}'
         print(f'oncilla_conc_{tag} {c["oncilla_gb_per_s"]:.4f} GB/s')
+        print(f'oncilla_proc_conc_{tag} {c["processes_gb_per_s"]:.4f} GB/s')
         print(f'oncilla_raw_conc_{tag} {c["raw_gb_per_s"]:.4f} GB/s')
     b = r["batch"]
     print(f'oncilla_batch_one_ops {b["one_at_a_time_ops_per_s"]:.0f} ops/s')
