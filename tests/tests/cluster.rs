@@ -482,10 +482,10 @@ fn without_rdma_verbs_is_reported_unavailable_and_auto_falls_back_to_tcp() {
         o
     })
     .unwrap();
-    let err = forced
-        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]))
-        .err()
-        .expect("verbs cannot be demanded without RDMA");
+    let Err(err) = forced.alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]))
+    else {
+        panic!("verbs cannot be demanded without RDMA");
+    };
     assert!(err.to_string().contains("verbs"), "{err}");
 }
 
