@@ -11,4 +11,5 @@ cargo test --workspace
 
 verbs=(--features oncilla-proto/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs)
 cargo clippy --workspace --all-targets "${verbs[@]}" -- -D warnings
-cargo test -p oncilla-proto -p liboncilla -p oncillad --lib "${verbs[@]}"
+cargo test -p oncilla-proto -p liboncilla -p oncillad --lib \
+  --features oncilla-proto/verbs,oncillad/verbs,liboncilla/verbs
