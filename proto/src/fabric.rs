@@ -4,6 +4,8 @@
 //!
 //! It knows only what each fabric can reach; it never moves bytes.
 
+use std::sync::Arc;
+
 use crate::pb::Fabric;
 
 /// A fabric that cannot reach an extent.
@@ -16,10 +18,12 @@ pub enum Unreachable {
 }
 
 /// Whether both ends of a copy have the verbs fabric, and if not, why.
+/// The reason is shared, so a client asking for every copy allocates
+/// nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rdma {
     Both,
-    Unavailable(String),
+    Unavailable(Arc<str>),
 }
 
 /// The fabric a process on `my_node` (empty: not on any agent's node) uses
@@ -53,7 +57,7 @@ pub fn choose(
         (Fabric::Verbs, Rdma::Both) => Ok(Fabric::Verbs),
         (Fabric::Verbs, Rdma::Unavailable(why)) => Err(Unreachable::NoRdma {
             extent: extent_node.into(),
-            why: why.clone(),
+            why: why.to_string(),
         }),
     }
 }

@@ -89,11 +89,14 @@ impl DataPath {
         };
         #[cfg(not(feature = "verbs"))]
         {
+            /// Made once: the reason is asked for on every copy.
+            static NO_VERBS: std::sync::LazyLock<std::sync::Arc<str>> =
+                std::sync::LazyLock::new(|| {
+                    "this build has no verbs support (rebuild with `cargo build --features verbs`)"
+                        .into()
+                });
             let _ = (node, agent_addr);
-            Rdma::Unavailable(
-                "this build has no verbs support (rebuild with `cargo build --features verbs`)"
-                    .into(),
-            )
+            Rdma::Unavailable(std::sync::Arc::clone(&NO_VERBS))
         }
     }
 
@@ -211,16 +214,8 @@ impl DataPath {
         std::thread::scope(|s| {
             let handles: Vec<_> = jobs.map(|job| s.spawn(move || self.job(job))).collect();
             copy_local();
-            let mut result = self.job(first);
-            for h in handles {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Internal("copy thread panicked".into())));
-                if result.is_ok() {
-                    result = r;
-                }
-            }
-            result
+            let mine = self.job(first);
+            join_first_error(handles, mine)
         })
     }
 
@@ -246,12 +241,13 @@ impl DataPath {
     /// # Errors
     /// A preference that cannot reach the node (verbs without RDMA, shm).
     fn remote_fabric(&self, node: &str, agent: &str, prefer: pb::Fabric) -> Result<pb::Fabric> {
+        // Told TCP, `choose` answers TCP whatever verbs can do: do not ask.
+        if prefer == pb::Fabric::Tcp {
+            return Ok(pb::Fabric::Tcp);
+        }
         // Local extents never get here (they are mapped), so the caller's
         // node does not matter: "" means "not this one".
-        let rdma = match prefer {
-            pb::Fabric::Tcp => Rdma::Unavailable(String::new()),
-            _ => self.rdma_for(node, agent),
-        };
+        let rdma = self.rdma_for(node, agent);
         choice::choose(node, "", prefer, &rdma).map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
@@ -281,6 +277,24 @@ impl DataPath {
         }];
         Ok(self.tcp.run((&extent.node, &extent.data_addr), &mut one))
     }
+}
+
+/// Waits for every copy thread; the first error met (`first`, then the
+/// threads in order) is the outcome. A panicked thread is an error.
+pub(crate) fn join_first_error(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<()>>>,
+    first: Result<()>,
+) -> Result<()> {
+    let mut result = first;
+    for h in handles {
+        let r = h
+            .join()
+            .unwrap_or_else(|_| Err(Error::Internal("copy thread panicked".into())));
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result
 }
 
 /// Whether a copy of `len` bytes to one node is one request on one

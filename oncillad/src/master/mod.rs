@@ -226,15 +226,18 @@ impl<L: AgentLink> Master<L> {
                     let rdma = if verbs(&p.node) && verbs(&req.origin_node) {
                         fabric::Rdma::Both
                     } else {
-                        fabric::Rdma::Unavailable(format!(
-                            "{} or {} has no usable RDMA port (see `ocmctl nodes`)",
-                            p.node,
-                            if req.origin_node.is_empty() {
-                                "the caller"
-                            } else {
-                                &req.origin_node
-                            }
-                        ))
+                        fabric::Rdma::Unavailable(
+                            format!(
+                                "{} or {} has no usable RDMA port (see `ocmctl nodes`)",
+                                p.node,
+                                if req.origin_node.is_empty() {
+                                    "the caller"
+                                } else {
+                                    &req.origin_node
+                                }
+                            )
+                            .into(),
+                        )
                     };
                     fabric::choose(&p.node, &req.origin_node, preference, &rdma)
                 })

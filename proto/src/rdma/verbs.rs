@@ -277,10 +277,16 @@ pub struct Qp {
     /// Most work requests outstanding at once.
     pub depth: u32,
     dev: Arc<Device>,
+    /// Scratch for `post`, kept so posting allocates nothing once warm;
+    /// its pointers mean something only during one `post` call.
+    sges: Vec<ffi::ibv_sge>,
+    list: Vec<ffi::ibv_send_wr>,
 }
 
 // SAFETY: the QP and CQ are used by one owner at a time (`&mut` for posting
-// and state changes); libibverbs allows that owner to be on any thread.
+// and state changes); libibverbs allows that owner to be on any thread. The
+// scratch vectors' raw pointers point into the vectors themselves and are
+// rewritten on every `post`, so moving them across threads is harmless.
 unsafe impl Send for Qp {}
 
 impl Qp {
@@ -325,6 +331,8 @@ impl Qp {
             psn: qp::random_psn(),
             depth,
             dev: Arc::clone(dev),
+            sges: Vec::new(),
+            list: Vec::new(),
         };
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
@@ -442,15 +450,16 @@ impl Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<ffi::ibv_sge> = wrs
-            .iter()
-            .map(|w| ffi::ibv_sge {
-                addr: w.local,
-                length: w.len,
-                lkey: w.lkey,
-            })
-            .collect();
-        let mut list: Vec<ffi::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        let sges = &mut self.sges;
+        sges.clear();
+        sges.extend(wrs.iter().map(|w| ffi::ibv_sge {
+            addr: w.local,
+            length: w.len,
+            lkey: w.lkey,
+        }));
+        // `sges` is complete and does not move while `list` points into it.
+        let list = &mut self.list;
+        list.clear();
         for (w, sge) in wrs.iter().zip(sges.iter_mut()) {
             let mut wr = ffi::ibv_send_wr {
                 wr_id: w.wr_id,

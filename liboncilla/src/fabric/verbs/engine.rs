@@ -53,11 +53,16 @@ type Bounce = Mutex<Vec<(Box<[u8]>, Mr)>>;
 /// The verbs fabric of this process.
 pub struct VerbsFabric {
     probe: Probe,
+    /// Why this host cannot use verbs at all; `None` when it can.
+    host: Option<Arc<str>>,
     token: Token,
-    rt: tokio::runtime::Runtime,
-    conns: Mutex<HashMap<(String, usize), Slot>>,
-    /// Nodes whose agent has no verbs, and why.
-    refused: Mutex<HashMap<String, String>>,
+    /// Runs `ConnectVerbs` calls; `None` when it could not start (then
+    /// `host` says so).
+    rt: Option<tokio::runtime::Runtime>,
+    /// Queue pair slots by agent address, one per local device.
+    conns: Mutex<HashMap<String, Vec<Slot>>>,
+    /// Nodes tried so far: `None` when verbs reaches them, else why not.
+    nodes: Mutex<HashMap<String, Option<Arc<str>>>>,
     cache: Mutex<RegCache<Mr>>,
     /// Whether registrations follow the page tables (on-demand paging), so
     /// a cached one can never point at pages the buffer no longer has.
@@ -65,12 +70,14 @@ pub struct VerbsFabric {
     bounce: Vec<Bounce>,
     tuning: Tuning,
     idle: Duration,
-    affinity: Affinity,
+    /// Per device: the CPUs its progress thread is pinned to (`None`: not
+    /// pinned), resolved once from the affinity policy, or why not.
+    pins: Vec<std::result::Result<Option<Vec<usize>>, String>>,
 }
 
 impl VerbsFabric {
     /// Opens the ports `wanted` selects (`ONCILLA_RDMA_DEVICE`; none: every
-    /// active port). Never fails: [`VerbsFabric::unavailable`] says why it
+    /// active port). Never fails: [`VerbsFabric::reachable`] says why it
     /// cannot be used.
     pub fn new(
         token: Token,
@@ -84,17 +91,11 @@ impl VerbsFabric {
             .worker_threads(1)
             .thread_name("oncilla-verbs")
             .enable_all()
-            .build();
-        let rt = match rt {
-            Ok(rt) => rt,
-            Err(e) => {
+            .build()
+            .map_err(|e| {
                 probe.note = Some(format!("cannot start the connection runtime: {e}"));
-                #[allow(clippy::expect_used)]
-                tokio::runtime::Builder::new_current_thread()
-                    .build()
-                    .expect("a current-thread runtime needs no resources")
-            }
-        };
+            })
+            .ok();
         let odp = probe.devices.iter().all(|d| d.odp);
         let bounce = probe
             .devices
@@ -112,18 +113,28 @@ impl VerbsFabric {
                 "verbs fabric ready"
             ),
         }
+        let sysroot = std::path::Path::new("/");
+        let pins = probe
+            .devices
+            .iter()
+            .map(|d| affinity.cpus(sysroot, d.port.numa_node))
+            .collect();
         Self {
+            host: probe
+                .note
+                .as_ref()
+                .map(|why| format!("this host: {why}").into()),
             probe,
             token,
             rt,
             conns: Mutex::new(HashMap::new()),
-            refused: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(HashMap::new()),
             cache: Mutex::new(RegCache::new(if odp { CACHE_LIMIT } else { 0 })),
             odp,
             bounce,
             tuning,
             idle,
-            affinity,
+            pins,
         }
     }
 
@@ -168,44 +179,42 @@ impl VerbsFabric {
         };
         let mut me = Self::new(token, &wanted, tuning, idle, affinity);
         if !bad.is_empty() {
-            me.probe.note = Some(bad.join("; "));
             tracing::warn!("verbs fabric disabled: {}", bad.join("; "));
+            me.host = Some(format!("this host: {}", bad.join("; ")).into());
         }
         me
     }
 
-    /// Whether verbs reaches `node` (agent at `agent_addr`): connects the
-    /// first device's queue pair if none is up.
+    /// Whether verbs reaches `node` (agent at `agent_addr`). The first ask
+    /// for a node connects the first device's queue pair; the answer is
+    /// kept, so later asks (one per piece of every copy) cost a lookup.
     ///
     /// # Errors
     /// Why not, once known, every time after.
-    pub fn reachable(&self, node: &str, agent_addr: &str) -> std::result::Result<(), String> {
-        if let Some(why) = self.unavailable(node) {
-            return Err(why);
+    pub fn reachable(&self, node: &str, agent_addr: &str) -> std::result::Result<(), Arc<str>> {
+        if let Some(why) = &self.host {
+            return Err(Arc::clone(why));
+        }
+        if let Some(known) = lock(&self.nodes).get(node) {
+            return known.as_ref().map_or(Ok(()), |why| Err(Arc::clone(why)));
         }
         let slot = self.slot(agent_addr, 0);
         let mut guard = lock(&slot);
         if guard.is_none() {
             match self.connect(node, agent_addr, 0) {
                 Ok(c) => *guard = Some(c),
-                Err(e) => {
-                    let why = e.to_string();
-                    lock(&self.refused).insert(node.to_string(), why.clone());
-                    return Err(why);
-                }
+                Err(e) => return Err(self.refuse(node, &e.to_string())),
             }
         }
+        lock(&self.nodes).insert(node.to_string(), None);
         Ok(())
     }
 
-    /// Why this process cannot use verbs to `node`; `None` when it can.
-    pub fn unavailable(&self, node: &str) -> Option<String> {
-        if let Some(why) = &self.probe.note {
-            return Some(format!("this host: {why}"));
-        }
-        lock(&self.refused)
-            .get(node)
-            .map(|why| format!("{node}: {why}"))
+    /// Remembers that verbs does not reach `node`, and why.
+    fn refuse(&self, node: &str, why: &str) -> Arc<str> {
+        let why: Arc<str> = format!("{node}: {why}").into();
+        lock(&self.nodes).insert(node.to_string(), Some(Arc::clone(&why)));
+        why
     }
 
     /// Moves `pieces` (pool offset on `node`, caller buffer) of allocation
@@ -222,7 +231,10 @@ impl VerbsFabric {
         pieces: &mut [(u64, IoBuf<'_>)],
     ) -> Result<()> {
         let n = self.probe.devices.len().max(1);
-        if n == 1 || pieces.len() == 1 {
+        // Pinning applies to a progress thread of our own, never to the
+        // caller's thread.
+        let pinned = self.pins.iter().any(|p| !matches!(p, Ok(None)));
+        if (n == 1 || pieces.len() == 1) && !pinned {
             return self.run_on(0, node, agent_addr, alloc_id, pieces);
         }
         // Several devices at once: a contiguous share of the pieces each.
@@ -235,16 +247,7 @@ impl VerbsFabric {
                     s.spawn(move || self.run_on(dev, node, agent_addr, alloc_id, part))
                 })
                 .collect();
-            let mut result = Ok(());
-            for h in handles {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Internal("verbs copy thread panicked".into())));
-                if result.is_ok() {
-                    result = r;
-                }
-            }
-            result
+            crate::fabric::join_first_error(handles, Ok(()))
         })
     }
 
@@ -256,14 +259,11 @@ impl VerbsFabric {
         alloc_id: u64,
         pieces: &mut [(u64, IoBuf<'_>)],
     ) -> Result<()> {
-        let device = &self.probe.devices[dev];
-        if let Some(cpus) = self
-            .affinity
-            .cpus(std::path::Path::new("/"), device.port.numa_node)
-            .map_err(|e| self.fail(node, agent_addr, alloc_id, &e))?
-        {
-            super::pin_current_thread(&cpus)
-                .map_err(|e| self.fail(node, agent_addr, alloc_id, &e))?;
+        match &self.pins[dev] {
+            Ok(None) => {}
+            Ok(Some(cpus)) => super::pin_current_thread(cpus)
+                .map_err(|e| self.fail(node, agent_addr, alloc_id, &e))?,
+            Err(e) => return Err(self.fail(node, agent_addr, alloc_id, e)),
         }
         let slot = self.slot(agent_addr, dev);
         let mut guard = lock(&slot);
@@ -295,7 +295,7 @@ impl VerbsFabric {
     fn slot(&self, agent_addr: &str, dev: usize) -> Slot {
         let mut conns = lock(&self.conns);
         let now = Instant::now();
-        for s in conns.values() {
+        for s in conns.values().flatten() {
             if let Ok(mut c) = s.try_lock() {
                 if c.as_ref()
                     .is_some_and(|c| now.duration_since(c.last_use) > self.idle)
@@ -305,7 +305,14 @@ impl VerbsFabric {
                 }
             }
         }
-        Arc::clone(conns.entry((agent_addr.to_string(), dev)).or_default())
+        if !conns.contains_key(agent_addr) {
+            let slots = self.probe.devices.iter().map(|_| Slot::default()).collect();
+            conns.insert(agent_addr.to_string(), slots);
+        }
+        conns
+            .get(agent_addr)
+            .and_then(|slots| slots.get(dev))
+            .map_or_else(Slot::default, Arc::clone)
     }
 
     fn connect(&self, node: &str, agent_addr: &str, dev: usize) -> Result<Conn> {
@@ -332,8 +339,11 @@ impl VerbsFabric {
         let channel = oncilla_proto::client::lazy(agent_addr, &self.token)
             .map_err(|e| unreachable(e.to_string()))?;
         let mut client = pb::agent_client::AgentClient::new(channel);
-        let (stream, reply) = self
+        let rt = self
             .rt
+            .as_ref()
+            .ok_or_else(|| unreachable("no runtime for ConnectVerbs".into()))?;
+        let (stream, reply) = rt
             .block_on(async {
                 let mut stream = client.connect_verbs(req).await?.into_inner();
                 let first = stream.message().await?;
@@ -341,7 +351,7 @@ impl VerbsFabric {
             })
             .map_err(|s| {
                 if s.code() == tonic::Code::FailedPrecondition {
-                    lock(&self.refused).insert(node.to_string(), s.message().to_string());
+                    self.refuse(node, s.message());
                     tracing::info!(node, "verbs unavailable: {}; using tcp", s.message());
                 }
                 unreachable(format!("ConnectVerbs: {}", s.message()))
