@@ -110,6 +110,7 @@ struct Plan {
     clients: Vec<usize>,
     clients_size: u64,
     json: bool,
+    fabric: Fabric,
 }
 
 /// One direction.
@@ -195,18 +196,17 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
             let raw = args.raw.clone().unwrap_or_default();
             let master = Master::connect(&args.conn.master, &args.conn.token()?)?;
             let mut opts = Options::new(socket.clone(), args.conn.token()?);
-            opts.fabric = Fabric::parse(&args.fabric)?;
+            opts.fabric = plan.fabric;
             measure(&master, &opts, args.target.clone(), &raw, &plan)
         }
         None => {
             // node-0 serves the benchmark's session; node-1 holds the bytes.
             let capacities = [64 << 20, need + (64 << 20)];
-            let fabric = Fabric::parse(&args.fabric)?;
             let raw = rawtcp::spawn_local()?;
             cluster::run(&capacities, false, move |c| {
                 let master = Master::connect(&c.master_addr, &c.token)?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());
-                opts.fabric = fabric;
+                opts.fabric = plan.fabric;
                 measure(&master, &opts, Some("node-1".into()), &raw, &plan)
             })
         }
@@ -246,6 +246,7 @@ fn plan(args: &CopyArgs) -> Result<Plan, CliError> {
         clients: list(&args.clients, "clients")?,
         clients_size,
         json: args.json,
+        fabric: Fabric::parse(&args.fabric)?,
     })
 }
 

@@ -176,11 +176,12 @@ fn register_pool(
     let mut out = Vec::new();
     for slab in pool.slabs() {
         let len = usize::try_from(slab.len()).map_err(|_| "slab larger than memory".to_string())?;
-        // SAFETY: the slab is mapped for the life of the pool, which the
-        // agent keeps until the process exits; the region is dropped with
-        // `Rdma`, before the pool, since `Rdma` lives in the agent's
-        // startup scope after the pool was made, and every queue pair that
-        // could use it holds the device, not the memory.
+        // SAFETY: the slab is mapped for the life of the pool, and the
+        // agent holds the pool (`Arc`) and this `Rdma` (in the Agent
+        // service) until the process exits. Should the slab ever be
+        // unmapped first, the registration still pins its pages, so the
+        // HCA can only touch those pages, never memory given to anyone else;
+        // no request of ours is in flight on it (the agent posts none).
         let mr = unsafe { dev.register(slab.base(), len, true)? };
         out.push((
             pb::SlabRegion {

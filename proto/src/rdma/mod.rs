@@ -79,27 +79,22 @@ impl Probe {
 pub fn probe(root: &Path, wanted: &[String]) -> Probe {
     let found = match discover::ports(root) {
         Ok(f) => f,
-        Err(why) => {
-            return Probe {
-                found: Vec::new(),
-                #[cfg(feature = "verbs")]
-                devices: Vec::new(),
-                note: Some(why),
-            }
-        }
+        Err(why) => return unusable(Vec::new(), why),
     };
-    let selected = match discover::select(&found, wanted) {
-        Ok(s) => s,
-        Err(why) => {
-            return Probe {
-                found,
-                #[cfg(feature = "verbs")]
-                devices: Vec::new(),
-                note: Some(why),
-            }
-        }
-    };
-    open(found, &selected)
+    match discover::select(&found, wanted) {
+        Ok(selected) => open(found, &selected),
+        Err(why) => unusable(found, why),
+    }
+}
+
+/// A probe that found `found` and can use none of it, because of `why`.
+fn unusable(found: Vec<Port>, why: String) -> Probe {
+    Probe {
+        found,
+        #[cfg(feature = "verbs")]
+        devices: Vec::new(),
+        note: Some(why),
+    }
 }
 
 #[cfg(feature = "verbs")]
@@ -122,10 +117,8 @@ fn open(found: Vec<Port>, selected: &[Port]) -> Probe {
 
 #[cfg(not(feature = "verbs"))]
 fn open(found: Vec<Port>, _selected: &[Port]) -> Probe {
-    Probe {
+    unusable(
         found,
-        note: Some(
-            "this build has no verbs support (rebuild with `cargo build --features verbs`)".into(),
-        ),
-    }
+        "this build has no verbs support (rebuild with `cargo build --features verbs`)".into(),
+    )
 }

@@ -9,9 +9,6 @@ pub struct Failure {
     pub status: u32,
     pub name: &'static str,
     pub meaning: &'static str,
-    /// Whether the queue pair is unusable afterwards (it went to the error
-    /// state; every later request on it is flushed).
-    pub fatal_to_qp: bool,
 }
 
 pub const SUCCESS: u32 = 0;
@@ -46,12 +43,12 @@ pub fn failure(status: u32) -> Option<Failure> {
         23 => ("TM_RNDV_INCOMPLETE", "tag matching rendezvous incomplete"),
         _ => ("UNKNOWN", "status not known to this build of Oncilla"),
     };
+    // Any error completion also moves an RC queue pair to the error state
+    // (every later request on it is flushed): callers drop the pair.
     Some(Failure {
         status,
         name,
         meaning,
-        // Any error completion moves an RC queue pair to the error state.
-        fatal_to_qp: true,
     })
 }
 
