@@ -55,7 +55,9 @@ def oncilla_tables(prefix):
 
 
 def load(d):
+    """Medians per metric, per-repetition values per metric, repetitions."""
     vals = {}
+    per_rep = {}
     reps = set()
     with open(os.path.join(d, "raw.tsv")) as f:
         for line in f:
@@ -64,10 +66,19 @@ def load(d):
                 continue
             try:
                 vals.setdefault(p[1], []).append(float(p[2]))
+                per_rep.setdefault(p[1], {})[p[0]] = float(p[2])
                 reps.add(p[0])
             except ValueError:
                 pass
-    return {k: statistics.median(v) for k, v in vals.items()}, len(reps)
+    return {k: statistics.median(v) for k, v in vals.items()}, per_rep, len(reps)
+
+
+def ratios(per_rep, metric, ref):
+    """Oncilla / raw within each repetition that measured both: the two ran
+    seconds apart, so their ratio cancels the machine's drift between
+    repetitions, which a ratio of two medians would not."""
+    a, b = per_rep.get(metric, {}), per_rep.get(ref, {})
+    return [a[r] / b[r] for r in a if r in b and b[r]]
 
 
 SIZES = [1 * MiB, 4 * MiB, 16 * MiB, 256 * MiB, 1 << 30]
@@ -138,7 +149,7 @@ def fmt(v, unit):
 def peers_table(dirs):
     data = [load(d) for d in dirs]
     names = ["loopback", "netns (veth, MTU 65535)"][: len(dirs)]
-    reps = max(n for _, n in data)
+    reps = max(n for _, _, n in data)
     print(f"| system and case | {' | '.join(names)} |")
     print(f"|---|{'---|' * len(dirs)}")
     for label, metric, unit, ref in rows():
@@ -146,17 +157,23 @@ def peers_table(dirs):
             print(f"| {label} |{' |' * len(dirs)}")
             continue
         cells = []
-        for vals, _ in data:
+        for vals, per_rep, _ in data:
             v = vals.get(metric)
             cell = fmt(v, unit)
-            if v is not None and ref and vals.get(ref):
-                r = v / vals[ref]
-                cell += f" ({r:.2f}x)" if unit in ("us", "ops/s") else f" ({r * 100:.0f}% of raw)"
+            rs = ratios(per_rep, metric, ref) if v is not None and ref else []
+            if rs:
+                r, lo, hi = statistics.median(rs), min(rs), max(rs)
+                if unit in ("us", "ops/s"):
+                    cell += f" ({r:.2f}x" + (f", {lo:.2f}-{hi:.2f}" if len(rs) > 1 else "") + ")"
+                else:
+                    cell += f" ({r * 100:.0f}% of raw" + (f", {lo * 100:.0f}-{hi * 100:.0f}" if len(rs) > 1 else "") + ")"
             cells.append(cell)
         if all(c == "-" for c in cells):
             continue
         print(f"| {label} | {' | '.join(cells)} |")
-    print(f"\nMedian of {reps} repetitions per cell.")
+    print(f"\nMedian of {reps} repetitions per cell. A ratio is the median of the per-repetition"
+          " ratios (Oncilla and its raw baseline measured seconds apart in the same repetition),"
+          " followed by their lowest and highest.")
     return data, names
 
 
@@ -186,7 +203,7 @@ def plot(data, names, png):
                            [(z, f"mpi_{impl}_{op}_bw_{z}") for z in (64 << 10, MiB, 16 * MiB, 64 * MiB)]))
     for op, style in (("get", "*"), ("set", "P")):
         series.append((f"Redis {op.upper()} 1 MiB, 1 client", style, "C6", [(MiB, f"redis_{op}_1MiB_c1")]))
-    for ax, (vals, _), name in zip(axes[0], data, names):
+    for ax, (vals, _, _), name in zip(axes[0], data, names):
         for label, style, color, pts in series:
             xy = [(z, vals[m]) for z, m in pts if m in vals]
             if xy:

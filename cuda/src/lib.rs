@@ -1,34 +1,86 @@
 //! GPU support for Oncilla. The CUDA driver is loaded at run time (cudarc's
 //! dynamic loading), so every binary runs on machines without a GPU and
-//! reports that plainly instead of failing to start.
+//! reports that plainly ("no CUDA driver on this node") instead of failing
+//! to start.
 //!
 //! This crate owns every call into the CUDA driver; nothing else in the
-//! workspace touches cudarc. It must never call the driver before checking
-//! that the driver library is present (cudarc panics otherwise).
+//! workspace touches cudarc. It must never call the driver before
+//! [`driver`] said the driver library is present (cudarc panics otherwise).
+//!
+//! - [`gpu`]: the node's devices ([`gpus`], [`Gpu`]) and device memory
+//!   ([`DeviceMem`]).
+//! - [`pipeline`]: moving a long range through a few reused host staging
+//!   buffers, the network filling one while the device drains another.
+//! - [`pinned`]: the CUDA side of that pipeline (page-locked buffers, a
+//!   stream, an event per buffer).
+//! - [`host`]: the host-memory side of the same pipeline (a worker thread
+//!   instead of a device), used where there is no GPU.
 
-/// Why GPU memory is not available.
-#[derive(Debug, thiserror::Error)]
+pub mod gpu;
+pub mod host;
+pub mod pinned;
+pub mod pipeline;
+
+use std::sync::OnceLock;
+
+pub use gpu::{gpus, DeviceMem, Gpu, GpuInfo};
+
+/// Why a GPU operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CudaError {
-    #[error("no GPU: the CUDA driver library (libcuda.so) is not installed on this node")]
+    #[error("no GPU: no CUDA driver on this node (libcuda.so could not be loaded)")]
     NoDriver,
     #[error("no GPU: the CUDA driver failed to start: {0}")]
     Init(String),
+    #[error("no GPU {index} on this node ({count} device(s))")]
+    NoSuchDevice { index: u32, count: u32 },
+    #[error("GPU {device}: out of device memory: {requested} bytes asked, {free} free")]
+    OutOfMemory {
+        device: u32,
+        requested: u64,
+        free: u64,
+    },
+    #[error("GPU {device}: {op} failed: {detail}")]
+    Driver {
+        device: u32,
+        op: &'static str,
+        detail: String,
+    },
+    #[error("GPU copy out of bounds: {len} bytes at {offset} of a {size}-byte buffer")]
+    OutOfBounds { offset: u64, len: u64, size: u64 },
+    #[error("staging pipeline: {0}")]
+    Pipeline(String),
+}
+
+/// Loads the driver and initialises it, once per process; every later call
+/// returns the first outcome.
+///
+/// # Errors
+/// [`CudaError::NoDriver`] where libcuda is not installed,
+/// [`CudaError::Init`] when `cuInit` fails (no device, driver and library
+/// mismatch, ...).
+pub fn driver() -> Result<(), CudaError> {
+    static STATE: OnceLock<Result<(), CudaError>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            // SAFETY: `is_culib_present` only tries to dlopen the driver
+            // library and reports whether it succeeded; it calls no driver
+            // function.
+            let present = unsafe { cudarc::driver::sys::is_culib_present() };
+            if !present {
+                return Err(CudaError::NoDriver);
+            }
+            cudarc::driver::result::init().map_err(|e| CudaError::Init(e.to_string()))
+        })
+        .clone()
 }
 
 /// Number of CUDA devices on this node.
 ///
 /// # Errors
-/// [`CudaError::NoDriver`] where there is no driver, [`CudaError::Init`]
-/// when the driver is present but cannot be initialised (no device, driver
-/// and library mismatch, ...).
+/// As [`driver`].
 pub fn device_count() -> Result<u32, CudaError> {
-    // SAFETY: `is_culib_present` only tries to dlopen the driver library and
-    // reports whether it succeeded; it calls no driver function.
-    let present = unsafe { cudarc::driver::sys::is_culib_present() };
-    if !present {
-        return Err(CudaError::NoDriver);
-    }
-    cudarc::driver::result::init().map_err(|e| CudaError::Init(e.to_string()))?;
+    driver()?;
     let n =
         cudarc::driver::result::device::get_count().map_err(|e| CudaError::Init(e.to_string()))?;
     u32::try_from(n).map_err(|_| CudaError::Init(format!("driver reported {n} devices")))

@@ -7,10 +7,13 @@
 //! exits, the agent sees it close and the cluster frees the session's
 //! allocations.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hyper_util::rt::TokioIo;
+use oncilla_cuda::pinned::PinnedRing;
+use oncilla_cuda::{pipeline, DeviceMem, Gpu};
 use oncilla_proto::auth::{AttachToken, Token};
 use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
 use oncilla_proto::pb;
@@ -107,7 +110,17 @@ struct Inner {
     node: String,
     /// Shared with batches running in the background.
     data: Arc<DataPath>,
+    /// Page-locked staging rings for copies between device memory in this
+    /// process and anything else, one per GPU, made on first use and kept.
+    /// A copy holds its device's ring for its duration.
+    staging: Mutex<HashMap<u32, PinnedRing>>,
 }
+
+/// Buffers in a staging ring: the network fills one while the device
+/// drains another and a third waits, so neither side idles on a hiccup.
+const STAGING_SLOTS: usize = 3;
+/// Default bytes per staging buffer (`ONCILLA_GPU_STAGING`).
+pub const STAGING_DEFAULT: usize = 8 << 20;
 
 /// A session with the cluster. Cheap to clone; thread-safe.
 #[derive(Clone)]
@@ -184,6 +197,7 @@ impl Oncilla {
                 session_id,
                 node,
                 data: Arc::new(DataPath::new(opts.token, opts.streams)),
+                staging: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -221,7 +235,13 @@ impl Oncilla {
         let mut client = self.inner.session.clone();
         let wire = self.inner.rt.block_on(client.alloc(req))?.into_inner();
         let fabric = spec.fabric.unwrap_or(self.inner.fabric);
-        self.open(wire, fabric)
+        let id = wire.id;
+        self.open(wire, fabric).inspect_err(|_| {
+            // The cluster recorded it; this process could not hold it.
+            if let Err(e) = self.free_id(id, false) {
+                tracing::warn!(id, error = %e, "cannot free an allocation that failed to open");
+            }
+        })
     }
 
     /// Attaches the persistent allocation called `name`, made by any
@@ -267,12 +287,30 @@ impl Oncilla {
             desc: Arc::new(Descriptor::from_wire(wire)?),
             fabric,
             local: None,
+            device: None,
             done: false,
         };
+        if alloc.desc.kind == Kind::LocalGpu {
+            let index = alloc
+                .desc
+                .extents
+                .first()
+                .and_then(|e| e.gpu)
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "local GPU allocation {} names no device",
+                        alloc.desc.id
+                    ))
+                })?;
+            let mem = Gpu::open(index)?.alloc(alloc.desc.size)?;
+            alloc.device = Some(Arc::new(mem));
+            return Ok(alloc);
+        }
         let mut local = Vec::new();
         for e in &alloc.desc.extents {
             let chosen = oncilla_proto::fabric::choose(
                 &e.node,
+                e.gpu.is_some(),
                 &self.inner.node,
                 fabric.to_wire(),
                 &self.inner.data.rdma_for(&e.node, &e.agent_addr),
@@ -295,11 +333,19 @@ impl Oncilla {
         Ok(alloc)
     }
 
-    /// Copies `len` bytes from one allocation to another through a local
-    /// buffer, chunk by chunk.
+    /// Copies `len` bytes from one allocation to another, of any kinds.
+    ///
+    /// - GPU memory of this process on both sides: on the device (peer to
+    ///   peer between two GPUs).
+    /// - Into GPU memory of this process from anything else: through this
+    ///   GPU's page-locked staging ring, the fabric filling one buffer while
+    ///   the previous one goes to the device on a CUDA stream.
+    /// - Out of GPU memory of this process: the same ring the other way.
+    /// - Otherwise (host memory, or GPU memory an agent holds) through a
+    ///   local buffer, chunk by chunk.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for either range; fabric failures.
+    /// [`Error::OutOfBounds`] for either range; fabric and GPU failures.
     pub fn copy(
         &self,
         dst: &Allocation,
@@ -310,6 +356,26 @@ impl Oncilla {
     ) -> Result<()> {
         dst.desc.check_range(dst_offset, len)?;
         src.desc.check_range(src_offset, len)?;
+        match (&src.device, &dst.device) {
+            (Some(s), Some(d)) => return Ok(d.copy_from(dst_offset, s, src_offset, len)?),
+            (None, Some(d)) => {
+                self.with_staging(d, |ring| {
+                    pipeline::stream_in(&mut ring.upload(d, dst_offset), len, |c, buf| {
+                        src.copy_out(src_offset + c.offset, buf)
+                    })
+                })?;
+                return Ok(());
+            }
+            (Some(s), None) => {
+                self.with_staging(s, |ring| {
+                    pipeline::stream_out(&mut ring.download(s, src_offset), len, |c, bytes| {
+                        dst.copy_in(dst_offset + c.offset, bytes)
+                    })
+                })?;
+                return Ok(());
+            }
+            (None, None) => {}
+        }
         let chunk = len.min(crate::fabric::tcp::CHUNK * 4);
         let mut buf = vec![
             0u8;
@@ -327,6 +393,26 @@ impl Oncilla {
         Ok(())
     }
 
+    /// Runs `f` with the staging ring of `mem`'s device, made on first use
+    /// (`ONCILLA_GPU_STAGING` bytes per buffer, default 8 MiB).
+    fn with_staging<T>(
+        &self,
+        mem: &DeviceMem,
+        f: impl FnOnce(&mut PinnedRing) -> Result<T>,
+    ) -> Result<T> {
+        let index = mem.gpu().index();
+        // A panic inside `f` leaves the ring drained or dropped: still usable.
+        let mut rings = self.inner.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = match rings.entry(index) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let len = staging_len()?;
+                v.insert(PinnedRing::new(mem.gpu(), STAGING_SLOTS, len)?)
+            }
+        };
+        f(ring)
+    }
+
     /// Starts every copy of `batch` in the background and returns at once;
     /// the copies run in parallel (nodes at once, each over several
     /// connections, pipelined), with no order among them. Wait for them
@@ -335,17 +421,46 @@ impl Oncilla {
         let data = Arc::clone(&self.inner.data);
         let task = self.inner.rt.spawn_blocking(move || {
             let mut ops = batch.ops;
-            let outcome = data.run(ops.iter_mut().map(|op| Transfer {
-                desc: &op.desc,
-                local: op.local.as_deref(),
-                fabric: op.fabric.to_wire(),
-                offset: op.offset,
-                buf: if op.write {
-                    IoBuf::Write(&op.buf)
-                } else {
-                    IoBuf::Read(&mut op.buf)
-                },
-            }));
+            // Device memory of this process: copied here, the rest by the
+            // data path, which reaches only cluster-held memory.
+            let mut first_error = None;
+            for op in ops.iter_mut() {
+                let Some(mem) = &op.device else { continue };
+                let done = op
+                    .desc
+                    .check_range(op.offset, op.buf.len() as u64)
+                    .and_then(|()| {
+                        let moved = if op.write {
+                            mem.write(op.offset, &op.buf)
+                        } else {
+                            mem.read(op.offset, &mut op.buf)
+                        };
+                        Ok(moved?)
+                    });
+                if let Err(e) = done {
+                    first_error.get_or_insert(e);
+                }
+            }
+            let outcome =
+                data.run(
+                    ops.iter_mut()
+                        .filter(|op| op.device.is_none())
+                        .map(|op| Transfer {
+                            desc: &op.desc,
+                            local: op.local.as_deref(),
+                            fabric: op.fabric.to_wire(),
+                            offset: op.offset,
+                            buf: if op.write {
+                                IoBuf::Write(&op.buf)
+                            } else {
+                                IoBuf::Read(&mut op.buf)
+                            },
+                        }),
+                );
+            let outcome = match first_error {
+                Some(e) => Err(e),
+                None => outcome,
+            };
             let buffers = ops.into_iter().map(|op| op.buf).collect();
             (outcome, buffers)
         });
@@ -392,6 +507,8 @@ pub struct Allocation {
     fabric: Fabric,
     /// The extents on this node, mapped; copies to them are memcpy.
     local: Option<Arc<Mapping>>,
+    /// A local GPU allocation's device memory, in this process.
+    device: Option<Arc<DeviceMem>>,
     /// Freed or detached already.
     done: bool,
 }
@@ -445,6 +562,7 @@ impl Allocation {
             .map(|e| {
                 oncilla_proto::fabric::choose(
                     &e.node,
+                    e.gpu.is_some(),
                     self.ocm.node(),
                     self.fabric.to_wire(),
                     &self.ocm.inner.data.rdma_for(&e.node, &e.agent_addr),
@@ -462,6 +580,10 @@ impl Allocation {
     /// [`Error::OutOfBounds`]; fabric failures; [`Error::NotFound`] once the
     /// allocation was freed (by anyone).
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
+        if let Some(mem) = &self.device {
+            self.desc.check_range(offset, src.len() as u64)?;
+            return Ok(mem.write(offset, src)?);
+        }
         let local = self.local.as_deref();
         let fabric = self.fabric.to_wire();
         self.ocm
@@ -475,6 +597,10 @@ impl Allocation {
     /// # Errors
     /// As [`Allocation::copy_in`].
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        if let Some(mem) = &self.device {
+            self.desc.check_range(offset, dst.len() as u64)?;
+            return Ok(mem.read(offset, dst)?);
+        }
         let local = self.local.as_deref();
         let fabric = self.fabric.to_wire();
         self.ocm
@@ -499,7 +625,7 @@ impl Allocation {
             .and_then(|m| m.contiguous(self.desc.size))
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "allocation {id} is not local memory mapped in one piece (bytes on other nodes, striped, or the TCP fabric); use copy_in/copy_out"
+                    "allocation {id} is not local host memory mapped in one piece (bytes on other nodes, striped, GPU memory, or the TCP fabric); use copy_in/copy_out"
                 ))
             })?;
         let len = to_usize(self.desc.size)?;
@@ -529,9 +655,16 @@ impl Allocation {
         self.release(true)
     }
 
+    /// A local GPU allocation's device memory (for kernels); `None` for
+    /// every other kind.
+    pub fn device_mem(&self) -> Option<&DeviceMem> {
+        self.device.as_deref()
+    }
+
     fn release(mut self, force: bool) -> Result<()> {
         self.done = true;
         self.local = None;
+        self.device = None;
         self.ocm.free_id(self.desc.id, force)
     }
 }
@@ -539,6 +672,7 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         self.local = None;
+        self.device = None;
         if self.done {
             return;
         }
@@ -568,6 +702,7 @@ pub struct Batch {
 struct BatchOp {
     desc: Arc<Descriptor>,
     local: Option<Arc<Mapping>>,
+    device: Option<Arc<DeviceMem>>,
     fabric: Fabric,
     offset: u64,
     write: bool,
@@ -593,6 +728,7 @@ impl Batch {
         self.ops.push(BatchOp {
             desc: Arc::clone(&alloc.desc),
             local: alloc.local.clone(),
+            device: alloc.device.clone(),
             fabric: alloc.fabric,
             offset,
             write,
@@ -654,6 +790,22 @@ async fn uds_channel(
             async move { UnixStream::connect(path).await.map(TokioIo::new) }
         }))
         .await
+}
+
+/// `ONCILLA_GPU_STAGING`: bytes per staging buffer (64 KiB to 1 GiB).
+fn staging_len() -> Result<usize> {
+    match std::env::var("ONCILLA_GPU_STAGING") {
+        Ok(v) => oncilla_proto::size::parse_size(&v)
+            .ok()
+            .filter(|n| (64 << 10..=1 << 30).contains(n))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "ONCILLA_GPU_STAGING: {v:?} is not a size from 64KiB to 1GiB"
+                ))
+            }),
+        Err(_) => Ok(STAGING_DEFAULT),
+    }
 }
 
 fn to_usize(v: u64) -> Result<usize> {

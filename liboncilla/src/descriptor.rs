@@ -15,6 +15,11 @@ pub enum Kind {
     /// Host memory anywhere in the cluster, placed by the policy (the
     /// default policy prefers this node).
     RemoteHost,
+    /// Device memory of one of this node's GPUs, in this process (the
+    /// master tracks it; it ends with the process).
+    LocalGpu,
+    /// Device memory of a GPU held by an agent anywhere in the cluster.
+    RemoteGpu,
 }
 
 impl Kind {
@@ -22,6 +27,40 @@ impl Kind {
         match self {
             Kind::LocalHost => pb::MemKind::LocalHost,
             Kind::RemoteHost => pb::MemKind::RemoteHost,
+            Kind::LocalGpu => pb::MemKind::LocalGpu,
+            Kind::RemoteGpu => pb::MemKind::RemoteGpu,
+        }
+    }
+
+    /// Device memory (either GPU kind).
+    pub fn is_gpu(self) -> bool {
+        matches!(self, Kind::LocalGpu | Kind::RemoteGpu)
+    }
+
+    /// Parses `local-host`, `remote-host`, `local-gpu`, `remote-gpu`
+    /// (also `local`/`remote` for the host kinds).
+    ///
+    /// # Errors
+    /// The accepted names, for anything else.
+    pub fn parse(name: &str) -> std::result::Result<Self, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "local" | "local-host" => Ok(Kind::LocalHost),
+            "remote" | "remote-host" => Ok(Kind::RemoteHost),
+            "local-gpu" => Ok(Kind::LocalGpu),
+            "remote-gpu" => Ok(Kind::RemoteGpu),
+            other => Err(format!(
+                "unknown kind {other:?}; use local-host, remote-host, local-gpu or remote-gpu"
+            )),
+        }
+    }
+
+    /// The name [`Kind::parse`] accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::LocalHost => "local-host",
+            Kind::RemoteHost => "remote-host",
+            Kind::LocalGpu => "local-gpu",
+            Kind::RemoteGpu => "remote-gpu",
         }
     }
 }
@@ -38,6 +77,8 @@ pub struct Extent {
     pub agent_addr: String,
     /// Where the extent starts in the node's pool (RDMA addressing).
     pub pool_offset: u64,
+    /// Set for device memory: the GPU index on `node`.
+    pub gpu: Option<u32>,
 }
 
 /// Everything needed to copy to and from an allocation.
@@ -65,6 +106,8 @@ impl Descriptor {
         let kind = match pb::MemKind::try_from(a.kind) {
             Ok(pb::MemKind::LocalHost) => Kind::LocalHost,
             Ok(pb::MemKind::RemoteHost) => Kind::RemoteHost,
+            Ok(pb::MemKind::LocalGpu) => Kind::LocalGpu,
+            Ok(pb::MemKind::RemoteGpu) => Kind::RemoteGpu,
             _ => return Err(bad("unknown kind")),
         };
         let key: [u8; KEY_LEN] = a
@@ -98,6 +141,7 @@ impl Descriptor {
                     data_addr: e.data_addr,
                     agent_addr: e.agent_addr,
                     pool_offset: e.pool_offset,
+                    gpu: e.gpu,
                 })
                 .collect(),
             key,

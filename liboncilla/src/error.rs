@@ -54,12 +54,31 @@ pub enum Error {
         addr: String,
         reason: String,
     },
+    /// GPU memory was asked for where there is none (no CUDA driver, no
+    /// such device); the message says which node and why.
+    #[error("{0}")]
+    NoGpu(String),
+    /// The CUDA driver failed a copy or an allocation on a GPU.
+    #[error("{0}")]
+    Gpu(String),
     /// No usable cluster token.
     #[error(transparent)]
     Token(#[from] TokenError),
     /// A bug or an unexpected answer.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<oncilla_cuda::CudaError> for Error {
+    fn from(e: oncilla_cuda::CudaError) -> Self {
+        use oncilla_cuda::CudaError as E;
+        match e {
+            E::NoDriver | E::Init(_) | E::NoSuchDevice { .. } => Self::NoGpu(e.to_string()),
+            E::OutOfMemory { .. } => Self::CapacityExhausted(e.to_string()),
+            E::OutOfBounds { offset, len, size } => Self::OutOfBounds { offset, len, size },
+            E::Driver { .. } | E::Pipeline(_) => Self::Gpu(e.to_string()),
+        }
+    }
 }
 
 /// Result alias for liboncilla.
@@ -74,6 +93,12 @@ impl From<tonic::Status> for Error {
             Code::ResourceExhausted => Self::CapacityExhausted(msg),
             Code::Unauthenticated | Code::PermissionDenied => Self::PermissionDenied(msg),
             Code::InvalidArgument | Code::OutOfRange => Self::InvalidArgument(msg),
+            // The master's "no GPU" answers start so (oncillad's CoreError::NoGpu).
+            Code::FailedPrecondition
+                if msg.starts_with("no GPU") || msg.contains("failed: no GPU") =>
+            {
+                Self::NoGpu(msg)
+            }
             Code::FailedPrecondition => Self::NodeDown(msg),
             Code::AlreadyExists => Self::AlreadyExists(msg),
             Code::Aborted => Self::InUse(msg),

@@ -101,6 +101,8 @@ pub struct AllocSpec {
     pub persistent: bool,
     /// Overrides the session's fabric preference for this allocation.
     pub fabric: Option<Fabric>,
+    /// GPU kinds: the device index on the node (unset: any with room).
+    pub gpu: Option<u32>,
 }
 
 impl AllocSpec {
@@ -115,6 +117,7 @@ impl AllocSpec {
             name: None,
             persistent: false,
             fabric: None,
+            gpu: None,
         }
     }
 
@@ -162,6 +165,14 @@ impl AllocSpec {
         self
     }
 
+    /// GPU kinds: put it on device `index` (of this node for
+    /// [`Kind::LocalGpu`], of the one named node for [`Kind::RemoteGpu`]).
+    #[must_use]
+    pub fn gpu(mut self, index: u32) -> Self {
+        self.gpu = Some(index);
+        self
+    }
+
     /// Use this fabric for this allocation.
     #[must_use]
     pub fn fabric(mut self, fabric: Fabric) -> Self {
@@ -185,6 +196,7 @@ impl AllocSpec {
                     })
                     .collect(),
                 stripe: self.stripe,
+                gpu: self.gpu,
             }),
             name: self.name.clone().unwrap_or_default(),
             persistent: self.persistent,

@@ -11,6 +11,7 @@ mod master;
 mod placement;
 mod procbench;
 mod rawtcp;
+mod runwith;
 mod soak;
 mod table;
 
@@ -116,6 +117,10 @@ enum Cmd {
         /// Name it, so any process can attach it by name.
         #[arg(long)]
         name: Option<String>,
+        /// GPU memory (remote-gpu) instead of host memory: on this device
+        /// index of the one --node, or give `any` for any GPU with room.
+        #[arg(long, value_name = "INDEX|any")]
+        gpu: Option<String>,
         #[command(flatten)]
         conn: Conn,
         /// Print the allocation as JSON.
@@ -163,6 +168,10 @@ enum Cmd {
     /// Start a local cluster (master and agents as processes), move data
     /// through it, verify it, print what happened, and tear it down.
     Demo(demo::Args),
+    /// Start a local cluster, run a program against it (liboncilla finds
+    /// agent node-0 through ONCILLA_SOCKET and ONCILLA_TOKEN_FILE), and
+    /// tear the cluster down: `ocmctl run -- ./my-app args`.
+    Run(runwith::Args),
     /// Measure the cluster (prints tables; see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -222,6 +231,7 @@ fn alloc_spec(
                 })
                 .collect(),
             stripe,
+            gpu: None,
         }),
         name: name.unwrap_or_default(),
         persistent: true,
@@ -312,10 +322,22 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             weights,
             stripe,
             name,
+            gpu,
             conn,
             json,
         } => {
-            let spec = alloc_spec(&size, policy, nodes, &weights, stripe.as_deref(), name)?;
+            let mut spec = alloc_spec(&size, policy, nodes, &weights, stripe.as_deref(), name)?;
+            if let Some(g) = gpu {
+                spec.kind = pb::MemKind::RemoteGpu as i32;
+                if g != "any" {
+                    let index = g.parse::<u32>().map_err(|_| {
+                        CliError::Other(format!("--gpu: {g:?} is not a device index or `any`"))
+                    })?;
+                    if let Some(p) = spec.placement.as_mut() {
+                        p.gpu = Some(index);
+                    }
+                }
+            }
             let a = conn.master()?.allocate(spec)?;
             if json {
                 print_json(&master::alloc_json(&a));
@@ -360,6 +382,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             )?;
         }
         Cmd::Demo(args) => demo::run(&args)?,
+        Cmd::Run(args) => runwith::run(&args)?,
         Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
         Cmd::Bench(bench::Bench::Copy(args)) => copybench::copy(&args)?,
         Cmd::Bench(bench::Bench::Placement(args)) => placement::run(&args)?,

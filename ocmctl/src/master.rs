@@ -188,6 +188,8 @@ fn kind(k: i32) -> &'static str {
     match MemKind::try_from(k) {
         Ok(MemKind::LocalHost) => "local-host",
         Ok(MemKind::RemoteHost) => "remote-host",
+        Ok(MemKind::LocalGpu) => "local-gpu",
+        Ok(MemKind::RemoteGpu) => "remote-gpu",
         _ => "unknown",
     }
 }
@@ -246,6 +248,10 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
         }
         let free = free(&info, n);
         let rdma = rdma_cell(&info);
+        let gpus = gpu_cell(&info);
+        if info.gpu_devices.is_empty() && !info.gpu_note.is_empty() {
+            notes.push_str(&format!("{}: no GPU: {}\n", info.name, info.gpu_note));
+        }
         if !info.rdma_note.is_empty() && !info.rdma.is_empty() {
             notes.push_str(&format!(
                 "{}: verbs unavailable: {}\n",
@@ -266,7 +272,7 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
             age(n.state_since_unix_ms),
             info.fabrics.join(","),
             rdma,
-            info.gpus.to_string(),
+            gpus,
         ]);
     }
     if list.recovering_ms > 0 {
@@ -276,6 +282,27 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
         ));
     }
     t.render() + &notes
+}
+
+/// A node's GPUs in one cell: `0:NVIDIA H100 80GB HBM3 79.1 GiB/79.6 GiB`
+/// (index, name, free/total), or `-` when it has none.
+fn gpu_cell(info: &pb::NodeInfo) -> String {
+    if info.gpu_devices.is_empty() {
+        return "-".into();
+    }
+    info.gpu_devices
+        .iter()
+        .map(|g| {
+            format!(
+                "{}:{} {}/{}",
+                g.index,
+                g.name,
+                HumanBytes(g.free),
+                HumanBytes(g.total)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A node's RDMA ports in one cell: `mlx5_0:1 IB ACTIVE 4096`, or `-`
@@ -347,7 +374,13 @@ pub fn nodes_json(list: &pb::NodeList) -> Value {
                         "rate": p.rate,
                     })).collect::<Vec<_>>(),
                     "rdma_note": (!info.rdma_note.is_empty()).then_some(&info.rdma_note),
-                    "gpus": info.gpus,
+                    "gpus": info.gpu_devices.iter().map(|g| json!({
+                        "index": g.index,
+                        "name": g.name,
+                        "total": g.total,
+                        "free": g.free,
+                    })).collect::<Vec<_>>(),
+                    "gpu_note": (!info.gpu_note.is_empty()).then_some(&info.gpu_note),
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago,
                 })
             })
@@ -409,7 +442,7 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
         "extents": a.extents.iter().map(|e| json!({
             "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,
             "pool_offset": e.pool_offset, "data_addr": e.data_addr,
-            "fabric": fabric(e.fabric),
+            "fabric": fabric(e.fabric), "gpu": e.gpu,
         })).collect::<Vec<_>>(),
     })
 }
@@ -441,7 +474,8 @@ pub fn alloc_detail(a: &pb::Allocation) -> String {
             e.node.clone(),
             e.alloc_offset.to_string(),
             e.len.to_string(),
-            e.pool_offset.to_string(),
+            e.gpu
+                .map_or_else(|| e.pool_offset.to_string(), |g| format!("GPU {g}")),
             e.data_addr.clone(),
             fabric(e.fabric).to_string(),
         ]);

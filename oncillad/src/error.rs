@@ -29,6 +29,10 @@ pub enum CoreError {
     CapacityExhausted { requested: u64, detail: String },
     #[error("invalid request: {0}")]
     InvalidArgument(String),
+    /// GPU memory asked where there is none; the message starts with "no
+    /// GPU", which is how clients recognise it (see liboncilla's error).
+    #[error("{0}")]
+    NoGpu(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     #[error("agent {node} failed: {reason}")]
@@ -53,7 +57,9 @@ impl From<CoreError> for tonic::Status {
                 Status::invalid_argument(msg)
             }
             // A node that could not do its part (unreachable, or refused).
-            CoreError::NodeDown(_) | CoreError::Agent { .. } => Status::failed_precondition(msg),
+            CoreError::NodeDown(_) | CoreError::Agent { .. } | CoreError::NoGpu(_) => {
+                Status::failed_precondition(msg)
+            }
             CoreError::CapacityExhausted { .. } | CoreError::Pool(PoolError::Exhausted { .. }) => {
                 Status::resource_exhausted(msg)
             }

@@ -160,11 +160,34 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let data_addr = data
             .local_addr()
             .map_err(|source| bind_error("data", agent_cfg.data_listen, source))?;
-        let gpus = match oncilla_cuda::device_count() {
-            Ok(n) => n,
+        let (gpu_devices, gpu_note) = match oncilla_cuda::gpus() {
+            Ok(list) => {
+                for g in &list {
+                    tracing::info!(index = g.index, name = %g.name, total = g.total, free = g.free, "GPU");
+                }
+                let note = if list.is_empty() {
+                    "the CUDA driver reports no device".to_string()
+                } else {
+                    String::new()
+                };
+                let devices = list
+                    .into_iter()
+                    .map(|g| oncilla_proto::pb::GpuDevice {
+                        index: g.index,
+                        name: g.name,
+                        total: g.total,
+                        free: g.free,
+                    })
+                    .collect();
+                (devices, note)
+            }
             Err(e) => {
-                tracing::info!("{e}");
-                0
+                tracing::info!("{e}; GPU kinds are refused on this node");
+                let note = e.to_string();
+                (
+                    Vec::new(),
+                    note.strip_prefix("no GPU: ").unwrap_or(&note).to_string(),
+                )
             }
         };
         let rdma = Arc::new(fabric::verbs::Rdma::start(&agent_cfg.rdma_devices, &pool));
@@ -178,12 +201,14 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             agent_addr: config.advertised(grpc_addr),
             data_addr: config.advertised(data_addr),
             capacity: pool.capacity(),
-            gpus,
+            gpus: u32::try_from(gpu_devices.len()).unwrap_or(u32::MAX),
             fabrics,
             page_size: pool.page_size(),
             pool_note: pool.note().unwrap_or_default().to_string(),
             rdma: rdma_ports,
             rdma_note,
+            gpu_devices,
+            gpu_note,
         };
         let agent = Arc::new(agent::Agent::new(node, Arc::new(pool)));
         tracing::info!(

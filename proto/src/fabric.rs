@@ -15,6 +15,12 @@ pub enum Unreachable {
     NotLocal { mine: String, extent: String },
     #[error("fabric verbs cannot reach {extent}: {why} (use auto to fall back to tcp)")]
     NoRdma { extent: String, why: String },
+    #[error("fabric {fabric} cannot reach GPU memory on {extent}: {why} (use auto or tcp)")]
+    DeviceMemory {
+        fabric: &'static str,
+        extent: String,
+        why: &'static str,
+    },
 }
 
 /// Whether both ends of a copy have the verbs fabric, and if not, why.
@@ -29,17 +35,34 @@ pub enum Rdma {
 /// The fabric a process on `my_node` (empty: not on any agent's node) uses
 /// for an extent on `extent_node`, given its preference: shared memory for
 /// its own node, else RDMA verbs when both ends have it, else TCP. Told
-/// TCP, always TCP; told shm or verbs, that or an error.
+/// TCP, always TCP; told shm or verbs, that or an error. Device memory
+/// held by an agent (`gpu`) is reached over TCP only: it cannot be mapped,
+/// and RDMA to it would need GPUDirect registration, which is not built.
 ///
 /// # Errors
 /// [`Unreachable`] when shared memory is demanded for another node, or
-/// verbs where an end has none.
+/// verbs where an end has none, or either for device memory.
 pub fn choose(
     extent_node: &str,
+    gpu: bool,
     my_node: &str,
     preference: Fabric,
     rdma: &Rdma,
 ) -> Result<Fabric, Unreachable> {
+    if gpu {
+        let why = match preference {
+            Fabric::Auto | Fabric::Tcp => return Ok(Fabric::Tcp),
+            Fabric::Shm => "shared memory cannot map device memory",
+            Fabric::Verbs => {
+                "RDMA to device memory needs GPUDirect registration, which Oncilla does not do yet"
+            }
+        };
+        return Err(Unreachable::DeviceMemory {
+            fabric: name(preference),
+            extent: extent_node.into(),
+            why,
+        });
+    }
     let same = !my_node.is_empty() && extent_node == my_node;
     match (preference, rdma) {
         (Fabric::Auto, _) if same => Ok(Fabric::Shm),
@@ -95,12 +118,12 @@ mod tests {
     #[test]
     fn same_node_is_shm_unless_told_tcp() {
         let no = Rdma::Unavailable("no device".into());
-        assert_eq!(choose("a", "a", Fabric::Auto, &no), Ok(Fabric::Shm));
-        assert_eq!(choose("b", "a", Fabric::Auto, &no), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", "a", Fabric::Tcp, &no), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", "", Fabric::Auto, &no), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", "a", Fabric::Shm, &no), Ok(Fabric::Shm));
-        let err = choose("b", "a", Fabric::Shm, &no).unwrap_err();
+        assert_eq!(choose("a", false, "a", Fabric::Auto, &no), Ok(Fabric::Shm));
+        assert_eq!(choose("b", false, "a", Fabric::Auto, &no), Ok(Fabric::Tcp));
+        assert_eq!(choose("a", false, "a", Fabric::Tcp, &no), Ok(Fabric::Tcp));
+        assert_eq!(choose("a", false, "", Fabric::Auto, &no), Ok(Fabric::Tcp));
+        assert_eq!(choose("a", false, "a", Fabric::Shm, &no), Ok(Fabric::Shm));
+        let err = choose("b", false, "a", Fabric::Shm, &no).unwrap_err();
         assert!(err.to_string().contains("an extent is on b"), "{err}");
         assert_eq!(parse("TCP"), Ok(Fabric::Tcp));
         assert_eq!(parse("verbs"), Ok(Fabric::Verbs));
@@ -112,17 +135,42 @@ mod tests {
     fn verbs_when_both_ends_have_it_else_tcp_or_a_reason() {
         let no = Rdma::Unavailable("node b: no RDMA devices".into());
         assert_eq!(
-            choose("b", "a", Fabric::Auto, &Rdma::Both),
+            choose("b", false, "a", Fabric::Auto, &Rdma::Both),
             Ok(Fabric::Verbs)
         );
         // Same node still prefers shared memory.
-        assert_eq!(choose("a", "a", Fabric::Auto, &Rdma::Both), Ok(Fabric::Shm));
-        assert_eq!(choose("b", "a", Fabric::Tcp, &Rdma::Both), Ok(Fabric::Tcp));
         assert_eq!(
-            choose("b", "a", Fabric::Verbs, &Rdma::Both),
+            choose("a", false, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Shm)
+        );
+        assert_eq!(
+            choose("b", false, "a", Fabric::Tcp, &Rdma::Both),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose("b", false, "a", Fabric::Verbs, &Rdma::Both),
             Ok(Fabric::Verbs)
         );
-        let err = choose("b", "a", Fabric::Verbs, &no).unwrap_err();
+        let err = choose("b", false, "a", Fabric::Verbs, &no).unwrap_err();
         assert!(err.to_string().contains("no RDMA devices"), "{err}");
+    }
+
+    #[test]
+    fn device_memory_is_tcp_only_even_on_the_same_node() {
+        assert_eq!(
+            choose("a", true, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose("b", true, "a", Fabric::Tcp, &Rdma::Both),
+            Ok(Fabric::Tcp)
+        );
+        let err = choose("a", true, "a", Fabric::Shm, &Rdma::Both).unwrap_err();
+        assert!(
+            err.to_string().contains("cannot map device memory"),
+            "{err}"
+        );
+        let err = choose("b", true, "a", Fabric::Verbs, &Rdma::Both).unwrap_err();
+        assert!(err.to_string().contains("GPUDirect"), "{err}");
     }
 }

@@ -240,15 +240,20 @@ impl DataPath {
     ///
     /// # Errors
     /// A preference that cannot reach the node (verbs without RDMA, shm).
-    fn remote_fabric(&self, node: &str, agent: &str, prefer: pb::Fabric) -> Result<pb::Fabric> {
+    fn remote_fabric(
+        &self,
+        extent: &crate::descriptor::Extent,
+        prefer: pb::Fabric,
+    ) -> Result<pb::Fabric> {
         // Told TCP, `choose` answers TCP whatever verbs can do: do not ask.
         if prefer == pb::Fabric::Tcp {
             return Ok(pb::Fabric::Tcp);
         }
-        // Local extents never get here (they are mapped), so the caller's
-        // node does not matter: "" means "not this one".
-        let rdma = self.rdma_for(node, agent);
-        choice::choose(node, "", prefer, &rdma).map_err(|e| Error::InvalidArgument(e.to_string()))
+        // Local host extents never get here (they are mapped), so the
+        // caller's node does not matter: "" means "not this one".
+        let rdma = self.rdma_for(&extent.node, &extent.agent_addr);
+        choice::choose(&extent.node, extent.gpu.is_some(), "", prefer, &rdma)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
     /// Runs `t` at once when it is one request to one remote node; hands
@@ -266,7 +271,7 @@ impl DataPath {
         let (Some((extent, at, _, _)), None) = (pieces.next(), pieces.next()) else {
             return Err(t);
         };
-        match self.remote_fabric(&extent.node, &extent.agent_addr, t.fabric) {
+        match self.remote_fabric(extent, t.fabric) {
             Ok(pb::Fabric::Tcp) => {}
             Ok(_) => return Err(t),
             Err(e) => return Ok(Err(e)),
@@ -333,7 +338,7 @@ impl DataPath {
                 local.push((ptr, head));
                 continue;
             }
-            let rdma = match self.remote_fabric(&extent.node, &extent.agent_addr, t.fabric)? {
+            let rdma = match self.remote_fabric(extent, t.fabric)? {
                 pb::Fabric::Verbs => Some((extent.agent_addr.as_str(), t.desc.id)),
                 _ => None,
             };

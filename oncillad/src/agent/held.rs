@@ -13,26 +13,61 @@ use dashmap::DashMap;
 use oncilla_proto::pb;
 use oncilla_proto::wire::KEY_LEN;
 
+use oncilla_cuda::DeviceMem;
+
 use crate::pool::PoolExtent;
 
-/// One extent of an allocation: a range of its bytes, placed inside a pool
-/// extent the allocation owns (several extents of one allocation may share
-/// a pool extent when its ranges are striped).
+/// What an extent's bytes are.
+pub enum Backing {
+    /// Host memory of the pool.
+    Pool(Arc<PoolExtent>),
+    /// Device memory this agent allocated (`REMOTE_GPU`).
+    Gpu(Arc<DeviceMem>),
+    /// Device memory in the process that asked for it (`LOCAL_GPU`): the
+    /// agent keeps only the record, so a restarted master learns of it.
+    InProcess { gpu: u32 },
+}
+
+/// One extent of an allocation: a range of its bytes, placed inside memory
+/// the allocation owns (several extents of one allocation may share a pool
+/// extent when its ranges are striped).
 pub struct HeldExtent {
     /// Where the extent starts inside the allocation.
     pub alloc_offset: u64,
     /// Length in bytes.
     pub len: u64,
-    pub memory: Arc<PoolExtent>,
+    pub memory: Backing,
     /// Where the extent starts inside `memory`.
     pub at: u64,
 }
 
 impl HeldExtent {
-    /// Pointer to byte `offset` of the extent; accesses must stay within
-    /// [`Self::len`].
-    pub fn ptr(&self, offset: u64) -> *mut u8 {
-        self.memory.ptr(self.at + offset.min(self.len))
+    /// The pool memory behind the extent; `None` for GPU memory.
+    pub fn pool(&self) -> Option<&Arc<PoolExtent>> {
+        match &self.memory {
+            Backing::Pool(m) => Some(m),
+            Backing::Gpu(_) | Backing::InProcess { .. } => None,
+        }
+    }
+
+    /// The GPU holding the extent, if it is device memory.
+    pub fn gpu(&self) -> Option<u32> {
+        match &self.memory {
+            Backing::Pool(_) => None,
+            Backing::Gpu(m) => Some(m.gpu().index()),
+            Backing::InProcess { gpu } => Some(*gpu),
+        }
+    }
+
+    /// Where the extent starts in the pool (0 for device memory).
+    pub fn pool_offset(&self) -> u64 {
+        self.pool().map_or(0, |m| m.offset() + self.at)
+    }
+
+    /// Pointer to byte `offset` of a pool extent; accesses must stay
+    /// within [`Self::len`]. `None` for device memory.
+    pub fn ptr(&self, offset: u64) -> Option<*mut u8> {
+        self.pool().map(|m| m.ptr(self.at + offset.min(self.len)))
     }
 }
 
@@ -120,13 +155,13 @@ mod tests {
                 Arc::new(HeldExtent {
                     alloc_offset: 0,
                     len: 100,
-                    memory: Arc::new(pool.reserve(100).unwrap().remove(0)),
+                    memory: Backing::Pool(Arc::new(pool.reserve(100).unwrap().remove(0))),
                     at: 0,
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
                     len: 100,
-                    memory: Arc::new(pool.reserve(100).unwrap().remove(0)),
+                    memory: Backing::Pool(Arc::new(pool.reserve(100).unwrap().remove(0))),
                     at: 0,
                 }),
             ],

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 
 use crate::error::CoreError;
 use crate::pool::Pool;
-use held::{Held, HeldExtent, HeldTable, Holdings};
+use held::{Backing, Held, HeldExtent, HeldTable, Holdings};
 use lease::Leases;
 
 /// A local application's session.
@@ -114,6 +114,7 @@ impl Agent {
         ranges: &[(u64, u64)],
         record: pb::Allocation,
         fabric: i32,
+        gpu: Option<u32>,
     ) -> Result<Vec<pb::Piece>, CoreError> {
         let key: [u8; KEY_LEN] = key.try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
@@ -140,41 +141,16 @@ impl Agent {
         if let Some(current) = self.held.get(&alloc_id) {
             check_joinable(alloc_id, current.value(), &key, &ranges)?;
         }
-        let memory: Vec<Arc<_>> = self
-            .pool
-            .reserve(total)?
-            .into_iter()
-            .map(Arc::new)
-            .collect();
-        let mut extents = Vec::new();
-        let (mut piece, mut used) = (0, 0);
-        for &(offset, len) in &ranges {
-            let mut done = 0;
-            while done < len {
-                let Some(m) = memory.get(piece) else {
-                    return Err(CoreError::Internal("pool gave less than asked".into()));
-                };
-                let n = (len - done).min(m.len() - used);
-                extents.push(Arc::new(HeldExtent {
-                    alloc_offset: offset + done,
-                    len: n,
-                    memory: Arc::clone(m),
-                    at: used,
-                }));
-                done += n;
-                used += n;
-                if used == m.len() {
-                    piece += 1;
-                    used = 0;
-                }
-            }
-        }
+        let extents = match gpu {
+            Some(index) => vec![Arc::new(gpu_extent(alloc_id, &ranges, index, &record)?)],
+            None => self.pool_extents(&ranges, total)?,
+        };
         let pieces = extents
             .iter()
             .map(|e| pb::Piece {
                 alloc_offset: e.alloc_offset,
                 len: e.len,
-                pool_offset: e.memory.offset() + e.at,
+                pool_offset: e.pool_offset(),
             })
             .collect();
         let mut entry = self.held.entry(alloc_id).or_insert_with(|| {
@@ -195,8 +171,46 @@ impl Agent {
             record,
             fabric,
         });
-        tracing::debug!(alloc_id, ranges = ranges.len(), total, "reserved");
+        tracing::debug!(alloc_id, ranges = ranges.len(), total, ?gpu, "reserved");
         Ok(pieces)
+    }
+
+    /// Pool memory for `ranges` (sorted, `total` bytes), packed densely.
+    fn pool_extents(
+        &self,
+        ranges: &[(u64, u64)],
+        total: u64,
+    ) -> Result<Vec<Arc<HeldExtent>>, CoreError> {
+        let memory: Vec<Arc<_>> = self
+            .pool
+            .reserve(total)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let mut extents = Vec::new();
+        let (mut piece, mut used) = (0, 0);
+        for &(offset, len) in ranges {
+            let mut done = 0;
+            while done < len {
+                let Some(m) = memory.get(piece) else {
+                    return Err(CoreError::Internal("pool gave less than asked".into()));
+                };
+                let n = (len - done).min(m.len() - used);
+                extents.push(Arc::new(HeldExtent {
+                    alloc_offset: offset + done,
+                    len: n,
+                    memory: Backing::Pool(Arc::clone(m)),
+                    at: used,
+                }));
+                done += n;
+                used += n;
+                if used == m.len() {
+                    piece += 1;
+                    used = 0;
+                }
+            }
+        }
+        Ok(extents)
     }
 
     /// The pool's accounting, as reported to the master.
@@ -346,10 +360,11 @@ impl Agent {
                         node: self.node.name.clone(),
                         alloc_offset: x.alloc_offset,
                         len: x.len,
-                        pool_offset: x.memory.offset() + x.at,
+                        pool_offset: x.pool_offset(),
                         data_addr: self.node.data_addr.clone(),
                         fabric: h.fabric,
                         agent_addr: self.node.agent_addr.clone(),
+                        gpu: x.gpu(),
                     })
                     .collect();
                 record
@@ -384,6 +399,62 @@ impl Agent {
 
     pub fn sessions(&self) -> usize {
         self.sessions.len()
+    }
+}
+
+/// The one extent of a GPU allocation: device memory this agent allocates
+/// (`REMOTE_GPU`), or the record of memory in the asking process
+/// (`LOCAL_GPU`). Blocks while the driver allocates and zeroes.
+fn gpu_extent(
+    alloc_id: u64,
+    ranges: &[(u64, u64)],
+    index: u32,
+    record: &pb::Allocation,
+) -> Result<HeldExtent, CoreError> {
+    let &[(0, len)] = ranges else {
+        return Err(CoreError::InvalidArgument(format!(
+            "GPU allocation {alloc_id} must be one range from offset 0"
+        )));
+    };
+    let memory = match pb::MemKind::try_from(record.kind) {
+        Ok(pb::MemKind::LocalGpu) => Backing::InProcess { gpu: index },
+        Ok(pb::MemKind::RemoteGpu) => {
+            let mem = oncilla_cuda::Gpu::open(index)
+                .and_then(|g| g.alloc(len))
+                .map_err(gpu_error)?;
+            Backing::Gpu(Arc::new(mem))
+        }
+        _ => {
+            return Err(CoreError::InvalidArgument(format!(
+                "allocation {alloc_id} names GPU {index} but is not of a GPU kind"
+            )))
+        }
+    };
+    Ok(HeldExtent {
+        alloc_offset: 0,
+        len,
+        memory,
+        at: 0,
+    })
+}
+
+/// A driver failure as the master and the client see it.
+pub(crate) fn gpu_error(e: oncilla_cuda::CudaError) -> CoreError {
+    use oncilla_cuda::CudaError as E;
+    match e {
+        E::NoDriver | E::Init(_) | E::NoSuchDevice { .. } => CoreError::NoGpu(e.to_string()),
+        E::OutOfMemory {
+            device,
+            requested,
+            free,
+        } => CoreError::CapacityExhausted {
+            requested,
+            detail: format!(
+                "GPU {device} has {} free",
+                oncilla_proto::size::HumanBytes(free)
+            ),
+        },
+        other => CoreError::Internal(other.to_string()),
     }
 }
 
@@ -435,31 +506,32 @@ mod tests {
     #[test]
     fn reserve_and_release() {
         let a = agent();
-        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)], rec(), 0).unwrap();
-        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)], rec(), 0)
+        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)], rec(), 0, None)
+            .unwrap();
+        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)], rec(), 0, None)
             .unwrap();
         assert_eq!(a.pool().stats().used, 3 * 4096);
         assert!(
-            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)], rec(), 0)
+            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)], rec(), 0, None)
                 .is_err(),
             "overlap"
         );
         assert!(
-            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)], rec(), 0)
+            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)], rec(), 0, None)
                 .is_err(),
             "other key"
         );
         assert!(
-            a.reserve(2, &[4; 3], &[(0, 10)], rec(), 0).is_err(),
+            a.reserve(2, &[4; 3], &[(0, 10)], rec(), 0, None).is_err(),
             "short key"
         );
         assert!(
-            a.reserve(3, &[4; KEY_LEN], &[(0, 10), (5, 10)], rec(), 0)
+            a.reserve(3, &[4; KEY_LEN], &[(0, 10), (5, 10)], rec(), 0, None)
                 .is_err(),
             "self-overlap"
         );
         assert!(
-            a.reserve(3, &[4; KEY_LEN], &[], rec(), 0).is_err(),
+            a.reserve(3, &[4; KEY_LEN], &[], rec(), 0, None).is_err(),
             "nothing"
         );
         let held = a.release(1).unwrap();
@@ -474,7 +546,7 @@ mod tests {
         let a = agent();
         // 20 pages do not fit one 16-page slab: two pieces tiling the range.
         let pieces = a
-            .reserve(9, &[1; KEY_LEN], &[(100, 20 * 4096 - 5)], rec(), 0)
+            .reserve(9, &[1; KEY_LEN], &[(100, 20 * 4096 - 5)], rec(), 0, None)
             .unwrap();
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces[0].alloc_offset, 100);
@@ -491,7 +563,9 @@ mod tests {
     fn striped_ranges_pack_into_one_pool_extent() {
         let a = agent();
         let ranges = [(0, 4096), (3 * 4096, 4096), (6 * 4096, 100)];
-        let pieces = a.reserve(5, &[1; KEY_LEN], &ranges, rec(), 0).unwrap();
+        let pieces = a
+            .reserve(5, &[1; KEY_LEN], &ranges, rec(), 0, None)
+            .unwrap();
         let got: Vec<(u64, u64)> = pieces.iter().map(|p| (p.alloc_offset, p.len)).collect();
         assert_eq!(got, ranges);
         // Densely packed: consecutive pool offsets, three pages in all.
@@ -519,7 +593,8 @@ mod tests {
         assert!(s.id.starts_with("n1-"));
         assert_eq!(a.session(&s.id).unwrap().pid, 7);
         a.note_attached(&t.id, 42, true);
-        a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), 2).unwrap();
+        a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), 2, None)
+            .unwrap();
         a.end_session(&s.id);
         assert!(matches!(a.session(&s.id), Err(CoreError::NoSuchSession(_))));
         assert_eq!(a.ended_sessions(), std::slice::from_ref(&s.id));

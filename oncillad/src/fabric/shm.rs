@@ -113,16 +113,21 @@ fn serve_one(
         let grant = match super::authorize(held, &req) {
             Ok(ok) => {
                 let extent = &ok.held.extents[ok.extent];
-                match extent.memory.slab() {
+                let memory = extent.pool();
+                match memory.and_then(|m| m.slab().map(|s| (m, s))) {
+                    _ if memory.is_none() => Err((
+                        Status::OutOfBounds,
+                        "GPU memory cannot be mapped; it is copied over TCP".to_string(),
+                    )),
                     _ if ok.at != 0 || extent.len != req.len => {
                         Err((Status::OutOfBounds, "map whole extents only".to_string()))
                     }
-                    Some((slab, slab_offset)) => Ok((
+                    Some((m, (slab, slab_offset))) => Ok((
                         slab.fd().as_raw_fd(),
                         MapGrant {
                             slab_offset,
-                            map_len: extent.memory.len(),
-                            page: extent.memory.page_size(),
+                            map_len: m.len(),
+                            page: m.page_size(),
                             at: extent.at,
                         },
                         ok,

@@ -28,7 +28,9 @@ use oncilla_proto::auth::Token;
 use oncilla_proto::sock::{self, RecvBuf};
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, REQUEST_LEN};
 
-use crate::agent::held::HeldTable;
+use oncilla_cuda::DeviceMem;
+
+use crate::agent::held::{Backing, HeldTable};
 
 /// Most data connections served at once.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -86,7 +88,12 @@ struct Connection {
     stream: TcpStream,
     held: HeldTable,
     recv: RecvBuf,
+    /// Staging for device memory, made on the first GPU request.
+    bounce: Option<Vec<u8>>,
 }
+
+/// Bytes of device memory moved per driver call on the TCP path.
+const GPU_BOUNCE: usize = 4 << 20;
 
 impl Connection {
     fn new(stream: TcpStream, held: HeldTable) -> Self {
@@ -94,6 +101,7 @@ impl Connection {
             stream,
             held,
             recv: RecvBuf::new(RECV_AHEAD),
+            bounce: None,
         }
     }
 
@@ -153,7 +161,23 @@ impl Connection {
         };
         let extent = &ok.held.extents[ok.extent];
         let len = usize::try_from(req.len).unwrap_or(0);
-        let ptr = extent.ptr(ok.at);
+        let ptr = match &extent.memory {
+            Backing::Pool(_) => extent.ptr(ok.at),
+            Backing::Gpu(mem) => return self.serve_gpu(req, mem, ok.at, len),
+            Backing::InProcess { gpu } => {
+                if req.op == Op::Write {
+                    self.recv.skip(fd, req.len)?;
+                }
+                let msg = format!(
+                    "allocation {} is local GPU memory (GPU {gpu}) of the process that made it; only that process can copy to or from it",
+                    req.alloc_id
+                );
+                return self.fail(Status::NoSuchAllocation, &msg);
+            }
+        };
+        let Some(ptr) = ptr else {
+            return self.fail(Status::Internal, "pool extent without memory");
+        };
         match req.op {
             Op::Read => {
                 let head = Reply {
@@ -175,6 +199,83 @@ impl Connection {
                 // SAFETY: as above; the bytes land in pool memory that no
                 // Rust reference aliases.
                 unsafe { self.recv.read_raw(fd, ptr, len)? };
+                let head = Reply {
+                    status: Status::Ok,
+                    len: 0,
+                }
+                .encode();
+                self.stream.write_all(&head)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device memory goes through the connection's bounce buffer, a
+    /// [`GPU_BOUNCE`] piece at a time: the reply header first, then each
+    /// piece as it comes off the device (writes: each piece as it comes off
+    /// the socket).
+    fn serve_gpu(
+        &mut self,
+        req: &Request,
+        mem: &DeviceMem,
+        at: u64,
+        len: usize,
+    ) -> Result<(), wire::WireError> {
+        let mut bounce = self.bounce.take().unwrap_or_else(|| vec![0u8; GPU_BOUNCE]);
+        let outcome = self.serve_gpu_with(req, mem, at, len, &mut bounce);
+        self.bounce = Some(bounce);
+        outcome
+    }
+
+    fn serve_gpu_with(
+        &mut self,
+        req: &Request,
+        mem: &DeviceMem,
+        at: u64,
+        len: usize,
+        bounce: &mut [u8],
+    ) -> Result<(), wire::WireError> {
+        let fd = self.stream.as_raw_fd();
+        match req.op {
+            Op::Read => {
+                // The first piece before the header, so a failing device
+                // gets a clean error reply instead of a broken stream.
+                let first = len.min(GPU_BOUNCE);
+                if let Err(e) = mem.read(at, &mut bounce[..first]) {
+                    return self.fail(Status::Internal, &e.to_string());
+                }
+                let head = Reply {
+                    status: Status::Ok,
+                    len: req.len,
+                }
+                .encode();
+                self.stream.write_all(&head)?;
+                self.stream.write_all(&bounce[..first])?;
+                let mut done = first;
+                while done < len {
+                    let n = (len - done).min(GPU_BOUNCE);
+                    // The header is out: a failure now can only end the
+                    // connection (the client sees it break).
+                    mem.read(at + done as u64, &mut bounce[..n])
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                    self.stream.write_all(&bounce[..n])?;
+                    done += n;
+                }
+            }
+            Op::Write => {
+                let mut done = 0;
+                let mut failed = None;
+                while done < len {
+                    let n = (len - done).min(GPU_BOUNCE);
+                    self.recv.read_exact(fd, &mut bounce[..n])?;
+                    if failed.is_none() {
+                        failed = mem.write(at + done as u64, &bounce[..n]).err();
+                    }
+                    done += n;
+                }
+                if let Some(e) = failed {
+                    return self.fail(Status::Internal, &e.to_string());
+                }
                 let head = Reply {
                     status: Status::Ok,
                     len: 0,

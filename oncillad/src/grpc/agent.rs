@@ -45,6 +45,7 @@ impl agent_server::Agent for AgentService {
                 &ranges,
                 r.record.unwrap_or_default(),
                 r.fabric,
+                r.gpu,
             )
         })
         .await

@@ -178,6 +178,13 @@ impl<L: AgentLink> Master<L> {
             validate_name(&spec.name)?;
         }
         let kind = MemKind::try_from(spec.kind).unwrap_or(MemKind::Unspecified);
+        if kind == MemKind::LocalGpu
+            && (spec.persistent || !spec.name.is_empty() || req.requester.is_none())
+        {
+            return Err(CoreError::InvalidArgument(
+                "local GPU memory lives in the asking process and ends with it: it cannot be named or persistent, and only a session can ask for it (use remote-gpu)".into(),
+            ));
+        }
         let preference = pb::Fabric::try_from(spec.fabric).unwrap_or(pb::Fabric::Auto);
         let placement = spec.placement.clone().unwrap_or_default();
         // Named allocations, and everything an operator makes, outlive their creator.
@@ -239,7 +246,17 @@ impl<L: AgentLink> Master<L> {
                             .into(),
                         )
                     };
-                    fabric::choose(&p.node, &req.origin_node, preference, &rdma)
+                    if kind == MemKind::LocalGpu {
+                        // In the creator's own process: no fabric reaches it.
+                        return Ok(pb::Fabric::Auto);
+                    }
+                    fabric::choose(
+                        &p.node,
+                        p.gpu.is_some(),
+                        &req.origin_node,
+                        preference,
+                        &rdma,
+                    )
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
@@ -256,7 +273,9 @@ impl<L: AgentLink> Master<L> {
                     .nodes
                     .get_mut(&p.node)
                     .ok_or_else(|| CoreError::NodeDown(p.node.clone()))?;
-                node.reserved += node.footprint(p.bytes());
+                if p.gpu.is_none() {
+                    node.reserved += node.footprint(p.bytes());
+                }
                 targets.push((p, node.info.agent_addr.clone(), node.info.data_addr.clone()));
             }
             (id, targets, fabrics)
@@ -276,6 +295,7 @@ impl<L: AgentLink> Master<L> {
                         .collect(),
                     record: Some(alloc.clone()),
                     fabric: *fabric as i32,
+                    gpu: p.gpu,
                 },
             )
         });
@@ -318,6 +338,7 @@ impl<L: AgentLink> Master<L> {
                     data_addr: data.clone(),
                     fabric: *fabric as i32,
                     agent_addr: agent.clone(),
+                    gpu: p.gpu,
                 }));
         }
         alloc.extents.sort_by_key(|e| e.alloc_offset);
@@ -361,7 +382,7 @@ impl<L: AgentLink> Master<L> {
         st.reserving.remove(&id);
         st.names.remove(name);
         for (p, _, _) in targets {
-            if let Some(n) = st.nodes.get_mut(&p.node) {
+            if let (Some(n), None) = (st.nodes.get_mut(&p.node), p.gpu) {
                 n.reserved = n.reserved.saturating_sub(n.footprint(p.bytes()));
             }
         }
@@ -668,6 +689,15 @@ impl<L: AgentLink> Master<L> {
     }
 
     fn candidates(&self, st: &State) -> Vec<Candidate> {
+        // Device memory placed so far, per (node, device): counted from the
+        // table each time, so no path that removes an allocation can leave
+        // it wrong.
+        let mut on_gpu: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for e in st.allocs.values().flat_map(|r| &r.alloc.extents) {
+            if let Some(g) = e.gpu {
+                *on_gpu.entry((e.node.as_str(), g)).or_default() += e.len;
+            }
+        }
         st.nodes
             .values()
             .map(|n| Candidate {
@@ -675,6 +705,21 @@ impl<L: AgentLink> Master<L> {
                 free: n.info.capacity.saturating_sub(n.reserved),
                 up: n.seen.state(&self.liveness).0 == NodeState::Up,
                 page: n.page(),
+                gpus: n
+                    .info
+                    .gpu_devices
+                    .iter()
+                    .map(|g| placement::GpuRoom {
+                        index: g.index,
+                        free: g.free.saturating_sub(
+                            on_gpu
+                                .get(&(n.info.name.as_str(), g.index))
+                                .copied()
+                                .unwrap_or(0),
+                        ),
+                    })
+                    .collect(),
+                gpu_note: n.info.gpu_note.clone(),
             })
             .collect()
     }
@@ -726,7 +771,9 @@ fn remove(st: &mut State, id: u64) -> Vec<(String, String)> {
     // were reserved together.
     let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
     for e in &rec.alloc.extents {
-        *per_node.entry(e.node.as_str()).or_default() += e.len;
+        // GPU memory is not the host pool's: the node is a holder all the same.
+        let host = if e.gpu.is_none() { e.len } else { 0 };
+        *per_node.entry(e.node.as_str()).or_default() += host;
     }
     let mut holders = Vec::with_capacity(per_node.len());
     for (node, len) in per_node {

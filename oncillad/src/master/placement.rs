@@ -27,6 +27,18 @@ pub struct Candidate {
     pub up: bool,
     /// The node's pool page size: its share takes whole pages.
     pub page: u64,
+    /// The node's GPUs with the device memory placement may still give.
+    pub gpus: Vec<GpuRoom>,
+    /// Why the node has no GPU (empty when it has some).
+    pub gpu_note: String,
+}
+
+/// One GPU as placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuRoom {
+    pub index: u32,
+    /// Free device memory at the node's start, less what the master placed.
+    pub free: u64,
 }
 
 impl Candidate {
@@ -47,6 +59,8 @@ pub struct Planned {
     pub node: String,
     /// `(alloc_offset, len)`, ascending.
     pub ranges: Vec<(u64, u64)>,
+    /// GPU kinds: the device that holds it all (one range).
+    pub gpu: Option<u32>,
 }
 
 impl Planned {
@@ -72,6 +86,7 @@ pub struct Request<'a> {
 /// - `REMOTE_HOST` with named nodes: shares by weight, each node must hold
 ///   its share.
 /// - `REMOTE_HOST` by policy: see [`Policy`]; down nodes get nothing.
+/// - GPU kinds: the whole allocation on one device ([`gpu`]).
 ///
 /// # Errors
 /// Invalid requests, unknown or down nodes, and capacity exhaustion (with
@@ -106,6 +121,7 @@ pub fn plan(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Core
         ));
     }
     let shares = match req.kind {
+        MemKind::LocalGpu | MemKind::RemoteGpu => return gpu(req, nodes).map(|p| vec![p]),
         MemKind::LocalHost => {
             if !p.nodes.is_empty() || !matches!(policy, Policy::Unspecified | Policy::LocalFirst) {
                 return Err(CoreError::InvalidArgument(
@@ -144,11 +160,175 @@ pub fn plan(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Core
         }
         MemKind::Unspecified => {
             return Err(CoreError::InvalidArgument(
-                "memory kind not given (local or remote host)".into(),
+                "memory kind not given (local or remote host, local or remote GPU)".into(),
             ))
         }
     };
     layout(req.size, p.stripe, &shares, nodes)
+}
+
+/// A GPU allocation lives on one device: `LOCAL_GPU` on the requester's
+/// node, `REMOTE_GPU` on the named node or, by policy, on the requester's
+/// node when one of its GPUs has room (local first) or the GPU with the
+/// least room that holds it (pack); otherwise the GPU with the most room.
+/// Without a named device, the device with the most room on the node.
+fn gpu(req: &Request<'_>, nodes: &[Candidate]) -> Result<Planned, CoreError> {
+    let p = req.placement;
+    let policy = Policy::try_from(p.policy).unwrap_or(Policy::Unspecified);
+    if p.stripe != 0 || policy == Policy::Spread {
+        return Err(CoreError::InvalidArgument(
+            "a GPU allocation lives on one device; spread and stripes apply to host memory".into(),
+        ));
+    }
+    let node = if req.kind == MemKind::LocalGpu {
+        if !p.nodes.is_empty() || !matches!(policy, Policy::Unspecified | Policy::LocalFirst) {
+            return Err(CoreError::InvalidArgument(
+                "local GPU memory goes on the requester's node; name a device with `gpu` only"
+                    .into(),
+            ));
+        }
+        if req.origin.is_empty() {
+            return Err(CoreError::InvalidArgument(
+                "local GPU memory lives in the requesting process; ask through a session".into(),
+            ));
+        }
+        Some(lookup(nodes, req.origin)?)
+    } else {
+        match p.nodes.as_slice() {
+            [] => None,
+            [one] => Some(lookup(nodes, &one.node)?),
+            _ => {
+                return Err(CoreError::InvalidArgument(
+                    "a GPU allocation lives on one device; name one node".into(),
+                ))
+            }
+        }
+    };
+    if p.gpu.is_some() && node.is_none() {
+        return Err(CoreError::InvalidArgument(
+            "a GPU index needs a node: name the node that has it".into(),
+        ));
+    }
+    if let Some(n) = node {
+        if n.gpus.is_empty() {
+            return Err(CoreError::NoGpu(format!(
+                "no GPU: node {}: {}",
+                n.name,
+                no_gpu_reason(n)
+            )));
+        }
+        let dev = match p.gpu {
+            Some(i) => n.gpus.iter().find(|g| g.index == i).ok_or_else(|| {
+                CoreError::InvalidArgument(format!(
+                    "node {} has no GPU {i} (it has {})",
+                    n.name,
+                    n.gpus.len()
+                ))
+            })?,
+            None => roomiest(&n.gpus).ok_or_else(|| gpu_exhausted(req.size, nodes))?,
+        };
+        if dev.free < req.size {
+            return Err(gpu_exhausted(req.size, nodes));
+        }
+        return Ok(on_gpu(n, dev.index, req.size));
+    }
+    let up: Vec<&Candidate> = nodes.iter().filter(|n| n.up).collect();
+    if up.iter().all(|n| n.gpus.is_empty()) {
+        let why: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{}: {}", n.name, no_gpu_reason(n)))
+            .collect();
+        return Err(CoreError::NoGpu(if why.is_empty() {
+            "no GPU: no node has joined".into()
+        } else {
+            format!("no GPU: no node that is up has one ({})", why.join("; "))
+        }));
+    }
+    let fits = |n: &Candidate| n.gpus.iter().any(|g| g.free >= req.size);
+    let with_room: Vec<&Candidate> = up.iter().copied().filter(|n| fits(n)).collect();
+    let origin = with_room.iter().find(|n| n.name == req.origin);
+    let chosen = match (policy, origin) {
+        (Policy::Unspecified | Policy::LocalFirst, Some(o)) => Some(o),
+        (Policy::Pack, _) => with_room.iter().min_by(|a, b| {
+            tightest(a, req.size)
+                .cmp(&tightest(b, req.size))
+                .then_with(|| a.name.cmp(&b.name))
+        }),
+        _ => with_room.iter().max_by(|a, b| {
+            most_room(a)
+                .cmp(&most_room(b))
+                .then_with(|| b.name.cmp(&a.name))
+        }),
+    };
+    let n = chosen
+        .copied()
+        .ok_or_else(|| gpu_exhausted(req.size, nodes))?;
+    let dev = if policy == Policy::Pack {
+        n.gpus
+            .iter()
+            .filter(|g| g.free >= req.size)
+            .min_by_key(|g| (g.free, g.index))
+    } else {
+        roomiest(&n.gpus)
+    };
+    let dev = dev.ok_or_else(|| gpu_exhausted(req.size, nodes))?;
+    Ok(on_gpu(n, dev.index, req.size))
+}
+
+fn on_gpu(n: &Candidate, index: u32, size: u64) -> Planned {
+    Planned {
+        node: n.name.clone(),
+        ranges: vec![(0, size)],
+        gpu: Some(index),
+    }
+}
+
+/// The device with the most room (lowest index on a tie).
+fn roomiest(gpus: &[GpuRoom]) -> Option<&GpuRoom> {
+    gpus.iter()
+        .max_by(|a, b| a.free.cmp(&b.free).then_with(|| b.index.cmp(&a.index)))
+}
+
+fn most_room(n: &Candidate) -> u64 {
+    n.gpus.iter().map(|g| g.free).max().unwrap_or(0)
+}
+
+/// The least room among the node's devices that hold `size`.
+fn tightest(n: &Candidate, size: u64) -> u64 {
+    n.gpus
+        .iter()
+        .map(|g| g.free)
+        .filter(|f| *f >= size)
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
+fn no_gpu_reason(n: &Candidate) -> &str {
+    if n.gpu_note.is_empty() {
+        "no GPU"
+    } else {
+        &n.gpu_note
+    }
+}
+
+fn gpu_exhausted(size: u64, nodes: &[Candidate]) -> CoreError {
+    let per: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| {
+            n.gpus.iter().map(move |g| {
+                let down = if n.up { "" } else { " (down)" };
+                format!("{} GPU {} {}{down}", n.name, g.index, HumanBytes(g.free))
+            })
+        })
+        .collect();
+    CoreError::CapacityExhausted {
+        requested: size,
+        detail: if per.is_empty() {
+            "no GPU in the cluster".into()
+        } else {
+            format!("GPU memory free: {}", per.join(", "))
+        },
+    }
 }
 
 /// Nodes by weight, in the order named.
@@ -224,6 +404,7 @@ fn whole(node: &Candidate, size: u64) -> Vec<Planned> {
     vec![Planned {
         node: node.name.clone(),
         ranges: vec![(0, size)],
+        gpu: None,
     }]
 }
 
@@ -239,6 +420,7 @@ fn fill(size: u64, order: &[&Candidate]) -> Option<Vec<Planned>> {
         plan.push(Planned {
             node: node.name.clone(),
             ranges: vec![(offset, len)],
+            gpu: None,
         });
         offset += len;
         if offset == size {
@@ -263,6 +445,7 @@ fn layout(
         .map(|(n, _)| Planned {
             node: n.name.clone(),
             ranges: Vec::new(),
+            gpu: None,
         })
         .collect();
     if stripe == 0 {
@@ -356,6 +539,8 @@ mod tests {
             free: pages * P,
             up,
             page: P,
+            gpus: Vec::new(),
+            gpu_note: "no CUDA driver on this node".into(),
         }
     }
 
@@ -386,6 +571,7 @@ mod tests {
                 })
                 .collect(),
             stripe,
+            gpu: None,
         }
     }
 
@@ -599,5 +785,167 @@ mod tests {
                 "{msg}"
             );
         }
+    }
+
+    const G: u64 = 1 << 30;
+
+    /// `a` has no GPU, `b` two (8 and 2 GiB free), `c` one (4 GiB), `d`
+    /// one but is down.
+    fn gpu_nodes() -> Vec<Candidate> {
+        let with = |name: &str, up: bool, gpus: &[u64]| Candidate {
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(i, f)| GpuRoom {
+                    index: i as u32,
+                    free: f * G,
+                })
+                .collect(),
+            gpu_note: String::new(),
+            ..node(name, 100, up)
+        };
+        vec![
+            node("a", 100, true),
+            with("b", true, &[8, 2]),
+            with("c", true, &[4]),
+            with("d", false, &[64]),
+        ]
+    }
+
+    fn gpu_plan(
+        size: u64,
+        kind: MemKind,
+        p: &Placement,
+        origin: &str,
+    ) -> Result<Planned, CoreError> {
+        let mut plan = plan(
+            &Request {
+                size,
+                kind,
+                placement: p,
+                origin,
+            },
+            &gpu_nodes(),
+        )?;
+        assert_eq!(plan.len(), 1, "a GPU allocation is one device");
+        Ok(plan.remove(0))
+    }
+
+    fn at(p: &Planned) -> (&str, Option<u32>) {
+        (p.node.as_str(), p.gpu)
+    }
+
+    #[test]
+    fn local_gpu_goes_on_a_device_of_the_origin() {
+        let any = Placement::default();
+        let p = gpu_plan(G, MemKind::LocalGpu, &any, "b").unwrap();
+        assert_eq!(at(&p), ("b", Some(0)), "the device with the most room");
+        assert_eq!(p.ranges, vec![(0, G)]);
+        let dev1 = Placement {
+            gpu: Some(1),
+            ..any.clone()
+        };
+        assert_eq!(
+            at(&gpu_plan(G, MemKind::LocalGpu, &dev1, "b").unwrap()),
+            ("b", Some(1))
+        );
+        let msg = gpu_plan(3 * G, MemKind::LocalGpu, &dev1, "b")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("b GPU 1 2.0 GiB"), "{msg}");
+        let msg = gpu_plan(G, MemKind::LocalGpu, &any, "a")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(msg, "no GPU: node a: no CUDA driver on this node");
+        let dev7 = Placement {
+            gpu: Some(7),
+            ..any.clone()
+        };
+        assert!(gpu_plan(G, MemKind::LocalGpu, &dev7, "b")
+            .unwrap_err()
+            .to_string()
+            .contains("no GPU 7"));
+        assert!(
+            gpu_plan(G, MemKind::LocalGpu, &any, "").is_err(),
+            "needs a session"
+        );
+        assert!(gpu_plan(G, MemKind::LocalGpu, &named_nodes(&[("c", 1)], 0), "b").is_err());
+    }
+
+    #[test]
+    fn remote_gpu_by_policy_and_by_name() {
+        let any = Placement::default();
+        // Local first: the origin's GPU when it has room, else the most room.
+        assert_eq!(
+            at(&gpu_plan(G, MemKind::RemoteGpu, &any, "c").unwrap()),
+            ("c", Some(0))
+        );
+        assert_eq!(
+            at(&gpu_plan(5 * G, MemKind::RemoteGpu, &any, "c").unwrap()),
+            ("b", Some(0))
+        );
+        assert_eq!(
+            at(&gpu_plan(G, MemKind::RemoteGpu, &any, "a").unwrap()),
+            ("b", Some(0))
+        );
+        // Pack: the tightest device that holds it.
+        let pack = policy(Policy::Pack);
+        assert_eq!(
+            at(&gpu_plan(G, MemKind::RemoteGpu, &pack, "").unwrap()),
+            ("b", Some(1))
+        );
+        assert_eq!(
+            at(&gpu_plan(3 * G, MemKind::RemoteGpu, &pack, "").unwrap()),
+            ("c", Some(0))
+        );
+        // Named node and device.
+        let named = Placement {
+            gpu: Some(1),
+            ..named_nodes(&[("b", 1)], 0)
+        };
+        assert_eq!(
+            at(&gpu_plan(G, MemKind::RemoteGpu, &named, "").unwrap()),
+            ("b", Some(1))
+        );
+        // A down node's GPU is never used.
+        let msg = gpu_plan(32 * G, MemKind::RemoteGpu, &any, "")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("d GPU 0 64.0 GiB (down)"), "{msg}");
+        assert!(matches!(
+            gpu_plan(G, MemKind::RemoteGpu, &named_nodes(&[("d", 1)], 0), ""),
+            Err(CoreError::NodeDown(_))
+        ));
+    }
+
+    #[test]
+    fn gpu_requests_that_cannot_work_say_why() {
+        let spread = policy(Policy::Spread);
+        assert!(gpu_plan(G, MemKind::RemoteGpu, &spread, "")
+            .unwrap_err()
+            .to_string()
+            .contains("one device"));
+        let two = named_nodes(&[("b", 1), ("c", 1)], 0);
+        assert!(gpu_plan(G, MemKind::RemoteGpu, &two, "")
+            .unwrap_err()
+            .to_string()
+            .contains("name one node"));
+        let index_only = Placement {
+            gpu: Some(0),
+            ..Placement::default()
+        };
+        assert!(gpu_plan(G, MemKind::RemoteGpu, &index_only, "")
+            .unwrap_err()
+            .to_string()
+            .contains("needs a node"));
+        // No GPU anywhere: every node's reason.
+        let msg = plan_for(G, MemKind::RemoteGpu, &Placement::default(), "a")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("no GPU: no node that is up has one"),
+            "{msg}"
+        );
+        assert!(msg.contains("a: no CUDA driver on this node"), "{msg}");
     }
 }

@@ -254,7 +254,7 @@ fn recount(st: &mut State, node: &str) {
                 .alloc
                 .extents
                 .iter()
-                .filter(|e| e.node == node)
+                .filter(|e| e.node == node && e.gpu.is_none())
                 .map(|e| e.len)
                 .sum();
             round_up(len, page)

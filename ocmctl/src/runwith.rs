@@ -1,0 +1,65 @@
+//! `ocmctl run`: a program against a local cluster. Starts a master and N
+//! agents (as `ocmctl demo` does), runs the program with the environment
+//! that points liboncilla at agent node-0 (`ONCILLA_SOCKET`,
+//! `ONCILLA_TOKEN_FILE`, `ONCILLA_MASTER`), waits for it, and tears the
+//! cluster down. The examples are run this way.
+//!
+//! It owns nothing but the child's lifetime; the cluster is
+//! [`crate::cluster`]'s.
+
+use std::ffi::OsString;
+use std::process::Command;
+
+use oncilla_proto::size::parse_size;
+
+use crate::CliError;
+
+/// Options of `ocmctl run`.
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct Args {
+    /// Number of agents to start (1 to 16).
+    #[arg(long, default_value_t = 3)]
+    agents: usize,
+    /// Memory each agent exports.
+    #[arg(long, default_value = "256MiB")]
+    capacity: String,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, last = true)]
+    command: Vec<OsString>,
+}
+
+/// Runs the program; its exit status becomes ocmctl's.
+///
+/// # Errors
+/// Bad options, daemons that fail to start, a program that cannot be
+/// started or does not succeed.
+pub fn run(args: &Args) -> Result<(), CliError> {
+    if !(1..=16).contains(&args.agents) {
+        return Err(CliError::Other("--agents must be from 1 to 16".into()));
+    }
+    let capacity =
+        parse_size(&args.capacity).map_err(|e| CliError::Other(format!("--capacity: {e}")))?;
+    let command = args.command.clone();
+    let capacities = vec![capacity; args.agents];
+    crate::cluster::run(&capacities, false, move |h| {
+        let (program, rest) = command
+            .split_first()
+            .ok_or_else(|| CliError::Other("no program given after --".into()))?;
+        // Written (mode 0600) by the cluster when it started.
+        let token_file = h.dir.join("token");
+        let status = Command::new(program)
+            .args(rest)
+            .env("ONCILLA_SOCKET", h.socket(0))
+            .env("ONCILLA_TOKEN_FILE", &token_file)
+            .env_remove("ONCILLA_TOKEN")
+            .env("ONCILLA_MASTER", &h.master_addr)
+            .status()
+            .map_err(|e| CliError::Other(format!("cannot start {program:?}: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(CliError::Other(format!("{program:?} ended with {status}")))
+        }
+    })
+}
