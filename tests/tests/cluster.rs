@@ -521,3 +521,108 @@ fn verbs_copies_on_real_hardware() {
     a.copy_out(12_345, &mut small).unwrap();
     assert_eq!(&small[..], &data[12_345..12_445]);
 }
+
+/// Whether the cluster's nodes have GPUs: every node of this one-machine
+/// cluster shares the machine's driver, so node-0 speaks for all.
+fn cluster_gpus(c: &Cluster) -> usize {
+    let out = c.ocmctl(&["nodes", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    nodes[0]["gpus"].as_array().map_or(0, Vec::len)
+}
+
+/// Without a CUDA driver every GPU request fails with a clear "no GPU"
+/// error naming the reason, nodes say why they offer none, and host memory
+/// keeps working. (On a GPU machine `gpu_kinds_copy_between_every_pair`
+/// covers the other side.)
+#[test]
+fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
+    let c = Cluster::start(2, "8MiB");
+    if cluster_gpus(&c) > 0 {
+        eprintln!("skipped: this machine has a GPU; see gpu_kinds_copy_between_every_pair");
+        return;
+    }
+    let out = c.ocmctl(&["nodes", "--json"]);
+    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for n in nodes.as_array().unwrap() {
+        let note = n["gpu_note"].as_str().unwrap_or_default();
+        assert!(note.contains("CUDA"), "{n}");
+    }
+    let table = String::from_utf8_lossy(&c.ocmctl(&["nodes"]).stdout).into_owned();
+    assert!(table.contains("node-0: no GPU: no CUDA driver on this node"), "{table}");
+
+    let ocm = c.client(0);
+    for spec in [
+        AllocSpec::new(1 << 20, Kind::LocalGpu),
+        AllocSpec::new(1 << 20, Kind::RemoteGpu),
+        AllocSpec::new(1 << 20, Kind::RemoteGpu).on_nodes(["node-1"]).gpu(0),
+    ] {
+        let Err(err) = ocm.alloc_with(&spec) else {
+            panic!("{spec:?} allocated without a GPU");
+        };
+        assert!(matches!(err, liboncilla::Error::NoGpu(_)), "{err:?}");
+        assert!(err.to_string().starts_with("no GPU"), "{err}");
+        assert!(err.to_string().contains("no CUDA driver"), "{err}");
+    }
+    // Operators get the same answer.
+    let out = c.ocmctl(&["alloc", "1MiB", "--gpu", "any"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no GPU"), "{:?}", out);
+
+    // Nothing was left behind, and host memory still copies.
+    let allocs = c.ocmctl(&["allocs", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&allocs.stdout).unwrap();
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+    let a = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    let b = ocm.alloc(1 << 20, Kind::LocalHost).unwrap();
+    let data = bytes(1 << 20, 9);
+    a.copy_in(0, &data).unwrap();
+    ocm.copy(&b, 0, &a, 0, 1 << 20).unwrap();
+    let mut back = vec![0; 1 << 20];
+    b.copy_out(0, &mut back).unwrap();
+    assert!(back == data);
+}
+
+/// On a GPU machine: every pair of kinds copies with one `copy` call, at
+/// offsets, and the bytes arrive. Elsewhere it prints one line and passes.
+#[test]
+fn gpu_kinds_copy_between_every_pair() {
+    let c = Cluster::start(2, "64MiB");
+    if cluster_gpus(&c) == 0 {
+        eprintln!("skipped: no GPU on this machine (the nodes report none); GPU kind pairs not run");
+        return;
+    }
+    let ocm = c.client(0);
+    let len: u64 = 20 << 20;
+    let kinds = [
+        AllocSpec::new(len, Kind::LocalHost),
+        AllocSpec::new(len, Kind::RemoteHost).on_nodes(["node-1"]),
+        AllocSpec::new(len, Kind::LocalGpu),
+        AllocSpec::new(len, Kind::RemoteGpu).on_nodes(["node-1"]),
+    ];
+    let allocs: Vec<_> = kinds.iter().map(|s| ocm.alloc_with(s).unwrap()).collect();
+    let data = bytes(len as usize - 4096, 3);
+    for (i, src) in allocs.iter().enumerate() {
+        src.copy_in(4096, &data).unwrap();
+        for (j, dst) in allocs.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            ocm.copy(dst, 0, src, 4096, data.len() as u64).unwrap();
+            let mut back = vec![0; data.len()];
+            dst.copy_out(0, &mut back).unwrap();
+            assert!(back == data, "{:?} -> {:?}", src.kind(), dst.kind());
+        }
+    }
+    // Two allocations on one device copy on the device.
+    let other = ocm.alloc(len, Kind::LocalGpu).unwrap();
+    ocm.copy(&other, 0, &allocs[2], 4096, data.len() as u64).unwrap();
+    let mut back = vec![0; data.len()];
+    other.copy_out(0, &mut back).unwrap();
+    assert!(back == data);
+    assert!(matches!(
+        allocs[2].copy_out(len, &mut [0u8; 1]),
+        Err(liboncilla::Error::OutOfBounds { .. })
+    ));
+    eprintln!("GPU kind pairs: 12 copies of {} bytes verified", data.len());
+}
