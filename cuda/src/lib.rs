@@ -15,9 +15,11 @@
 //!   stream, an event per buffer).
 //! - [`host`]: the host-memory side of the same pipeline (a worker thread
 //!   instead of a device), used where there is no GPU.
+//! - [`kernel`]: kernels compiled at run time with NVRTC.
 
 pub mod gpu;
 pub mod host;
+pub mod kernel;
 pub mod pinned;
 pub mod pipeline;
 

@@ -109,8 +109,12 @@ impl PinnedRing {
         Ok(unsafe { std::slice::from_raw_parts_mut(b.ptr, b.len) })
     }
 
-    /// Queues a copy of the first `len` bytes of `slot` to `dst` at `at`.
-    fn queue_upload(
+    /// Queues a copy of the first `len` bytes of `slot` to `dst` at `at`;
+    /// the slot is handed out again once the copy has run.
+    ///
+    /// # Errors
+    /// Out of bounds; a length above the buffer's; driver failures.
+    pub fn upload_slot(
         &mut self,
         slot: usize,
         len: usize,
@@ -144,8 +148,12 @@ impl PinnedRing {
             .map_err(|e| self.gpu.fail("cuEventRecord", e))
     }
 
-    /// Queues a copy of `len` bytes of `src` at `at` into `slot`.
-    fn queue_download(
+    /// Queues a copy of `len` bytes of `src` at `at` into `slot`; the slot
+    /// is handed out once the copy has run.
+    ///
+    /// # Errors
+    /// Out of bounds; a length above the buffer's; driver failures.
+    pub fn download_slot(
         &mut self,
         slot: usize,
         len: usize,
@@ -163,7 +171,7 @@ impl PinnedRing {
             )));
         }
         let device = src.device_ptr(at)?;
-        // SAFETY: as in `queue_upload`, with the buffer as the destination:
+        // SAFETY: as in `upload_slot`, with the buffer as the destination:
         // nothing reads it before its event completes (`wait_slot`).
         unsafe {
             let dst = std::slice::from_raw_parts_mut(b.ptr, len);
@@ -243,7 +251,7 @@ impl Sink for Upload<'_> {
 
     fn submit(&mut self, slot: usize, chunk: Chunk) -> Result<(), CudaError> {
         self.ring
-            .queue_upload(slot, chunk.len, self.dst, self.at + chunk.offset)
+            .upload_slot(slot, chunk.len, self.dst, self.at + chunk.offset)
     }
 
     fn finish(&mut self) -> Result<(), CudaError> {
@@ -269,7 +277,7 @@ impl Source for Download<'_> {
 
     fn start(&mut self, slot: usize, chunk: Chunk) -> Result<(), CudaError> {
         self.ring
-            .queue_download(slot, chunk.len, self.src, self.at + chunk.offset)
+            .download_slot(slot, chunk.len, self.src, self.at + chunk.offset)
     }
 
     fn slot(&mut self, slot: usize) -> Result<&[u8], CudaError> {

@@ -526,7 +526,11 @@ fn verbs_copies_on_real_hardware() {
 /// cluster shares the machine's driver, so node-0 speaks for all.
 fn cluster_gpus(c: &Cluster) -> usize {
     let out = c.ocmctl(&["nodes", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     nodes[0]["gpus"].as_array().map_or(0, Vec::len)
 }
@@ -549,13 +553,18 @@ fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
         assert!(note.contains("CUDA"), "{n}");
     }
     let table = String::from_utf8_lossy(&c.ocmctl(&["nodes"]).stdout).into_owned();
-    assert!(table.contains("node-0: no GPU: no CUDA driver on this node"), "{table}");
+    assert!(
+        table.contains("node-0: no GPU: no CUDA driver on this node"),
+        "{table}"
+    );
 
     let ocm = c.client(0);
     for spec in [
         AllocSpec::new(1 << 20, Kind::LocalGpu),
         AllocSpec::new(1 << 20, Kind::RemoteGpu),
-        AllocSpec::new(1 << 20, Kind::RemoteGpu).on_nodes(["node-1"]).gpu(0),
+        AllocSpec::new(1 << 20, Kind::RemoteGpu)
+            .on_nodes(["node-1"])
+            .gpu(0),
     ] {
         let Err(err) = ocm.alloc_with(&spec) else {
             panic!("{spec:?} allocated without a GPU");
@@ -567,7 +576,11 @@ fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
     // Operators get the same answer.
     let out = c.ocmctl(&["alloc", "1MiB", "--gpu", "any"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no GPU"), "{:?}", out);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no GPU"),
+        "{:?}",
+        out
+    );
 
     // Nothing was left behind, and host memory still copies.
     let allocs = c.ocmctl(&["allocs", "--json"]);
@@ -589,7 +602,9 @@ fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
 fn gpu_kinds_copy_between_every_pair() {
     let c = Cluster::start(2, "64MiB");
     if cluster_gpus(&c) == 0 {
-        eprintln!("skipped: no GPU on this machine (the nodes report none); GPU kind pairs not run");
+        eprintln!(
+            "skipped: no GPU on this machine (the nodes report none); GPU kind pairs not run"
+        );
         return;
     }
     let ocm = c.client(0);
@@ -616,7 +631,8 @@ fn gpu_kinds_copy_between_every_pair() {
     }
     // Two allocations on one device copy on the device.
     let other = ocm.alloc(len, Kind::LocalGpu).unwrap();
-    ocm.copy(&other, 0, &allocs[2], 4096, data.len() as u64).unwrap();
+    ocm.copy(&other, 0, &allocs[2], 4096, data.len() as u64)
+        .unwrap();
     let mut back = vec![0; data.len()];
     other.copy_out(0, &mut back).unwrap();
     assert!(back == data);
