@@ -4,13 +4,14 @@
 //! its memory, freed when dropped, with synchronous copies to and from host
 //! memory and other device memory. Every call makes the device's context
 //! current on the calling thread first, so any thread may use any value.
-//! This module never calls the driver before [`crate::driver`] succeeded.
+//! This module never calls the driver before [`crate::driver`] succeeded
+//! (every way in goes through [`crate::device_count`]).
 
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 
-use crate::{driver, CudaError};
+use crate::CudaError;
 
 /// One device as `ocmctl nodes` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +56,6 @@ impl Gpu {
         if index >= count {
             return Err(CudaError::NoSuchDevice { index, count });
         }
-        driver()?;
         let ctx = CudaContext::new(index as usize)
             .map_err(|e| fail(index, "cuDevicePrimaryCtxRetain", e))?;
         Ok(Self { index, ctx })
@@ -134,10 +134,23 @@ impl Gpu {
             len,
         };
         // SAFETY: `ptr` is a fresh allocation of `bytes` bytes in this
-        // context, which is current.
-        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| self.fail("cuMemsetD8", e))?;
+        // context, which is current. cuMemsetD8 may return before it ends:
+        // wait, so nothing (on any stream) sees the old bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }
+            .and_then(|()| null_sync())
+            .map_err(|e| self.fail("cuMemsetD8", e))?;
         Ok(mem)
     }
+}
+
+/// Waits for the current context's legacy default stream: the "sync"
+/// driver copies and memsets may return before the device is done (from
+/// pageable memory, device to device), and a copy on another stream must
+/// never overtake them.
+fn null_sync() -> Result<(), DriverError> {
+    // SAFETY: the null stream of the current context always exists;
+    // waiting for it has no other effect.
+    unsafe { result::stream::synchronize(result::stream::null()) }
 }
 
 fn fail(device: u32, op: &'static str, e: DriverError) -> CudaError {
@@ -209,6 +222,7 @@ impl DeviceMem {
         // (checked) and the context that owns it is current; `src` is a
         // live host slice of exactly the length copied.
         unsafe { result::memcpy_htod_sync(self.ptr + offset, src) }
+            .and_then(|()| null_sync())
             .map_err(|e| self.gpu.fail("cuMemcpyHtoD", e))
     }
 
@@ -230,7 +244,8 @@ impl DeviceMem {
     /// on the device (or between devices, peer to peer through the driver).
     ///
     /// # Errors
-    /// Out of bounds; driver failures.
+    /// Out of bounds; overlapping ranges of one allocation (the driver's
+    /// copy is undefined for those); driver failures.
     pub fn copy_from(
         &self,
         dst_offset: u64,
@@ -245,12 +260,20 @@ impl DeviceMem {
             len,
             size: self.len,
         })?;
+        let (d, s) = (self.ptr + dst_offset, src.ptr + src_offset);
+        if d < s + len && s < d + len && len > 0 && self.gpu.index == src.gpu.index {
+            return Err(CudaError::Overlap {
+                dst: dst_offset,
+                src: src_offset,
+                len,
+            });
+        }
         self.gpu.bind()?;
         if self.gpu.index == src.gpu.index {
             // SAFETY: both ranges lie inside live allocations of the current
-            // context (checked above); cuMemcpyDtoD handles overlap within
-            // one allocation as a plain copy the caller asked for.
-            unsafe { result::memcpy_dtod_sync(self.ptr + dst_offset, src.ptr + src_offset, bytes) }
+            // context (checked above) and do not overlap (checked above).
+            unsafe { result::memcpy_dtod_sync(d, s, bytes) }
+                .and_then(|()| null_sync())
                 .map_err(|e| self.gpu.fail("cuMemcpyDtoD", e))
         } else {
             let stream = result::stream::null();

@@ -51,7 +51,8 @@ impl Kernel {
         })
     }
 
-    /// Queues the kernel on `stream` with `blocks` x `threads` and `args`.
+    /// Queues the kernel on `stream` with `blocks` x `threads` (rounded to
+    /// whole warps, at most 1024) and `args`.
     ///
     /// # Safety
     /// The kernel must take exactly `args.len()` parameters, each a 64-bit
@@ -73,9 +74,11 @@ impl Kernel {
         for a in args {
             b.arg(a);
         }
+        // Whole warps: kernels may reduce with full-warp shuffles.
+        let threads = threads.clamp(32, 1024).div_ceil(32) * 32;
         let cfg = LaunchConfig {
             grid_dim: (blocks.max(1), 1, 1),
-            block_dim: (threads.max(1), 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the caller guarantees the parameter list matches the

@@ -50,6 +50,8 @@ pub enum CudaError {
     },
     #[error("GPU copy out of bounds: {len} bytes at {offset} of a {size}-byte buffer")]
     OutOfBounds { offset: u64, len: u64, size: u64 },
+    #[error("GPU copy of {len} bytes from offset {src} to offset {dst} of the same memory overlaps; copy through another allocation")]
+    Overlap { dst: u64, src: u64, len: u64 },
     #[error("staging pipeline: {0}")]
     Pipeline(String),
 }

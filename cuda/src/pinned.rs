@@ -6,6 +6,9 @@
 //! buffer the DMA engine is still reading (or reads one it is still
 //! writing).
 //!
+//! Its copies run on the device's legacy default stream, so they are
+//! ordered with every other copy and memset of [`DeviceMem`].
+//!
 //! A ring is made once per device and reused by every copy (allocating
 //! page-locked memory costs milliseconds). This module owns those buffers;
 //! it never decides chunk order (that is [`crate::pipeline`]).
@@ -46,10 +49,11 @@ impl PinnedRing {
     /// `ulimit -l`).
     pub fn new(gpu: &Gpu, slots: usize, slot_len: usize) -> Result<Self, CudaError> {
         gpu.bind()?;
-        let stream = gpu
-            .context()
-            .new_stream()
-            .map_err(|e| gpu.fail("cuStreamCreate", e))?;
+        // The legacy default stream, not a new non-blocking one: the
+        // pipeline needs only host/device overlap, and on this stream its
+        // copies stay ordered after every other driver call on the device
+        // (zeroing a fresh allocation, DeviceMem's copies).
+        let stream = gpu.context().default_stream();
         let mut ring = Self {
             gpu: gpu.clone(),
             stream,

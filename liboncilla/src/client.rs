@@ -235,13 +235,9 @@ impl Oncilla {
         let mut client = self.inner.session.clone();
         let wire = self.inner.rt.block_on(client.alloc(req))?.into_inner();
         let fabric = spec.fabric.unwrap_or(self.inner.fabric);
-        let id = wire.id;
-        self.open(wire, fabric).inspect_err(|_| {
-            // The cluster recorded it; this process could not hold it.
-            if let Err(e) = self.free_id(id, false) {
-                tracing::warn!(id, error = %e, "cannot free an allocation that failed to open");
-            }
-        })
+        // Should opening fail (no device memory, no mapping), dropping the
+        // half-built handle frees what the cluster recorded.
+        self.open(wire, fabric)
     }
 
     /// Attaches the persistent allocation called `name`, made by any

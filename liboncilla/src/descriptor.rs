@@ -31,38 +31,6 @@ impl Kind {
             Kind::RemoteGpu => pb::MemKind::RemoteGpu,
         }
     }
-
-    /// Device memory (either GPU kind).
-    pub fn is_gpu(self) -> bool {
-        matches!(self, Kind::LocalGpu | Kind::RemoteGpu)
-    }
-
-    /// Parses `local-host`, `remote-host`, `local-gpu`, `remote-gpu`
-    /// (also `local`/`remote` for the host kinds).
-    ///
-    /// # Errors
-    /// The accepted names, for anything else.
-    pub fn parse(name: &str) -> std::result::Result<Self, String> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "local" | "local-host" => Ok(Kind::LocalHost),
-            "remote" | "remote-host" => Ok(Kind::RemoteHost),
-            "local-gpu" => Ok(Kind::LocalGpu),
-            "remote-gpu" => Ok(Kind::RemoteGpu),
-            other => Err(format!(
-                "unknown kind {other:?}; use local-host, remote-host, local-gpu or remote-gpu"
-            )),
-        }
-    }
-
-    /// The name [`Kind::parse`] accepts.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::LocalHost => "local-host",
-            Kind::RemoteHost => "remote-host",
-            Kind::LocalGpu => "local-gpu",
-            Kind::RemoteGpu => "remote-gpu",
-        }
-    }
 }
 
 /// One extent: bytes `[alloc_offset, alloc_offset + len)` live on `node`.

@@ -76,6 +76,7 @@ impl From<oncilla_cuda::CudaError> for Error {
             E::NoDriver | E::Init(_) | E::NoSuchDevice { .. } => Self::NoGpu(e.to_string()),
             E::OutOfMemory { .. } => Self::CapacityExhausted(e.to_string()),
             E::OutOfBounds { offset, len, size } => Self::OutOfBounds { offset, len, size },
+            E::Overlap { .. } => Self::InvalidArgument(e.to_string()),
             E::Driver { .. } | E::Pipeline(_) => Self::Gpu(e.to_string()),
         }
     }

@@ -11,6 +11,10 @@
 //! reader (or a new tenant's bytes could leave under the old reply).
 //! `docs/benchmarks.md` measures what that copy costs.
 //!
+//! Device memory (`REMOTE_GPU` extents) cannot be handed to the socket: it
+//! moves through a per-connection bounce buffer, one driver copy per 4 MiB
+//! piece; local GPU memory of another process is refused with the reason.
+//!
 //! It owns the wire handshake, the per-request checks (allocation known,
 //! access key, bounds) and the copies. It never changes which allocations
 //! exist; it only reads the held table. A write is acknowledged only after

@@ -63,9 +63,12 @@ impl agent_server::Agent for AgentService {
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         let id = req.into_inner().alloc_id;
         // The extents go to the scrubber once the last in-flight copy using
-        // them is done; nothing here waits for that.
-        if self.agent.release(id).is_some() {
+        // them is done; nothing here waits for that. Device memory is freed
+        // when the entry drops, and cuMemFree waits for the device: off the
+        // executor.
+        if let Some(held) = self.agent.release(id) {
             tracing::debug!(alloc_id = id, "released");
+            drop(tokio::task::spawn_blocking(move || drop(held)));
         }
         Ok(Response::new(pb::ReleaseReply {
             pool: Some(self.agent.usage()),

@@ -103,6 +103,9 @@ struct State {
     sessions: BTreeMap<String, SessionRec>,
     /// Ids being reserved: agents already hold them, the table not yet.
     reserving: BTreeSet<u64>,
+    /// Device memory of allocations being reserved, per (node, GPU): not
+    /// in `allocs` yet, but no longer free for placement.
+    gpu_reserving: BTreeMap<(String, u32), u64>,
     /// Adopted allocations freed since: a late report of one is released,
     /// not adopted again.
     freed_adopted: BTreeSet<u64>,
@@ -276,7 +279,11 @@ impl<L: AgentLink> Master<L> {
                 if p.gpu.is_none() {
                     node.reserved += node.footprint(p.bytes());
                 }
-                targets.push((p, node.info.agent_addr.clone(), node.info.data_addr.clone()));
+                let addrs = (node.info.agent_addr.clone(), node.info.data_addr.clone());
+                if let Some(g) = p.gpu {
+                    *st.gpu_reserving.entry((p.node.clone(), g)).or_default() += p.bytes();
+                }
+                targets.push((p, addrs.0, addrs.1));
             }
             (id, targets, fabrics)
         };
@@ -353,6 +360,7 @@ impl<L: AgentLink> Master<L> {
         );
         let mut st = self.lock();
         st.reserving.remove(&id);
+        unreserve_gpus(&mut st, &targets);
         if let Some(who) = creator {
             attach_session(&mut st, who, id);
         }
@@ -380,6 +388,7 @@ impl<L: AgentLink> Master<L> {
         }
         let mut st = self.lock();
         st.reserving.remove(&id);
+        unreserve_gpus(&mut st, targets);
         st.names.remove(name);
         for (p, _, _) in targets {
             if let (Some(n), None) = (st.nodes.get_mut(&p.node), p.gpu) {
@@ -692,11 +701,19 @@ impl<L: AgentLink> Master<L> {
         // Device memory placed so far, per (node, device): counted from the
         // table each time, so no path that removes an allocation can leave
         // it wrong.
+        // Extents on a node that restarted since are gone from its device
+        // (its new report no longer counts them); reservations in flight
+        // are not in the table yet.
         let mut on_gpu: BTreeMap<(&str, u32), u64> = BTreeMap::new();
-        for e in st.allocs.values().flat_map(|r| &r.alloc.extents) {
-            if let Some(g) = e.gpu {
-                *on_gpu.entry((e.node.as_str(), g)).or_default() += e.len;
+        for r in st.allocs.values() {
+            for e in &r.alloc.extents {
+                if let (Some(g), false) = (e.gpu, r.lost.contains_key(&e.node)) {
+                    *on_gpu.entry((e.node.as_str(), g)).or_default() += e.len;
+                }
             }
+        }
+        for ((node, g), len) in &st.gpu_reserving {
+            *on_gpu.entry((node.as_str(), *g)).or_default() += len;
         }
         st.nodes
             .values()
@@ -728,6 +745,20 @@ impl<L: AgentLink> Master<L> {
         // Every critical section leaves the state consistent before it can
         // panic, so a poisoned lock still guards valid data.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Ends the device-memory reservations of `targets` (recorded or rolled back).
+fn unreserve_gpus(st: &mut State, targets: &[(Planned, String, String)]) {
+    for (p, _, _) in targets {
+        let Some(g) = p.gpu else { continue };
+        let key = (p.node.clone(), g);
+        if let Some(left) = st.gpu_reserving.get_mut(&key) {
+            *left = left.saturating_sub(p.bytes());
+            if *left == 0 {
+                st.gpu_reserving.remove(&key);
+            }
+        }
     }
 }
 
@@ -881,6 +912,8 @@ mod tests {
             addr: &str,
             req: pb::ReserveRequest,
         ) -> Result<pb::ReserveReply, String> {
+            // Let other requests run meanwhile, as a real round trip does.
+            tokio::task::yield_now().await;
             if Some(addr) == self.fail_on {
                 return Err("pool exhausted".into());
             }
@@ -1046,6 +1079,49 @@ mod tests {
         assert_eq!(link.released.load(Ordering::SeqCst), 2);
         assert!(m.allocations().is_empty());
         assert!(m.nodes().iter().all(|n| n.used == 0));
+    }
+
+    /// Device memory is counted per GPU, never against the host pool, and
+    /// a reservation still in flight already takes its room.
+    #[tokio::test]
+    async fn gpu_memory_is_counted_per_device_including_reservations_in_flight() {
+        let m = master(FakeLink::default()).await;
+        let mut g = join("g", 1 << 20);
+        if let Some(info) = g.node.as_mut() {
+            info.gpu_devices = vec![pb::GpuDevice {
+                index: 0,
+                name: "test GPU".into(),
+                total: 1 << 20,
+                free: 1 << 20,
+            }];
+        }
+        m.register(g).await.unwrap();
+        let gpu = |size: u64| {
+            let mut s = spec(size, &[]);
+            s.kind = MemKind::RemoteGpu as i32;
+            pb::AllocateRequest {
+                spec: Some(s),
+                origin_node: String::new(),
+                requester: None,
+            }
+        };
+        // Two at once: the second sees the first's reservation.
+        let (first, second) = tokio::join!(m.allocate(gpu(600 << 10)), m.allocate(gpu(600 << 10)));
+        let first = first.unwrap();
+        let err = second.unwrap_err();
+        assert!(err.to_string().contains("g GPU 0"), "{err}");
+        assert!(first
+            .extents
+            .iter()
+            .all(|e| e.node == "g" && e.gpu == Some(0)));
+        assert!(
+            m.nodes().iter().all(|n| n.used == 0),
+            "GPU bytes are not host pool bytes"
+        );
+        m.free(&by_id(first.id), "", false).await.unwrap();
+        m.allocate(gpu(600 << 10)).await.unwrap();
+        let err = m.allocate(gpu(600 << 10)).await.unwrap_err();
+        assert!(matches!(err, CoreError::CapacityExhausted { .. }), "{err}");
     }
 
     #[tokio::test]
