@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaEvent, CudaStream};
+use cudarc::driver::{result, sys, CudaEvent, CudaStream};
 
 use crate::gpu::{DeviceMem, Gpu};
 use crate::pipeline::{Chunk, Sink, Source};
@@ -125,31 +125,18 @@ impl PinnedRing {
         dst: &DeviceMem,
         at: u64,
     ) -> Result<(), CudaError> {
-        dst.check(at, len as u64)?;
-        self.gpu.bind()?;
-        let n = self.bufs.len();
-        let b = &self.bufs[slot % n];
-        if len > b.len {
-            return Err(CudaError::Pipeline(format!(
-                "{len} bytes do not fit a {}-byte staging buffer",
-                b.len
-            )));
-        }
-        let device = dst.device_ptr(at)?;
+        let (b, device) = self.staged(slot, len, dst, at)?;
         // SAFETY: the source is the first `len` bytes of a live page-locked
-        // buffer (checked against its length); the destination range lies
-        // inside `dst` (checked). The buffer is not handed out again before
-        // its event, recorded right after this copy, completes
+        // buffer (checked against its length by `staged`); the destination
+        // range lies inside `dst` (checked). The buffer is not handed out
+        // again before its event, recorded right after this copy, completes
         // (`wait_slot`), and `drop` synchronises the stream before freeing
         // it. `dst` is freed with cuMemFree, which waits for queued work.
-        unsafe {
+        let queued = unsafe {
             let src = std::slice::from_raw_parts(b.ptr, len);
             result::memcpy_htod_async(device, src, self.stream.cu_stream())
-        }
-        .map_err(|e| self.gpu.fail("cuMemcpyHtoDAsync", e))?;
-        b.done
-            .record(&self.stream)
-            .map_err(|e| self.gpu.fail("cuEventRecord", e))
+        };
+        self.record(b, queued, "cuMemcpyHtoDAsync")
     }
 
     /// Queues a copy of `len` bytes of `src` at `at` into `slot`; the slot
@@ -164,24 +151,47 @@ impl PinnedRing {
         src: &DeviceMem,
         at: u64,
     ) -> Result<(), CudaError> {
-        src.check(at, len as u64)?;
+        let (b, device) = self.staged(slot, len, src, at)?;
+        // SAFETY: as in `upload_slot`, with the buffer as the destination:
+        // nothing reads it before its event completes (`wait_slot`).
+        let queued = unsafe {
+            let dst = std::slice::from_raw_parts_mut(b.ptr, len);
+            result::memcpy_dtoh_async(dst, device, self.stream.cu_stream())
+        };
+        self.record(b, queued, "cuMemcpyDtoHAsync")
+    }
+
+    /// The checks both copy directions make: `[at, at + len)` inside `mem`,
+    /// `len` within the slot's buffer, the context current. Returns the
+    /// buffer and the device address of `at`.
+    fn staged(
+        &self,
+        slot: usize,
+        len: usize,
+        mem: &DeviceMem,
+        at: u64,
+    ) -> Result<(&Buffer, sys::CUdeviceptr), CudaError> {
+        mem.check(at, len as u64)?;
         self.gpu.bind()?;
-        let n = self.bufs.len();
-        let b = &self.bufs[slot % n];
+        let b = &self.bufs[slot % self.bufs.len()];
         if len > b.len {
             return Err(CudaError::Pipeline(format!(
                 "{len} bytes do not fit a {}-byte staging buffer",
                 b.len
             )));
         }
-        let device = src.device_ptr(at)?;
-        // SAFETY: as in `upload_slot`, with the buffer as the destination:
-        // nothing reads it before its event completes (`wait_slot`).
-        unsafe {
-            let dst = std::slice::from_raw_parts_mut(b.ptr, len);
-            result::memcpy_dtoh_async(dst, device, self.stream.cu_stream())
-        }
-        .map_err(|e| self.gpu.fail("cuMemcpyDtoHAsync", e))?;
+        Ok((b, mem.device_ptr(at)?))
+    }
+
+    /// Records the buffer's event after a copy was queued (or reports why
+    /// queueing it failed).
+    fn record(
+        &self,
+        b: &Buffer,
+        queued: Result<(), cudarc::driver::DriverError>,
+        op: &'static str,
+    ) -> Result<(), CudaError> {
+        queued.map_err(|e| self.gpu.fail(op, e))?;
         b.done
             .record(&self.stream)
             .map_err(|e| self.gpu.fail("cuEventRecord", e))

@@ -422,19 +422,14 @@ impl Oncilla {
             let mut first_error = None;
             for op in ops.iter_mut() {
                 let Some(mem) = &op.device else { continue };
-                let done = op
-                    .desc
-                    .check_range(op.offset, op.buf.len() as u64)
-                    .and_then(|()| {
-                        let moved = if op.write {
-                            mem.write(op.offset, &op.buf)
-                        } else {
-                            mem.read(op.offset, &mut op.buf)
-                        };
-                        Ok(moved?)
-                    });
-                if let Err(e) = done {
-                    first_error.get_or_insert(e);
+                // DeviceMem checks bounds (its size is the allocation's).
+                let moved = if op.write {
+                    mem.write(op.offset, &op.buf)
+                } else {
+                    mem.read(op.offset, &mut op.buf)
+                };
+                if let Err(e) = moved {
+                    first_error.get_or_insert(e.into());
                 }
             }
             let outcome =
@@ -577,7 +572,7 @@ impl Allocation {
     /// allocation was freed (by anyone).
     pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
         if let Some(mem) = &self.device {
-            self.desc.check_range(offset, src.len() as u64)?;
+            // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.write(offset, src)?);
         }
         let local = self.local.as_deref();
@@ -594,7 +589,7 @@ impl Allocation {
     /// As [`Allocation::copy_in`].
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         if let Some(mem) = &self.device {
-            self.desc.check_range(offset, dst.len() as u64)?;
+            // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
         let local = self.local.as_deref();

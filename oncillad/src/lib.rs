@@ -201,7 +201,6 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             agent_addr: config.advertised(grpc_addr),
             data_addr: config.advertised(data_addr),
             capacity: pool.capacity(),
-            gpus: u32::try_from(gpu_devices.len()).unwrap_or(u32::MAX),
             fabrics,
             page_size: pool.page_size(),
             pool_note: pool.note().unwrap_or_default().to_string(),

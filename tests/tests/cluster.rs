@@ -442,13 +442,7 @@ fn batches_and_many_stream_copies_move_every_byte() {
 #[test]
 fn without_rdma_verbs_is_reported_unavailable_and_auto_falls_back_to_tcp() {
     let c = Cluster::start(2, "8MiB");
-    let out = c.ocmctl(&["nodes", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes = nodes_json(&c);
     for n in nodes.as_array().unwrap() {
         let fabrics = n["fabrics"].as_array().unwrap();
         if std::path::Path::new("/sys/class/infiniband").exists() {
@@ -522,16 +516,20 @@ fn verbs_copies_on_real_hardware() {
     assert_eq!(&small[..], &data[12_345..12_445]);
 }
 
-/// Whether the cluster's nodes have GPUs: every node of this one-machine
-/// cluster shares the machine's driver, so node-0 speaks for all.
-fn cluster_gpus(c: &Cluster) -> usize {
+/// `ocmctl nodes --json`, which must succeed.
+fn nodes_json(c: &Cluster) -> serde_json::Value {
     let out = c.ocmctl(&["nodes", "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// How many GPUs the cluster's nodes have: every node of this one-machine
+/// cluster shares the machine's driver, so node-0 speaks for all.
+fn gpus_of(nodes: &serde_json::Value) -> usize {
     nodes[0]["gpus"].as_array().map_or(0, Vec::len)
 }
 
@@ -542,12 +540,11 @@ fn cluster_gpus(c: &Cluster) -> usize {
 #[test]
 fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
     let c = Cluster::start(2, "8MiB");
-    if cluster_gpus(&c) > 0 {
+    let nodes = nodes_json(&c);
+    if gpus_of(&nodes) > 0 {
         eprintln!("skipped: this machine has a GPU; see gpu_kinds_copy_between_every_pair");
         return;
     }
-    let out = c.ocmctl(&["nodes", "--json"]);
-    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for n in nodes.as_array().unwrap() {
         let note = n["gpu_note"].as_str().unwrap_or_default();
         assert!(note.contains("CUDA"), "{n}");
@@ -601,7 +598,7 @@ fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
 #[test]
 fn gpu_kinds_copy_between_every_pair() {
     let c = Cluster::start(2, "64MiB");
-    if cluster_gpus(&c) == 0 {
+    if gpus_of(&nodes_json(&c)) == 0 {
         eprintln!(
             "skipped: no GPU on this machine (the nodes report none); GPU kind pairs not run"
         );

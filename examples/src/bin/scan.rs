@@ -251,33 +251,16 @@ impl Engine {
     }
 }
 
-#[derive(Debug)]
+/// Why the scan stopped: the cluster, the GPU, or anything else (bad
+/// options, the file, a wrong answer), in words.
+#[derive(Debug, thiserror::Error)]
 enum Failure {
-    Oncilla(liboncilla::Error),
-    Gpu(CudaError),
+    #[error(transparent)]
+    Oncilla(#[from] liboncilla::Error),
+    #[error(transparent)]
+    Gpu(#[from] CudaError),
+    #[error("{0}")]
     Io(String),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Oncilla(e) => write!(f, "{e}"),
-            Failure::Gpu(e) => write!(f, "{e}"),
-            Failure::Io(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl From<liboncilla::Error> for Failure {
-    fn from(e: liboncilla::Error) -> Self {
-        Failure::Oncilla(e)
-    }
-}
-
-impl From<CudaError> for Failure {
-    fn from(e: CudaError) -> Self {
-        Failure::Gpu(e)
-    }
 }
 
 fn main() -> ExitCode {

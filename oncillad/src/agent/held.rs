@@ -63,12 +63,6 @@ impl HeldExtent {
     pub fn pool_offset(&self) -> u64 {
         self.pool().map_or(0, |m| m.offset() + self.at)
     }
-
-    /// Pointer to byte `offset` of a pool extent; accesses must stay
-    /// within [`Self::len`]. `None` for device memory.
-    pub fn ptr(&self, offset: u64) -> Option<*mut u8> {
-        self.pool().map(|m| m.ptr(self.at + offset.min(self.len)))
-    }
 }
 
 /// An allocation's extents on this node, with its access key and the

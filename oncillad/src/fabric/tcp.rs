@@ -156,31 +156,21 @@ impl Connection {
         let fd = self.stream.as_raw_fd();
         let ok = match super::authorize(&self.held, req) {
             Ok(ok) => ok,
-            Err((status, msg)) => {
-                if req.op == Op::Write {
-                    self.recv.skip(fd, req.len)?;
-                }
-                return self.fail(status, &msg);
-            }
+            Err((status, msg)) => return self.refuse(req, status, &msg),
         };
         let extent = &ok.held.extents[ok.extent];
         let len = usize::try_from(req.len).unwrap_or(0);
         let ptr = match &extent.memory {
-            Backing::Pool(_) => extent.ptr(ok.at),
+            // `authorize` proved `ok.at + len` lies inside the extent.
+            Backing::Pool(m) => m.ptr(extent.at + ok.at),
             Backing::Gpu(mem) => return self.serve_gpu(req, mem, ok.at, len),
             Backing::InProcess { gpu } => {
-                if req.op == Op::Write {
-                    self.recv.skip(fd, req.len)?;
-                }
                 let msg = format!(
                     "allocation {} is local GPU memory (GPU {gpu}) of the process that made it; only that process can copy to or from it",
                     req.alloc_id
                 );
-                return self.fail(Status::NoSuchAllocation, &msg);
+                return self.refuse(req, Status::NoSuchAllocation, &msg);
             }
-        };
-        let Some(ptr) = ptr else {
-            return self.fail(Status::Internal, "pool extent without memory");
         };
         match req.op {
             Op::Read => {
@@ -203,12 +193,7 @@ impl Connection {
                 // SAFETY: as above; the bytes land in pool memory that no
                 // Rust reference aliases.
                 unsafe { self.recv.read_raw(fd, ptr, len)? };
-                let head = Reply {
-                    status: Status::Ok,
-                    len: 0,
-                }
-                .encode();
-                self.stream.write_all(&head)?;
+                self.ack_write()?;
             }
         }
         Ok(())
@@ -280,15 +265,30 @@ impl Connection {
                 if let Some(e) = failed {
                     return self.fail(Status::Internal, &e.to_string());
                 }
-                let head = Reply {
-                    status: Status::Ok,
-                    len: 0,
-                }
-                .encode();
-                self.stream.write_all(&head)?;
+                self.ack_write()?;
             }
         }
         Ok(())
+    }
+
+    /// Acknowledges a write whose bytes are all in place.
+    fn ack_write(&mut self) -> Result<(), wire::WireError> {
+        let head = Reply {
+            status: Status::Ok,
+            len: 0,
+        }
+        .encode();
+        self.stream.write_all(&head)?;
+        Ok(())
+    }
+
+    /// Refuses a request that passed the size check: a write's payload is
+    /// read and dropped first, so the stream stays in step.
+    fn refuse(&mut self, req: &Request, status: Status, msg: &str) -> Result<(), wire::WireError> {
+        if req.op == Op::Write {
+            self.recv.skip(self.stream.as_raw_fd(), req.len)?;
+        }
+        self.fail(status, msg)
     }
 
     fn fail(&mut self, status: Status, msg: &str) -> Result<(), wire::WireError> {
