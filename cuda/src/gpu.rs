@@ -199,6 +199,51 @@ impl DeviceMem {
         Ok(self.ptr + offset)
     }
 
+    /// What to register with an HCA for GPUDirect RDMA: the device address
+    /// of the allocation and its length rounded up to the host page
+    /// (cuMemAlloc hands out whole 2 MiB device pages, so the rounding
+    /// stays inside memory this allocation owns).
+    pub fn rdma_range(&self) -> (u64, usize) {
+        let len = usize::try_from(self.len.max(1).next_multiple_of(4096)).unwrap_or(usize::MAX);
+        (self.ptr, len)
+    }
+
+    /// A dma-buf exporting [`DeviceMem::rdma_range`], for HCAs that register
+    /// device memory that way (`ibv_reg_dmabuf_mr`) instead of through
+    /// nvidia-peermem.
+    ///
+    /// # Errors
+    /// The driver or the device cannot export dma-bufs (CUDA before 11.7,
+    /// a kernel without dma-buf support, an unsupported device).
+    pub fn dmabuf(&self) -> Result<std::os::fd::OwnedFd, CudaError> {
+        use std::os::fd::FromRawFd;
+        self.gpu.bind()?;
+        let (addr, len) = self.rdma_range();
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the range is this live allocation (page-rounded inside
+        // its device pages), its context is current, and `fd` is a valid
+        // place for the driver to write one file descriptor.
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&raw mut fd).cast(),
+                addr,
+                len,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        }
+        .result()
+        .map_err(|e| self.gpu.fail("cuMemGetHandleForAddressRange", e))?;
+        if fd < 0 {
+            return Err(self.gpu.fail(
+                "cuMemGetHandleForAddressRange",
+                DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN),
+            ));
+        }
+        // SAFETY: the driver just opened `fd` for us and nothing else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
     /// Checks that `[offset, offset + len)` lies inside.
     pub fn check(&self, offset: u64, len: u64) -> Result<(), CudaError> {
         match offset.checked_add(len) {

@@ -26,7 +26,7 @@ use crate::descriptor::{Descriptor, Kind};
 use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
-use crate::fabric::{DataPath, Transfer};
+use crate::fabric::{DataPath, DeviceTransfer, Transfer};
 use crate::spec::{AllocSpec, Fabric};
 
 /// How to reach the local agent, and how to move bytes.
@@ -306,7 +306,7 @@ impl Oncilla {
         for e in &alloc.desc.extents {
             let chosen = oncilla_proto::fabric::choose(
                 &e.node,
-                e.gpu.is_some(),
+                e.memory(),
                 &self.inner.node,
                 fabric.to_wire(),
                 &self.inner.data.rdma_for(&e.node, &e.agent_addr),
@@ -333,9 +333,13 @@ impl Oncilla {
     ///
     /// - GPU memory of this process on both sides: on the device (peer to
     ///   peer between two GPUs).
-    /// - Into GPU memory of this process from anything else: through this
-    ///   GPU's page-locked staging ring, the fabric filling one buffer while
-    ///   the previous one goes to the device on a CUDA stream.
+    /// - Between GPU memory of this process and memory that verbs reaches
+    ///   (with the `verbs` feature, where the HCA can register device
+    ///   memory: nvidia-peermem or dma-buf): by RDMA straight to or from the
+    ///   device, no staging (GPUDirect RDMA).
+    /// - Otherwise into GPU memory of this process: through this GPU's
+    ///   page-locked staging ring, the fabric filling one buffer while the
+    ///   previous one goes to the device on a CUDA stream.
     /// - Out of GPU memory of this process: the same ring the other way.
     /// - Otherwise (host memory, or GPU memory an agent holds) through a
     ///   local buffer, chunk by chunk.
@@ -355,6 +359,18 @@ impl Oncilla {
         match (&src.device, &dst.device) {
             (Some(s), Some(d)) => return Ok(d.copy_from(dst_offset, s, src_offset, len)?),
             (None, Some(d)) => {
+                if let Some(done) = self.inner.data.gpu_direct(DeviceTransfer {
+                    desc: &src.desc,
+                    local: src.local.as_deref(),
+                    offset: src_offset,
+                    fabric: src.fabric.to_wire(),
+                    mem: d,
+                    mem_offset: dst_offset,
+                    len,
+                    read: true,
+                }) {
+                    return done;
+                }
                 self.with_staging(d, |ring| {
                     pipeline::stream_in(&mut ring.upload(d, dst_offset), len, |c, buf| {
                         src.copy_out(src_offset + c.offset, buf)
@@ -363,6 +379,18 @@ impl Oncilla {
                 return Ok(());
             }
             (Some(s), None) => {
+                if let Some(done) = self.inner.data.gpu_direct(DeviceTransfer {
+                    desc: &dst.desc,
+                    local: dst.local.as_deref(),
+                    offset: dst_offset,
+                    fabric: dst.fabric.to_wire(),
+                    mem: s,
+                    mem_offset: src_offset,
+                    len,
+                    read: false,
+                }) {
+                    return done;
+                }
                 self.with_staging(s, |ring| {
                     pipeline::stream_out(&mut ring.download(s, src_offset), len, |c, bytes| {
                         dst.copy_in(dst_offset + c.offset, bytes)
@@ -553,7 +581,7 @@ impl Allocation {
             .map(|e| {
                 oncilla_proto::fabric::choose(
                     &e.node,
-                    e.gpu.is_some(),
+                    e.memory(),
                     self.ocm.node(),
                     self.fabric.to_wire(),
                     &self.ocm.inner.data.rdma_for(&e.node, &e.agent_addr),

@@ -47,6 +47,21 @@ pub struct Extent {
     pub pool_offset: u64,
     /// Set for device memory: the GPU index on `node`.
     pub gpu: Option<u32>,
+    /// Device memory registered with the node's RDMA ports (GPUDirect
+    /// RDMA), one region per port; empty otherwise.
+    pub rdma: Vec<pb::RdmaRegion>,
+}
+
+impl Extent {
+    /// What the extent's bytes are, for [`oncilla_proto::fabric::choose`].
+    pub fn memory(&self) -> oncilla_proto::fabric::Memory {
+        match self.gpu {
+            None => oncilla_proto::fabric::Memory::Host,
+            Some(_) => oncilla_proto::fabric::Memory::Gpu {
+                rdma: !self.rdma.is_empty(),
+            },
+        }
+    }
 }
 
 /// Everything needed to copy to and from an allocation.
@@ -110,6 +125,7 @@ impl Descriptor {
                     agent_addr: e.agent_addr,
                     pool_offset: e.pool_offset,
                     gpu: e.gpu,
+                    rdma: e.rdma,
                 })
                 .collect(),
             key,

@@ -258,6 +258,20 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
                 info.name, info.rdma_note
             ));
         }
+        // GPUDirect matters only where both GPUs and verbs are there.
+        if !info.gpu_devices.is_empty() && info.rdma_note.is_empty() {
+            if info.gpu_rdma.is_empty() {
+                notes.push_str(&format!(
+                    "{}: GPU memory goes over tcp, not RDMA: {}\n",
+                    info.name, info.gpu_rdma_note
+                ));
+            } else {
+                notes.push_str(&format!(
+                    "{}: GPUDirect RDMA: GPU memory registered with the RDMA ports ({})\n",
+                    info.name, info.gpu_rdma
+                ));
+            }
+        }
         t.row(vec![
             info.name,
             info.agent_addr,
@@ -381,6 +395,8 @@ pub fn nodes_json(list: &pb::NodeList) -> Value {
                         "free": g.free,
                     })).collect::<Vec<_>>(),
                     "gpu_note": (!info.gpu_note.is_empty()).then_some(&info.gpu_note),
+                    "gpu_rdma": (!info.gpu_rdma.is_empty()).then_some(&info.gpu_rdma),
+                    "gpu_rdma_note": (!info.gpu_rdma_note.is_empty()).then_some(&info.gpu_rdma_note),
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago,
                 })
             })

@@ -196,6 +196,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             fabrics.push("verbs".into());
         }
         let (rdma_ports, rdma_note) = rdma.report();
+        let (gpu_rdma, gpu_rdma_note) = rdma.probe_gpu(gpu_devices.first().map(|g| g.index));
         let node = oncilla_proto::pb::NodeInfo {
             name: config.name.clone(),
             agent_addr: config.advertised(grpc_addr),
@@ -208,8 +209,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             rdma_note,
             gpu_devices,
             gpu_note,
+            gpu_rdma,
+            gpu_rdma_note,
         };
-        let agent = Arc::new(agent::Agent::new(node, Arc::new(pool)));
+        let agent = Arc::new(agent::Agent::new(node, Arc::new(pool), rdma));
         tracing::info!(
             incarnation = format!("{:016x}", agent.incarnation()),
             "agent starting with an empty pool: allocations held by an earlier run of this node are gone"
@@ -243,7 +246,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;
         tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
         router = router.add_service(AgentServer::with_interceptor(
-            grpc::agent::AgentService::new(Arc::clone(&agent), rdma),
+            grpc::agent::AgentService::new(Arc::clone(&agent)),
             check.clone(),
         ));
         let listener = bind_unix(&agent_cfg.socket)?;

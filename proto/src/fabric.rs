@@ -32,30 +32,50 @@ pub enum Rdma {
     Unavailable(Arc<str>),
 }
 
+/// What an extent's bytes are, as far as reaching them goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Host memory of a node's pool.
+    Host,
+    /// Device memory held by an agent; `rdma` when the agent registered it
+    /// with its RDMA ports (GPUDirect RDMA).
+    Gpu { rdma: bool },
+}
+
+/// Why verbs cannot reach device memory its agent did not register.
+const GPU_NOT_REGISTERED: &str = "its agent could not register device memory with the HCA \
+     (GPUDirect RDMA needs nvidia-peermem or dma-buf support; `ocmctl nodes` says why)";
+
 /// The fabric a process on `my_node` (empty: not on any agent's node) uses
-/// for an extent on `extent_node`, given its preference: shared memory for
-/// its own node, else RDMA verbs when both ends have it, else TCP. Told
-/// TCP, always TCP; told shm or verbs, that or an error. Device memory
-/// held by an agent (`gpu`) is reached over TCP only: it cannot be mapped,
-/// and RDMA to it would need GPUDirect registration, which is not built.
+/// for an extent on `extent_node` holding `memory`, given its preference:
+/// shared memory for its own node's host memory, else RDMA verbs when both
+/// ends have it (for device memory: when its agent registered it), else
+/// TCP. Told TCP, always TCP; told shm or verbs, that or an error.
 ///
 /// # Errors
-/// [`Unreachable`] when shared memory is demanded for another node, or
-/// verbs where an end has none, or either for device memory.
+/// [`Unreachable`] when shared memory is demanded for another node or for
+/// device memory, or verbs where an end has none or the device memory is
+/// not registered.
 pub fn choose(
     extent_node: &str,
-    gpu: bool,
+    memory: Memory,
     my_node: &str,
     preference: Fabric,
     rdma: &Rdma,
 ) -> Result<Fabric, Unreachable> {
-    if gpu {
-        let why = match preference {
-            Fabric::Auto | Fabric::Tcp => return Ok(Fabric::Tcp),
-            Fabric::Shm => "shared memory cannot map device memory",
-            Fabric::Verbs => {
-                "RDMA to device memory needs GPUDirect registration, which Oncilla does not do yet"
+    if let Memory::Gpu { rdma: registered } = memory {
+        let why = match (preference, rdma) {
+            (Fabric::Tcp, _) => return Ok(Fabric::Tcp),
+            (Fabric::Auto | Fabric::Verbs, Rdma::Both) if registered => return Ok(Fabric::Verbs),
+            (Fabric::Auto, _) => return Ok(Fabric::Tcp),
+            (Fabric::Shm, _) => "shared memory cannot map device memory",
+            (Fabric::Verbs, Rdma::Unavailable(why)) => {
+                return Err(Unreachable::NoRdma {
+                    extent: extent_node.into(),
+                    why: why.to_string(),
+                })
             }
+            (Fabric::Verbs, Rdma::Both) => GPU_NOT_REGISTERED,
         };
         return Err(Unreachable::DeviceMemory {
             fabric: name(preference),
@@ -118,12 +138,27 @@ mod tests {
     #[test]
     fn same_node_is_shm_unless_told_tcp() {
         let no = Rdma::Unavailable("no device".into());
-        assert_eq!(choose("a", false, "a", Fabric::Auto, &no), Ok(Fabric::Shm));
-        assert_eq!(choose("b", false, "a", Fabric::Auto, &no), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", false, "a", Fabric::Tcp, &no), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", false, "", Fabric::Auto, &no), Ok(Fabric::Tcp));
-        assert_eq!(choose("a", false, "a", Fabric::Shm, &no), Ok(Fabric::Shm));
-        let err = choose("b", false, "a", Fabric::Shm, &no).unwrap_err();
+        assert_eq!(
+            choose("a", Memory::Host, "a", Fabric::Auto, &no),
+            Ok(Fabric::Shm)
+        );
+        assert_eq!(
+            choose("b", Memory::Host, "a", Fabric::Auto, &no),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose("a", Memory::Host, "a", Fabric::Tcp, &no),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose("a", Memory::Host, "", Fabric::Auto, &no),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose("a", Memory::Host, "a", Fabric::Shm, &no),
+            Ok(Fabric::Shm)
+        );
+        let err = choose("b", Memory::Host, "a", Fabric::Shm, &no).unwrap_err();
         assert!(err.to_string().contains("an extent is on b"), "{err}");
         assert_eq!(parse("TCP"), Ok(Fabric::Tcp));
         assert_eq!(parse("verbs"), Ok(Fabric::Verbs));
@@ -135,42 +170,68 @@ mod tests {
     fn verbs_when_both_ends_have_it_else_tcp_or_a_reason() {
         let no = Rdma::Unavailable("node b: no RDMA devices".into());
         assert_eq!(
-            choose("b", false, "a", Fabric::Auto, &Rdma::Both),
+            choose("b", Memory::Host, "a", Fabric::Auto, &Rdma::Both),
             Ok(Fabric::Verbs)
         );
         // Same node still prefers shared memory.
         assert_eq!(
-            choose("a", false, "a", Fabric::Auto, &Rdma::Both),
+            choose("a", Memory::Host, "a", Fabric::Auto, &Rdma::Both),
             Ok(Fabric::Shm)
         );
         assert_eq!(
-            choose("b", false, "a", Fabric::Tcp, &Rdma::Both),
+            choose("b", Memory::Host, "a", Fabric::Tcp, &Rdma::Both),
             Ok(Fabric::Tcp)
         );
         assert_eq!(
-            choose("b", false, "a", Fabric::Verbs, &Rdma::Both),
+            choose("b", Memory::Host, "a", Fabric::Verbs, &Rdma::Both),
             Ok(Fabric::Verbs)
         );
-        let err = choose("b", false, "a", Fabric::Verbs, &no).unwrap_err();
+        let err = choose("b", Memory::Host, "a", Fabric::Verbs, &no).unwrap_err();
         assert!(err.to_string().contains("no RDMA devices"), "{err}");
     }
 
     #[test]
-    fn device_memory_is_tcp_only_even_on_the_same_node() {
+    fn device_memory_takes_verbs_only_when_registered_and_never_shm() {
+        let plain = Memory::Gpu { rdma: false };
+        let direct = Memory::Gpu { rdma: true };
+        let no = Rdma::Unavailable("node b: no RDMA devices".into());
+        // Unregistered: TCP, even on the same node and with RDMA at both ends.
         assert_eq!(
-            choose("a", true, "a", Fabric::Auto, &Rdma::Both),
+            choose("a", plain, "a", Fabric::Auto, &Rdma::Both),
             Ok(Fabric::Tcp)
         );
         assert_eq!(
-            choose("b", true, "a", Fabric::Tcp, &Rdma::Both),
+            choose("b", plain, "a", Fabric::Tcp, &Rdma::Both),
             Ok(Fabric::Tcp)
         );
-        let err = choose("a", true, "a", Fabric::Shm, &Rdma::Both).unwrap_err();
+        let err = choose("a", plain, "a", Fabric::Shm, &Rdma::Both).unwrap_err();
         assert!(
             err.to_string().contains("cannot map device memory"),
             "{err}"
         );
-        let err = choose("b", true, "a", Fabric::Verbs, &Rdma::Both).unwrap_err();
-        assert!(err.to_string().contains("GPUDirect"), "{err}");
+        let err = choose("b", plain, "a", Fabric::Verbs, &Rdma::Both).unwrap_err();
+        assert!(err.to_string().contains("nvidia-peermem"), "{err}");
+        // Registered: verbs where both ends have it, on the same node too.
+        assert_eq!(
+            choose("b", direct, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Verbs)
+        );
+        assert_eq!(
+            choose("a", direct, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Verbs)
+        );
+        assert_eq!(
+            choose("b", direct, "a", Fabric::Verbs, &Rdma::Both),
+            Ok(Fabric::Verbs)
+        );
+        assert_eq!(
+            choose("b", direct, "a", Fabric::Tcp, &Rdma::Both),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(choose("b", direct, "a", Fabric::Auto, &no), Ok(Fabric::Tcp));
+        let err = choose("b", direct, "a", Fabric::Verbs, &no).unwrap_err();
+        assert!(err.to_string().contains("no RDMA devices"), "{err}");
+        let err = choose("a", direct, "a", Fabric::Shm, &Rdma::Both).unwrap_err();
+        assert!(err.to_string().contains("cannot map"), "{err}");
     }
 }

@@ -516,6 +516,62 @@ fn verbs_copies_on_real_hardware() {
     assert_eq!(&small[..], &data[12_345..12_445]);
 }
 
+/// On a host whose agents registered GPU memory with their RDMA ports
+/// (`gpu_rdma` in `ocmctl nodes --json`: GPU, verbs, and nvidia-peermem or
+/// dma-buf; daemons and this test built with the `verbs` feature): remote
+/// GPU memory is reached over verbs, and copies between remote host memory
+/// and local GPU memory go by RDMA straight to and from the device.
+#[test]
+fn gpudirect_rdma_on_real_hardware() {
+    let c = Cluster::start(2, "64MiB");
+    let nodes = nodes_json(&c);
+    let direct = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|n| n["gpu_rdma"].as_str().map(str::to_string));
+    let Some(how) = direct else {
+        let why = nodes[0]["gpu_rdma_note"].as_str().unwrap_or("not reported");
+        eprintln!("skipped: no GPUDirect RDMA on this machine ({why})");
+        return;
+    };
+    if !cfg!(feature = "verbs") {
+        eprintln!("skipped: the agents have GPUDirect RDMA ({how}) but this test was built without `--features verbs`");
+        return;
+    }
+    let mut o = Options::new(c.socket(0), c.token.clone());
+    o.fabric = Fabric::Verbs;
+    let ocm = Oncilla::connect_with(o).unwrap();
+    let len: u64 = 16 << 20;
+    let remote_gpu = ocm
+        .alloc_with(&AllocSpec::new(len, Kind::RemoteGpu).on_nodes(["node-1"]))
+        .unwrap();
+    assert_eq!(remote_gpu.fabrics(), vec![Fabric::Verbs]);
+    let remote_host = ocm
+        .alloc_with(&AllocSpec::new(len, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
+    let local_gpu = ocm.alloc(len, Kind::LocalGpu).unwrap();
+    let data = bytes(len as usize - 4096, 5);
+    remote_gpu.copy_in(4096, &data).unwrap();
+    let mut back = vec![0; data.len()];
+    remote_gpu.copy_out(4096, &mut back).unwrap();
+    assert!(
+        back == data,
+        "remote GPU memory over verbs did not round-trip"
+    );
+    remote_host.copy_in(0, &data).unwrap();
+    ocm.copy(&local_gpu, 4096, &remote_host, 0, data.len() as u64)
+        .unwrap();
+    ocm.copy(&remote_gpu, 0, &local_gpu, 4096, data.len() as u64)
+        .unwrap();
+    let mut back = vec![0; data.len()];
+    remote_gpu.copy_out(0, &mut back).unwrap();
+    assert!(
+        back == data,
+        "remote host -> local GPU -> remote GPU by RDMA"
+    );
+}
+
 /// `ocmctl nodes --json`, which must succeed.
 fn nodes_json(c: &Cluster) -> serde_json::Value {
     let out = c.ocmctl(&["nodes", "--json"]);
@@ -548,6 +604,10 @@ fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
     for n in nodes.as_array().unwrap() {
         let note = n["gpu_note"].as_str().unwrap_or_default();
         assert!(note.contains("CUDA"), "{n}");
+        // No GPU, so no GPUDirect either, and the reason says so.
+        assert!(n["gpu_rdma"].is_null(), "{n}");
+        let why = n["gpu_rdma_note"].as_str().unwrap_or_default();
+        assert_eq!(why, "no GPU on this node", "{n}");
     }
     let table = String::from_utf8_lossy(&c.ocmctl(&["nodes"]).stdout).into_owned();
     assert!(

@@ -19,6 +19,7 @@ use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 use shm::{Lease, Mapping};
 use tcp::{Chunk, IoBuf, TcpFabric, CHUNK};
+use verbs::plan::Remote;
 
 /// Connections per node one copy uses unless configured otherwise.
 pub const DEFAULT_STREAMS: usize = 4;
@@ -39,6 +40,22 @@ pub struct Transfer<'a> {
     pub fabric: pb::Fabric,
 }
 
+/// One copy between an allocation and device memory of this process, for
+/// [`DataPath::gpu_direct`].
+pub struct DeviceTransfer<'a> {
+    pub desc: &'a Descriptor,
+    /// This node's extents of the allocation, mapped.
+    pub local: Option<&'a Mapping>,
+    pub offset: u64,
+    /// The allocation's fabric preference.
+    pub fabric: pb::Fabric,
+    pub mem: &'a oncilla_cuda::DeviceMem,
+    pub mem_offset: u64,
+    pub len: u64,
+    /// Into the device (a read of the allocation); else out of it.
+    pub read: bool,
+}
+
 /// Moves bytes between local memory and allocations.
 pub struct DataPath {
     tcp: TcpFabric,
@@ -48,7 +65,7 @@ pub struct DataPath {
 }
 
 /// A node's share of a copy: its chunks, later dealt out to connections;
-/// or, over verbs, its pieces by pool offset (one allocation each).
+/// or, over verbs, its pieces by remote place (one allocation each).
 struct NodeWork<'a> {
     node: &'a str,
     addr: &'a str,
@@ -56,13 +73,13 @@ struct NodeWork<'a> {
     chunks: Vec<Chunk<'a>>,
     /// `Some((agent address, allocation id))` for work over verbs.
     rdma: Option<(&'a str, u64)>,
-    pieces: Vec<(u64, IoBuf<'a>)>,
+    pieces: Vec<(Remote<'a>, IoBuf<'a>)>,
 }
 
 /// One thread's work in [`DataPath::run`].
 enum Job<'s, 'a> {
     Tcp((&'a str, &'a str), &'s mut [Chunk<'a>]),
-    Verbs(&'a str, &'a str, u64, &'s mut [(u64, IoBuf<'a>)]),
+    Verbs(&'a str, &'a str, u64, &'s mut [(Remote<'a>, IoBuf<'a>)]),
 }
 
 impl DataPath {
@@ -142,6 +159,86 @@ impl DataPath {
             buf: IoBuf::Read(dst),
             fabric,
         }])
+    }
+
+    /// Copies between an allocation and device memory of this process by
+    /// RDMA straight to or from the device (GPUDirect RDMA), when every
+    /// piece of the range goes over verbs and the HCA can register `mem`.
+    /// `None` when that is not possible here: the caller then stages
+    /// through host memory, which reaches everything.
+    pub fn gpu_direct(&self, t: DeviceTransfer<'_>) -> Option<Result<()>> {
+        #[cfg(feature = "verbs")]
+        {
+            let DeviceTransfer {
+                desc,
+                local,
+                offset,
+                fabric,
+                mem,
+                mem_offset,
+                len,
+                read,
+            } = t;
+            if local.is_some() || len == 0 {
+                return None;
+            }
+            if let Err(e) = desc.check_range(offset, len) {
+                return Some(Err(e));
+            }
+            if let Err(e) = mem.check(mem_offset, len) {
+                return Some(Err(e.into()));
+            }
+            // By node: (node, agent, pieces as (remote, device offset, len)).
+            let mut nodes: Vec<(&str, &str, Vec<verbs::plan::DevicePiece<'_>>)> = Vec::new();
+            for (extent, at, _, n) in desc.pieces(offset, len) {
+                if !matches!(self.remote_fabric(extent, fabric), Ok(pb::Fabric::Verbs)) {
+                    return None;
+                }
+                let within = at - extent.alloc_offset;
+                let remote = match extent.gpu {
+                    None => Remote::Pool(extent.pool_offset + within),
+                    Some(_) => Remote::Gpu {
+                        regions: &extent.rdma,
+                        at: within,
+                    },
+                };
+                let piece = (remote, mem_offset + (at - offset), n);
+                match nodes.iter_mut().find(|w| w.0 == extent.node) {
+                    Some(w) => w.2.push(piece),
+                    None => nodes.push((&extent.node, &extent.agent_addr, vec![piece])),
+                }
+            }
+            for (i, (node, agent, pieces)) in nodes.iter().enumerate() {
+                match self
+                    .verbs
+                    .run_device(node, agent, desc.id, mem, pieces, read)
+                {
+                    Ok(Ok(())) => {}
+                    // Nothing moved yet (registration comes first, and
+                    // this is the first node): stage instead.
+                    Ok(Err(why)) if i == 0 => {
+                        tracing::debug!(
+                            "GPUDirect RDMA refused: {why}; staging through host memory"
+                        );
+                        return None;
+                    }
+                    Ok(Err(why)) => {
+                        return Some(Err(Error::Fabric {
+                            node: node.to_string(),
+                            addr: agent.to_string(),
+                            reason: format!("registering device memory for RDMA: {why}"),
+                        }))
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            Some(Ok(()))
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = t;
+            None
+        }
     }
 
     /// Runs every transfer; returns once all are complete (a write's bytes
@@ -252,7 +349,7 @@ impl DataPath {
         // Local host extents never get here (they are mapped), so the
         // caller's node does not matter: "" means "not this one".
         let rdma = self.rdma_for(&extent.node, &extent.agent_addr);
-        choice::choose(&extent.node, extent.gpu.is_some(), "", prefer, &rdma)
+        choice::choose(&extent.node, extent.memory(), "", prefer, &rdma)
             .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
@@ -361,9 +458,15 @@ impl DataPath {
             };
             nodes[i].bytes += n;
             if rdma.is_some() {
-                nodes[i]
-                    .pieces
-                    .push((extent.pool_offset + (at - extent.alloc_offset), head));
+                let within = at - extent.alloc_offset;
+                let remote = match extent.gpu {
+                    None => Remote::Pool(extent.pool_offset + within),
+                    Some(_) => Remote::Gpu {
+                        regions: &extent.rdma,
+                        at: within,
+                    },
+                };
+                nodes[i].pieces.push((remote, head));
             } else {
                 nodes[i].chunks.push(Chunk {
                     req: request(&head, t.desc, at, n),

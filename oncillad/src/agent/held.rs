@@ -15,6 +15,7 @@ use oncilla_proto::wire::KEY_LEN;
 
 use oncilla_cuda::DeviceMem;
 
+use crate::fabric::verbs::GpuRegistration;
 use crate::pool::PoolExtent;
 
 /// What an extent's bytes are.
@@ -22,10 +23,19 @@ pub enum Backing {
     /// Host memory of the pool.
     Pool(Arc<PoolExtent>),
     /// Device memory this agent allocated (`REMOTE_GPU`).
-    Gpu(Arc<DeviceMem>),
+    Gpu(Arc<GpuMemory>),
     /// Device memory in the process that asked for it (`LOCAL_GPU`): the
     /// agent keeps only the record, so a restarted master learns of it.
     InProcess { gpu: u32 },
+}
+
+/// Device memory of a `REMOTE_GPU` extent and, where GPUDirect RDMA works,
+/// its registrations with the node's RDMA ports.
+pub struct GpuMemory {
+    /// Declared before `mem`: fields drop in order, so the HCA lets go of
+    /// the memory before the driver frees it.
+    pub rdma: Option<GpuRegistration>,
+    pub mem: DeviceMem,
 }
 
 /// One extent of an allocation: a range of its bytes, placed inside memory
@@ -54,8 +64,20 @@ impl HeldExtent {
     pub fn gpu(&self) -> Option<u32> {
         match &self.memory {
             Backing::Pool(_) => None,
-            Backing::Gpu(m) => Some(m.gpu().index()),
+            Backing::Gpu(m) => Some(m.mem.gpu().index()),
             Backing::InProcess { gpu } => Some(*gpu),
+        }
+    }
+
+    /// The RDMA regions of registered device memory (empty otherwise).
+    pub fn rdma(&self) -> Vec<pb::RdmaRegion> {
+        match &self.memory {
+            Backing::Gpu(m) => m
+                .rdma
+                .as_ref()
+                .map(|r| r.regions.clone())
+                .unwrap_or_default(),
+            Backing::Pool(_) | Backing::InProcess { .. } => Vec::new(),
         }
     }
 

@@ -22,8 +22,9 @@ use oncilla_proto::wire::KEY_LEN;
 use tokio::sync::Notify;
 
 use crate::error::CoreError;
+use crate::fabric::verbs::Rdma;
 use crate::pool::Pool;
-use held::{Backing, Held, HeldExtent, HeldTable, Holdings};
+use held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdings};
 use lease::Leases;
 
 /// A local application's session.
@@ -54,11 +55,14 @@ pub struct Agent {
     wake: Notify,
     /// The master incarnation this agent last registered with.
     master_incarnation: AtomicU64,
+    /// The node's RDMA ports: device memory is registered there.
+    rdma: Arc<Rdma>,
 }
 
 impl Agent {
-    pub fn new(node: pb::NodeInfo, pool: Arc<Pool>) -> Self {
+    pub fn new(node: pb::NodeInfo, pool: Arc<Pool>, rdma: Arc<Rdma>) -> Self {
         Self {
+            rdma,
             held: Arc::new(Holdings::new(node.name.clone())),
             node,
             incarnation: rand::random::<u64>().max(1),
@@ -84,6 +88,11 @@ impl Agent {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// The node's RDMA state (queue pairs for clients, GPU registrations).
+    pub fn rdma(&self) -> &Arc<Rdma> {
+        &self.rdma
     }
 
     /// The table the data path reads.
@@ -142,7 +151,9 @@ impl Agent {
             check_joinable(alloc_id, current.value(), &key, &ranges)?;
         }
         let extents = match gpu {
-            Some(index) => vec![Arc::new(gpu_extent(alloc_id, &ranges, index, &record)?)],
+            Some(index) => vec![Arc::new(gpu_extent(
+                alloc_id, &ranges, index, &record, &self.rdma,
+            )?)],
             None => self.pool_extents(&ranges, total)?,
         };
         let pieces = extents
@@ -151,6 +162,7 @@ impl Agent {
                 alloc_offset: e.alloc_offset,
                 len: e.len,
                 pool_offset: e.pool_offset(),
+                rdma: e.rdma(),
             })
             .collect();
         let mut entry = self.held.entry(alloc_id).or_insert_with(|| {
@@ -365,6 +377,7 @@ impl Agent {
                         fabric: h.fabric,
                         agent_addr: self.node.agent_addr.clone(),
                         gpu: x.gpu(),
+                        rdma: x.rdma(),
                     })
                     .collect();
                 record
@@ -404,12 +417,14 @@ impl Agent {
 
 /// The one extent of a GPU allocation: device memory this agent allocates
 /// (`REMOTE_GPU`), or the record of memory in the asking process
-/// (`LOCAL_GPU`). Blocks while the driver allocates and zeroes.
+/// (`LOCAL_GPU`). Blocks while the driver allocates and zeroes. Device
+/// memory is registered with the node's RDMA ports where GPUDirect works.
 fn gpu_extent(
     alloc_id: u64,
     ranges: &[(u64, u64)],
     index: u32,
     record: &pb::Allocation,
+    rdma: &Rdma,
 ) -> Result<HeldExtent, CoreError> {
     let &[(0, len)] = ranges else {
         return Err(CoreError::InvalidArgument(format!(
@@ -422,7 +437,18 @@ fn gpu_extent(
             let mem = oncilla_cuda::Gpu::open(index)
                 .and_then(|g| g.alloc(len))
                 .map_err(gpu_error)?;
-            Backing::Gpu(Arc::new(mem))
+            // Without GPUDirect the extent is still served, over TCP.
+            let rdma = rdma
+                .register_gpu(&mem)
+                .inspect_err(|why| {
+                    tracing::debug!(
+                        alloc_id,
+                        gpu = index,
+                        "device memory not registered for RDMA: {why}"
+                    );
+                })
+                .ok();
+            Backing::Gpu(Arc::new(GpuMemory { rdma, mem }))
         }
         _ => {
             return Err(CoreError::InvalidArgument(format!(
@@ -500,7 +526,9 @@ mod tests {
             huge_pages: HugePages::Off,
             slab: 16 * 4096,
         };
-        Agent::new(node, Arc::new(Pool::new(spec).unwrap()))
+        let pool = Pool::new(spec).unwrap();
+        let rdma = Rdma::start_at(std::path::Path::new("/nonexistent/infiniband"), &[], &pool);
+        Agent::new(node, Arc::new(pool), Arc::new(rdma))
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl Connection {
         let ptr = match &extent.memory {
             // `authorize` proved `ok.at + len` lies inside the extent.
             Backing::Pool(m) => m.ptr(extent.at + ok.at),
-            Backing::Gpu(mem) => return self.serve_gpu(req, mem, ok.at, len),
+            Backing::Gpu(m) => return self.serve_gpu(req, &m.mem, ok.at, len),
             Backing::InProcess { gpu } => {
                 let msg = format!(
                     "allocation {} is local GPU memory (GPU {gpu}) of the process that made it; only that process can copy to or from it",

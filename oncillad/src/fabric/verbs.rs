@@ -9,11 +9,18 @@
 //! client died). It never interprets allocation ids or keys: on RDMA the
 //! protection boundary is the cluster token that `ConnectVerbs` requires
 //! (ARCHITECTURE.md, "verbs").
+//!
+//! It also registers device memory of `REMOTE_GPU` extents with every
+//! opened port (GPUDirect RDMA, through nvidia-peermem or a dma-buf), so
+//! clients READ and WRITE it with no staging through host memory; the
+//! registration lives in the extent and is dropped before the memory.
 
 use std::path::Path;
 
 use oncilla_proto::pb;
 use oncilla_proto::rdma::{self, Probe};
+
+use oncilla_cuda::DeviceMem;
 
 use crate::pool::Pool;
 
@@ -46,7 +53,7 @@ impl Rdma {
         Self::start_at(Path::new(rdma::discover::SYSFS), wanted, pool)
     }
 
-    fn start_at(root: &Path, wanted: &[String], pool: &Pool) -> Rdma {
+    pub(crate) fn start_at(root: &Path, wanted: &[String], pool: &Pool) -> Rdma {
         let probe = rdma::probe(root, wanted);
         #[cfg(feature = "verbs")]
         let mut me = Rdma {
@@ -162,6 +169,106 @@ impl Rdma {
     }
 }
 
+/// Device memory registered with every opened port; dropping it
+/// deregisters (before the memory is freed: see `held::GpuMemory`).
+pub struct GpuRegistration {
+    /// One region per port, for the extent's record.
+    pub regions: Vec<pb::RdmaRegion>,
+    /// How the HCA took it: "nvidia-peermem" or "dma-buf".
+    pub how: &'static str,
+    #[cfg(feature = "verbs")]
+    _mrs: Vec<rdma::verbs::Mr>,
+}
+
+impl Rdma {
+    /// Registers `mem` with every opened port (GPUDirect RDMA).
+    ///
+    /// # Errors
+    /// Why not: no verbs on this node, or a port refused (neither
+    /// nvidia-peermem nor dma-buf works).
+    pub fn register_gpu(&self, mem: &DeviceMem) -> Result<GpuRegistration, String> {
+        if let Some(why) = &self.probe.note {
+            return Err(format!("verbs fabric unavailable: {why}"));
+        }
+        self.register_gpu_on(mem)
+    }
+
+    #[cfg(feature = "verbs")]
+    fn register_gpu_on(&self, mem: &DeviceMem) -> Result<GpuRegistration, String> {
+        let (addr, len) = mem.rdma_range();
+        // Made once per registration and closed after it: the HCA keeps
+        // its own reference to the dma-buf.
+        let dmabuf = mem.dmabuf();
+        let mut regions = Vec::new();
+        let mut mrs = Vec::new();
+        let mut how = "";
+        for port in &self.ports {
+            let fd = dmabuf.as_ref().ok().map(std::os::fd::AsFd::as_fd);
+            // SAFETY: `mem` is live device memory of `len` bytes from
+            // `addr` (page-rounded inside its device pages); the caller
+            // keeps the registration beside `mem` and drops it first
+            // (`held::GpuMemory` field order), and the agent posts no
+            // requests of its own on it.
+            let (mr, way) =
+                unsafe { port.dev.register_device(addr, len, fd) }.map_err(|e| match &dmabuf {
+                    Ok(_) => format!("{}: {e}", port.dev.port.label()),
+                    Err(d) => format!("{}: {e} (dma-buf export: {d})", port.dev.port.label()),
+                })?;
+            how = way;
+            regions.push(pb::RdmaRegion {
+                device: port.dev.port.device.clone(),
+                port: port.dev.port.port,
+                addr,
+                rkey: mr.rkey(),
+            });
+            mrs.push(mr);
+        }
+        Ok(GpuRegistration {
+            regions,
+            how,
+            _mrs: mrs,
+        })
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    fn register_gpu_on(&self, _mem: &DeviceMem) -> Result<GpuRegistration, String> {
+        Err("this build has no verbs support".into())
+    }
+
+    /// Whether this node's GPU memory can be registered with its ports,
+    /// found by registering a small allocation on the first GPU: `(how,
+    /// "")` when it can, `("", why)` when not. The agent reports both in
+    /// `NodeInfo` (`gpu_rdma`, `gpu_rdma_note`).
+    pub fn probe_gpu(&self, first_gpu: Option<u32>) -> (String, String) {
+        let Some(index) = first_gpu else {
+            return (String::new(), "no GPU on this node".into());
+        };
+        if let Some(why) = &self.probe.note {
+            return (String::new(), format!("no verbs fabric: {why}"));
+        }
+        let tried = oncilla_cuda::Gpu::open(index)
+            .and_then(|g| g.alloc(PROBE_BYTES))
+            .map_err(|e| e.to_string())
+            .and_then(|mem| self.register_gpu(&mem).map(|r| r.how));
+        match tried {
+            Ok(how) => {
+                tracing::info!(
+                    how,
+                    "GPUDirect RDMA: device memory is registered with the RDMA ports"
+                );
+                (how.to_string(), String::new())
+            }
+            Err(why) => {
+                tracing::info!("GPUDirect RDMA unavailable: {why}; GPU memory goes over tcp");
+                (String::new(), why)
+            }
+        }
+    }
+}
+
+/// Device memory registered at start to learn whether GPUDirect works.
+const PROBE_BYTES: u64 = 2 << 20;
+
 /// The agent's queue pairs only answer one-sided requests; their own send
 /// queue stays empty, so a small depth is enough.
 #[cfg(feature = "verbs")]
@@ -215,5 +322,22 @@ mod tests {
             .unwrap();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         assert!(err.message().contains("unavailable"), "{}", err.message());
+    }
+
+    #[test]
+    fn gpudirect_is_reported_with_the_reason_it_is_missing() {
+        let pool = Pool::new(PoolSpec::new(4 * 4096, HugePages::Off)).unwrap();
+        let r = Rdma::start_at(Path::new("/nonexistent/infiniband"), &[], &pool);
+        assert_eq!(
+            r.probe_gpu(None),
+            (String::new(), "no GPU on this node".to_string())
+        );
+        // A GPU without verbs: the verbs reason, before any driver call.
+        let (how, why) = r.probe_gpu(Some(0));
+        assert!(how.is_empty());
+        assert!(
+            why.starts_with("no verbs fabric: ") && why.contains("no RDMA"),
+            "{why}"
+        );
     }
 }

@@ -7,16 +7,14 @@ use tonic::{Request, Response, Status};
 
 use super::reply;
 use crate::agent::Agent;
-use crate::fabric::verbs::Rdma;
 
 pub struct AgentService {
     agent: Arc<Agent>,
-    rdma: Arc<Rdma>,
 }
 
 impl AgentService {
-    pub fn new(agent: Arc<Agent>, rdma: Arc<Rdma>) -> Self {
-        Self { agent, rdma }
+    pub fn new(agent: Arc<Agent>) -> Self {
+        Self { agent }
     }
 }
 
@@ -97,7 +95,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ConnectVerbsRequest>,
     ) -> Result<Response<ConnectVerbsStream>, Status> {
-        let rdma = Arc::clone(&self.rdma);
+        let rdma = Arc::clone(self.agent.rdma());
         let r = req.into_inner();
         // Creating and connecting a queue pair are blocking verbs calls.
         let (reply, held) = tokio::task::spawn_blocking(move || rdma.connect(&r))

@@ -253,13 +253,16 @@ impl<L: AgentLink> Master<L> {
                         // In the creator's own process: no fabric reaches it.
                         return Ok(pb::Fabric::Auto);
                     }
-                    fabric::choose(
-                        &p.node,
-                        p.gpu.is_some(),
-                        &req.origin_node,
-                        preference,
-                        &rdma,
-                    )
+                    let memory = match p.gpu {
+                        None => fabric::Memory::Host,
+                        Some(_) => fabric::Memory::Gpu {
+                            rdma: st
+                                .nodes
+                                .get(&p.node)
+                                .is_some_and(|n| !n.info.gpu_rdma.is_empty()),
+                        },
+                    };
+                    fabric::choose(&p.node, memory, &req.origin_node, preference, &rdma)
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
@@ -346,6 +349,7 @@ impl<L: AgentLink> Master<L> {
                     fabric: *fabric as i32,
                     agent_addr: agent.clone(),
                     gpu: p.gpu,
+                    rdma: piece.rdma,
                 }));
         }
         alloc.extents.sort_by_key(|e| e.alloc_offset);
@@ -926,12 +930,14 @@ mod tests {
                     alloc_offset: r.alloc_offset,
                     len: first,
                     pool_offset: 0,
+                    rdma: Vec::new(),
                 });
                 if r.len > first {
                     pieces.push(pb::Piece {
                         alloc_offset: r.alloc_offset + first,
                         len: r.len - first,
                         pool_offset: 8192,
+                        rdma: Vec::new(),
                     });
                 }
             }

@@ -222,6 +222,60 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Registers `len` bytes of GPU memory at device address `addr` for
+    /// local access and remote READ and WRITE (GPUDirect RDMA): first as
+    /// ordinary memory, which the kernel accepts when the nvidia-peermem
+    /// module is loaded, then, given `dmabuf` (a dma-buf exporting exactly
+    /// that range), through `ibv_reg_dmabuf_mr`. Says which way worked:
+    /// `"nvidia-peermem"` or `"dma-buf"`.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be device memory that stays allocated
+    /// until the returned [`Mr`] is dropped, and no request using it may be
+    /// in flight when it is.
+    ///
+    /// # Errors
+    /// Both ways refused, each with the HCA's reason.
+    pub unsafe fn register_device(
+        self: &Arc<Self>,
+        addr: u64,
+        len: usize,
+        dmabuf: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<(Mr, &'static str), String> {
+        use std::os::fd::AsRawFd;
+        let access = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0 as i32;
+        let made = |mr: *mut ffi::ibv_mr| Mr {
+            mr,
+            addr,
+            len: len as u64,
+            _dev: Arc::clone(self),
+        };
+        // SAFETY: the caller guarantees the device range stays allocated
+        // for the life of the registration; without nvidia-peermem the
+        // kernel finds no pages behind the address and refuses.
+        let mr = unsafe { ffi::ibv_reg_mr(self.pd, addr as *mut std::ffi::c_void, len, access) };
+        if !mr.is_null() {
+            return Ok((made(mr), "nvidia-peermem"));
+        }
+        let peermem = os_err("ibv_reg_mr of device memory (nvidia-peermem)");
+        let Some(fd) = dmabuf else {
+            return Err(format!("{peermem}; no dma-buf export of it"));
+        };
+        // SAFETY: `fd` exports exactly the device range (offset 0), which
+        // the caller keeps allocated; the registration takes its own
+        // reference to the dma-buf, so `fd` may close after this call.
+        let mr = unsafe { ffi::ibv_reg_dmabuf_mr(self.pd, 0, len, addr, fd.as_raw_fd(), access) };
+        if mr.is_null() {
+            return Err(format!("{peermem}; {}", os_err("ibv_reg_dmabuf_mr")));
+        }
+        Ok((made(mr), "dma-buf"))
+    }
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: every MR and QP holds an Arc of this device, so none is

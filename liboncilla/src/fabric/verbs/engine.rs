@@ -19,7 +19,7 @@ use oncilla_proto::pb;
 use oncilla_proto::rdma::verbs::{Device, Mr, Qp};
 use oncilla_proto::rdma::{self, Completion, Probe, Wr};
 
-use super::plan::{self, Piece, Queue, Tuning};
+use super::plan::{self, DevicePiece, Piece, Queue, Remote, Tuning};
 use super::regcache::{RegCache, Register};
 use super::Affinity;
 use crate::error::{Error, Result};
@@ -39,6 +39,9 @@ pub const IDLE: Duration = Duration::from_secs(60);
 struct Conn {
     qp: Qp,
     slabs: Vec<pb::SlabRegion>,
+    /// The agent's end: its device name and port number (device memory
+    /// regions are per port).
+    port: (String, u32),
     /// Keeps the agent's end alive; dropping it tears the pair down.
     _stream: tonic::Streaming<pb::ConnectVerbsReply>,
     last_use: Instant,
@@ -228,7 +231,7 @@ impl VerbsFabric {
         node: &str,
         agent_addr: &str,
         alloc_id: u64,
-        pieces: &mut [(u64, IoBuf<'_>)],
+        pieces: &mut [(Remote<'_>, IoBuf<'_>)],
     ) -> Result<()> {
         let n = self.probe.devices.len().max(1);
         // Pinning applies to a progress thread of our own, never to the
@@ -257,7 +260,94 @@ impl VerbsFabric {
         node: &str,
         agent_addr: &str,
         alloc_id: u64,
-        pieces: &mut [(u64, IoBuf<'_>)],
+        pieces: &mut [(Remote<'_>, IoBuf<'_>)],
+    ) -> Result<()> {
+        self.with_conn(dev, node, agent_addr, alloc_id, |conn| {
+            self.copy(dev, conn, pieces)
+        })
+    }
+
+    /// Moves `pieces` (remote place, byte offset in `mem`, length) of
+    /// allocation `alloc_id` on `node` straight between the remote memory
+    /// and device memory of this process (GPUDirect RDMA): `mem` is
+    /// registered with the first device for the copy's duration, through
+    /// nvidia-peermem or a dma-buf.
+    ///
+    /// # Errors
+    /// A registration the HCA refuses is `Ok(Err(why))`, so the caller can
+    /// stage through host memory instead; failed completions and
+    /// unreachable nodes are `Err`.
+    pub fn run_device(
+        &self,
+        node: &str,
+        agent_addr: &str,
+        alloc_id: u64,
+        mem: &oncilla_cuda::DeviceMem,
+        pieces: &[DevicePiece<'_>],
+        read: bool,
+    ) -> Result<std::result::Result<(), String>> {
+        let dev = 0;
+        let device = &self.probe.devices[dev];
+        let (base, len) = mem.rdma_range();
+        let dmabuf = mem.dmabuf();
+        let fd = dmabuf.as_ref().ok().map(std::os::fd::AsFd::as_fd);
+        // SAFETY: `mem` is live device memory of `len` bytes from `base`
+        // (page-rounded inside its device pages), borrowed for this whole
+        // call; the registration is dropped below, after `plan::run` has
+        // seen the completion covering the last request.
+        let mr = match unsafe { device.register_device(base, len, fd) } {
+            Ok((mr, _)) => mr,
+            Err(e) => {
+                return Ok(Err(match dmabuf {
+                    Ok(_) => e,
+                    Err(d) => format!("{e} (dma-buf export: {d})"),
+                }))
+            }
+        };
+        let go = || {
+            self.with_conn(dev, node, agent_addr, alloc_id, |conn| {
+                let port = (conn.port.0.as_str(), conn.port.1);
+                let mut work = Vec::with_capacity(pieces.len());
+                for &(at, offset, n) in pieces {
+                    let (remote, rkey) = plan::locate(at, &conn.slabs, port, n)?;
+                    work.push(Piece {
+                        local: base + offset,
+                        lkey: mr.lkey(),
+                        remote,
+                        rkey,
+                        len: n,
+                        read,
+                    });
+                }
+                let wrs = plan::plan(&work, &self.tuning);
+                plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning).map_err(|e| e.to_string())
+            })
+        };
+        // Pinning applies to a progress thread of our own, never to the
+        // caller's thread.
+        let outcome = if matches!(self.pins[dev], Ok(None)) {
+            go()
+        } else {
+            std::thread::scope(|s| {
+                s.spawn(go)
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Internal("verbs thread panicked".into())))
+            })
+        };
+        drop(mr);
+        outcome.map(Ok)
+    }
+
+    /// Runs `f` on the queue pair of (agent, device `dev`), connecting it
+    /// first if needed; a failure drops the pair (it is in the error state)
+    /// and names the node and allocation.
+    fn with_conn(
+        &self,
+        dev: usize,
+        node: &str,
+        agent_addr: &str,
+        alloc_id: u64,
+        f: impl FnOnce(&mut Conn) -> std::result::Result<(), String>,
     ) -> Result<()> {
         match &self.pins[dev] {
             Ok(None) => {}
@@ -274,8 +364,7 @@ impl VerbsFabric {
             return Err(Error::Internal("verbs connection vanished".into()));
         };
         conn.last_use = Instant::now();
-        let outcome = self.copy(dev, conn, pieces);
-        if let Err(e) = outcome {
+        if let Err(e) = f(conn) {
             // The pair is in the error state: the next copy reconnects.
             *guard = None;
             return Err(self.fail(node, agent_addr, alloc_id, &e));
@@ -367,6 +456,7 @@ impl VerbsFabric {
         tracing::info!(node, device = %device.port.label(), remote = %format!("{}:{}", reply.device, reply.port), "verbs queue pair connected");
         Ok(Conn {
             qp,
+            port: (reply.device, reply.port),
             slabs: reply.slabs,
             _stream: stream,
             last_use: Instant::now(),
@@ -378,16 +468,17 @@ impl VerbsFabric {
         &self,
         dev: usize,
         conn: &mut Conn,
-        pieces: &mut [(u64, IoBuf<'_>)],
+        pieces: &mut [(Remote<'_>, IoBuf<'_>)],
     ) -> std::result::Result<(), String> {
         let device = &self.probe.devices[dev];
         let mut work = Vec::with_capacity(pieces.len());
         // Registrations (or bounce buffers) that must outlive the requests.
         let mut keep: Vec<Arc<Mr>> = Vec::new();
         let mut bounced: Vec<(usize, Box<[u8]>, Mr)> = Vec::new();
-        for (i, (pool_offset, buf)) in pieces.iter_mut().enumerate() {
+        for (i, (at, buf)) in pieces.iter_mut().enumerate() {
             let len = buf.len();
-            let (remote, rkey) = remote_of(&conn.slabs, *pool_offset, len as u64)?;
+            let port = (conn.port.0.as_str(), conn.port.1);
+            let (remote, rkey) = plan::locate(*at, &conn.slabs, port, len as u64)?;
             let read = matches!(buf, IoBuf::Read(_));
             let (local, lkey) = if len <= BOUNCE_MAX {
                 let (mut b, mr) = self.take_bounce(dev, device)?;
@@ -491,21 +582,6 @@ impl Queue for Hca<'_> {
     fn poll(&mut self, out: &mut [Completion]) -> std::result::Result<usize, String> {
         self.0.poll(out)
     }
-}
-
-/// The remote address and key of `len` bytes at `pool_offset`.
-fn remote_of(
-    slabs: &[pb::SlabRegion],
-    pool_offset: u64,
-    len: u64,
-) -> std::result::Result<(u64, u32), String> {
-    slabs
-        .iter()
-        .find(|s| s.pool_offset <= pool_offset && pool_offset + len <= s.pool_offset + s.len)
-        .map(|s| (s.addr + (pool_offset - s.pool_offset), s.rkey))
-        .ok_or_else(|| {
-            format!("pool offset {pool_offset} (+{len}) is in no registered slab of the agent")
-        })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

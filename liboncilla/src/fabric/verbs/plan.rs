@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use oncilla_proto::pb;
 use oncilla_proto::rdma::wc::{self, Failure};
 use oncilla_proto::rdma::{Completion, Wr};
 
@@ -54,6 +55,68 @@ pub struct Piece {
     pub rkey: u32,
     pub len: u64,
     pub read: bool,
+}
+
+/// Where a piece of a copy lies on its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remote<'a> {
+    /// At this offset of the node's pool, found through the slab regions
+    /// the agent sent for the queue pair's port.
+    Pool(u64),
+    /// `at` bytes into device memory the agent registered with its ports
+    /// (GPUDirect RDMA): one region per port.
+    Gpu {
+        regions: &'a [pb::RdmaRegion],
+        at: u64,
+    },
+}
+
+/// A piece of a copy between remote memory and device memory of this
+/// process: where it lies remotely, its byte offset in the device memory,
+/// its length.
+pub type DevicePiece<'a> = (Remote<'a>, u64, u64);
+
+/// The remote address and key of `len` bytes at `remote`, over a queue
+/// pair to the agent's port `port` (device name, port number) whose slab
+/// regions are `slabs`.
+///
+/// # Errors
+/// The range is in no slab, or the device memory has no region on that
+/// port (the agent registered it before the port came up, say).
+pub fn locate(
+    remote: Remote<'_>,
+    slabs: &[pb::SlabRegion],
+    port: (&str, u32),
+    len: u64,
+) -> Result<(u64, u32), String> {
+    match remote {
+        Remote::Pool(pool_offset) => slabs
+            .iter()
+            .find(|s| {
+                s.pool_offset <= pool_offset
+                    && pool_offset.saturating_add(len) <= s.pool_offset + s.len
+            })
+            .map(|s| (s.addr + (pool_offset - s.pool_offset), s.rkey))
+            .ok_or_else(|| {
+                format!("pool offset {pool_offset} (+{len}) is in no registered slab of the agent")
+            }),
+        Remote::Gpu { regions, at } => regions
+            .iter()
+            .find(|r| r.device == port.0 && r.port == port.1)
+            .map(|r| (r.addr + at, r.rkey))
+            .ok_or_else(|| {
+                format!(
+                    "the device memory is not registered on the agent's port {}:{} (registered on: {})",
+                    port.0,
+                    port.1,
+                    regions
+                        .iter()
+                        .map(|r| format!("{}:{}", r.device, r.port))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }),
+    }
 }
 
 /// The work requests for `pieces`: chunked, numbered in order, signaled
@@ -383,5 +446,63 @@ pub(crate) mod tests {
             "{err:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn pool_offsets_find_their_slab_and_device_memory_its_port() {
+        let slabs = [
+            pb::SlabRegion {
+                pool_offset: 0,
+                len: 1000,
+                addr: 0x10_000,
+                rkey: 7,
+            },
+            pb::SlabRegion {
+                pool_offset: 1000,
+                len: 1000,
+                addr: 0x90_000,
+                rkey: 8,
+            },
+        ];
+        let port = ("mlx5_1", 1);
+        assert_eq!(
+            locate(Remote::Pool(10), &slabs, port, 100),
+            Ok((0x10_000 + 10, 7))
+        );
+        assert_eq!(
+            locate(Remote::Pool(1500), &slabs, port, 500),
+            Ok((0x90_000 + 500, 8))
+        );
+        // Straddling two slabs is never planned, and refused.
+        assert!(locate(Remote::Pool(900), &slabs, port, 200)
+            .unwrap_err()
+            .contains("no registered slab"));
+        let regions = [
+            pb::RdmaRegion {
+                device: "mlx5_0".into(),
+                port: 1,
+                addr: 0x7f00_0000_0000,
+                rkey: 21,
+            },
+            pb::RdmaRegion {
+                device: "mlx5_1".into(),
+                port: 1,
+                addr: 0x7f00_0000_0000,
+                rkey: 22,
+            },
+        ];
+        let gpu = Remote::Gpu {
+            regions: &regions,
+            at: 4096,
+        };
+        assert_eq!(
+            locate(gpu, &slabs, port, 64),
+            Ok((0x7f00_0000_0000 + 4096, 22))
+        );
+        let err = locate(gpu, &slabs, ("mlx5_2", 1), 64).unwrap_err();
+        assert!(
+            err.contains("mlx5_2:1") && err.contains("mlx5_0:1, mlx5_1:1"),
+            "{err}"
+        );
     }
 }
