@@ -30,6 +30,7 @@
 //! a reader racing a writer may see some of each. Order access with your
 //! own synchronisation.
 
+pub mod capi;
 mod client;
 mod descriptor;
 mod error;

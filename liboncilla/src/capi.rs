@@ -1,0 +1,616 @@
+//! The C ABI (`include/oncilla.h`, generated from this file by cbindgen):
+//! the original Oncilla calls (`ocm_init`, `ocm_alloc`, `ocm_copy`, ...)
+//! over [`Oncilla`], with stable numeric status codes and opaque handles.
+//!
+//! Handles are tokens, never pointers to Rust memory: each names an entry
+//! of a process-wide table, so a NULL, forged or freed handle is answered
+//! with `OCM_E_BAD_HANDLE` instead of undefined behaviour. Every entry
+//! point catches panics (`OCM_E_INTERNAL`); none crosses into C. Every
+//! call may run concurrently with every other on any thread, except that
+//! `ocm_init` and `ocm_tini` must not race each other; a handle freed while
+//! another thread copies with it stays valid until that copy returns.
+//!
+//! The last failure of each thread is kept for `ocm_last_error` and
+//! `ocm_last_error_message`. This module owns only the translation between
+//! C and the Rust API; it never talks to the cluster itself.
+
+#![allow(non_camel_case_types)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{AllocSpec, Allocation, Error, Fabric, Kind, Oncilla, Policy};
+
+/// Status codes: every call that can fail returns one (0 is success), and
+/// `ocm_last_error` repeats the calling thread's last one. The values are
+/// part of the ABI and never change.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ocm_status_t {
+    OCM_OK = 0,
+    /// A NULL pointer, an unknown kind, policy or fabric, a bad string.
+    OCM_E_INVALID = 1,
+    /// A NULL, unknown or already freed allocation handle.
+    OCM_E_BAD_HANDLE = 2,
+    /// `ocm_init` has not run (or `ocm_tini` has).
+    OCM_E_NOT_INITIALIZED = 3,
+    /// A copy outside an allocation.
+    OCM_E_OUT_OF_BOUNDS = 4,
+    /// Not enough free memory in the cluster (or on the GPU).
+    OCM_E_NO_MEMORY = 5,
+    /// No such allocation or name in the cluster (freed by someone else).
+    OCM_E_NOT_FOUND = 6,
+    /// Wrong token or access key.
+    OCM_E_PERMISSION = 7,
+    /// The local agent, the master or a node cannot be reached, or is down.
+    OCM_E_UNREACHABLE = 8,
+    /// The data path to a node failed mid-copy.
+    OCM_E_FABRIC = 9,
+    /// The name is taken by another allocation.
+    OCM_E_EXISTS = 10,
+    /// Other processes are attached (free it from every process).
+    OCM_E_BUSY = 11,
+    /// GPU memory where there is none (no CUDA driver, no such device).
+    OCM_E_NO_GPU = 12,
+    /// The CUDA driver failed.
+    OCM_E_GPU = 13,
+    /// No usable cluster token (ONCILLA_TOKEN / ONCILLA_TOKEN_FILE).
+    OCM_E_TOKEN = 14,
+    /// A bug, an unexpected answer, or a panic caught at the boundary.
+    OCM_E_INTERNAL = 15,
+}
+
+use ocm_status_t::*;
+
+/// What an allocation's bytes are (values as in the original Oncilla).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ocm_kind_t {
+    /// Not a kind: what `ocm_kind` answers for a bad handle.
+    OCM_KIND_INVALID = 0,
+    /// Host memory of this node's agent (mapped: see `ocm_localbuf`).
+    OCM_LOCAL_HOST = 1,
+    /// Host memory anywhere in the cluster.
+    OCM_REMOTE_HOST = 2,
+    /// Device memory of one of this node's GPUs, in this process.
+    OCM_LOCAL_GPU = 3,
+    /// Device memory of a GPU held by an agent anywhere in the cluster.
+    OCM_REMOTE_GPU = 4,
+}
+
+/// How the master places an allocation that names no nodes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ocm_policy_t {
+    /// This node if it holds it all, else the emptiest nodes.
+    OCM_POLICY_LOCAL_FIRST = 0,
+    /// An equal share on every live node with room.
+    OCM_POLICY_SPREAD = 1,
+    /// As few nodes as possible.
+    OCM_POLICY_PACK = 2,
+}
+
+/// How this process moves bytes (a hint; `AUTO` picks the best reachable).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ocm_fabric_t {
+    OCM_FABRIC_AUTO = 0,
+    OCM_FABRIC_TCP = 1,
+    OCM_FABRIC_SHM = 2,
+    OCM_FABRIC_VERBS = 3,
+}
+
+/// An allocation: an opaque handle, valid from `ocm_alloc`/`ocm_attach`
+/// until `ocm_free`.
+pub struct ocm_allocation {
+    _opaque: [u8; 0],
+}
+
+/// A handle to an allocation.
+pub type ocm_alloc_t = *mut ocm_allocation;
+
+/// Everything `ocm_alloc_ex` can ask for. Start from
+/// `ocm_params_default(size, kind)` and change what you need.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ocm_params_t {
+    pub size: u64,
+    pub kind: ocm_kind_t,
+    /// Used when `n_nodes` is 0.
+    pub policy: ocm_policy_t,
+    /// `n_nodes` node names to place the allocation on (transparent
+    /// placement); NULL with `n_nodes` 0 for the policy's choice.
+    pub nodes: *const *const c_char,
+    /// NULL for equal shares, else `n_nodes` weights (each at least 1).
+    pub weights: *const u32,
+    pub n_nodes: usize,
+    /// Stripe unit in bytes over the chosen nodes; 0 for contiguous shares.
+    pub stripe: u64,
+    /// A name other processes can `ocm_attach`; NULL for none.
+    pub name: *const c_char,
+    /// Outlives this process until freed explicitly (needs a name).
+    pub persistent: bool,
+    pub fabric: ocm_fabric_t,
+    /// GPU kinds: the device index, or -1 for any.
+    pub gpu: i32,
+}
+
+/// The process's session and its handles.
+struct Context {
+    ocm: Oncilla,
+    allocs: HashMap<usize, Arc<Handle>>,
+    next: usize,
+}
+
+/// One allocation behind a handle, with its mapping found once.
+struct Handle {
+    alloc: Allocation,
+    /// `ocm_localbuf`'s answer: the mapped bytes of a local host
+    /// allocation (an address, valid while `alloc` lives), or 0.
+    local: usize,
+}
+
+static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
+
+thread_local! {
+    static LAST: RefCell<(ocm_status_t, CString)> = RefCell::new((OCM_OK, CString::default()));
+}
+
+fn context() -> MutexGuard<'static, Option<Context>> {
+    // Every critical section leaves the table consistent before it can panic.
+    CONTEXT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A failure: its code and message.
+struct Fail(ocm_status_t, String);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::AgentUnreachable { .. }
+            | Error::Unavailable(_)
+            | Error::NodeDown(_)
+            | Error::NodeUnreachable { .. } => OCM_E_UNREACHABLE,
+            Error::NotFound(_) => OCM_E_NOT_FOUND,
+            Error::CapacityExhausted(_) => OCM_E_NO_MEMORY,
+            Error::PermissionDenied(_) => OCM_E_PERMISSION,
+            Error::InvalidArgument(_) => OCM_E_INVALID,
+            Error::AlreadyExists(_) => OCM_E_EXISTS,
+            Error::InUse(_) => OCM_E_BUSY,
+            Error::OutOfBounds { .. } => OCM_E_OUT_OF_BOUNDS,
+            Error::Fabric { .. } => OCM_E_FABRIC,
+            Error::NoGpu(_) => OCM_E_NO_GPU,
+            Error::Gpu(_) => OCM_E_GPU,
+            Error::Token(_) => OCM_E_TOKEN,
+            Error::Internal(_) => OCM_E_INTERNAL,
+        };
+        Fail(code, e.to_string())
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Fail {
+    Fail(OCM_E_INVALID, msg.into())
+}
+
+fn remember(code: ocm_status_t, msg: String) {
+    let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST.with(|l| *l.borrow_mut() = (code, msg));
+}
+
+/// Runs `f` at the boundary: its failure (or panic) is recorded for
+/// `ocm_last_error` and turned into `on_error`.
+fn guard<T>(on_error: T, f: impl FnOnce() -> Result<T, Fail>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => {
+            remember(OCM_OK, String::new());
+            v
+        }
+        Ok(Err(Fail(code, msg))) => {
+            remember(code, msg);
+            on_error
+        }
+        Err(_) => {
+            remember(OCM_E_INTERNAL, "internal error: panic in liboncilla".into());
+            on_error
+        }
+    }
+}
+
+/// [`guard`] for calls that answer a status (the one just recorded).
+fn status(f: impl FnOnce() -> Result<(), Fail>) -> c_int {
+    guard((), f);
+    last_code()
+}
+
+fn last_code() -> c_int {
+    LAST.with(|l| l.borrow().0 as c_int)
+}
+
+/// The session, or why there is none.
+fn session() -> Result<Oncilla, Fail> {
+    context().as_ref().map(|c| c.ocm.clone()).ok_or(Fail(
+        OCM_E_NOT_INITIALIZED,
+        "liboncilla is not initialized: call ocm_init() first".into(),
+    ))
+}
+
+/// The allocation behind `h`.
+fn handle(h: *const ocm_allocation) -> Result<Arc<Handle>, Fail> {
+    let guard = context();
+    let ctx = guard.as_ref().ok_or(Fail(
+        OCM_E_NOT_INITIALIZED,
+        "liboncilla is not initialized: call ocm_init() first".into(),
+    ))?;
+    ctx.allocs
+        .get(&(h as usize))
+        .cloned()
+        .ok_or_else(|| Fail(OCM_E_BAD_HANDLE, format!("{h:p} is not a live allocation handle (NULL, never returned by ocm_alloc/ocm_attach, or already freed)")))
+}
+
+/// Files `alloc` in the table and makes its handle.
+fn file(mut alloc: Allocation) -> Result<ocm_alloc_t, Fail> {
+    let local = alloc.localbuf().map_or(0, |b| b.as_mut_ptr() as usize);
+    let mut guard = context();
+    let ctx = guard.as_mut().ok_or(Fail(
+        OCM_E_NOT_INITIALIZED,
+        "liboncilla was shut down (ocm_tini) during the call".into(),
+    ))?;
+    // Tokens are 17, 33, 49, ...: never NULL, never a small integer
+    // mistaken for a handle.
+    ctx.next += 16;
+    let token = ctx.next;
+    ctx.allocs.insert(token, Arc::new(Handle { alloc, local }));
+    Ok(token as ocm_alloc_t)
+}
+
+/// A C string argument.
+///
+/// # Safety
+/// `s` is NULL or a NUL-terminated string that stays readable for the call.
+unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
+    if s.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: not NULL (checked) and NUL-terminated per the caller.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| invalid(format!("{what} is not UTF-8")))
+}
+
+fn kind_from(k: ocm_kind_t) -> Result<Kind, Fail> {
+    match k {
+        ocm_kind_t::OCM_LOCAL_HOST => Ok(Kind::LocalHost),
+        ocm_kind_t::OCM_REMOTE_HOST => Ok(Kind::RemoteHost),
+        ocm_kind_t::OCM_LOCAL_GPU => Ok(Kind::LocalGpu),
+        ocm_kind_t::OCM_REMOTE_GPU => Ok(Kind::RemoteGpu),
+        ocm_kind_t::OCM_KIND_INVALID => Err(invalid("kind OCM_KIND_INVALID is not a kind")),
+    }
+}
+
+/// Connects this process to its node's agent (`ONCILLA_SOCKET`, token
+/// from `ONCILLA_TOKEN` or `ONCILLA_TOKEN_FILE`, as for the Rust API).
+/// Calling it again while initialized does nothing.
+#[no_mangle]
+pub extern "C" fn ocm_init() -> c_int {
+    status(|| {
+        let mut guard = context();
+        if guard.is_none() {
+            *guard = Some(Context {
+                ocm: Oncilla::connect()?,
+                allocs: HashMap::new(),
+                next: 1,
+            });
+        }
+        Ok(())
+    })
+}
+
+/// Frees every allocation this process still holds (named and persistent
+/// ones stay in the cluster) and ends the session. Handles are invalid
+/// afterwards.
+#[no_mangle]
+pub extern "C" fn ocm_tini() -> c_int {
+    status(|| {
+        let ctx = context().take().ok_or(Fail(
+            OCM_E_NOT_INITIALIZED,
+            "liboncilla is not initialized".into(),
+        ))?;
+        drop(ctx);
+        Ok(())
+    })
+}
+
+/// `size` bytes of `kind`, placed by the default policy. NULL on failure
+/// (see `ocm_last_error`).
+#[no_mangle]
+pub extern "C" fn ocm_alloc(size: u64, kind: ocm_kind_t) -> ocm_alloc_t {
+    guard(std::ptr::null_mut(), || {
+        let kind = kind_from(kind)?;
+        file(session()?.alloc(size, kind)?)
+    })
+}
+
+/// The parameters `ocm_alloc_ex` starts from: the default policy, no
+/// nodes, no stripe, no name, not persistent, automatic fabric, any GPU.
+#[no_mangle]
+pub extern "C" fn ocm_params_default(size: u64, kind: ocm_kind_t) -> ocm_params_t {
+    ocm_params_t {
+        size,
+        kind,
+        policy: ocm_policy_t::OCM_POLICY_LOCAL_FIRST,
+        nodes: std::ptr::null(),
+        weights: std::ptr::null(),
+        n_nodes: 0,
+        stripe: 0,
+        name: std::ptr::null(),
+        persistent: false,
+        fabric: ocm_fabric_t::OCM_FABRIC_AUTO,
+        gpu: -1,
+    }
+}
+
+/// An allocation as `params` describes it. NULL on failure.
+///
+/// # Safety
+/// `params` is NULL or points at an `ocm_params_t` whose `nodes` (and
+/// `weights`, unless NULL) hold `n_nodes` entries and whose strings are
+/// NUL-terminated, all readable for the call.
+#[no_mangle]
+pub unsafe extern "C" fn ocm_alloc_ex(params: *const ocm_params_t) -> ocm_alloc_t {
+    guard(std::ptr::null_mut(), || {
+        if params.is_null() {
+            return Err(invalid("params is NULL"));
+        }
+        // SAFETY: not NULL (checked), and readable per the caller.
+        let p = unsafe { &*params };
+        let mut spec = AllocSpec::new(p.size, kind_from(p.kind)?);
+        spec = spec.policy(match p.policy {
+            ocm_policy_t::OCM_POLICY_LOCAL_FIRST => Policy::LocalFirst,
+            ocm_policy_t::OCM_POLICY_SPREAD => Policy::Spread,
+            ocm_policy_t::OCM_POLICY_PACK => Policy::Pack,
+        });
+        if p.n_nodes > 0 {
+            if p.nodes.is_null() {
+                return Err(invalid("nodes is NULL but n_nodes is not 0"));
+            }
+            let mut named = Vec::with_capacity(p.n_nodes);
+            for i in 0..p.n_nodes {
+                // SAFETY: `nodes` holds `n_nodes` entries per the caller.
+                let node = unsafe { text(*p.nodes.add(i), "a node name")? };
+                let weight = if p.weights.is_null() {
+                    1
+                } else {
+                    // SAFETY: `weights` holds `n_nodes` entries per the caller.
+                    unsafe { *p.weights.add(i) }
+                };
+                named.push((node.to_string(), weight));
+            }
+            spec = spec.on_weighted_nodes(named);
+        }
+        if p.stripe > 0 {
+            spec = spec.stripe(p.stripe);
+        }
+        if !p.name.is_null() {
+            // SAFETY: NUL-terminated per the caller.
+            spec = spec.named(unsafe { text(p.name, "name")? });
+        }
+        if p.persistent {
+            spec = spec.persistent();
+        }
+        spec = spec.fabric(match p.fabric {
+            ocm_fabric_t::OCM_FABRIC_AUTO => Fabric::Auto,
+            ocm_fabric_t::OCM_FABRIC_TCP => Fabric::Tcp,
+            ocm_fabric_t::OCM_FABRIC_SHM => Fabric::Shm,
+            ocm_fabric_t::OCM_FABRIC_VERBS => Fabric::Verbs,
+        });
+        if p.gpu >= 0 {
+            spec = spec.gpu(p.gpu.unsigned_abs());
+        }
+        file(session()?.alloc_with(&spec)?)
+    })
+}
+
+/// The named allocation `name`, made by any process on any node. NULL on
+/// failure.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string readable for the call.
+#[no_mangle]
+pub unsafe extern "C" fn ocm_attach(name: *const c_char) -> ocm_alloc_t {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: as the caller promises.
+        let name = unsafe { text(name, "name")? };
+        file(session()?.attach(name)?)
+    })
+}
+
+/// Frees `a` (a named allocation other processes are attached to:
+/// `OCM_E_BUSY`, and the handle stays valid). The handle is invalid
+/// afterwards; a copy still running on it in another thread finishes
+/// first.
+#[no_mangle]
+pub extern "C" fn ocm_free(a: ocm_alloc_t) -> c_int {
+    status(|| {
+        let h = handle(a)?;
+        let mut guard = context();
+        let Some(ctx) = guard.as_mut() else {
+            return Err(Fail(
+                OCM_E_NOT_INITIALIZED,
+                "liboncilla was shut down".into(),
+            ));
+        };
+        ctx.allocs.remove(&(a as usize));
+        drop(guard);
+        match Arc::try_unwrap(h) {
+            Ok(h) => match h.alloc.free() {
+                Ok(()) => Ok(()),
+                Err(Error::InUse(msg)) => Err(Fail(OCM_E_BUSY, msg)),
+                Err(e) => Err(e.into()),
+            },
+            // Another thread is copying: the last one to finish frees it.
+            Err(_) => Ok(()),
+        }
+    })
+}
+
+/// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`,
+/// any pair of kinds; returns when the bytes are in place.
+#[no_mangle]
+pub extern "C" fn ocm_copy(
+    dst: ocm_alloc_t,
+    dst_offset: u64,
+    src: ocm_alloc_t,
+    src_offset: u64,
+    len: u64,
+) -> c_int {
+    status(|| {
+        let (d, s) = (handle(dst)?, handle(src)?);
+        session()?.copy(&d.alloc, dst_offset, &s.alloc, src_offset, len)?;
+        Ok(())
+    })
+}
+
+/// Writes `len` bytes from `src` (this process's memory) to `a` at
+/// `offset`.
+///
+/// # Safety
+/// `src` is NULL or points at `len` readable bytes for the call.
+#[no_mangle]
+pub unsafe extern "C" fn ocm_copy_in(
+    a: ocm_alloc_t,
+    offset: u64,
+    src: *const c_void,
+    len: u64,
+) -> c_int {
+    status(|| {
+        let h = handle(a)?;
+        let len = usize::try_from(len).map_err(|_| invalid("len does not fit in memory"))?;
+        if src.is_null() && len > 0 {
+            return Err(invalid("src is NULL"));
+        }
+        let bytes = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: not NULL (checked) and `len` readable bytes per the caller.
+            unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) }
+        };
+        h.alloc.copy_in(offset, bytes)?;
+        Ok(())
+    })
+}
+
+/// Reads `len` bytes of `a` at `offset` into `dst` (this process's memory).
+///
+/// # Safety
+/// `dst` is NULL or points at `len` writable bytes that nothing else
+/// touches during the call.
+#[no_mangle]
+pub unsafe extern "C" fn ocm_copy_out(
+    a: ocm_alloc_t,
+    offset: u64,
+    dst: *mut c_void,
+    len: u64,
+) -> c_int {
+    status(|| {
+        let h = handle(a)?;
+        let len = usize::try_from(len).map_err(|_| invalid("len does not fit in memory"))?;
+        if dst.is_null() && len > 0 {
+            return Err(invalid("dst is NULL"));
+        }
+        let bytes = if len == 0 {
+            &mut [][..]
+        } else {
+            // SAFETY: not NULL (checked), `len` writable bytes used by
+            // nothing else per the caller.
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) }
+        };
+        h.alloc.copy_out(offset, bytes)?;
+        Ok(())
+    })
+}
+
+/// The bytes of a local host allocation as plain memory of this process
+/// (shared with the agent: no copy), valid until `ocm_free`. NULL for
+/// other kinds, or allocations not mapped in one piece (use
+/// `ocm_copy_in`/`ocm_copy_out`).
+#[no_mangle]
+pub extern "C" fn ocm_localbuf(a: ocm_alloc_t) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        let h = handle(a)?;
+        if h.local == 0 {
+            return Err(invalid(format!(
+                "allocation {} is not local host memory mapped in one piece; use ocm_copy_in/ocm_copy_out",
+                h.alloc.id()
+            )));
+        }
+        Ok(h.local as *mut c_void)
+    })
+}
+
+/// 1 when any byte of `a` is on another node or in a GPU an agent holds,
+/// 0 when all is in this node's host memory or this process's GPU, -1 for
+/// a bad handle.
+#[no_mangle]
+pub extern "C" fn ocm_is_remote(a: ocm_alloc_t) -> c_int {
+    guard(-1, || Ok(c_int::from(handle(a)?.alloc.is_remote())))
+}
+
+/// The size of `a` in bytes (0 for a bad handle).
+#[no_mangle]
+pub extern "C" fn ocm_remote_sz(a: ocm_alloc_t) -> u64 {
+    guard(0, || Ok(handle(a)?.alloc.size()))
+}
+
+/// The kind of `a` (`OCM_KIND_INVALID` for a bad handle).
+#[no_mangle]
+pub extern "C" fn ocm_kind(a: ocm_alloc_t) -> ocm_kind_t {
+    guard(ocm_kind_t::OCM_KIND_INVALID, || {
+        Ok(match handle(a)?.alloc.kind() {
+            Kind::LocalHost => ocm_kind_t::OCM_LOCAL_HOST,
+            Kind::RemoteHost => ocm_kind_t::OCM_REMOTE_HOST,
+            Kind::LocalGpu => ocm_kind_t::OCM_LOCAL_GPU,
+            Kind::RemoteGpu => ocm_kind_t::OCM_REMOTE_GPU,
+        })
+    })
+}
+
+/// What a status code means, as a static string.
+#[no_mangle]
+pub extern "C" fn ocm_strerror(code: c_int) -> *const c_char {
+    let s: &'static CStr = match code {
+        0 => c"success",
+        1 => c"invalid argument",
+        2 => c"bad allocation handle (NULL, unknown or freed)",
+        3 => c"liboncilla is not initialized (call ocm_init)",
+        4 => c"out of bounds",
+        5 => c"not enough memory in the cluster",
+        6 => c"no such allocation",
+        7 => c"permission denied",
+        8 => c"agent, master or node unreachable",
+        9 => c"data transfer failed",
+        10 => c"name already in use",
+        11 => c"allocation in use by other processes",
+        12 => c"no GPU",
+        13 => c"GPU driver failure",
+        14 => c"no usable cluster token",
+        15 => c"internal error",
+        _ => c"unknown status code",
+    };
+    s.as_ptr()
+}
+
+/// The status of this thread's last call (0 when it succeeded).
+#[no_mangle]
+pub extern "C" fn ocm_last_error() -> c_int {
+    last_code()
+}
+
+/// The full message of this thread's last failure ("" after a success),
+/// valid until this thread's next call into liboncilla.
+#[no_mangle]
+pub extern "C" fn ocm_last_error_message() -> *const c_char {
+    LAST.with(|l| l.borrow().1.as_ptr())
+}

@@ -1,0 +1,195 @@
+/* The C ABI against a real local cluster (run by tests/tests/c_abi.rs with
+ * ONCILLA_SOCKET and ONCILLA_TOKEN_FILE set):
+ *
+ *   abi basic         every kind: copies with offsets, localbuf, queries,
+ *                     and the status codes of bad input
+ *   abi create NAME   a persistent allocation NAME on node-1, filled
+ *   abi attach NAME   attaches NAME from this second process, checks the
+ *                     bytes, frees it
+ *
+ * Prints one line per check group and exits non-zero on the first failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oncilla.h"
+
+#define LEN (3u << 20)
+
+static int failures;
+
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, " (last error %d: %s)\n", ocm_last_error(),          \
+              ocm_last_error_message());                                   \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+static void fill(unsigned char *b, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)((i * 31u + seed) % 251u);
+}
+
+static const char *kind_name(ocm_kind_t k) {
+  switch (k) {
+    case OCM_LOCAL_HOST: return "local-host";
+    case OCM_REMOTE_HOST: return "remote-host";
+    case OCM_LOCAL_GPU: return "local-gpu";
+    case OCM_REMOTE_GPU: return "remote-gpu";
+    default: return "invalid";
+  }
+}
+
+/* An allocation of `kind` on node-1 where the kind allows naming a node;
+ * NULL (and a skip line) where the machine has no GPU. */
+static ocm_alloc_t make(ocm_kind_t kind) {
+  ocm_params_t p = ocm_params_default(LEN, kind);
+  const char *node = "node-1";
+  if (kind == OCM_REMOTE_HOST || kind == OCM_REMOTE_GPU) {
+    p.nodes = &node;
+    p.n_nodes = 1;
+  }
+  ocm_alloc_t a = ocm_alloc_ex(&p);
+  if (a == NULL && ocm_last_error() == OCM_E_NO_GPU) {
+    printf("skipped %s: %s\n", kind_name(kind), ocm_last_error_message());
+    return NULL;
+  }
+  CHECK(a != NULL, "ocm_alloc_ex(%s)", kind_name(kind));
+  return a;
+}
+
+static int basic(void) {
+  /* Before ocm_init. */
+  CHECK(ocm_alloc(4096, OCM_LOCAL_HOST) == NULL, "alloc before init");
+  CHECK(ocm_last_error() == OCM_E_NOT_INITIALIZED, "not-initialized code");
+  CHECK(ocm_init() == OCM_OK, "ocm_init");
+  CHECK(ocm_init() == OCM_OK, "a second ocm_init is harmless");
+
+  unsigned char *data = malloc(LEN), *back = malloc(LEN);
+  CHECK(data && back, "malloc");
+  fill(data, LEN, 7);
+
+  ocm_kind_t kinds[] = {OCM_LOCAL_HOST, OCM_REMOTE_HOST, OCM_LOCAL_GPU, OCM_REMOTE_GPU};
+  ocm_alloc_t allocs[4];
+  int n = 0;
+  for (int i = 0; i < 4; i++) {
+    ocm_alloc_t a = make(kinds[i]);
+    if (a == NULL) continue;
+    CHECK(ocm_kind(a) == kinds[i], "ocm_kind");
+    CHECK(ocm_remote_sz(a) == LEN, "ocm_remote_sz");
+    int remote = kinds[i] == OCM_REMOTE_HOST || kinds[i] == OCM_REMOTE_GPU;
+    CHECK(ocm_is_remote(a) == remote, "ocm_is_remote(%s)", kind_name(kinds[i]));
+    /* copy in at an offset, read back at that offset */
+    CHECK(ocm_copy_in(a, 4096, data, LEN - 4096) == OCM_OK, "copy_in");
+    memset(back, 0, LEN);
+    CHECK(ocm_copy_out(a, 4096, back, LEN - 4096) == OCM_OK, "copy_out");
+    CHECK(memcmp(back, data, LEN - 4096) == 0, "%s round trip", kind_name(kinds[i]));
+    void *local = ocm_localbuf(a);
+    if (kinds[i] == OCM_LOCAL_HOST) {
+      CHECK(local != NULL, "localbuf of local host memory");
+      CHECK(memcmp((unsigned char *)local + 4096, data, 64) == 0, "localbuf sees the bytes");
+    } else {
+      CHECK(local == NULL && ocm_last_error() == OCM_E_INVALID, "no localbuf for %s",
+            kind_name(kinds[i]));
+    }
+    printf("ok %s: copy_in/copy_out at offset 4096, queries\n", kind_name(kinds[i]));
+    allocs[n++] = a;
+  }
+  /* ocm_copy between every pair, with offsets on both sides */
+  for (int s = 0; s < n; s++) {
+    for (int d = 0; d < n; d++) {
+      if (s == d) continue;
+      CHECK(ocm_copy_in(allocs[s], 100, data, 1 << 20) == OCM_OK, "seed source");
+      CHECK(ocm_copy(allocs[d], 5000, allocs[s], 100, 1 << 20) == OCM_OK, "ocm_copy %s -> %s",
+            kind_name(ocm_kind(allocs[s])), kind_name(ocm_kind(allocs[d])));
+      memset(back, 0, 1 << 20);
+      CHECK(ocm_copy_out(allocs[d], 5000, back, 1 << 20) == OCM_OK, "read copy");
+      CHECK(memcmp(back, data, 1 << 20) == 0, "ocm_copy %s -> %s bytes",
+            kind_name(ocm_kind(allocs[s])), kind_name(ocm_kind(allocs[d])));
+    }
+  }
+  printf("ok ocm_copy between %d kinds, both ways, at offsets\n", n);
+
+  /* bad input */
+  ocm_alloc_t a = allocs[0];
+  CHECK(ocm_copy_out(a, LEN - 10, back, 20) == OCM_E_OUT_OF_BOUNDS, "out of bounds read");
+  CHECK(strstr(ocm_last_error_message(), "out of bounds") != NULL, "message says so");
+  CHECK(ocm_copy_in(a, LEN, data, 1) == OCM_E_OUT_OF_BOUNDS, "out of bounds write");
+  CHECK(ocm_copy_in(a, 0, NULL, 10) == OCM_E_INVALID, "NULL source");
+  CHECK(ocm_copy_out(a, 0, NULL, 10) == OCM_E_INVALID, "NULL destination");
+  CHECK(ocm_copy_in(NULL, 0, data, 10) == OCM_E_BAD_HANDLE, "NULL handle");
+  CHECK(ocm_copy((ocm_alloc_t)0x1234, 0, a, 0, 10) == OCM_E_BAD_HANDLE, "forged handle");
+  CHECK(ocm_kind(NULL) == OCM_KIND_INVALID, "kind of NULL");
+  CHECK(ocm_is_remote(NULL) == -1 && ocm_last_error() == OCM_E_BAD_HANDLE, "is_remote(NULL)");
+  CHECK(ocm_remote_sz(NULL) == 0, "remote_sz(NULL)");
+  CHECK(ocm_alloc(4096, (ocm_kind_t)0) == NULL && ocm_last_error() == OCM_E_INVALID, "bad kind");
+  CHECK(ocm_alloc_ex(NULL) == NULL && ocm_last_error() == OCM_E_INVALID, "NULL params");
+  CHECK(ocm_attach("no-such-name-here") == NULL && ocm_last_error() == OCM_E_NOT_FOUND,
+        "attach unknown name");
+  CHECK(ocm_alloc(1ull << 50, OCM_REMOTE_HOST) == NULL && ocm_last_error() == OCM_E_NO_MEMORY,
+        "too large");
+  for (int c = 0; c <= 15; c++) CHECK(strlen(ocm_strerror(c)) > 0, "strerror(%d)", c);
+  CHECK(strcmp(ocm_strerror(99), "unknown status code") == 0, "strerror of unknown");
+  printf("ok bad input: NULL/forged handles, NULL buffers, bounds, kinds, names, size\n");
+
+  for (int i = 0; i < n; i++) CHECK(ocm_free(allocs[i]) == OCM_OK, "free");
+  CHECK(ocm_copy_in(allocs[0], 0, data, 1) == OCM_E_BAD_HANDLE, "freed handle");
+  CHECK(ocm_free(allocs[0]) == OCM_E_BAD_HANDLE, "double free");
+  printf("ok free: freed handles are refused\n");
+
+  CHECK(ocm_tini() == OCM_OK, "ocm_tini");
+  CHECK(ocm_alloc(4096, OCM_LOCAL_HOST) == NULL && ocm_last_error() == OCM_E_NOT_INITIALIZED,
+        "alloc after tini");
+  free(data);
+  free(back);
+  return failures;
+}
+
+static int create(const char *name) {
+  CHECK(ocm_init() == OCM_OK, "ocm_init");
+  ocm_params_t p = ocm_params_default(LEN, OCM_REMOTE_HOST);
+  const char *node = "node-1";
+  p.nodes = &node;
+  p.n_nodes = 1;
+  p.name = name;
+  p.persistent = true;
+  ocm_alloc_t a = ocm_alloc_ex(&p);
+  CHECK(a != NULL, "named persistent allocation");
+  unsigned char *data = malloc(LEN);
+  CHECK(data != NULL, "malloc");
+  fill(data, LEN, 42);
+  CHECK(ocm_copy_in(a, 0, data, LEN) == OCM_OK, "fill");
+  /* A second one with the same name is refused. */
+  CHECK(ocm_alloc_ex(&p) == NULL && ocm_last_error() == OCM_E_EXISTS, "name taken");
+  printf("ok created %s\n", name);
+  free(data);
+  return ocm_tini() == OCM_OK ? 0 : 1; /* persistent: it stays */
+}
+
+static int attach(const char *name) {
+  CHECK(ocm_init() == OCM_OK, "ocm_init");
+  ocm_alloc_t a = ocm_attach(name);
+  CHECK(a != NULL, "attach %s", name);
+  CHECK(ocm_remote_sz(a) == LEN, "size");
+  unsigned char *data = malloc(LEN), *back = malloc(LEN);
+  CHECK(data && back, "malloc");
+  fill(data, LEN, 42);
+  CHECK(ocm_copy_out(a, 0, back, LEN) == OCM_OK, "read");
+  CHECK(memcmp(back, data, LEN) == 0, "the other process's bytes");
+  CHECK(ocm_free(a) == OCM_OK, "free from the second process");
+  printf("ok attached %s from a second process and freed it\n", name);
+  free(data);
+  free(back);
+  return ocm_tini() == OCM_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "basic") == 0) return basic();
+  if (argc == 3 && strcmp(argv[1], "create") == 0) return create(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "attach") == 0) return attach(argv[2]);
+  fprintf(stderr, "usage: abi basic | abi create NAME | abi attach NAME\n");
+  return 2;
+}
