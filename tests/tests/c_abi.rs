@@ -16,12 +16,22 @@ use support::Cluster;
 /// Compiles `tests/c/abi.c` into `dir`; returns the program.
 fn compile(dir: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let lib_dir = support::bin("oncillad").parent().unwrap().to_path_buf();
-    assert!(
-        lib_dir.join("libliboncilla.so").exists(),
-        "{} has no libliboncilla.so; build the workspace (`cargo test --workspace`)",
-        lib_dir.display()
-    );
+    // `cargo test` leaves the shared library in deps/ (only `cargo build`
+    // copies it up a level); this test binary lives in deps/ too.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let lib_dir = [deps.clone(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .find(|d| d.join("libliboncilla.so").exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "no libliboncilla.so in {} or above; run the workspace tests (`cargo test --workspace`)",
+                deps.display()
+            )
+        });
     let exe = dir.join("abi");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
