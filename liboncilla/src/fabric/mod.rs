@@ -194,15 +194,7 @@ impl DataPath {
                 if !matches!(self.remote_fabric(extent, fabric), Ok(pb::Fabric::Verbs)) {
                     return None;
                 }
-                let within = at - extent.alloc_offset;
-                let remote = match extent.gpu {
-                    None => Remote::Pool(extent.pool_offset + within),
-                    Some(_) => Remote::Gpu {
-                        regions: &extent.rdma,
-                        at: within,
-                    },
-                };
-                let piece = (remote, mem_offset + (at - offset), n);
+                let piece = (remote_at(extent, at), mem_offset + (at - offset), n);
                 match nodes.iter_mut().find(|w| w.0 == extent.node) {
                     Some(w) => w.2.push(piece),
                     None => nodes.push((&extent.node, &extent.agent_addr, vec![piece])),
@@ -458,15 +450,7 @@ impl DataPath {
             };
             nodes[i].bytes += n;
             if rdma.is_some() {
-                let within = at - extent.alloc_offset;
-                let remote = match extent.gpu {
-                    None => Remote::Pool(extent.pool_offset + within),
-                    Some(_) => Remote::Gpu {
-                        regions: &extent.rdma,
-                        at: within,
-                    },
-                };
-                nodes[i].pieces.push((remote, head));
+                nodes[i].pieces.push((remote_at(extent, at), head));
             } else {
                 nodes[i].chunks.push(Chunk {
                     req: request(&head, t.desc, at, n),
@@ -475,6 +459,18 @@ impl DataPath {
             }
         }
         Ok(())
+    }
+}
+
+/// Where allocation offset `at` (inside `extent`) lies on its node, for verbs.
+fn remote_at(extent: &crate::descriptor::Extent, at: u64) -> Remote<'_> {
+    let within = at - extent.alloc_offset;
+    match extent.gpu {
+        None => Remote::Pool(extent.pool_offset + within),
+        Some(_) => Remote::Gpu {
+            regions: &extent.rdma,
+            at: within,
+        },
     }
 }
 
