@@ -196,24 +196,20 @@ impl Rdma {
     #[cfg(feature = "verbs")]
     fn register_gpu_on(&self, mem: &DeviceMem) -> Result<GpuRegistration, String> {
         let (addr, len) = mem.rdma_range();
-        // Made once per registration and closed after it: the HCA keeps
-        // its own reference to the dma-buf.
-        let dmabuf = mem.dmabuf();
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
         let mut how = "";
         for port in &self.ports {
-            let fd = dmabuf.as_ref().ok().map(std::os::fd::AsFd::as_fd);
             // SAFETY: `mem` is live device memory of `len` bytes from
             // `addr` (page-rounded inside its device pages); the caller
             // keeps the registration beside `mem` and drops it first
             // (`held::GpuMemory` field order), and the agent posts no
             // requests of its own on it.
-            let (mr, way) =
-                unsafe { port.dev.register_device(addr, len, fd) }.map_err(|e| match &dmabuf {
-                    Ok(_) => format!("{}: {e}", port.dev.port.label()),
-                    Err(d) => format!("{}: {e} (dma-buf export: {d})", port.dev.port.label()),
-                })?;
+            let (mr, way) = unsafe {
+                port.dev
+                    .register_device(addr, len, || mem.dmabuf().map_err(|e| e.to_string()))
+            }
+            .map_err(|e| format!("{}: {e}", port.dev.port.label()))?;
             how = way;
             regions.push(pb::RdmaRegion {
                 device: port.dev.port.device.clone(),

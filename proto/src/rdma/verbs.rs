@@ -226,9 +226,10 @@ impl Device {
     /// Registers `len` bytes of GPU memory at device address `addr` for
     /// local access and remote READ and WRITE (GPUDirect RDMA): first as
     /// ordinary memory, which the kernel accepts when the nvidia-peermem
-    /// module is loaded, then, given `dmabuf` (a dma-buf exporting exactly
-    /// that range), through `ibv_reg_dmabuf_mr`. Says which way worked:
-    /// `"nvidia-peermem"` or `"dma-buf"`.
+    /// module is loaded, then through `ibv_reg_dmabuf_mr` on the dma-buf
+    /// `dmabuf` exports (exactly that range; asked for only when the first
+    /// way fails). Says which way worked: `"nvidia-peermem"` or
+    /// `"dma-buf"`.
     ///
     /// # Safety
     /// `[addr, addr + len)` must be device memory that stays allocated
@@ -236,12 +237,12 @@ impl Device {
     /// in flight when it is.
     ///
     /// # Errors
-    /// Both ways refused, each with the HCA's reason.
+    /// Both ways refused (or no dma-buf), each with its reason.
     pub unsafe fn register_device(
         self: &Arc<Self>,
         addr: u64,
         len: usize,
-        dmabuf: Option<std::os::fd::BorrowedFd<'_>>,
+        dmabuf: impl FnOnce() -> Result<std::os::fd::OwnedFd, String>,
     ) -> Result<(Mr, &'static str), String> {
         use std::os::fd::AsRawFd;
         let access = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
@@ -262,9 +263,7 @@ impl Device {
             return Ok((made(mr), "nvidia-peermem"));
         }
         let peermem = os_err("ibv_reg_mr of device memory (nvidia-peermem)");
-        let Some(fd) = dmabuf else {
-            return Err(format!("{peermem}; no dma-buf export of it"));
-        };
+        let fd = dmabuf().map_err(|e| format!("{peermem}; no dma-buf export of it: {e}"))?;
         // SAFETY: `fd` exports exactly the device range (offset 0), which
         // the caller keeps allocated; the registration takes its own
         // reference to the dma-buf, so `fd` may close after this call.

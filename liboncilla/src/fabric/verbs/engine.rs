@@ -289,20 +289,16 @@ impl VerbsFabric {
         let dev = 0;
         let device = &self.probe.devices[dev];
         let (base, len) = mem.rdma_range();
-        let dmabuf = mem.dmabuf();
-        let fd = dmabuf.as_ref().ok().map(std::os::fd::AsFd::as_fd);
         // SAFETY: `mem` is live device memory of `len` bytes from `base`
         // (page-rounded inside its device pages), borrowed for this whole
         // call; the registration is dropped below, after `plan::run` has
         // seen the completion covering the last request.
-        let mr = match unsafe { device.register_device(base, len, fd) } {
+        let registered = unsafe {
+            device.register_device(base, len, || mem.dmabuf().map_err(|e| e.to_string()))
+        };
+        let mr = match registered {
             Ok((mr, _)) => mr,
-            Err(e) => {
-                return Ok(Err(match dmabuf {
-                    Ok(_) => e,
-                    Err(d) => format!("{e} (dma-buf export: {d})"),
-                }))
-            }
+            Err(why) => return Ok(Err(why)),
         };
         let go = || {
             self.with_conn(dev, node, agent_addr, alloc_id, |conn| {
