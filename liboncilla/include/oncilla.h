@@ -146,10 +146,10 @@ ocm_alloc_t ocm_alloc_ex(const struct ocm_params_t *params);
 // `name` is NULL or a NUL-terminated string readable for the call.
 ocm_alloc_t ocm_attach(const char *name);
 
-// Frees `a` (a named allocation other processes are attached to:
-// `OCM_E_BUSY`, and the handle stays valid). The handle is invalid
-// afterwards; a copy still running on it in another thread finishes
-// first.
+// Frees `a`. The handle is invalid afterwards, whatever the outcome: on
+// `OCM_E_BUSY` (a named allocation other processes are attached to) the
+// allocation stays in the cluster for them. A copy still running on the
+// handle in another thread finishes first.
 int ocm_free(ocm_alloc_t a);
 
 // Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`,

@@ -229,41 +229,51 @@ fn last_code() -> c_int {
     LAST.with(|l| l.borrow().0 as c_int)
 }
 
-/// The session, or why there is none.
-fn session() -> Result<Oncilla, Fail> {
-    context().as_ref().map(|c| c.ocm.clone()).ok_or(Fail(
+fn not_initialized() -> Fail {
+    Fail(
         OCM_E_NOT_INITIALIZED,
         "liboncilla is not initialized: call ocm_init() first".into(),
-    ))
+    )
+}
+
+fn bad_handle(h: *const ocm_allocation) -> Fail {
+    Fail(
+        OCM_E_BAD_HANDLE,
+        format!("{h:p} is not a live allocation handle (NULL, never returned by ocm_alloc/ocm_attach, or already freed)"),
+    )
+}
+
+/// Runs `f` on the process's context (locked), or fails with
+/// `OCM_E_NOT_INITIALIZED` when there is none.
+fn with_context<T>(f: impl FnOnce(&mut Context) -> Result<T, Fail>) -> Result<T, Fail> {
+    context().as_mut().ok_or_else(not_initialized).and_then(f)
+}
+
+/// The session.
+fn session() -> Result<Oncilla, Fail> {
+    with_context(|c| Ok(c.ocm.clone()))
 }
 
 /// The allocation behind `h`.
 fn handle(h: *const ocm_allocation) -> Result<Arc<Handle>, Fail> {
-    let guard = context();
-    let ctx = guard.as_ref().ok_or(Fail(
-        OCM_E_NOT_INITIALIZED,
-        "liboncilla is not initialized: call ocm_init() first".into(),
-    ))?;
-    ctx.allocs
-        .get(&(h as usize))
-        .cloned()
-        .ok_or_else(|| Fail(OCM_E_BAD_HANDLE, format!("{h:p} is not a live allocation handle (NULL, never returned by ocm_alloc/ocm_attach, or already freed)")))
+    with_context(|c| {
+        c.allocs
+            .get(&(h as usize))
+            .cloned()
+            .ok_or_else(|| bad_handle(h))
+    })
 }
 
 /// Files `alloc` in the table and makes its handle.
 fn file(mut alloc: Allocation) -> Result<ocm_alloc_t, Fail> {
     let local = alloc.localbuf().map_or(0, |b| b.as_mut_ptr() as usize);
-    let mut guard = context();
-    let ctx = guard.as_mut().ok_or(Fail(
-        OCM_E_NOT_INITIALIZED,
-        "liboncilla was shut down (ocm_tini) during the call".into(),
-    ))?;
-    // Tokens are 17, 33, 49, ...: never NULL, never a small integer
-    // mistaken for a handle.
-    ctx.next += 16;
-    let token = ctx.next;
-    ctx.allocs.insert(token, Arc::new(Handle { alloc, local }));
-    Ok(token as ocm_alloc_t)
+    with_context(|c| {
+        // Tokens are 17, 33, 49, ...: never NULL, never a small integer
+        // mistaken for a handle.
+        c.next += 16;
+        c.allocs.insert(c.next, Arc::new(Handle { alloc, local }));
+        Ok(c.next as ocm_alloc_t)
+    })
 }
 
 /// A C string argument.
@@ -314,10 +324,7 @@ pub extern "C" fn ocm_init() -> c_int {
 #[no_mangle]
 pub extern "C" fn ocm_tini() -> c_int {
     status(|| {
-        let ctx = context().take().ok_or(Fail(
-            OCM_E_NOT_INITIALIZED,
-            "liboncilla is not initialized".into(),
-        ))?;
+        let ctx = context().take().ok_or_else(not_initialized)?;
         drop(ctx);
         Ok(())
     })
@@ -427,29 +434,16 @@ pub unsafe extern "C" fn ocm_attach(name: *const c_char) -> ocm_alloc_t {
     })
 }
 
-/// Frees `a` (a named allocation other processes are attached to:
-/// `OCM_E_BUSY`, and the handle stays valid). The handle is invalid
-/// afterwards; a copy still running on it in another thread finishes
-/// first.
+/// Frees `a`. The handle is invalid afterwards, whatever the outcome: on
+/// `OCM_E_BUSY` (a named allocation other processes are attached to) the
+/// allocation stays in the cluster for them. A copy still running on the
+/// handle in another thread finishes first.
 #[no_mangle]
 pub extern "C" fn ocm_free(a: ocm_alloc_t) -> c_int {
     status(|| {
-        let h = handle(a)?;
-        let mut guard = context();
-        let Some(ctx) = guard.as_mut() else {
-            return Err(Fail(
-                OCM_E_NOT_INITIALIZED,
-                "liboncilla was shut down".into(),
-            ));
-        };
-        ctx.allocs.remove(&(a as usize));
-        drop(guard);
+        let h = with_context(|c| c.allocs.remove(&(a as usize)).ok_or_else(|| bad_handle(a)))?;
         match Arc::try_unwrap(h) {
-            Ok(h) => match h.alloc.free() {
-                Ok(()) => Ok(()),
-                Err(Error::InUse(msg)) => Err(Fail(OCM_E_BUSY, msg)),
-                Err(e) => Err(e.into()),
-            },
+            Ok(h) => Ok(h.alloc.free()?),
             // Another thread is copying: the last one to finish frees it.
             Err(_) => Ok(()),
         }
