@@ -2,7 +2,10 @@
 //! extents of an allocation that live on this node and maps the pool
 //! extents holding them, back to back, into one range of this process, so
 //! copies to them are memcpy and a wholly local allocation is one plain
-//! buffer.
+//! buffer. The mapping is populated when it is made (`MAP_POPULATE`): the
+//! agent already holds the pages resident and locked, so this only fills
+//! page tables, once, instead of taking a fault on the first touch of
+//! every page in the middle of the application's copies and loops.
 //!
 //! It owns the mapping and unmaps it on drop. It never frees the allocation
 //! (the handle does, after dropping the mapping).
@@ -179,7 +182,7 @@ impl Mapping {
                     Some(addr),
                     size,
                     ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED | MapFlags::MAP_POPULATE,
                     fd,
                     off,
                 )
