@@ -1,8 +1,12 @@
-//! The C ABI from C: `tests/c/abi.c`, compiled with the system C compiler
-//! against `liboncilla/include/oncilla.h` and the shared library cargo
-//! built, runs against a real local cluster: every kind, copies with
-//! offsets, the status codes of bad input, and a named allocation made by
-//! one C process and attached, checked and freed by a second.
+//! The C ABI from C, compiled with the system C compiler against
+//! `liboncilla/include/oncilla.h` and the shared library cargo built, run
+//! against a real local cluster:
+//!
+//! - `tests/c/abi.c`: every kind, copies with offsets, the status codes of
+//!   bad input, and a named allocation made by one C process and attached,
+//!   checked and freed by a second;
+//! - the ported applications in `examples/c/` (BFS, the relational
+//!   operators) at small sizes, each checking its own answers.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,8 +17,9 @@ use std::process::{Command, Output};
 
 use support::Cluster;
 
-/// Compiles `tests/c/abi.c` into `dir`; returns the program.
-fn compile(dir: &Path) -> PathBuf {
+/// Compiles the C program `source` (relative to the repository root) into
+/// `dir`; returns the program.
+fn compile(dir: &Path, source: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // `cargo test` leaves the shared library in deps/ (only `cargo build`
     // copies it up a level); this test binary lives in deps/ too.
@@ -32,14 +37,16 @@ fn compile(dir: &Path) -> PathBuf {
                 deps.display()
             )
         });
-    let exe = dir.join("abi");
+    let exe = dir.join(Path::new(source).file_stem().unwrap());
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-o"])
+        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic", "-o"])
         .arg(&exe)
-        .arg(root.join("tests/c/abi.c"))
+        .arg(root.join(source))
         .arg("-I")
         .arg(root.join("liboncilla/include"))
+        .arg("-I")
+        .arg(root.join("examples/c"))
         .arg("-L")
         .arg(&lib_dir)
         .arg("-lliboncilla")
@@ -48,7 +55,7 @@ fn compile(dir: &Path) -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));
     assert!(
         out.status.success(),
-        "compiling tests/c/abi.c failed:\n{}",
+        "compiling {source} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     exe
@@ -65,7 +72,8 @@ fn run(c: &Cluster, exe: &Path, args: &[&str]) -> Output {
     print!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(
         out.status.success(),
-        "abi {args:?} failed:\n{}{}",
+        "{} {args:?} failed:\n{}{}",
+        exe.display(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -75,7 +83,7 @@ fn run(c: &Cluster, exe: &Path, args: &[&str]) -> Output {
 #[test]
 fn c_programs_use_every_call_of_the_abi() {
     let c = Cluster::start(2, "32MiB");
-    let exe = compile(&c.dir);
+    let exe = compile(&c.dir, "tests/c/abi.c");
     let out = run(&c, &exe, &["basic"]);
     let text = String::from_utf8_lossy(&out.stdout);
     for kind in ["local-host", "remote-host"] {
@@ -87,5 +95,26 @@ fn c_programs_use_every_call_of_the_abi() {
     run(&c, &exe, &["create", "c-shared"]);
     run(&c, &exe, &["attach", "c-shared"]);
     // Nothing is left behind: every allocation was freed.
+    assert_eq!(c.allocation_count(), 0);
+}
+
+#[test]
+fn ported_c_applications_match_their_local_runs() {
+    let c = Cluster::start(3, "64MiB");
+    let bfs = compile(&c.dir, "examples/c/bfs.c");
+    let out = run(&c, &bfs, &["--vertices", "64K", "--reps", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("equals the local run's"), "{text}");
+    assert!(text.contains("total (without load)"), "{text}");
+
+    let relational = compile(&c.dir, "examples/c/relational.c");
+    let dir = c.dir.to_str().unwrap();
+    let args = ["--tuples", "64K,256K", "--r-tuples", "16K", "--chunk", "64K"];
+    let out = run(&c, &relational, &[&args[..], &["--reps", "1", "--dir", dir]].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for op in ["select", "join", "spj"] {
+        assert!(text.contains(op), "{text}");
+    }
+    assert!(text.contains("every run's rows and checksum equal"), "{text}");
     assert_eq!(c.allocation_count(), 0);
 }
