@@ -14,11 +14,14 @@
  *   join    S join R on key (hash table built from R as it streams in)
  *   spj     select val < 100 from S, project key, join R
  *
- * Every run's answer (rows out and a checksum) is compared with the same
- * operator run on the tables in this process's memory. Each row of the
- * table is the median of the repetitions: time spent moving chunks in
- * (TRANSFER), running the operator on them (COMPUTE), and the wall time of
- * the whole run (TOTAL; the two do not overlap here).
+ * Either source feeds the operator through the same pipeline: a reader
+ * thread moves chunk i + 1 into one of three buffers while the operator
+ * runs on chunk i. Every run's answer (rows out and a checksum) is
+ * compared with the same operator over the tables in this process's
+ * memory. Each row of the table is the median of the repetitions: the
+ * reader's time moving chunks (TRANSFER), the operator's time waiting for
+ * one (STALL) and running on them (COMPUTE), and the run's wall time
+ * (TOTAL, about STALL + COMPUTE).
  *
  * Run against a local cluster:  examples/c/run.sh relational [--tuples 4M]
  * On a cluster: relational --nodes NAME[,NAME...] with liboncilla's
@@ -27,6 +30,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -34,6 +38,7 @@
 #define MAX_NODES 16
 #define MAX_REPS 20
 #define MAX_SIZES 8
+#define SLOTS 3
 #define SELECT_BELOW 100u
 #define VAL_RANGE 1000u
 
@@ -185,7 +190,7 @@ static void drop_cache(const store_t *st) {
 }
 
 typedef struct {
-  double transfer, compute, total;
+  double transfer, stall, compute, total;
 } timing_t;
 
 /* Moves `len` bytes at `off` of table S (`is_s`) or R from `src` into `buf`. */
@@ -197,37 +202,111 @@ static void fetch(const store_t *st, enum source src, int is_s, uint64_t off, tu
     read_file(is_s ? st->file_s : st->file_r, buf, len, off);
 }
 
-/* One run of `op` over R (r_rows) and the first s_rows of S from `src`. */
+/* The input pipeline of one run: a reader thread fills SLOTS chunk buffers
+ * in turn (R's chunks first when the operator needs R, then S's) while the
+ * operator consumes them, so moving chunk i + 1 overlaps computing on
+ * chunk i, for either source. */
+typedef struct {
+  const store_t *st;
+  enum source src;
+  uint64_t r_chunks, chunks, r_rows, s_rows;
+  size_t chunk_rows;
+  tuple_t *slot[SLOTS];
+  size_t rows[SLOTS];
+  int full[SLOTS];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  double transfer; /* the reader's time in fetch */
+} pipe_t;
+
+/* Chunk k of the sequence: which table, where, how many rows. */
+static void chunk_at(const pipe_t *p, uint64_t k, int *is_s, uint64_t *first, size_t *n) {
+  uint64_t rows = p->r_rows, i = k;
+  *is_s = k >= p->r_chunks;
+  if (*is_s) {
+    rows = p->s_rows;
+    i = k - p->r_chunks;
+  }
+  *first = i * p->chunk_rows;
+  *n = (size_t)(rows - *first < p->chunk_rows ? rows - *first : p->chunk_rows);
+}
+
+static void *reader(void *arg) {
+  pipe_t *p = arg;
+  for (uint64_t k = 0; k < p->chunks; k++) {
+    int slot = (int)(k % SLOTS), is_s;
+    uint64_t first;
+    size_t n;
+    chunk_at(p, k, &is_s, &first, &n);
+    pthread_mutex_lock(&p->mu);
+    while (p->full[slot]) pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    double t0 = now_ms();
+    fetch(p->st, p->src, is_s, first * sizeof(tuple_t), p->slot[slot], n * sizeof(tuple_t));
+    double t1 = now_ms();
+    pthread_mutex_lock(&p->mu);
+    p->transfer += t1 - t0;
+    p->rows[slot] = n;
+    p->full[slot] = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+  }
+  return NULL;
+}
+
+static uint64_t chunks_of(uint64_t rows, size_t chunk_rows) {
+  return (rows + chunk_rows - 1) / chunk_rows;
+}
+
+/* One run of `op` over R (r_rows) and the first s_rows of S from `src`,
+ * through the pipeline; `slots` are SLOTS chunk buffers. */
 static answer_t run(const store_t *st, enum source src, enum op op, uint64_t r_rows,
-                    uint64_t s_rows, size_t chunk_rows, tuple_t *buf, tuple_t *out,
+                    uint64_t s_rows, size_t chunk_rows, tuple_t *slots[SLOTS], tuple_t *out,
                     timing_t *t) {
   answer_t a = {0, 0};
-  *t = (timing_t){0, 0, 0};
+  *t = (timing_t){0, 0, 0, 0};
   if (src == FILE_COLD) drop_cache(st);
   double start = now_ms();
+  pipe_t p = {.st = st,
+              .src = src,
+              .r_chunks = op == SELECT ? 0 : chunks_of(r_rows, chunk_rows),
+              .r_rows = r_rows,
+              .s_rows = s_rows,
+              .chunk_rows = chunk_rows};
+  p.chunks = p.r_chunks + chunks_of(s_rows, chunk_rows);
+  for (int i = 0; i < SLOTS; i++) p.slot[i] = slots[i];
+  pthread_mutex_init(&p.mu, NULL);
+  pthread_cond_init(&p.cv, NULL);
+  pthread_t thread;
+  int rc = pthread_create(&thread, NULL, reader, &p);
+  CHECK(rc == 0, "starting the reader thread: %s", strerror(rc));
   table_t r = {0};
-  if (op != SELECT) {
-    r = table_new(r_rows);
-    for (uint64_t i = 0; i < r_rows; i += chunk_rows) {
-      size_t n = (size_t)(r_rows - i < chunk_rows ? r_rows - i : chunk_rows);
-      double t0 = now_ms();
-      fetch(st, src, 0, i * sizeof(tuple_t), buf, n * sizeof(tuple_t));
-      double t1 = now_ms();
-      table_insert(&r, buf, n);
-      t->transfer += t1 - t0;
-      t->compute += now_ms() - t1;
-    }
-  }
-  for (uint64_t i = 0; i < s_rows; i += chunk_rows) {
-    size_t n = (size_t)(s_rows - i < chunk_rows ? s_rows - i : chunk_rows);
+  if (op != SELECT) r = table_new(r_rows);
+  for (uint64_t k = 0; k < p.chunks; k++) {
+    int slot = (int)(k % SLOTS);
     double t0 = now_ms();
-    fetch(st, src, 1, i * sizeof(tuple_t), buf, n * sizeof(tuple_t));
+    pthread_mutex_lock(&p.mu);
+    while (!p.full[slot]) pthread_cond_wait(&p.cv, &p.mu);
+    size_t n = p.rows[slot];
+    pthread_mutex_unlock(&p.mu);
     double t1 = now_ms();
-    run_op(op, &r, buf, n, out, &a);
-    t->transfer += t1 - t0;
-    t->compute += now_ms() - t1;
+    if (k < p.r_chunks)
+      table_insert(&r, p.slot[slot], n);
+    else
+      run_op(op, &r, p.slot[slot], n, out, &a);
+    double t2 = now_ms();
+    t->stall += t1 - t0;
+    t->compute += t2 - t1;
+    pthread_mutex_lock(&p.mu);
+    p.full[slot] = 0;
+    pthread_cond_broadcast(&p.cv);
+    pthread_mutex_unlock(&p.mu);
   }
+  pthread_join(thread, NULL);
+  pthread_mutex_destroy(&p.mu);
+  pthread_cond_destroy(&p.cv);
   if (op != SELECT) table_free(&r);
+  t->transfer = p.transfer;
   t->total = now_ms() - start;
   return a;
 }
@@ -310,9 +389,13 @@ int main(int argc, char **argv) {
   /* The tables, generated here once; every size uses a prefix of S. */
   tuple_t *r = malloc(r_rows * sizeof(tuple_t));
   tuple_t *s = malloc(s_max * sizeof(tuple_t));
-  tuple_t *buf = malloc(chunk_rows * sizeof(tuple_t));
+  tuple_t *slots[SLOTS];
+  for (int i = 0; i < SLOTS; i++) {
+    slots[i] = malloc(chunk_rows * sizeof(tuple_t));
+    CHECK(slots[i] != NULL, "out of memory for the chunk buffers");
+  }
   tuple_t *out = malloc(chunk_rows * sizeof(tuple_t));
-  CHECK(r && s && buf && out, "out of memory for the tables");
+  CHECK(r && s && out, "out of memory for the tables");
   uint64_t rng = 42;
   for (uint64_t i = 0; i < r_rows; i++) r[i] = (tuple_t){(uint32_t)i, 0};
   for (uint64_t i = r_rows - 1; i > 0; i--) { /* Fisher-Yates */
@@ -347,36 +430,39 @@ int main(int argc, char **argv) {
   printf(" in %.0f ms; into files in %s in %.0f ms (written and synced)\n\n", t1 - t0, dir,
          t2 - t1);
 
-  printf("%-7s %10s %-14s %12s %12s %10s %10s %12s %10s\n", "OP", "S TUPLES", "SOURCE",
-         "TRANSFER ms", "COMPUTE ms", "TOTAL ms", "IN GB/s", "vs COLD FILE", "ROWS OUT");
+  printf("%-7s %9s %-14s %12s %9s %11s %9s %8s %12s %9s\n", "OP", "S TUPLES", "SOURCE",
+         "TRANSFER ms", "STALL ms", "COMPUTE ms", "TOTAL ms", "IN GB/s", "vs COLD FILE",
+         "ROWS OUT");
   for (size_t z = 0; z < n_sizes; z++) {
     for (int op = 0; op < OPS; op++) {
       answer_t want = reference((enum op)op, r, r_rows, s, sizes[z], chunk_rows, out);
       double in_bytes = (double)(sizes[z] + (op == SELECT ? 0 : r_rows)) * sizeof(tuple_t);
       timing_t med[SOURCES];
       for (int src = 0; src < SOURCES; src++) {
-        double tr[MAX_REPS], co[MAX_REPS], to[MAX_REPS];
+        double tr[MAX_REPS], st_[MAX_REPS], co[MAX_REPS], to[MAX_REPS];
         for (uint64_t k = 0; k < reps; k++) {
           timing_t t;
           answer_t got = run(&st, (enum source)src, (enum op)op, r_rows, sizes[z], chunk_rows,
-                             buf, out, &t);
+                             slots, out, &t);
           CHECK(got.rows == want.rows && got.sum == want.sum,
                 "%s from %s gave %" PRIu64 " rows (checksum %" PRIu64 "), expected %" PRIu64
                 " (%" PRIu64 ")",
                 op_names[op], source_names[src], got.rows, got.sum, want.rows, want.sum);
           tr[k] = t.transfer;
+          st_[k] = t.stall;
           co[k] = t.compute;
           to[k] = t.total;
         }
-        med[src] = (timing_t){median(tr, reps), median(co, reps), median(to, reps)};
+        med[src] = (timing_t){median(tr, reps), median(st_, reps), median(co, reps),
+                              median(to, reps)};
       }
       for (int src = 0; src < SOURCES; src++) {
         char tuples[32];
         snprintf(tuples, sizeof tuples, "%" PRIu64 "M", sizes[z] >> 20);
         if (sizes[z] % (1u << 20) != 0) snprintf(tuples, sizeof tuples, "%" PRIu64, sizes[z]);
-        printf("%-7s %10s %-14s %12.1f %12.1f %10.1f %10.2f %11.2fx %10" PRIu64 "\n",
+        printf("%-7s %9s %-14s %12.1f %9.1f %11.1f %9.1f %8.2f %11.2fx %9" PRIu64 "\n",
                src == 0 ? op_names[op] : "", src == 0 ? tuples : "", source_names[src],
-               med[src].transfer, med[src].compute, med[src].total,
+               med[src].transfer, med[src].stall, med[src].compute, med[src].total,
                in_bytes / (med[src].total * 1e6), med[FILE_COLD].total / med[src].total,
                want.rows);
       }
@@ -390,7 +476,7 @@ int main(int argc, char **argv) {
   close(st.file_s);
   free(r);
   free(s);
-  free(buf);
+  for (int i = 0; i < SLOTS; i++) free(slots[i]);
   free(out);
   return 0;
 }

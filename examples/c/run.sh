@@ -8,7 +8,7 @@
 # The example is compiled the way any C program links liboncilla: the
 # header from liboncilla/include, the shared library cargo built. After
 # deploy/install-c.sh the same source builds with
-#   cc -O2 bfs.c $(pkg-config --cflags --libs oncilla)
+#   cc -O2 -pthread relational.c $(pkg-config --cflags --libs oncilla)
 # AGENTS and CAPACITY (memory per agent) size the cluster.
 set -euo pipefail
 
@@ -26,7 +26,7 @@ cd "$root"
 cargo build --release -p ocmctl -p oncillad -p liboncilla
 out=target/release/c-examples
 mkdir -p "$out"
-"${CC:-cc}" -std=c11 -O2 -Wall -Wextra -Werror -pedantic \
+"${CC:-cc}" -std=c11 -O2 -pthread -Wall -Wextra -Werror -pedantic \
   -I liboncilla/include -I examples/c \
   -o "$out/$prog" "examples/c/$prog.c" \
   -L target/release -lliboncilla -Wl,-rpath,"$root/target/release"

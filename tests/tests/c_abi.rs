@@ -40,7 +40,16 @@ fn compile(dir: &Path, source: &str) -> PathBuf {
     let exe = dir.join(Path::new(source).file_stem().unwrap());
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
-        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic", "-o"])
+        .args([
+            "-std=c11",
+            "-O2",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-o",
+        ])
         .arg(&exe)
         .arg(root.join(source))
         .arg("-I")
@@ -109,12 +118,26 @@ fn ported_c_applications_match_their_local_runs() {
 
     let relational = compile(&c.dir, "examples/c/relational.c");
     let dir = c.dir.to_str().unwrap();
-    let args = ["--tuples", "64K,256K", "--r-tuples", "16K", "--chunk", "64K"];
-    let out = run(&c, &relational, &[&args[..], &["--reps", "1", "--dir", dir]].concat());
+    let args = [
+        "--tuples",
+        "64K,256K",
+        "--r-tuples",
+        "16K",
+        "--chunk",
+        "64K",
+    ];
+    let out = run(
+        &c,
+        &relational,
+        &[&args[..], &["--reps", "1", "--dir", dir]].concat(),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     for op in ["select", "join", "spj"] {
         assert!(text.contains(op), "{text}");
     }
-    assert!(text.contains("every run's rows and checksum equal"), "{text}");
+    assert!(
+        text.contains("every run's rows and checksum equal"),
+        "{text}"
+    );
     assert_eq!(c.allocation_count(), 0);
 }
