@@ -70,6 +70,11 @@ pub struct CopyArgs {
     /// own cluster.
     #[arg(long, value_name = "ADDR")]
     raw: Option<String>,
+    /// Memory of the raw server this process starts: anon (a heap buffer)
+    /// or slab (a pool slab as agents make them, to measure what pool
+    /// memory costs apart from Oncilla's code).
+    #[arg(long, value_enum, default_value = "anon")]
+    raw_memory: rawtcp::ServerMemory,
     /// Fabric for Oncilla's copies: auto (verbs where both ends have it,
     /// else tcp), tcp or verbs (fails where verbs is unavailable).
     #[arg(long, default_value = "auto")]
@@ -88,6 +93,10 @@ pub struct RawServerArgs {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:7079")]
     listen: String,
+    /// Memory the server reads from and writes into (as `bench copy
+    /// --raw-memory`).
+    #[arg(long, value_enum, default_value = "anon")]
+    memory: rawtcp::ServerMemory,
 }
 
 /// Runs the raw TCP baseline server until killed.
@@ -98,7 +107,7 @@ pub fn raw_server(args: &RawServerArgs) -> Result<(), CliError> {
     let listener = std::net::TcpListener::bind(&args.listen)
         .map_err(|e| CliError::Other(format!("cannot listen on {}: {e}", args.listen)))?;
     eprintln!("raw TCP baseline listening on {}", args.listen);
-    rawtcp::serve(listener);
+    rawtcp::serve(listener, args.memory);
     Ok(())
 }
 
@@ -202,7 +211,7 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
         None => {
             // node-0 serves the benchmark's session; node-1 holds the bytes.
             let capacities = [64 << 20, need + (64 << 20)];
-            let raw = rawtcp::spawn_local()?;
+            let raw = rawtcp::spawn_local(args.raw_memory)?;
             cluster::run(&capacities, false, move |c| {
                 let master = Master::connect(&c.master_addr, &c.token)?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());

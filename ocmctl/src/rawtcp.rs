@@ -11,7 +11,10 @@
 //! ```
 //!
 //! It serves benchmarks only: the server holds no data and checks nothing
-//! but the header, and never runs inside a daemon.
+//! but the header, and never runs inside a daemon. Its buffer is a plain
+//! heap buffer, or (`ServerMemory::Slab`) a pool slab made exactly as an
+//! agent makes them, to tell what pool memory costs from what Oncilla's own
+//! code costs.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -19,6 +22,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use oncilla_proto::sock::{self, RecvBuf};
+use oncillad::pool::Slab;
 
 use crate::CliError;
 
@@ -30,15 +34,58 @@ const OP_WRITE: u8 = 2;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Serves raw requests on `listener` until it fails, a thread per connection.
-pub fn serve(listener: TcpListener) {
+/// Where the server's writes land and its reads come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServerMemory {
+    /// A heap buffer (private anonymous 4 KiB pages): the plain program's.
+    Anon,
+    /// A pool slab as agents make them (memfd, shared, populated, locked,
+    /// 4 KiB pages).
+    Slab,
+}
+
+/// One connection's buffer.
+enum Buffer {
+    Heap(Vec<u8>),
+    Slab(Slab),
+}
+
+impl Buffer {
+    /// A buffer of `memory`, filled with the bytes reads serve.
+    fn new(memory: ServerMemory) -> std::io::Result<Self> {
+        let mut buffer = match memory {
+            ServerMemory::Anon => Self::Heap(vec![0u8; SERVER_BUF]),
+            ServerMemory::Slab => {
+                Self::Slab(Slab::create(0, SERVER_BUF as u64, false).map_err(|e| {
+                    std::io::Error::other(format!("cannot make a pool slab: {e:?}"))
+                })?)
+            }
+        };
+        buffer.bytes().fill(0x5A);
+        Ok(buffer)
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Self::Heap(v) => v,
+            // SAFETY: the slab is a live mapping of SERVER_BUF bytes that
+            // this connection alone owns and that no other reference
+            // aliases; the slice borrows `self`, which keeps it mapped.
+            Self::Slab(s) => unsafe { std::slice::from_raw_parts_mut(s.base(), SERVER_BUF) },
+        }
+    }
+}
+
+/// Serves raw requests on `listener` until it fails, a thread per
+/// connection, each with a buffer of `memory`.
+pub fn serve(listener: TcpListener, memory: ServerMemory) {
     for stream in listener.incoming().flatten() {
         let spawned = std::thread::Builder::new()
             .name("raw-tcp".into())
             .spawn(move || {
                 // A connection that breaks only ends that client's run,
                 // which reports it.
-                let _ = serve_one(stream);
+                let _ = serve_one(stream, memory);
             });
         if let Err(e) = spawned {
             eprintln!("raw TCP baseline: cannot start a connection thread: {e}");
@@ -50,7 +97,7 @@ pub fn serve(listener: TcpListener) {
 ///
 /// # Errors
 /// The port cannot be bound.
-pub fn spawn_local() -> Result<String, CliError> {
+pub fn spawn_local(memory: ServerMemory) -> Result<String, CliError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| CliError::Other(format!("raw TCP baseline: cannot bind: {e}")))?;
     let addr = listener
@@ -59,16 +106,17 @@ pub fn spawn_local() -> Result<String, CliError> {
         .to_string();
     std::thread::Builder::new()
         .name("raw-tcp-accept".into())
-        .spawn(move || serve(listener))
+        .spawn(move || serve(listener, memory))
         .map_err(|e| CliError::Other(format!("raw TCP baseline: cannot start: {e}")))?;
     Ok(addr)
 }
 
-fn serve_one(mut stream: TcpStream) -> std::io::Result<()> {
+fn serve_one(mut stream: TcpStream, memory: ServerMemory) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let fd = stream.as_raw_fd();
     let mut recv = RecvBuf::new(HEADER + 4096);
-    let mut buf = vec![0x5Au8; SERVER_BUF];
+    let mut buffer = Buffer::new(memory)?;
+    let buf = buffer.bytes();
     loop {
         let head = match recv.header::<HEADER>(fd, HEADER + 4096) {
             Ok(h) => h,
@@ -209,8 +257,12 @@ mod tests {
 
     #[test]
     fn reads_and_writes_round_trip_over_several_connections() {
-        let addr = spawn_local().unwrap();
-        for streams in [1, 3] {
+        for (memory, streams) in [
+            (ServerMemory::Anon, 1),
+            (ServerMemory::Anon, 3),
+            (ServerMemory::Slab, 3),
+        ] {
+            let addr = spawn_local(memory).unwrap();
             let mut c = RawClient::connect(&addr, streams).unwrap();
             let mut dst = vec![0u8; (5 << 20) + 3];
             c.read(&mut dst).unwrap();

@@ -41,7 +41,7 @@ unsafe impl Sync for Slab {}
 impl Slab {
     /// Creates a slab of `len` bytes (a multiple of the page size in use)
     /// that starts at pool offset `start`, backed by huge pages if `huge`.
-    pub(super) fn create(start: u64, len: u64, huge: bool) -> Result<Self, SlabError> {
+    pub fn create(start: u64, len: u64, huge: bool) -> Result<Self, SlabError> {
         let name = CString::new(format!("oncilla-slab-{start:x}"))
             .map_err(|_| SlabError::Memfd(nix::Error::EINVAL))?;
         let mut flags = MFdFlags::MFD_CLOEXEC;
