@@ -88,46 +88,42 @@ static uint32_t bfs(uint32_t n, const uint32_t *offsets, const uint32_t *edges,
   return (uint32_t)cost[queue[tail - 1]] + 1;
 }
 
-/* The original program: working arrays from malloc, memcpy in and out. */
-static uint32_t run_local(const graph_t *g, int32_t *result, double t[PHASES]) {
+/* The original program: working arrays from malloc, memcpy in and out.
+ * `at[p]` is when phase p began, `at[PHASES]` when the run ended (it has
+ * no load: the graph is already in this process). */
+static uint32_t run_local(const graph_t *g, int32_t *result, double at[PHASES + 1]) {
   size_t off_len = ((size_t)g->vertices + 1) * sizeof(uint32_t);
   size_t edge_len = g->edge_count * sizeof(uint32_t);
   size_t cost_len = (size_t)g->vertices * sizeof(int32_t);
-  double t0 = now_ms();
+  at[INIT] = now_ms();
   uint32_t *offsets = malloc(off_len);
   uint32_t *edges = malloc(edge_len);
   int32_t *cost = malloc(cost_len);
   uint32_t *queue = malloc((size_t)g->vertices * sizeof(uint32_t));
   CHECK(offsets && edges && cost && queue, "out of memory for the working arrays");
-  double t1 = now_ms();
+  at[LOAD] = at[XFER_IN] = now_ms();
   memcpy(offsets, g->offsets, off_len);
   memcpy(edges, g->edges, edge_len);
-  double t2 = now_ms();
+  at[COMPUTE] = now_ms();
   uint32_t levels = bfs(g->vertices, offsets, edges, cost, queue);
-  double t3 = now_ms();
+  at[XFER_OUT] = now_ms();
   memcpy(result, cost, cost_len);
-  double t4 = now_ms();
+  at[TEARDOWN] = now_ms();
   free(offsets);
   free(edges);
   free(cost);
   free(queue);
-  double t5 = now_ms();
-  t[INIT] = t1 - t0;
-  t[LOAD] = 0;
-  t[XFER_IN] = t2 - t1;
-  t[COMPUTE] = t3 - t2;
-  t[XFER_OUT] = t4 - t3;
-  t[TEARDOWN] = t5 - t4;
+  at[PHASES] = now_ms();
   return levels;
 }
 
-/* The port: the same program with the three changes. */
+/* The port: the same program with the three changes; `at` as for run_local. */
 static uint32_t run_oncilla(const graph_t *g, const char *const *nodes, size_t n_nodes,
-                            int32_t *result, double t[PHASES]) {
+                            int32_t *result, double at[PHASES + 1]) {
   size_t off_len = ((size_t)g->vertices + 1) * sizeof(uint32_t);
   size_t edge_len = g->edge_count * sizeof(uint32_t);
   size_t cost_len = (size_t)g->vertices * sizeof(int32_t);
-  double t0 = now_ms();
+  at[INIT] = now_ms();
   OCM(ocm_init());
   /* PORT 1: the working arrays are local Oncilla allocations. */
   ocm_alloc_t offsets = ocm_alloc(off_len, OCM_LOCAL_HOST);
@@ -140,33 +136,27 @@ static uint32_t run_oncilla(const graph_t *g, const char *const *nodes, size_t n
   ocm_alloc_t r_offsets = alloc_remote(off_len, nodes, n_nodes);
   ocm_alloc_t r_edges = alloc_remote(edge_len, nodes, n_nodes);
   ocm_alloc_t r_cost = alloc_remote(cost_len, nodes, n_nodes);
-  double t1 = now_ms();
+  at[LOAD] = now_ms();
   /* The graph reaches its remote home once (another process could have
    * put it there and named it; this one attaches nothing). */
   OCM(ocm_copy_in(r_offsets, 0, g->offsets, off_len));
   OCM(ocm_copy_in(r_edges, 0, g->edges, edge_len));
-  double t2 = now_ms();
+  at[XFER_IN] = now_ms();
   /* PORT 3: memcpy becomes ocm_copy. */
   OCM(ocm_copy(offsets, 0, r_offsets, 0, off_len));
   OCM(ocm_copy(edges, 0, r_edges, 0, edge_len));
-  double t3 = now_ms();
+  at[COMPUTE] = now_ms();
   uint32_t levels = bfs(g->vertices, ocm_localbuf(offsets), ocm_localbuf(edges),
                         ocm_localbuf(cost), queue);
-  double t4 = now_ms();
+  at[XFER_OUT] = now_ms();
   OCM(ocm_copy(r_cost, 0, cost, 0, cost_len));
   OCM(ocm_copy_out(r_cost, 0, result, cost_len));
-  double t5 = now_ms();
+  at[TEARDOWN] = now_ms();
   ocm_alloc_t all[] = {offsets, edges, cost, r_offsets, r_edges, r_cost};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) OCM(ocm_free(all[i]));
   free(queue);
   OCM(ocm_tini());
-  double t6 = now_ms();
-  t[INIT] = t1 - t0;
-  t[LOAD] = t2 - t1;
-  t[XFER_IN] = t3 - t2;
-  t[COMPUTE] = t4 - t3;
-  t[XFER_OUT] = t5 - t4;
-  t[TEARDOWN] = t6 - t5;
+  at[PHASES] = now_ms();
   return levels;
 }
 
@@ -233,12 +223,12 @@ int main(int argc, char **argv) {
   int32_t *local_cost = malloc(cost_len);
   int32_t *ocm_cost = malloc(cost_len);
   CHECK(local_cost && ocm_cost, "out of memory for the results");
-  double local_t[MAX_REPS][PHASES], ocm_t[MAX_REPS][PHASES];
+  double local_at[MAX_REPS][PHASES + 1], ocm_at[MAX_REPS][PHASES + 1];
   uint32_t levels = 0;
   for (uint64_t r = 0; r < reps; r++) {
-    levels = run_local(&g, local_cost, local_t[r]);
+    levels = run_local(&g, local_cost, local_at[r]);
     memset(ocm_cost, 0xff, cost_len);
-    uint32_t ocm_levels = run_oncilla(&g, nodes, n_nodes, ocm_cost, ocm_t[r]);
+    uint32_t ocm_levels = run_oncilla(&g, nodes, n_nodes, ocm_cost, ocm_at[r]);
     CHECK(ocm_levels == levels, "levels differ: %" PRIu32 " local, %" PRIu32 " oncilla", levels,
           ocm_levels);
     CHECK(memcmp(local_cost, ocm_cost, cost_len) == 0,
@@ -254,8 +244,8 @@ int main(int argc, char **argv) {
   for (int p = 0; p < PHASES; p++) {
     double l[MAX_REPS], o[MAX_REPS];
     for (uint64_t r = 0; r < reps; r++) {
-      l[r] = local_t[r][p];
-      o[r] = ocm_t[r][p];
+      l[r] = local_at[r][p + 1] - local_at[r][p];
+      o[r] = ocm_at[r][p + 1] - ocm_at[r][p];
     }
     double ml = median(l, reps), mo = median(o, reps);
     if (p == LOAD) {

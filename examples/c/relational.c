@@ -439,7 +439,7 @@ int main(int argc, char **argv) {
       double in_bytes = (double)(sizes[z] + (op == SELECT ? 0 : r_rows)) * sizeof(tuple_t);
       timing_t med[SOURCES];
       for (int src = 0; src < SOURCES; src++) {
-        double tr[MAX_REPS], st_[MAX_REPS], co[MAX_REPS], to[MAX_REPS];
+        double tr[MAX_REPS], stall[MAX_REPS], co[MAX_REPS], to[MAX_REPS];
         for (uint64_t k = 0; k < reps; k++) {
           timing_t t;
           answer_t got = run(&st, (enum source)src, (enum op)op, r_rows, sizes[z], chunk_rows,
@@ -449,17 +449,19 @@ int main(int argc, char **argv) {
                 " (%" PRIu64 ")",
                 op_names[op], source_names[src], got.rows, got.sum, want.rows, want.sum);
           tr[k] = t.transfer;
-          st_[k] = t.stall;
+          stall[k] = t.stall;
           co[k] = t.compute;
           to[k] = t.total;
         }
-        med[src] = (timing_t){median(tr, reps), median(st_, reps), median(co, reps),
+        med[src] = (timing_t){median(tr, reps), median(stall, reps), median(co, reps),
                               median(to, reps)};
       }
       for (int src = 0; src < SOURCES; src++) {
         char tuples[32];
-        snprintf(tuples, sizeof tuples, "%" PRIu64 "M", sizes[z] >> 20);
-        if (sizes[z] % (1u << 20) != 0) snprintf(tuples, sizeof tuples, "%" PRIu64, sizes[z]);
+        if (sizes[z] % (1u << 20) == 0)
+          snprintf(tuples, sizeof tuples, "%" PRIu64 "M", sizes[z] >> 20);
+        else
+          snprintf(tuples, sizeof tuples, "%" PRIu64, sizes[z]);
         printf("%-7s %9s %-14s %12.1f %9.1f %11.1f %9.1f %8.2f %11.2fx %9" PRIu64 "\n",
                src == 0 ? op_names[op] : "", src == 0 ? tuples : "", source_names[src],
                med[src].transfer, med[src].stall, med[src].compute, med[src].total,

@@ -125,12 +125,12 @@ fn ported_c_applications_match_their_local_runs() {
         "16K",
         "--chunk",
         "64K",
+        "--reps",
+        "1",
+        "--dir",
+        dir,
     ];
-    let out = run(
-        &c,
-        &relational,
-        &[&args[..], &["--reps", "1", "--dir", dir]].concat(),
-    );
+    let out = run(&c, &relational, &args);
     let text = String::from_utf8_lossy(&out.stdout);
     for op in ["select", "join", "spj"] {
         assert!(text.contains(op), "{text}");
