@@ -47,19 +47,19 @@ pub struct Extent {
     pub pool_offset: u64,
     /// Set for device memory: the GPU index on `node`.
     pub gpu: Option<u32>,
-    /// Device memory registered with the node's RDMA ports (GPUDirect
-    /// RDMA), one region per port; empty otherwise.
+    /// The extent's memory registered with the node's RDMA ports for this
+    /// allocation alone (host pool memory, and device memory with GPUDirect
+    /// RDMA), one region per port; empty where verbs cannot reach it.
     pub rdma: Vec<pb::RdmaRegion>,
 }
 
 impl Extent {
     /// What the extent's bytes are, for [`oncilla_proto::fabric::choose`].
     pub fn memory(&self) -> oncilla_proto::fabric::Memory {
+        let rdma = !self.rdma.is_empty();
         match self.gpu {
-            None => oncilla_proto::fabric::Memory::Host,
-            Some(_) => oncilla_proto::fabric::Memory::Gpu {
-                rdma: !self.rdma.is_empty(),
-            },
+            None => oncilla_proto::fabric::Memory::Host { rdma },
+            Some(_) => oncilla_proto::fabric::Memory::Gpu { rdma },
         }
     }
 }

@@ -35,12 +35,18 @@ pub enum Rdma {
 /// What an extent's bytes are, as far as reaching them goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Memory {
-    /// Host memory of a node's pool.
-    Host,
+    /// Host memory of a node's pool; `rdma` when its agent registered it
+    /// with its RDMA ports (every allocation on a node with verbs, unless
+    /// the HCA refused).
+    Host { rdma: bool },
     /// Device memory held by an agent; `rdma` when the agent registered it
     /// with its RDMA ports (GPUDirect RDMA).
     Gpu { rdma: bool },
 }
+
+/// Why verbs cannot reach host memory its agent did not register.
+const HOST_NOT_REGISTERED: &str =
+    "its agent registered no RDMA key for this memory (the HCA refused; the agent's log says why)";
 
 /// Why verbs cannot reach device memory its agent did not register.
 const GPU_NOT_REGISTERED: &str = "its agent could not register device memory with the HCA \
@@ -84,6 +90,14 @@ pub fn choose(
         });
     }
     let same = !my_node.is_empty() && extent_node == my_node;
+    let unregistered;
+    let rdma = match (memory, rdma) {
+        (Memory::Host { rdma: false }, Rdma::Both) => {
+            unregistered = Rdma::Unavailable(HOST_NOT_REGISTERED.into());
+            &unregistered
+        }
+        _ => rdma,
+    };
     match (preference, rdma) {
         (Fabric::Auto, _) if same => Ok(Fabric::Shm),
         (Fabric::Auto, Rdma::Both) => Ok(Fabric::Verbs),
@@ -139,26 +153,26 @@ mod tests {
     fn same_node_is_shm_unless_told_tcp() {
         let no = Rdma::Unavailable("no device".into());
         assert_eq!(
-            choose("a", Memory::Host, "a", Fabric::Auto, &no),
+            choose("a", Memory::Host { rdma: true }, "a", Fabric::Auto, &no),
             Ok(Fabric::Shm)
         );
         assert_eq!(
-            choose("b", Memory::Host, "a", Fabric::Auto, &no),
+            choose("b", Memory::Host { rdma: true }, "a", Fabric::Auto, &no),
             Ok(Fabric::Tcp)
         );
         assert_eq!(
-            choose("a", Memory::Host, "a", Fabric::Tcp, &no),
+            choose("a", Memory::Host { rdma: true }, "a", Fabric::Tcp, &no),
             Ok(Fabric::Tcp)
         );
         assert_eq!(
-            choose("a", Memory::Host, "", Fabric::Auto, &no),
+            choose("a", Memory::Host { rdma: true }, "", Fabric::Auto, &no),
             Ok(Fabric::Tcp)
         );
         assert_eq!(
-            choose("a", Memory::Host, "a", Fabric::Shm, &no),
+            choose("a", Memory::Host { rdma: true }, "a", Fabric::Shm, &no),
             Ok(Fabric::Shm)
         );
-        let err = choose("b", Memory::Host, "a", Fabric::Shm, &no).unwrap_err();
+        let err = choose("b", Memory::Host { rdma: true }, "a", Fabric::Shm, &no).unwrap_err();
         assert!(err.to_string().contains("an extent is on b"), "{err}");
         assert_eq!(parse("TCP"), Ok(Fabric::Tcp));
         assert_eq!(parse("verbs"), Ok(Fabric::Verbs));
@@ -167,26 +181,68 @@ mod tests {
     }
 
     #[test]
+    fn host_memory_without_a_key_is_never_verbs() {
+        let plain = Memory::Host { rdma: false };
+        assert_eq!(
+            choose("b", plain, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose("a", plain, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Shm)
+        );
+        let err = choose("b", plain, "a", Fabric::Verbs, &Rdma::Both).unwrap_err();
+        assert!(
+            matches!(&err, Unreachable::NoRdma { why, .. } if why.contains("no RDMA key")),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn verbs_when_both_ends_have_it_else_tcp_or_a_reason() {
         let no = Rdma::Unavailable("node b: no RDMA devices".into());
         assert_eq!(
-            choose("b", Memory::Host, "a", Fabric::Auto, &Rdma::Both),
+            choose(
+                "b",
+                Memory::Host { rdma: true },
+                "a",
+                Fabric::Auto,
+                &Rdma::Both
+            ),
             Ok(Fabric::Verbs)
         );
         // Same node still prefers shared memory.
         assert_eq!(
-            choose("a", Memory::Host, "a", Fabric::Auto, &Rdma::Both),
+            choose(
+                "a",
+                Memory::Host { rdma: true },
+                "a",
+                Fabric::Auto,
+                &Rdma::Both
+            ),
             Ok(Fabric::Shm)
         );
         assert_eq!(
-            choose("b", Memory::Host, "a", Fabric::Tcp, &Rdma::Both),
+            choose(
+                "b",
+                Memory::Host { rdma: true },
+                "a",
+                Fabric::Tcp,
+                &Rdma::Both
+            ),
             Ok(Fabric::Tcp)
         );
         assert_eq!(
-            choose("b", Memory::Host, "a", Fabric::Verbs, &Rdma::Both),
+            choose(
+                "b",
+                Memory::Host { rdma: true },
+                "a",
+                Fabric::Verbs,
+                &Rdma::Both
+            ),
             Ok(Fabric::Verbs)
         );
-        let err = choose("b", Memory::Host, "a", Fabric::Verbs, &no).unwrap_err();
+        let err = choose("b", Memory::Host { rdma: true }, "a", Fabric::Verbs, &no).unwrap_err();
         assert!(err.to_string().contains("no RDMA devices"), "{err}");
     }
 

@@ -464,13 +464,9 @@ impl DataPath {
 
 /// Where allocation offset `at` (inside `extent`) lies on its node, for verbs.
 fn remote_at(extent: &crate::descriptor::Extent, at: u64) -> Remote<'_> {
-    let within = at - extent.alloc_offset;
-    match extent.gpu {
-        None => Remote::Pool(extent.pool_offset + within),
-        Some(_) => Remote::Gpu {
-            regions: &extent.rdma,
-            at: within,
-        },
+    Remote {
+        regions: &extent.rdma,
+        at: at - extent.alloc_offset,
     }
 }
 

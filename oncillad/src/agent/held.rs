@@ -15,7 +15,7 @@ use oncilla_proto::wire::KEY_LEN;
 
 use oncilla_cuda::DeviceMem;
 
-use crate::fabric::verbs::GpuRegistration;
+use crate::fabric::verbs::{GpuRegistration, Keys};
 use crate::pool::PoolExtent;
 
 /// What an extent's bytes are.
@@ -49,6 +49,10 @@ pub struct HeldExtent {
     pub memory: Backing,
     /// Where the extent starts inside `memory`.
     pub at: u64,
+    /// Its memory as registered with the node's RDMA ports (one region per
+    /// port, addressing the extent's first byte); empty where verbs does
+    /// not reach it.
+    pub rdma: Vec<pb::RdmaRegion>,
 }
 
 impl HeldExtent {
@@ -69,18 +73,6 @@ impl HeldExtent {
         }
     }
 
-    /// The RDMA regions of registered device memory (empty otherwise).
-    pub fn rdma(&self) -> Vec<pb::RdmaRegion> {
-        match &self.memory {
-            Backing::Gpu(m) => m
-                .rdma
-                .as_ref()
-                .map(|r| r.regions.clone())
-                .unwrap_or_default(),
-            Backing::Pool(_) | Backing::InProcess { .. } => Vec::new(),
-        }
-    }
-
     /// Where the extent starts in the pool (0 for device memory).
     pub fn pool_offset(&self) -> u64 {
         self.pool().map_or(0, |m| m.offset() + self.at)
@@ -90,6 +82,10 @@ impl HeldExtent {
 /// An allocation's extents on this node, with its access key and the
 /// master's record of it (reported back when a master restarts).
 pub struct Held {
+    /// The remote keys of its host memory on this node. Declared before
+    /// `extents`: fields drop in order, so the keys stop working before the
+    /// memory can return to the pool; release revokes them at once.
+    pub keys: Keys,
     pub key: [u8; KEY_LEN],
     /// Ordered by `alloc_offset`, never overlapping.
     pub extents: Vec<Arc<HeldExtent>>,
@@ -166,6 +162,7 @@ mod tests {
     fn finds_only_fully_covering_extent() {
         let pool = Pool::new(PoolSpec::new(8 * 4096, HugePages::Off)).unwrap();
         let held = Held {
+            keys: Keys::none(),
             key: [1; KEY_LEN],
             extents: vec![
                 Arc::new(HeldExtent {
@@ -173,12 +170,14 @@ mod tests {
                     len: 100,
                     memory: Backing::Pool(Arc::new(pool.reserve(100).unwrap().remove(0))),
                     at: 0,
+                    rdma: Vec::new(),
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
                     len: 100,
                     memory: Backing::Pool(Arc::new(pool.reserve(100).unwrap().remove(0))),
                     at: 0,
+                    rdma: Vec::new(),
                 }),
             ],
             record: pb::Allocation::default(),

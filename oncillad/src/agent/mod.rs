@@ -22,7 +22,7 @@ use oncilla_proto::wire::KEY_LEN;
 use tokio::sync::Notify;
 
 use crate::error::CoreError;
-use crate::fabric::verbs::Rdma;
+use crate::fabric::verbs::{Keys, Rdma};
 use crate::pool::Pool;
 use held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdings};
 use lease::Leases;
@@ -150,23 +150,30 @@ impl Agent {
         if let Some(current) = self.held.get(&alloc_id) {
             check_joinable(alloc_id, current.value(), &key, &ranges)?;
         }
-        let extents = match gpu {
-            Some(index) => vec![Arc::new(gpu_extent(
-                alloc_id, &ranges, index, &record, &self.rdma,
-            )?)],
+        let (keys, mut extents) = match gpu {
+            Some(index) => (
+                Keys::none(),
+                vec![gpu_extent(alloc_id, &ranges, index, &record, &self.rdma)?],
+            ),
             None => self.pool_extents(&ranges, total)?,
         };
+        for e in &mut extents {
+            for r in &mut e.rdma {
+                r.incarnation = self.incarnation;
+            }
+        }
         let pieces = extents
             .iter()
             .map(|e| pb::Piece {
                 alloc_offset: e.alloc_offset,
                 len: e.len,
                 pool_offset: e.pool_offset(),
-                rdma: e.rdma(),
+                rdma: e.rdma.clone(),
             })
             .collect();
         let mut entry = self.held.entry(alloc_id).or_insert_with(|| {
             Arc::new(Held {
+                keys: Keys::none(),
                 key,
                 extents: Vec::new(),
                 record: pb::Allocation::default(),
@@ -175,9 +182,11 @@ impl Agent {
         });
         check_joinable(alloc_id, entry.value(), &key, &ranges)?;
         let mut all = entry.value().extents.clone();
-        all.extend(extents);
+        all.extend(extents.into_iter().map(Arc::new));
         all.sort_by_key(|e| e.alloc_offset);
+        keys.absorb(&entry.value().keys);
         *entry.value_mut() = Arc::new(Held {
+            keys,
             key,
             extents: all,
             record,
@@ -187,18 +196,33 @@ impl Agent {
         Ok(pieces)
     }
 
-    /// Pool memory for `ranges` (sorted, `total` bytes), packed densely.
+    /// Pool memory for `ranges` (sorted, `total` bytes), packed densely,
+    /// and registered with the node's RDMA ports: each pool extent once
+    /// per port, its keys for this allocation alone.
     fn pool_extents(
         &self,
         ranges: &[(u64, u64)],
         total: u64,
-    ) -> Result<Vec<Arc<HeldExtent>>, CoreError> {
+    ) -> Result<(Keys, Vec<HeldExtent>), CoreError> {
         let memory: Vec<Arc<_>> = self
             .pool
             .reserve(total)?
             .into_iter()
             .map(Arc::new)
             .collect();
+        let spans: Vec<_> = memory.iter().map(|m| (m.ptr(0), m.len())).collect();
+        // SAFETY: each span is a whole pool extent reserved just above; the
+        // keys go into the allocation's `Held` beside the extents and are
+        // dropped (or revoked) before them.
+        let (keys, regions) = match unsafe { self.rdma.register_host(&spans) } {
+            Ok(r) => r,
+            Err(why) => {
+                // Still served over TCP; clients see no region and do not
+                // try verbs for it.
+                tracing::warn!("allocation memory not registered for RDMA: {why}");
+                (Keys::none(), vec![Vec::new(); spans.len()])
+            }
+        };
         let mut extents = Vec::new();
         let (mut piece, mut used) = (0, 0);
         for &(offset, len) in ranges {
@@ -208,12 +232,20 @@ impl Agent {
                     return Err(CoreError::Internal("pool gave less than asked".into()));
                 };
                 let n = (len - done).min(m.len() - used);
-                extents.push(Arc::new(HeldExtent {
+                let rdma = regions[piece]
+                    .iter()
+                    .map(|r| pb::RdmaRegion {
+                        addr: r.addr + used,
+                        ..r.clone()
+                    })
+                    .collect();
+                extents.push(HeldExtent {
                     alloc_offset: offset + done,
                     len: n,
                     memory: Backing::Pool(Arc::clone(m)),
                     at: used,
-                }));
+                    rdma,
+                });
                 done += n;
                 used += n;
                 if used == m.len() {
@@ -222,7 +254,7 @@ impl Agent {
                 }
             }
         }
-        Ok(extents)
+        Ok((keys, extents))
     }
 
     /// The pool's accounting, as reported to the master.
@@ -241,6 +273,11 @@ impl Agent {
     /// and every local mapping of it are gone.
     pub fn release(&self, alloc_id: u64) -> Option<Arc<Held>> {
         let held = self.held.remove(&alloc_id).map(|(_, h)| h);
+        // Its RDMA keys stop working now, even while a TCP copy or a local
+        // mapping still holds the memory.
+        if let Some(h) = &held {
+            h.keys.revoke();
+        }
         self.leases.revoke(alloc_id);
         held
     }
@@ -377,7 +414,7 @@ impl Agent {
                         fabric: h.fabric,
                         agent_addr: self.node.agent_addr.clone(),
                         gpu: x.gpu(),
-                        rdma: x.rdma(),
+                        rdma: x.rdma.clone(),
                     })
                     .collect();
                 record
@@ -431,8 +468,8 @@ fn gpu_extent(
             "GPU allocation {alloc_id} must be one range from offset 0"
         )));
     };
-    let memory = match pb::MemKind::try_from(record.kind) {
-        Ok(pb::MemKind::LocalGpu) => Backing::InProcess { gpu: index },
+    let (memory, rdma) = match pb::MemKind::try_from(record.kind) {
+        Ok(pb::MemKind::LocalGpu) => (Backing::InProcess { gpu: index }, Vec::new()),
         Ok(pb::MemKind::RemoteGpu) => {
             let mem = oncilla_cuda::Gpu::open(index)
                 .and_then(|g| g.alloc(len))
@@ -448,7 +485,8 @@ fn gpu_extent(
                     );
                 })
                 .ok();
-            Backing::Gpu(Arc::new(GpuMemory { rdma, mem }))
+            let regions = rdma.as_ref().map(|r| r.regions.clone()).unwrap_or_default();
+            (Backing::Gpu(Arc::new(GpuMemory { rdma, mem })), regions)
         }
         _ => {
             return Err(CoreError::InvalidArgument(format!(
@@ -461,6 +499,7 @@ fn gpu_extent(
         len,
         memory,
         at: 0,
+        rdma,
     })
 }
 

@@ -1,14 +1,20 @@
 //! The agent's RDMA side: finds the node's RDMA ports at start, registers
-//! every pool slab once per opened port (one memory region per slab), and
-//! answers `Agent.ConnectVerbs` with a queue pair connected to the
-//! client's and the table of slab regions. After that the agent's CPU does
-//! nothing per byte: clients READ and WRITE pool memory directly.
+//! each allocation's memory with every opened port when it is reserved
+//! (one memory region per pool extent, so a remote key opens that
+//! allocation's bytes and nothing else) and revokes the registrations when
+//! it is released, and answers `Agent.ConnectVerbs` with a queue pair
+//! connected to the client's. After that the agent's CPU does nothing per
+//! byte: clients READ and WRITE the registered memory directly.
+//!
+//! A key revoked here is never handed out again by this agent start: a new
+//! registration whose key matches one of the last [`RETIRED_KEPT`] revoked
+//! on that port is made again, so a stale key held by a client can never
+//! open a later tenant's memory. Keys of an earlier agent start are refused
+//! by the client itself (regions carry the agent's incarnation).
 //!
 //! The pair lives as long as the client keeps the `ConnectVerbs` stream
 //! open; the agent destroys it when the stream ends (idle teardown, or the
-//! client died). It never interprets allocation ids or keys: on RDMA the
-//! protection boundary is the cluster token that `ConnectVerbs` requires
-//! (ARCHITECTURE.md, "verbs").
+//! client died). It never interprets allocation ids or access keys.
 //!
 //! It also registers device memory of `REMOTE_GPU` extents with every
 //! opened port (GPUDirect RDMA, through nvidia-peermem or a dma-buf), so
@@ -28,14 +34,7 @@ use crate::pool::Pool;
 pub struct Rdma {
     probe: Probe,
     #[cfg(feature = "verbs")]
-    ports: Vec<Registered>,
-}
-
-/// One opened port and the pool's slabs registered on it.
-#[cfg(feature = "verbs")]
-struct Registered {
-    dev: std::sync::Arc<rdma::verbs::Device>,
-    slabs: Vec<(pb::SlabRegion, rdma::verbs::Mr)>,
+    retired: std::sync::Arc<Retired>,
 }
 
 /// What a connected client holds on this agent: dropping it destroys the
@@ -45,47 +44,171 @@ pub struct Held {
     _qp: rdma::verbs::Qp,
 }
 
+/// Revoked keys remembered per port, so none is handed out again soon.
+pub const RETIRED_KEPT: usize = 1 << 16;
+
+/// The remote keys of one allocation's host memory on this node: one
+/// registration per pool extent per opened port. [`Keys::revoke`] (at
+/// release) or dropping them invalidates every key at once; they must go
+/// before the memory returns to the pool ([`crate::agent::held::Held`]
+/// declares them first).
+pub struct Keys {
+    #[cfg(feature = "verbs")]
+    mrs: std::sync::Mutex<Vec<(usize, rdma::verbs::Mr)>>,
+    #[cfg(feature = "verbs")]
+    retired: Option<std::sync::Arc<Retired>>,
+}
+
+impl Keys {
+    /// No keys: memory that verbs does not reach.
+    pub fn none() -> Keys {
+        Keys {
+            #[cfg(feature = "verbs")]
+            mrs: std::sync::Mutex::new(Vec::new()),
+            #[cfg(feature = "verbs")]
+            retired: None,
+        }
+    }
+
+    /// Invalidates every key now; later calls do nothing.
+    pub fn revoke(&self) {
+        #[cfg(feature = "verbs")]
+        {
+            let mrs = std::mem::take(&mut *lock(&self.mrs));
+            if let Some(r) = &self.retired {
+                r.note(mrs.iter().map(|(port, mr)| (*port, mr.rkey())));
+            }
+            drop(mrs);
+        }
+    }
+
+    /// Takes `other`'s keys into these (an allocation that grows on this
+    /// node keeps the keys it had).
+    pub fn absorb(&self, other: &Keys) {
+        #[cfg(feature = "verbs")]
+        {
+            let moved = std::mem::take(&mut *lock(&other.mrs));
+            lock(&self.mrs).extend(moved);
+        }
+        #[cfg(not(feature = "verbs"))]
+        let _ = other;
+    }
+
+    /// Registrations held (for tests and logs).
+    pub fn count(&self) -> usize {
+        #[cfg(feature = "verbs")]
+        return lock(&self.mrs).len();
+        #[cfg(not(feature = "verbs"))]
+        0
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        self.revoke();
+    }
+}
+
+/// The last [`RETIRED_KEPT`] keys revoked on each port.
+#[cfg(feature = "verbs")]
+#[derive(Default)]
+struct Retired {
+    keys: std::sync::Mutex<RetiredKeys>,
+}
+
+/// (port index, rkey) pairs: in revocation order, and as a set.
+#[cfg(feature = "verbs")]
+#[derive(Default)]
+struct RetiredKeys {
+    order: std::collections::VecDeque<(usize, u32)>,
+    set: std::collections::HashSet<(usize, u32)>,
+}
+
+#[cfg(feature = "verbs")]
+impl Retired {
+    fn note(&self, keys: impl Iterator<Item = (usize, u32)>) {
+        let mut g = lock(&self.keys);
+        let RetiredKeys { order, set } = &mut *g;
+        for k in keys {
+            if set.insert(k) {
+                order.push_back(k);
+            }
+            while order.len() > RETIRED_KEPT {
+                if let Some(old) = order.pop_front() {
+                    set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, k: (usize, u32)) -> bool {
+        lock(&self.keys).set.contains(&k)
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every holder leaves the state consistent before it can panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Attempts at a registration whose key was not revoked recently.
+#[cfg(feature = "verbs")]
+const FRESH_KEY_TRIES: usize = 16;
+
 impl Rdma {
-    /// Looks for RDMA ports (`wanted`: `--rdma-device`) and registers the
-    /// pool on each one opened. Says once, in the log, why the fabric is
-    /// unavailable when it is.
+    /// Looks for RDMA ports (`wanted`: `--rdma-device`) and checks that
+    /// each opened one registers pool memory for remote access. Says once,
+    /// in the log, why the fabric is unavailable when it is.
     pub fn start(wanted: &[String], pool: &Pool) -> Rdma {
         Self::start_at(Path::new(rdma::discover::SYSFS), wanted, pool)
     }
 
     pub(crate) fn start_at(root: &Path, wanted: &[String], pool: &Pool) -> Rdma {
-        let probe = rdma::probe(root, wanted);
-        #[cfg(feature = "verbs")]
-        let mut me = Rdma {
-            ports: Vec::new(),
-            probe,
-        };
-        #[cfg(not(feature = "verbs"))]
-        let me = Rdma { probe };
+        #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
+        let mut probe = rdma::probe(root, wanted);
         #[cfg(feature = "verbs")]
         {
+            // One page of the pool, registered and released on every port:
+            // a memlock limit or an HCA that refuses shows here, not at the
+            // first allocation.
+            let page = pool.slabs().first().map(|s| (s.base(), pool.page_size()));
             let mut errors = Vec::new();
-            for dev in &me.probe.devices {
-                match register_pool(dev, pool) {
-                    Ok(slabs) => me.ports.push(Registered {
-                        dev: std::sync::Arc::clone(dev),
-                        slabs,
-                    }),
-                    Err(e) => errors.push(format!("{}: {e}", dev.port.label())),
+            probe.devices.retain(|dev| {
+                let Some((base, len)) = page else { return true };
+                let Ok(len) = usize::try_from(len) else {
+                    return true;
+                };
+                // SAFETY: the page is mapped for the life of the pool, which
+                // outlives this call; the registration is dropped at once and
+                // nothing is posted on it.
+                match unsafe { dev.register(base, len, true) } {
+                    Ok(_) => true,
+                    Err(e) => {
+                        errors.push(format!("{}: {e}", dev.port.label()));
+                        false
+                    }
                 }
-            }
-            if me.ports.is_empty() && me.probe.note.is_none() {
-                me.probe.note = Some(format!("cannot register the pool: {}", errors.join("; ")));
+            });
+            if probe.devices.is_empty() && probe.note.is_none() {
+                probe.note = Some(format!(
+                    "cannot register pool memory: {}",
+                    errors.join("; ")
+                ));
             }
         }
+        let me = Rdma {
+            probe,
+            #[cfg(feature = "verbs")]
+            retired: std::sync::Arc::default(),
+        };
         #[cfg(not(feature = "verbs"))]
         let _ = pool;
         match &me.probe.note {
             Some(why) => tracing::info!("verbs fabric unavailable: {why}; clients use tcp"),
             None => tracing::info!(
                 ports = %me.labels(),
-                slabs = pool.slabs().len(),
-                "verbs fabric ready: pool registered once per port"
+                "verbs fabric ready: allocations are registered when reserved"
             ),
         }
         me
@@ -107,13 +230,92 @@ impl Rdma {
     fn labels(&self) -> String {
         #[cfg(feature = "verbs")]
         return self
-            .ports
+            .probe
+            .devices
             .iter()
-            .map(|p| p.dev.port.label())
+            .map(|d| d.port.label())
             .collect::<Vec<_>>()
             .join(",");
         #[cfg(not(feature = "verbs"))]
         String::new()
+    }
+
+    /// Registers host memory `ranges` (address, length) of one allocation
+    /// with every opened port. Returns the keys and, per range, its regions
+    /// (one per port, `incarnation` left 0 for the caller to stamp). On a
+    /// node without verbs: no keys and no regions.
+    ///
+    /// # Safety
+    /// Every range must be pool memory that stays mapped while the keys
+    /// live (the caller keeps them beside the memory and drops them first).
+    ///
+    /// # Errors
+    /// A port refused a registration (memlock limit, HCA resources).
+    pub unsafe fn register_host(
+        &self,
+        ranges: &[(*mut u8, u64)],
+    ) -> Result<(Keys, Vec<Vec<pb::RdmaRegion>>), String> {
+        if self.probe.note.is_some() {
+            return Ok((Keys::none(), vec![Vec::new(); ranges.len()]));
+        }
+        #[cfg(feature = "verbs")]
+        {
+            let keys = Keys {
+                mrs: std::sync::Mutex::new(Vec::new()),
+                retired: Some(std::sync::Arc::clone(&self.retired)),
+            };
+            let mut regions = vec![Vec::new(); ranges.len()];
+            for (port, dev) in self.probe.devices.iter().enumerate() {
+                for (i, &(addr, len)) in ranges.iter().enumerate() {
+                    let len = usize::try_from(len)
+                        .map_err(|_| "extent larger than memory".to_string())?;
+                    // SAFETY: the caller keeps the range mapped while the
+                    // keys live; the agent posts nothing on it.
+                    let mr = unsafe { self.fresh(port, dev, addr, len)? };
+                    regions[i].push(pb::RdmaRegion {
+                        device: dev.port.device.clone(),
+                        port: dev.port.port,
+                        addr: mr.addr,
+                        rkey: mr.rkey(),
+                        incarnation: 0,
+                    });
+                    lock(&keys.mrs).push((port, mr));
+                }
+            }
+            Ok((keys, regions))
+        }
+        #[cfg(not(feature = "verbs"))]
+        Ok((Keys::none(), vec![Vec::new(); ranges.len()]))
+    }
+
+    /// A registration of `addr..+len` on `dev` whose key was not revoked
+    /// recently on that port.
+    ///
+    /// # Safety
+    /// As [`rdma::verbs::Device::register`].
+    #[cfg(feature = "verbs")]
+    unsafe fn fresh(
+        &self,
+        port: usize,
+        dev: &std::sync::Arc<rdma::verbs::Device>,
+        addr: *mut u8,
+        len: usize,
+    ) -> Result<rdma::verbs::Mr, String> {
+        // Refused registrations are kept until a fresh key comes, so the
+        // HCA cannot hand the same key straight back.
+        let mut stale = Vec::new();
+        for _ in 0..FRESH_KEY_TRIES {
+            // SAFETY: forwarded from the caller.
+            let mr = unsafe { dev.register(addr, len, true)? };
+            if !self.retired.contains((port, mr.rkey())) {
+                return Ok(mr);
+            }
+            stale.push(mr);
+        }
+        Err(format!(
+            "{}: every one of {FRESH_KEY_TRIES} registrations got a recently revoked key",
+            dev.port.label()
+        ))
     }
 
     /// Makes the agent's end of a queue pair towards the client's, on port
@@ -146,14 +348,15 @@ impl Rdma {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("no client endpoint"))?;
         let client = rdma::qp::Endpoint::from_wire(client).map_err(Status::invalid_argument)?;
-        let port = &self.ports[req.port_index as usize % self.ports.len()];
-        let mut qp = rdma::verbs::Qp::new(&port.dev, QP_DEPTH).map_err(Status::internal)?;
+        let devices = &self.probe.devices;
+        let dev = &devices[req.port_index as usize % devices.len()];
+        let mut qp = rdma::verbs::Qp::new(dev, QP_DEPTH).map_err(Status::internal)?;
         qp.connect(&client).map_err(Status::invalid_argument)?;
         let reply = pb::ConnectVerbsReply {
             agent: Some(qp.endpoint().to_wire()),
-            slabs: port.slabs.iter().map(|(r, _)| *r).collect(),
-            device: port.dev.port.device.clone(),
-            port: port.dev.port.port,
+            device: dev.port.device.clone(),
+            port: dev.port.port,
+            incarnation: 0,
         };
         Ok((reply, Held { _qp: qp }))
     }
@@ -199,23 +402,23 @@ impl Rdma {
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
         let mut how = "";
-        for port in &self.ports {
+        for dev in &self.probe.devices {
             // SAFETY: `mem` is live device memory of `len` bytes from
             // `addr` (page-rounded inside its device pages); the caller
             // keeps the registration beside `mem` and drops it first
             // (`held::GpuMemory` field order), and the agent posts no
             // requests of its own on it.
             let (mr, way) = unsafe {
-                port.dev
-                    .register_device(addr, len, || mem.dmabuf().map_err(|e| e.to_string()))
+                dev.register_device(addr, len, || mem.dmabuf().map_err(|e| e.to_string()))
             }
-            .map_err(|e| format!("{}: {e}", port.dev.port.label()))?;
+            .map_err(|e| format!("{}: {e}", dev.port.label()))?;
             how = way;
             regions.push(pb::RdmaRegion {
-                device: port.dev.port.device.clone(),
-                port: port.dev.port.port,
+                device: dev.port.device.clone(),
+                port: dev.port.port,
                 addr,
                 rkey: mr.rkey(),
+                incarnation: 0,
             });
             mrs.push(mr);
         }
@@ -270,35 +473,6 @@ const PROBE_BYTES: u64 = 2 << 20;
 #[cfg(feature = "verbs")]
 const QP_DEPTH: u32 = 16;
 
-/// One memory region per slab, for remote READ and WRITE.
-#[cfg(feature = "verbs")]
-fn register_pool(
-    dev: &std::sync::Arc<rdma::verbs::Device>,
-    pool: &Pool,
-) -> Result<Vec<(pb::SlabRegion, rdma::verbs::Mr)>, String> {
-    let mut out = Vec::new();
-    for slab in pool.slabs() {
-        let len = usize::try_from(slab.len()).map_err(|_| "slab larger than memory".to_string())?;
-        // SAFETY: the slab is mapped for the life of the pool, and the
-        // agent holds the pool (`Arc`) and this `Rdma` (in the Agent
-        // service) until the process exits. Should the slab ever be
-        // unmapped first, the registration still pins its pages, so the
-        // HCA can only touch those pages, never memory given to anyone else;
-        // no request of ours is in flight on it (the agent posts none).
-        let mr = unsafe { dev.register(slab.base(), len, true)? };
-        out.push((
-            pb::SlabRegion {
-                pool_offset: slab.start(),
-                len: slab.len(),
-                addr: mr.addr,
-                rkey: mr.rkey(),
-            },
-            mr,
-        ));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +492,32 @@ mod tests {
             .unwrap();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         assert!(err.message().contains("unavailable"), "{}", err.message());
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn revoked_keys_are_remembered_per_port_and_the_oldest_forgotten() {
+        let r = Retired::default();
+        r.note([(0, 7), (1, 7)].into_iter());
+        assert!(r.contains((0, 7)) && r.contains((1, 7)));
+        assert!(!r.contains((0, 8)), "another key");
+        r.note((0..RETIRED_KEPT as u32).map(|k| (2, k)));
+        assert!(!r.contains((0, 7)), "pushed out by newer keys");
+        assert!(r.contains((2, 0)) && r.contains((2, RETIRED_KEPT as u32 - 1)));
+        assert_eq!(lock(&r.keys).order.len(), RETIRED_KEPT);
+    }
+
+    #[test]
+    fn no_keys_without_verbs_and_revoking_is_idempotent() {
+        let pool = Pool::new(PoolSpec::new(4 * 4096, HugePages::Off)).unwrap();
+        let r = Rdma::start_at(Path::new("/nonexistent/infiniband"), &[], &pool);
+        let e = pool.reserve(4096).unwrap().remove(0);
+        // SAFETY: the extent is pool memory alive for the whole test.
+        let (keys, regions) = unsafe { r.register_host(&[(e.ptr(0), e.len())]) }.unwrap();
+        assert_eq!(keys.count(), 0);
+        assert_eq!(regions, vec![Vec::new()]);
+        keys.revoke();
+        keys.revoke();
     }
 
     #[test]

@@ -98,9 +98,10 @@ impl agent_server::Agent for AgentService {
         let rdma = Arc::clone(self.agent.rdma());
         let r = req.into_inner();
         // Creating and connecting a queue pair are blocking verbs calls.
-        let (reply, held) = tokio::task::spawn_blocking(move || rdma.connect(&r))
+        let (mut reply, held) = tokio::task::spawn_blocking(move || rdma.connect(&r))
             .await
             .map_err(|e| Status::internal(format!("connect task failed: {e}")))??;
+        reply.incarnation = self.agent.incarnation();
         tracing::info!(device = %reply.device, port = reply.port, "verbs queue pair connected");
         let stream =
             futures_util::stream::unfold((Some(reply), held), |(reply, held)| async move {

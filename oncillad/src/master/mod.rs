@@ -254,7 +254,8 @@ impl<L: AgentLink> Master<L> {
                         return Ok(pb::Fabric::Auto);
                     }
                     let memory = match p.gpu {
-                        None => fabric::Memory::Host,
+                        // Registered at reservation on a node with verbs.
+                        None => fabric::Memory::Host { rdma: true },
                         Some(_) => fabric::Memory::Gpu {
                             rdma: st
                                 .nodes
@@ -346,7 +347,16 @@ impl<L: AgentLink> Master<L> {
                     len: piece.len,
                     pool_offset: piece.pool_offset,
                     data_addr: data.clone(),
-                    fabric: *fabric as i32,
+                    // An agent whose HCA refused the registration returns no
+                    // region: `auto` then reaches the piece over TCP.
+                    fabric: if *fabric == pb::Fabric::Verbs
+                        && piece.rdma.is_empty()
+                        && preference == pb::Fabric::Auto
+                    {
+                        pb::Fabric::Tcp as i32
+                    } else {
+                        *fabric as i32
+                    },
                     agent_addr: agent.clone(),
                     gpu: p.gpu,
                     rdma: piece.rdma,

@@ -489,6 +489,30 @@ impl Qp {
         self.state
     }
 
+    /// Stops the pair for good after a failure: to ERROR (every
+    /// outstanding request is flushed) and then to RESET (the HCA drops
+    /// what is left and stops processing). Call it before releasing memory
+    /// that outstanding requests name: once it returns, the HCA touches
+    /// none of it through this pair.
+    ///
+    /// # Errors
+    /// The device refused the RESET transition (it was removed, say); the
+    /// caller must then keep that memory registered and alive.
+    pub fn stop(&mut self) -> Result<(), String> {
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // Already in ERROR after an error completion: moving there again
+        // is allowed and changes nothing; a refusal still leaves RESET to try.
+        let _ = self.modify(State::Error, &mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE);
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RESET,
+            ..Default::default()
+        };
+        self.modify(State::Reset, &mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
+    }
+
     /// Posts `wrs` as one linked list.
     ///
     /// # Safety

@@ -13,6 +13,12 @@ pub struct Failure {
 
 pub const SUCCESS: u32 = 0;
 pub const WR_FLUSH_ERR: u32 = 5;
+/// The remote key or address was refused: not (or no longer) registered.
+pub const REM_ACCESS_ERR: u32 = 10;
+/// No answer from the remote HCA after every retry.
+pub const RETRY_EXC_ERR: u32 = 12;
+/// The remote HCA did not answer in time.
+pub const RESP_TIMEOUT_ERR: u32 = 20;
 
 /// `None` for success, else what the status means.
 pub fn failure(status: u32) -> Option<Failure> {
@@ -27,9 +33,9 @@ pub fn failure(status: u32) -> Option<Failure> {
         7 => ("BAD_RESP_ERR", "unexpected response from the remote HCA"),
         8 => ("LOC_ACCESS_ERR", "local access violation: a buffer was registered without the access this request needs"),
         9 => ("REM_INV_REQ_ERR", "the remote HCA found the request invalid (length above its limit, or an operation it does not support)"),
-        10 => ("REM_ACCESS_ERR", "remote access refused: the remote address or key is not (or no longer) registered on that agent; it may have restarted"),
+        REM_ACCESS_ERR => ("REM_ACCESS_ERR", "remote access refused: the remote address or key is not (or no longer) registered on that agent; it may have restarted"),
         11 => ("REM_OP_ERR", "the remote HCA could not complete the operation"),
-        12 => ("RETRY_EXC_ERR", "no answer from the remote HCA after every retry: the link, the remote host or its agent is down, or the path (LID/GID/MTU) is wrong"),
+        RETRY_EXC_ERR => ("RETRY_EXC_ERR", "no answer from the remote HCA after every retry: the link, the remote host or its agent is down, or the path (LID/GID/MTU) is wrong"),
         13 => ("RNR_RETRY_EXC_ERR", "receiver not ready after every retry"),
         14 => ("LOC_RDD_VIOL_ERR", "local RDD violation"),
         15 => ("REM_INV_RD_REQ_ERR", "remote invalid RD request"),
@@ -37,7 +43,7 @@ pub fn failure(status: u32) -> Option<Failure> {
         17 => ("INV_EECN_ERR", "invalid EE context number"),
         18 => ("INV_EEC_STATE_ERR", "invalid EE context state"),
         19 => ("FATAL_ERR", "fatal error in the local HCA; check the device (dmesg) and restart the process"),
-        20 => ("RESP_TIMEOUT_ERR", "the remote HCA did not answer in time"),
+        RESP_TIMEOUT_ERR => ("RESP_TIMEOUT_ERR", "the remote HCA did not answer in time"),
         21 => ("GENERAL_ERR", "general error reported by the HCA"),
         22 => ("TM_ERR", "tag matching error"),
         23 => ("TM_RNDV_INCOMPLETE", "tag matching rendezvous incomplete"),
@@ -86,6 +92,9 @@ mod tests {
         use ibverbs_sys::ibv_wc_status as s;
         assert_eq!(SUCCESS, s::IBV_WC_SUCCESS);
         assert_eq!(WR_FLUSH_ERR, s::IBV_WC_WR_FLUSH_ERR);
+        assert_eq!(REM_ACCESS_ERR, s::IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(RETRY_EXC_ERR, s::IBV_WC_RETRY_EXC_ERR);
+        assert_eq!(RESP_TIMEOUT_ERR, s::IBV_WC_RESP_TIMEOUT_ERR);
         assert_eq!(
             failure(s::IBV_WC_REM_ACCESS_ERR).unwrap().name,
             "REM_ACCESS_ERR"

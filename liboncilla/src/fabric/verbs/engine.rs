@@ -6,20 +6,26 @@
 //! A copy registers the caller's buffer (through the registration cache
 //! where the HCA supports on-demand paging, else for the copy's duration),
 //! or, below [`BOUNCE_MAX`], goes through a pre-registered bounce buffer;
-//! then [`super::plan`] posts and polls. Every failed completion becomes an
-//! error naming the node and the allocation, and the queue pair, now in
-//! the error state, is dropped so the next copy connects afresh.
+//! then [`super::plan`] posts and polls. Every failure becomes a typed
+//! error naming the node and the allocation: a refused remote key is
+//! [`Error::NotFound`] (the allocation was freed, or the agent restarted),
+//! no answer is [`Error::NodeUnreachable`], anything else
+//! [`Error::Fabric`]. The queue pair is then stopped before any buffer it
+//! may still name is released, and dropped, so the next copy connects
+//! afresh. A pair whose agent end is gone (the `ConnectVerbs` stream
+//! ended) is replaced before it is used.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb;
 use oncilla_proto::rdma::verbs::{Device, Mr, Qp};
-use oncilla_proto::rdma::{self, Completion, Probe, Wr};
+use oncilla_proto::rdma::{self, wc, Completion, Probe, Wr};
 
-use super::plan::{self, DevicePiece, Piece, Queue, Remote, Tuning};
+use super::plan::{self, DevicePiece, Piece, Queue, Remote, RunError, Tuning, Unaddressable};
 use super::regcache::{RegCache, Register};
 use super::Affinity;
 use crate::error::{Error, Result};
@@ -38,12 +44,16 @@ pub const IDLE: Duration = Duration::from_secs(60);
 /// One remote agent's queue pair on one of our devices.
 struct Conn {
     qp: Qp,
-    slabs: Vec<pb::SlabRegion>,
-    /// The agent's end: its device name and port number (device memory
-    /// regions are per port).
+    /// The agent's end: its device name and port number (regions are per
+    /// port).
     port: (String, u32),
-    /// Keeps the agent's end alive; dropping it tears the pair down.
-    _stream: tonic::Streaming<pb::ConnectVerbsReply>,
+    /// The agent start that made its end: regions of another are refused.
+    incarnation: u64,
+    /// Cleared when the agent's end of the `ConnectVerbs` stream is gone
+    /// (the agent stopped or restarted).
+    alive: Arc<AtomicBool>,
+    /// Dropping it ends the stream, which tears the agent's end down.
+    _close: tokio::sync::oneshot::Sender<()>,
     last_use: Instant,
 }
 
@@ -262,9 +272,13 @@ impl VerbsFabric {
         alloc_id: u64,
         pieces: &mut [(Remote<'_>, IoBuf<'_>)],
     ) -> Result<()> {
-        self.with_conn(dev, node, agent_addr, alloc_id, |conn| {
-            self.copy(dev, conn, pieces)
-        })
+        let at = Place {
+            node,
+            addr: agent_addr,
+            alloc_id,
+        };
+        self.with_conn(dev, &at, |conn| self.copy(dev, &at, conn, pieces))
+            .map_err(Failed::into_error)
     }
 
     /// Moves `pieces` (remote place, byte offset in `mem`, length) of
@@ -300,12 +314,18 @@ impl VerbsFabric {
             Ok((mr, _)) => mr,
             Err(why) => return Ok(Err(why)),
         };
+        let place = Place {
+            node,
+            addr: agent_addr,
+            alloc_id,
+        };
         let go = || {
-            self.with_conn(dev, node, agent_addr, alloc_id, |conn| {
+            self.with_conn(dev, &place, |conn| {
                 let port = (conn.port.0.as_str(), conn.port.1);
                 let mut work = Vec::with_capacity(pieces.len());
                 for &(at, offset, n) in pieces {
-                    let (remote, rkey) = plan::locate(at, &conn.slabs, port, n)?;
+                    let (remote, rkey) = plan::locate(at, port, conn.incarnation)
+                        .map_err(|e| place.unaddressable(e))?;
                     work.push(Piece {
                         local: base + offset,
                         lkey: mr.lkey(),
@@ -316,7 +336,8 @@ impl VerbsFabric {
                     });
                 }
                 let wrs = plan::plan(&work, &self.tuning);
-                plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning).map_err(|e| e.to_string())
+                let outcome = plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning);
+                settle(conn, &place, outcome)
             })
         };
         // Pinning applies to a progress thread of our own, never to the
@@ -325,55 +346,68 @@ impl VerbsFabric {
             go()
         } else {
             std::thread::scope(|s| {
-                s.spawn(go)
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Internal("verbs thread panicked".into())))
+                s.spawn(go).join().unwrap_or_else(|_| {
+                    // The thread may have died with requests posted.
+                    Err(Failed::Unfenced(Error::Internal(
+                        "verbs thread panicked".into(),
+                    )))
+                })
             })
         };
-        drop(mr);
-        outcome.map(Ok)
+        match outcome {
+            Err(Failed::Unfenced(e)) => {
+                // The pair could not be stopped: the HCA may still act on
+                // the device memory, so the registration stays.
+                std::mem::forget(mr);
+                Err(e)
+            }
+            other => {
+                drop(mr);
+                other.map(Ok).map_err(Failed::into_error)
+            }
+        }
     }
 
     /// Runs `f` on the queue pair of (agent, device `dev`), connecting it
-    /// first if needed; a failure drops the pair (it is in the error state)
-    /// and names the node and allocation.
+    /// first if needed and replacing it if the agent's end is gone; a
+    /// failure drops the pair.
     fn with_conn(
         &self,
         dev: usize,
-        node: &str,
-        agent_addr: &str,
-        alloc_id: u64,
-        f: impl FnOnce(&mut Conn) -> std::result::Result<(), String>,
-    ) -> Result<()> {
+        at: &Place<'_>,
+        f: impl FnOnce(&mut Conn) -> std::result::Result<(), Failed>,
+    ) -> std::result::Result<(), Failed> {
         match &self.pins[dev] {
             Ok(None) => {}
-            Ok(Some(cpus)) => super::pin_current_thread(cpus)
-                .map_err(|e| self.fail(node, agent_addr, alloc_id, &e))?,
-            Err(e) => return Err(self.fail(node, agent_addr, alloc_id, e)),
+            Ok(Some(cpus)) => super::pin_current_thread(cpus).map_err(|e| at.fabric(&e))?,
+            Err(e) => return Err(at.fabric(e).into()),
         }
-        let slot = self.slot(agent_addr, dev);
+        let slot = self.slot(at.addr, dev);
         let mut guard = lock(&slot);
+        if guard
+            .as_ref()
+            .is_some_and(|c| !c.alive.load(Ordering::Acquire))
+        {
+            tracing::info!(
+                node = at.node,
+                "the agent's end of a verbs queue pair is gone; connecting again"
+            );
+            *guard = None;
+        }
         if guard.is_none() {
-            *guard = Some(self.connect(node, agent_addr, dev)?);
+            *guard = Some(self.connect(at.node, at.addr, dev)?);
         }
         let Some(conn) = guard.as_mut() else {
-            return Err(Error::Internal("verbs connection vanished".into()));
+            return Err(Error::Internal("verbs connection vanished".into()).into());
         };
         conn.last_use = Instant::now();
-        if let Err(e) = f(conn) {
-            // The pair is in the error state: the next copy reconnects.
+        let outcome = f(conn);
+        if outcome.is_err() {
+            // Stopped (or unusable) after a failure: the next copy connects
+            // afresh.
             *guard = None;
-            return Err(self.fail(node, agent_addr, alloc_id, &e));
         }
-        Ok(())
-    }
-
-    fn fail(&self, node: &str, addr: &str, alloc_id: u64, e: &str) -> Error {
-        Error::Fabric {
-            node: node.to_string(),
-            addr: addr.to_string(),
-            reason: format!("verbs, allocation {alloc_id}: {e}"),
-        }
+        outcome
     }
 
     /// The connection slot for (agent, device), closing idle ones on the way.
@@ -421,14 +455,17 @@ impl VerbsFabric {
             client: Some(qp.endpoint().to_wire()),
             port_index: u32::try_from(dev).unwrap_or(0),
         };
-        let channel = oncilla_proto::client::lazy(agent_addr, &self.token)
-            .map_err(|e| unreachable(e.to_string()))?;
-        let mut client = pb::agent_client::AgentClient::new(channel);
         let rt = self
             .rt
             .as_ref()
             .ok_or_else(|| unreachable("no runtime for ConnectVerbs".into()))?;
-        let (stream, reply) = rt
+        // The lazy channel spawns its connection task on the current
+        // runtime: callers are plain threads, so enter ours first.
+        let _in_rt = rt.enter();
+        let channel = oncilla_proto::client::lazy(agent_addr, &self.token)
+            .map_err(|e| unreachable(e.to_string()))?;
+        let mut client = pb::agent_client::AgentClient::new(channel);
+        let (mut stream, reply) = rt
             .block_on(async {
                 let mut stream = client.connect_verbs(req).await?.into_inner();
                 let first = stream.message().await?;
@@ -449,12 +486,25 @@ impl VerbsFabric {
             .ok_or_else(|| unreachable("ConnectVerbs: no agent endpoint".into()))
             .and_then(|e| rdma::qp::Endpoint::from_wire(e).map_err(unreachable))?;
         qp.connect(&agent).map_err(unreachable)?;
+        // The stream stays open while the pair lives: it ends when we drop
+        // `close`, or when the agent goes away, which clears `alive`.
+        let alive = Arc::new(AtomicBool::new(true));
+        let (close, closed) = tokio::sync::oneshot::channel::<()>();
+        let watch = Arc::clone(&alive);
+        rt.spawn(async move {
+            tokio::select! {
+                _ = closed => {}
+                _ = async { while let Ok(Some(_)) = stream.message().await {} } => {}
+            }
+            watch.store(false, Ordering::Release);
+        });
         tracing::info!(node, device = %device.port.label(), remote = %format!("{}:{}", reply.device, reply.port), "verbs queue pair connected");
         Ok(Conn {
             qp,
             port: (reply.device, reply.port),
-            slabs: reply.slabs,
-            _stream: stream,
+            incarnation: reply.incarnation,
+            alive,
+            _close: close,
             last_use: Instant::now(),
         })
     }
@@ -463,36 +513,49 @@ impl VerbsFabric {
     fn copy(
         &self,
         dev: usize,
+        at: &Place<'_>,
         conn: &mut Conn,
         pieces: &mut [(Remote<'_>, IoBuf<'_>)],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), Failed> {
         let device = &self.probe.devices[dev];
+        let port = (conn.port.0.as_str(), conn.port.1);
+        // Addresses first: a refusal here has taken no resource yet.
+        let remotes = pieces
+            .iter()
+            .map(|(r, _)| plan::locate(*r, port, conn.incarnation))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| at.unaddressable(e))?;
         let mut work = Vec::with_capacity(pieces.len());
         // Registrations (or bounce buffers) that must outlive the requests.
-        let mut keep: Vec<Arc<Mr>> = Vec::new();
-        let mut bounced: Vec<(usize, Box<[u8]>, Mr)> = Vec::new();
-        for (i, (at, buf)) in pieces.iter_mut().enumerate() {
+        let mut held = Held::default();
+        for (i, ((_, buf), (remote, rkey))) in pieces.iter_mut().zip(remotes).enumerate() {
             let len = buf.len();
-            let port = (conn.port.0.as_str(), conn.port.1);
-            let (remote, rkey) = plan::locate(*at, &conn.slabs, port, len as u64)?;
             let read = matches!(buf, IoBuf::Read(_));
             let (local, lkey) = if len <= BOUNCE_MAX {
-                let (mut b, mr) = self.take_bounce(dev, device)?;
+                let (mut b, mr) = match self.take_bounce(dev, device) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        self.release(dev, held);
+                        return Err(at.fabric(&e).into());
+                    }
+                };
                 if let IoBuf::Write(src) = buf {
                     b[..len].copy_from_slice(src);
                 }
                 let at = (mr.addr, mr.lkey());
-                bounced.push((i, b, mr));
+                held.bounced.push((i, b, mr));
                 at
             } else {
                 let addr = buf.as_ptr() as u64;
-                let mr = if self.odp {
-                    lock(&self.cache).get(&Registrar(device), addr, len as u64)?
-                } else {
-                    Arc::new(Registrar(device).register(addr, len as u64)?)
+                let mr = match self.register(device, addr, len as u64) {
+                    Ok(mr) => mr,
+                    Err(e) => {
+                        self.release(dev, held);
+                        return Err(at.fabric(&e).into());
+                    }
                 };
                 let lkey = mr.lkey();
-                keep.push(mr);
+                held.registered.push(mr);
                 (addr, lkey)
             };
             work.push(Piece {
@@ -505,19 +568,57 @@ impl VerbsFabric {
             });
         }
         let wrs = plan::plan(&work, &self.tuning);
-        let outcome =
-            plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning).map_err(|e| e.to_string());
-        for (i, b, mr) in bounced {
-            if outcome.is_ok() {
-                if let IoBuf::Read(dst) = &mut pieces[i].1 {
+        let outcome = plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning);
+        let outcome = settle(conn, at, outcome);
+        if let Err(Failed::Unfenced(_)) = &outcome {
+            // The pair could not be stopped: the HCA may still write into
+            // the bounce buffers or read the registrations, so they stay.
+            std::mem::forget(held);
+            return outcome;
+        }
+        if outcome.is_ok() {
+            for (i, b, _) in &held.bounced {
+                if let IoBuf::Read(dst) = &mut pieces[*i].1 {
                     let n = dst.len();
                     dst.copy_from_slice(&b[..n]);
                 }
             }
+        }
+        self.release(dev, held);
+        outcome
+    }
+
+    /// A registration of a caller buffer: from the cache where the HCA
+    /// pages on demand, else for this copy alone. A refused registration
+    /// (the locked-memory limit) first empties the cache and tries again.
+    fn register(
+        &self,
+        device: &Arc<Device>,
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<Arc<Mr>, String> {
+        if !self.odp {
+            return Registrar(device).register(addr, len).map(Arc::new);
+        }
+        let mut cache = lock(&self.cache);
+        match cache.get(&Registrar(device), addr, len) {
+            Ok(mr) => Ok(mr),
+            Err(first) => {
+                let freed = cache.clear();
+                tracing::debug!(
+                    freed,
+                    "registration refused ({first}); emptied the registration cache"
+                );
+                cache.get(&Registrar(device), addr, len)
+            }
+        }
+    }
+
+    /// Gives back what a copy held, once no request can use it.
+    fn release(&self, dev: usize, held: Held) {
+        for (_, b, mr) in held.bounced {
             self.give_bounce(dev, b, mr);
         }
-        drop(keep);
-        outcome
     }
 
     fn take_bounce(
@@ -543,6 +644,116 @@ impl VerbsFabric {
         } else {
             drop(mr);
             drop(b);
+        }
+    }
+}
+
+/// What a copy is about, for its errors.
+struct Place<'a> {
+    node: &'a str,
+    addr: &'a str,
+    alloc_id: u64,
+}
+
+impl Place<'_> {
+    fn fabric(&self, e: &str) -> Error {
+        Error::Fabric {
+            node: self.node.to_string(),
+            addr: self.addr.to_string(),
+            reason: format!("verbs, allocation {}: {e}", self.alloc_id),
+        }
+    }
+
+    fn unreachable(&self, e: &str) -> Error {
+        Error::NodeUnreachable {
+            node: self.node.to_string(),
+            addr: self.addr.to_string(),
+            reason: format!("verbs, allocation {}: {e}", self.alloc_id),
+        }
+    }
+
+    fn not_found(&self, why: &str) -> Error {
+        Error::NotFound(format!(
+            "no such allocation on {}: {} ({why})",
+            self.node, self.alloc_id
+        ))
+    }
+
+    fn unaddressable(&self, e: Unaddressable) -> Failed {
+        match e {
+            Unaddressable::Restarted { .. } => self.not_found(&e.to_string()),
+            Unaddressable::NoRegion { .. } => self.fabric(&e.to_string()),
+        }
+        .into()
+    }
+
+    /// What a failed run means for the caller.
+    fn failed(&self, e: &RunError) -> Error {
+        match e {
+            RunError::Completion { failure, .. } if failure.status == wc::REM_ACCESS_ERR => {
+                self.not_found(&format!(
+                    "the agent refused its RDMA key: the allocation was freed, or the agent restarted with an empty pool; {e}"
+                ))
+            }
+            RunError::Completion { failure, .. }
+                if matches!(failure.status, wc::RETRY_EXC_ERR | wc::RESP_TIMEOUT_ERR) =>
+            {
+                self.unreachable(&e.to_string())
+            }
+            RunError::Timeout { .. } => self.unreachable(&e.to_string()),
+            _ => self.fabric(&e.to_string()),
+        }
+    }
+}
+
+/// A failed copy: `Unfenced` when the pair could not be stopped, so the
+/// memory its requests name must stay registered and alive.
+#[derive(Debug)]
+enum Failed {
+    Fenced(Error),
+    Unfenced(Error),
+}
+
+impl Failed {
+    fn into_error(self) -> Error {
+        match self {
+            Failed::Fenced(e) | Failed::Unfenced(e) => e,
+        }
+    }
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Self {
+        Failed::Fenced(e)
+    }
+}
+
+/// Registrations and bounce buffers a copy's requests name.
+#[derive(Default)]
+struct Held {
+    registered: Vec<Arc<Mr>>,
+    bounced: Vec<(usize, Box<[u8]>, Mr)>,
+}
+
+/// The outcome of a run on `conn`: on failure the pair is stopped first,
+/// so no request can touch memory after the caller lets it go.
+fn settle(
+    conn: &mut Conn,
+    at: &Place<'_>,
+    outcome: std::result::Result<(), RunError>,
+) -> std::result::Result<(), Failed> {
+    let Err(e) = outcome else {
+        return Ok(());
+    };
+    let error = at.failed(&e);
+    match conn.qp.stop() {
+        Ok(()) => Err(Failed::Fenced(error)),
+        Err(why) => {
+            tracing::error!(
+                node = at.node,
+                "cannot stop a failed verbs queue pair ({why}); keeping its buffers registered"
+            );
+            Err(Failed::Unfenced(error))
         }
     }
 }

@@ -57,18 +57,13 @@ pub struct Piece {
     pub read: bool,
 }
 
-/// Where a piece of a copy lies on its node.
+/// Where a piece of a copy lies on its node: `at` bytes into an extent
+/// whose memory the agent registered for this allocation, one region per
+/// agent port (host pool memory, or device memory with GPUDirect RDMA).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Remote<'a> {
-    /// At this offset of the node's pool, found through the slab regions
-    /// the agent sent for the queue pair's port.
-    Pool(u64),
-    /// `at` bytes into device memory the agent registered with its ports
-    /// (GPUDirect RDMA): one region per port.
-    Gpu {
-        regions: &'a [pb::RdmaRegion],
-        at: u64,
-    },
+pub struct Remote<'a> {
+    pub regions: &'a [pb::RdmaRegion],
+    pub at: u64,
 }
 
 /// A piece of a copy between remote memory and device memory of this
@@ -76,47 +71,49 @@ pub enum Remote<'a> {
 /// its length.
 pub type DevicePiece<'a> = (Remote<'a>, u64, u64);
 
-/// The remote address and key of `len` bytes at `remote`, over a queue
-/// pair to the agent's port `port` (device name, port number) whose slab
-/// regions are `slabs`.
+/// Why a piece cannot be addressed over a queue pair.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unaddressable {
+    /// The regions were registered by an earlier start of the agent, which
+    /// holds none of its old allocations.
+    #[error("its RDMA keys are from an earlier start of the agent ({then:016x}, now {now:016x}): the agent restarted with an empty pool")]
+    Restarted { then: u64, now: u64 },
+    /// No region on the port the queue pair reaches.
+    #[error("the memory is not registered on the agent's port {port} (registered on: {on})")]
+    NoRegion { port: String, on: String },
+}
+
+/// The remote address and key of `remote`, over a queue pair to the
+/// agent's port `port` (device name, port number) of agent start
+/// `incarnation`.
 ///
 /// # Errors
-/// The range is in no slab, or the device memory has no region on that
-/// port (the agent registered it before the port came up, say).
+/// [`Unaddressable`]: keys of another agent start, or none for that port.
 pub fn locate(
     remote: Remote<'_>,
-    slabs: &[pb::SlabRegion],
     port: (&str, u32),
-    len: u64,
-) -> Result<(u64, u32), String> {
-    match remote {
-        Remote::Pool(pool_offset) => slabs
-            .iter()
-            .find(|s| {
-                s.pool_offset <= pool_offset
-                    && pool_offset.saturating_add(len) <= s.pool_offset + s.len
-            })
-            .map(|s| (s.addr + (pool_offset - s.pool_offset), s.rkey))
-            .ok_or_else(|| {
-                format!("pool offset {pool_offset} (+{len}) is in no registered slab of the agent")
-            }),
-        Remote::Gpu { regions, at } => regions
-            .iter()
-            .find(|r| r.device == port.0 && r.port == port.1)
-            .map(|r| (r.addr + at, r.rkey))
-            .ok_or_else(|| {
-                format!(
-                    "the device memory is not registered on the agent's port {}:{} (registered on: {})",
-                    port.0,
-                    port.1,
-                    regions
-                        .iter()
-                        .map(|r| format!("{}:{}", r.device, r.port))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            }),
+    incarnation: u64,
+) -> Result<(u64, u32), Unaddressable> {
+    let r = remote
+        .regions
+        .iter()
+        .find(|r| r.device == port.0 && r.port == port.1)
+        .ok_or_else(|| Unaddressable::NoRegion {
+            port: format!("{}:{}", port.0, port.1),
+            on: remote
+                .regions
+                .iter()
+                .map(|r| format!("{}:{}", r.device, r.port))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    if r.incarnation != incarnation {
+        return Err(Unaddressable::Restarted {
+            then: r.incarnation,
+            now: incarnation,
+        });
     }
+    Ok((r.addr + remote.at, r.rkey))
 }
 
 /// The work requests for `pieces`: chunked, numbered in order, signaled
@@ -449,60 +446,31 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn pool_offsets_find_their_slab_and_device_memory_its_port() {
-        let slabs = [
-            pb::SlabRegion {
-                pool_offset: 0,
-                len: 1000,
-                addr: 0x10_000,
-                rkey: 7,
-            },
-            pb::SlabRegion {
-                pool_offset: 1000,
-                len: 1000,
-                addr: 0x90_000,
-                rkey: 8,
-            },
-        ];
-        let port = ("mlx5_1", 1);
-        assert_eq!(
-            locate(Remote::Pool(10), &slabs, port, 100),
-            Ok((0x10_000 + 10, 7))
-        );
-        assert_eq!(
-            locate(Remote::Pool(1500), &slabs, port, 500),
-            Ok((0x90_000 + 500, 8))
-        );
-        // Straddling two slabs is never planned, and refused.
-        assert!(locate(Remote::Pool(900), &slabs, port, 200)
-            .unwrap_err()
-            .contains("no registered slab"));
-        let regions = [
-            pb::RdmaRegion {
-                device: "mlx5_0".into(),
-                port: 1,
-                addr: 0x7f00_0000_0000,
-                rkey: 21,
-            },
-            pb::RdmaRegion {
-                device: "mlx5_1".into(),
-                port: 1,
-                addr: 0x7f00_0000_0000,
-                rkey: 22,
-            },
-        ];
-        let gpu = Remote::Gpu {
+    fn regions_are_found_by_port_and_refused_from_another_agent_start() {
+        let region = |device: &str, rkey| pb::RdmaRegion {
+            device: device.into(),
+            port: 1,
+            addr: 0x7f00_0000_0000,
+            rkey,
+            incarnation: 42,
+        };
+        let regions = [region("mlx5_0", 21), region("mlx5_1", 22)];
+        let at = Remote {
             regions: &regions,
             at: 4096,
         };
         assert_eq!(
-            locate(gpu, &slabs, port, 64),
+            locate(at, ("mlx5_1", 1), 42),
             Ok((0x7f00_0000_0000 + 4096, 22))
         );
-        let err = locate(gpu, &slabs, ("mlx5_2", 1), 64).unwrap_err();
+        let err = locate(at, ("mlx5_2", 1), 42).unwrap_err();
         assert!(
-            err.contains("mlx5_2:1") && err.contains("mlx5_0:1, mlx5_1:1"),
+            matches!(&err, Unaddressable::NoRegion { port, on } if port == "mlx5_2:1" && on == "mlx5_0:1, mlx5_1:1"),
             "{err}"
         );
+        // A restarted agent (new incarnation) never gets an old key.
+        let err = locate(at, ("mlx5_0", 1), 43).unwrap_err();
+        assert_eq!(err, Unaddressable::Restarted { then: 42, now: 43 });
+        assert!(err.to_string().contains("empty pool"), "{err}");
     }
 }

@@ -117,6 +117,14 @@ impl<R> RegCache<R> {
         self.bytes
     }
 
+    /// Forgets every registration (each is released when the last copy
+    /// using it drops it); returns how many there were. For when the HCA
+    /// refuses a new registration: the locked-memory limit counts these.
+    pub fn clear(&mut self) -> usize {
+        self.bytes = 0;
+        std::mem::take(&mut self.entries).len()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
