@@ -67,9 +67,13 @@ fn role() {
                 .map(|e| e.node.as_str())
                 .collect();
             assert_eq!(nodes.len(), 3, "spread over every agent");
-            // The local stripes go through shared memory, the rest over TCP.
+            // The local stripes go through shared memory, the rest over the
+            // run's remote fabric (TCP, or verbs where RDMA is given).
             let fabrics = a.fabrics();
-            assert!(fabrics.contains(&Fabric::Shm) && fabrics.contains(&Fabric::Tcp));
+            assert!(
+                fabrics.contains(&Fabric::Shm) && fabrics.contains(&support::remote_fabric()),
+                "{fabrics:?}"
+            );
             a.copy_in(0, &pattern(SIZE)).unwrap();
             // Exits without freeing: the allocation is named, so it stays.
         }
@@ -193,7 +197,7 @@ fn writes_through_localbuf_are_seen_from_another_node() {
     assert_role_ok(&run_role(&c, "local-writer", 0), "local-writer");
     let reader = c.client(1);
     let a = reader.attach("local-page").unwrap();
-    assert_eq!(a.fabrics(), [Fabric::Tcp]);
+    assert_eq!(a.fabrics(), [support::remote_fabric()]);
     let mut back = [0u8; 5];
     a.copy_out(4000, &mut back).unwrap();
     assert_eq!(&back, b"hello");

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use liboncilla::{Oncilla, Options};
+use liboncilla::{Fabric, Oncilla, Options};
 use oncilla_proto::auth::Token;
 
 /// How long a cluster may take to start.
@@ -26,6 +26,36 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The RDMA devices this run puts agents on (`ONCILLA_TEST_RDMA_DEV`,
+/// comma-separated: agent `i` gets device `i` modulo their number), empty
+/// when it has none. Set by `deploy/softroce/verbs-tests.sh` inside the
+/// Soft-RoCE guest, or by hand on a host with an HCA.
+pub fn rdma_devices() -> Vec<String> {
+    std::env::var("ONCILLA_TEST_RDMA_DEV")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether copies to other nodes go over verbs in this run: RDMA devices
+/// are given and these tests (and so the daemons) were built with the
+/// `verbs` feature.
+pub fn rdma() -> bool {
+    cfg!(feature = "verbs") && !rdma_devices().is_empty()
+}
+
+/// The fabric `auto` uses for host memory on another node in this run.
+pub fn remote_fabric() -> Fabric {
+    if rdma() {
+        Fabric::Verbs
+    } else {
+        Fabric::Tcp
+    }
 }
 
 pub struct Cluster {
@@ -56,6 +86,12 @@ fn free_port() -> u16 {
 impl Cluster {
     /// A master and `agents` agents named node-0.., each exporting `capacity`.
     pub fn start(agents: usize, capacity: &str) -> Self {
+        Self::start_within(agents, capacity, START_TIMEOUT)
+    }
+
+    /// [`Cluster::start`], allowing `limit` for the agents to come up (a
+    /// large pool takes a while to populate and lock).
+    pub fn start_within(agents: usize, capacity: &str, limit: Duration) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "oncilla-test-{}-{:08x}",
             std::process::id(),
@@ -78,7 +114,7 @@ impl Cluster {
             let child = c.spawn_agent(i);
             c.agents.push(Some(child));
         }
-        c.wait_nodes_up(agents);
+        c.wait_nodes_up_within(agents, limit);
         c
     }
 
@@ -117,9 +153,25 @@ impl Cluster {
     }
 
     fn spawn_agent(&self, i: usize) -> Child {
+        self.spawn_agent_with(i, &[])
+    }
+
+    /// Agent `i` with `extra` arguments after the usual ones.
+    fn spawn_agent_with(&self, i: usize, extra: &[&str]) -> Child {
         let sock = self.socket(i).display().to_string();
         let name = format!("node-{i}");
         let (grpc, data) = self.ports[i];
+        let devices = rdma_devices();
+        let mut args: Vec<String> = Vec::new();
+        let own_device = extra.contains(&"--rdma-device");
+        if let Some(dev) = devices
+            .get(i % devices.len().max(1))
+            .filter(|_| !own_device)
+        {
+            args.extend(["--rdma-device".to_string(), dev.clone()]);
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.spawn(
             &format!("{name}.log"),
             &[
@@ -139,7 +191,10 @@ impl Cluster {
                 &self.token_file(),
                 "--heartbeat-ms",
                 "200",
-            ],
+            ]
+            .into_iter()
+            .chain(args)
+            .collect::<Vec<_>>(),
         )
     }
 
@@ -154,7 +209,11 @@ impl Cluster {
     /// Waits until the master lists `n` nodes up, their sockets exist and
     /// the master has left its recovery window (it takes allocations).
     pub fn wait_nodes_up(&self, n: usize) {
-        let deadline = Instant::now() + START_TIMEOUT;
+        self.wait_nodes_up_within(n, START_TIMEOUT);
+    }
+
+    fn wait_nodes_up_within(&self, n: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
         loop {
             if self.nodes_up() == n
                 && (0..n).all(|i| self.socket(i).exists())
@@ -276,9 +335,30 @@ impl Cluster {
 
     /// Starts agent `i` again with its name, ports and socket (an empty pool).
     pub fn start_agent(&mut self, i: usize) {
+        self.start_agent_with(i, &[]);
+    }
+
+    /// [`Cluster::start_agent`] with extra arguments (an `--rdma-device`
+    /// among them replaces the run's device for this agent).
+    pub fn start_agent_with(&mut self, i: usize, extra: &[&str]) {
         assert!(self.agents[i].is_none(), "agent {i} is running");
-        let child = self.spawn_agent(i);
+        let child = self.spawn_agent_with(i, extra);
         self.agents[i] = Some(child);
+    }
+
+    /// CPU time agent `i` has used so far in user space and in the kernel
+    /// (from /proc; the kernel's share includes whatever softirq work
+    /// happened to interrupt it).
+    pub fn agent_cpu(&self, i: usize) -> (Duration, Duration) {
+        let pid = self.agents[i].as_ref().expect("agent running").id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // Fields after the command name, which is in parentheses.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let hz = clk_tck();
+        let time =
+            |ticks: &str| Duration::from_nanos(ticks.parse::<u64>().unwrap() * 1_000_000_000 / hz);
+        (time(f[11]), time(f[12]))
     }
 
     /// Text of a daemon's log ("master", "node-1", ...).
@@ -299,4 +379,13 @@ impl Drop for Cluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `sysconf(_SC_CLK_TCK)`: the unit of /proc's CPU times.
+fn clk_tck() -> u64 {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    u64::try_from(ticks).unwrap_or(100)
 }

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs the integration tests against real RDMA verbs: builds the daemons,
+# ocmctl and the `oncilla-tests` binaries with the `verbs` feature here,
+# boots one Soft-RoCE guest (deploy/softroce/guest.sh) and runs them there:
+#
+#   1. every test binary with the agents on rxe0 and rxe1 (agent i on
+#      device i mod 2) and the test process on rxe0, so bytes to node-1
+#      cross the veth pair;
+#   2. the cluster and verbs tests again with every agent on rxe0;
+#   3. last, the test that deletes an RDMA port mid-run (it puts it back).
+#
+# The guest's output streams back; the exit status is the tests'. Where
+# the guest cannot run (no qemu, no Debian kernel, not x86-64), it prints
+# one line saying why and exits 0, so the rest of the suite still counts.
+#
+#   deploy/softroce/verbs-tests.sh [TEST-NAME-FILTER]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+features=oncilla-proto/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
+# The whole workspace with one feature set (as deploy/check.sh's other
+# verbs steps), so every build shares the same dependencies.
+cargo build --workspace --bins --features "$features"
+# The integration-test executables of tests/, as cargo names them.
+mapfile -t tests < <(
+  cargo test --workspace --no-run --features "$features" --message-format=json |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if (m.get("reason") == "compiler-artifact" and m.get("executable")
+            and m["target"]["kind"] == ["test"] and "/tests/tests/" in m["target"]["src_path"]):
+        print(m["target"]["name"], m["executable"])
+')
+[ "${#tests[@]}" -gt 0 ] || { echo "verbs-tests: cargo listed no test executables" >&2; exit 1; }
+
+filter=${1:-}
+script=target/softroce-tests.sh
+# The guest writes its output to a file in a directory shared read-write
+# (its serial stream garbles long output); followed here as it grows.
+out=target/softroce-out
+rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
+{
+  echo "exec >>$PWD/$out/log 2>&1"
+  echo 'set -u; failed=0'
+  echo 'export ONCILLA_RDMA_DEVICE=rxe0 RUST_BACKTRACE=1'
+  echo 'run() { echo "=== $1: ONCILLA_TEST_RDMA_DEV=$ONCILLA_TEST_RDMA_DEV"; shift; "$@" || failed=1; }'
+  echo 'export ONCILLA_TEST_RDMA_DEV=rxe0,rxe1'
+  for t in "${tests[@]}"; do
+    name=${t%% *} exe=${t#* }
+    # Network namespaces do not reach the guest's RDMA devices (rxe works
+    # only in the default namespace on this kernel): netns runs on the host.
+    [ "$name" = netns ] && continue
+    echo "run $name $exe --test-threads 1 --skip port_removed $filter"
+  done
+  echo 'export ONCILLA_TEST_RDMA_DEV=rxe0'
+  for t in "${tests[@]}"; do
+    name=${t%% *} exe=${t#* }
+    case $name in cluster|verbs) echo "run $name $exe --test-threads 1 --skip port_removed $filter" ;; esac
+  done
+  echo 'export ONCILLA_TEST_RDMA_DEV=rxe0,rxe1 ONCILLA_TEST_RDMA_LINK=rxe1:veth1'
+  for t in "${tests[@]}"; do
+    name=${t%% *} exe=${t#* }
+    [ "$name" = verbs ] && echo "run $name $exe --test-threads 1 port_removed"
+  done
+  echo 'exit $failed'
+} > "$script"
+
+tail -n +1 -f "$out/log" &
+follow=$!
+set +e
+RW_DIRS="$out" deploy/softroce/guest.sh "bash $script"
+rc=$?
+set -e
+sleep 1; kill "$follow" 2>/dev/null || true
+[ "$rc" = 77 ] && exit 0
+exit "$rc"

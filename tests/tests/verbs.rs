@@ -1,0 +1,407 @@
+//! The verbs fabric against a real RDMA provider: a real cluster whose
+//! agents sit on RDMA devices (`ONCILLA_TEST_RDMA_DEV`, set by
+//! `deploy/softroce/verbs-tests.sh` inside the Soft-RoCE guest, or by hand
+//! on a host with an HCA). Each test prints one skip line and passes where
+//! no device is given or the build has no `verbs` feature.
+//!
+//! What they prove: copies of every size class both ways (bounce buffer,
+//! registration per copy, chunking, more requests than the window, offsets
+//! past 4 GiB); batches; one allocation reached by verbs and TCP at once;
+//! a freed allocation's RDMA key refused (never a later tenant's bytes)
+//! with the queue pair rebuilt for the next copy; an RDMA port removed
+//! mid-run; and an agent that spends no CPU per byte.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use liboncilla::fabric::DataPath;
+use liboncilla::{AllocSpec, Batch, Error, Fabric, Kind, Oncilla};
+use oncilla_proto::pb;
+use support::Cluster;
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+/// `None` (and one line saying why) where this run has no RDMA.
+fn rdma_run(test: &str) -> Option<()> {
+    if support::rdma() {
+        return Some(());
+    }
+    eprintln!(
+        "skipped {test}: no RDMA device given (ONCILLA_TEST_RDMA_DEV) or built without `--features verbs`; deploy/softroce/verbs-tests.sh runs it against Soft-RoCE"
+    );
+    None
+}
+
+fn on(ocm: &Oncilla, size: u64, nodes: &[&str]) -> liboncilla::Allocation {
+    ocm.alloc_with(&AllocSpec::new(size, Kind::RemoteHost).on_nodes(nodes.iter().copied()))
+        .unwrap()
+}
+
+/// How many queue pairs an agent has connected so far.
+fn pairs(c: &Cluster, node: &str) -> usize {
+    c.log(node).matches("verbs queue pair connected").count()
+}
+
+#[test]
+fn copies_of_every_size_class_round_trip_both_ways() {
+    let Some(()) = rdma_run("copies_of_every_size_class_round_trip_both_ways") else {
+        return;
+    };
+    let c = Cluster::start(3, "96MiB");
+    let ocm = c.client(0);
+    let one = on(&ocm, 48 << 20, &["node-1"]);
+    assert_eq!(one.fabrics(), [Fabric::Verbs]);
+    // Stripes of 64 KiB over two nodes: many pieces per node per copy.
+    let striped = ocm
+        .alloc_with(
+            &AllocSpec::new(8 << 20, Kind::RemoteHost)
+                .on_nodes(["node-1", "node-2"])
+                .stripe(64 << 10),
+        )
+        .unwrap();
+    assert!(striped.fabrics().iter().all(|f| *f == Fabric::Verbs));
+    // Around every threshold: bounce buffer (64 KiB), chunk (1 MiB), a
+    // window of 32 chunks; at offsets that are not page aligned.
+    let sizes = [
+        1,
+        100,
+        4096,
+        (64 << 10) - 1,
+        64 << 10,
+        (64 << 10) + 1,
+        (1 << 20) - 3,
+        1 << 20,
+        (1 << 20) + 5,
+        (33 << 20) + 7,
+    ];
+    for (i, &n) in sizes.iter().enumerate() {
+        for a in [&one, &striped] {
+            if n as u64 + 4099 > a.size() {
+                continue;
+            }
+            let offset = 4099 * (i as u64 % 3);
+            let data = bytes(n, i as u8);
+            a.copy_in(offset, &data).unwrap();
+            let mut back = vec![0u8; n];
+            a.copy_out(offset, &mut back).unwrap();
+            assert!(back == data, "{n} bytes at {offset} of {}", a.id());
+        }
+    }
+    // Between allocations, both remote.
+    let data = bytes(3 << 20, 7);
+    one.copy_in(5, &data).unwrap();
+    ocm.copy(&striped, 11, &one, 5, data.len() as u64).unwrap();
+    let mut back = vec![0u8; data.len()];
+    striped.copy_out(11, &mut back).unwrap();
+    assert!(back == data, "allocation to allocation");
+}
+
+/// Allocation offsets past 4 GiB (64-bit addressing all the way), touched
+/// sparsely: a few megabytes, not the whole range.
+#[test]
+fn offsets_past_4_gib_are_addressed_exactly() {
+    let Some(()) = rdma_run("offsets_past_4_gib_are_addressed_exactly") else {
+        return;
+    };
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+        .unwrap_or(0)
+        << 10;
+    let size: u64 = (4 << 30) + (64 << 20);
+    if avail < size + (1 << 30) {
+        eprintln!(
+            "skipped offsets_past_4_gib_are_addressed_exactly: {} MiB available, it needs {} MiB",
+            avail >> 20,
+            (size + (1 << 30)) >> 20
+        );
+        return;
+    }
+    let c = Cluster::start_within(2, "4160MiB", Duration::from_secs(300));
+    let ocm = c.client(0);
+    let a = on(&ocm, size, &["node-1"]);
+    assert_eq!(a.fabrics(), [Fabric::Verbs]);
+    let marks = [
+        0u64,
+        (2 << 30) - 4096,
+        (4 << 30) - 3,
+        (4 << 30) + (17 << 20) + 1,
+        size - (1 << 20),
+    ];
+    for (i, &at) in marks.iter().enumerate() {
+        a.copy_in(at, &bytes(1 << 20, i as u8)).unwrap();
+    }
+    for (i, &at) in marks.iter().enumerate() {
+        let mut back = vec![0u8; 1 << 20];
+        a.copy_out(at, &mut back).unwrap();
+        assert!(back == bytes(1 << 20, i as u8), "1 MiB at {at}");
+    }
+}
+
+#[test]
+fn batches_move_every_byte_over_verbs() {
+    let Some(()) = rdma_run("batches_move_every_byte_over_verbs") else {
+        return;
+    };
+    let c = Cluster::start(2, "64MiB");
+    let ocm = c.client(0);
+    let a = on(&ocm, 16 << 20, &["node-1"]);
+    let mut b = Batch::new();
+    for i in 0..8u64 {
+        b.write(&a, i * (2 << 20) + 3, bytes((1 << 20) + 77, i as u8));
+    }
+    ocm.submit(b).wait().unwrap();
+    let mut b = Batch::new();
+    for i in 0..8u64 {
+        b.read(&a, i * (2 << 20) + 3, vec![0; (1 << 20) + 77]);
+    }
+    let back = ocm.submit(b).wait().unwrap();
+    for (i, buf) in back.iter().enumerate() {
+        assert!(*buf == bytes((1 << 20) + 77, i as u8), "batch buffer {i}");
+    }
+}
+
+/// One allocation on a node with verbs and one without: each extent goes
+/// over what reaches it, in the same copy.
+#[test]
+fn one_allocation_over_verbs_and_tcp_at_once() {
+    let Some(()) = rdma_run("one_allocation_over_verbs_and_tcp_at_once") else {
+        return;
+    };
+    let mut c = Cluster::start(3, "32MiB");
+    // node-2 comes back with a device that does not exist: no verbs.
+    c.stop_agent(2);
+    c.start_agent_with(2, &["--rdma-device", "no-such-hca"]);
+    assert!(Cluster::eventually(Duration::from_secs(20), || {
+        c.node("node-2").is_some_and(|n| {
+            n["state"] == "up"
+                && !n["fabrics"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f == "verbs")
+        })
+    }));
+    let note = c.node("node-2").unwrap()["rdma_note"].to_string();
+    assert!(note.contains("no-such-hca"), "{note}");
+    c.wait_nodes_up(3);
+    let ocm = c.client(0);
+    let a = ocm
+        .alloc_with(
+            &AllocSpec::new(6 << 20, Kind::RemoteHost)
+                .on_nodes(["node-1", "node-2"])
+                .stripe(1 << 20),
+        )
+        .unwrap();
+    // Stripes alternate node-1 (verbs), node-2 (tcp).
+    let by_node: Vec<(String, Fabric)> = a
+        .descriptor()
+        .extents
+        .iter()
+        .map(|e| e.node.clone())
+        .zip(a.fabrics())
+        .collect();
+    assert!(
+        by_node
+            .iter()
+            .all(|(n, f)| (n == "node-1") == (*f == Fabric::Verbs)),
+        "{by_node:?}"
+    );
+    assert!(
+        by_node.iter().any(|(_, f)| *f == Fabric::Tcp),
+        "{by_node:?}"
+    );
+    let data = bytes(6 << 20, 3);
+    a.copy_in(0, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    a.copy_out(0, &mut back).unwrap();
+    assert!(back == data);
+}
+
+/// A freed allocation's RDMA key opens nothing: not the old bytes, not the
+/// next tenant's. The copy fails as "no such allocation" and the queue
+/// pair (in the error state after it) is rebuilt for the next copy.
+#[test]
+fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
+    let Some(()) = rdma_run("a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt") else {
+        return;
+    };
+    let c = Cluster::start(2, "8MiB");
+    let ocm = c.client(0);
+    let old = on(&ocm, 4 << 20, &["node-1"]);
+    old.copy_in(0, &bytes(4 << 20, 1)).unwrap();
+    let stale = old.descriptor().clone();
+    old.free().unwrap();
+    // The next tenant gets the same memory (the pool has no other room).
+    let new = on(&ocm, 4 << 20, &["node-1"]);
+    assert_eq!(
+        new.descriptor().extents[0].pool_offset,
+        stale.extents[0].pool_offset,
+        "the test needs the new allocation on the old memory"
+    );
+    let secret = bytes(4 << 20, 2);
+    new.copy_in(0, &secret).unwrap();
+    let before = pairs(&c, "node-1");
+
+    let dp = DataPath::new(c.token.clone(), liboncilla::fabric::DEFAULT_STREAMS);
+    for len in [100usize, 1 << 20] {
+        let mut peek = vec![0u8; len];
+        let err = dp
+            .read(&stale, 0, &mut peek, None, pb::Fabric::Verbs)
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::NotFound(m) if m.contains("node-1") && m.contains("RDMA key")),
+            "{err}"
+        );
+        assert!(peek.iter().all(|&b| b == 0), "saw a tenant's bytes");
+        let err = dp
+            .write(&stale, 0, &vec![0xEE; len], None, pb::Fabric::Verbs)
+            .unwrap_err();
+        assert!(matches!(err, Error::NotFound(_)), "{err}");
+    }
+    let mut back = vec![0u8; secret.len()];
+    new.copy_out(0, &mut back).unwrap();
+    assert!(
+        back == secret,
+        "a stale key changed the next tenant's bytes"
+    );
+    // Every refused copy left its pair in the error state; each next copy
+    // connected a new one, and the last one works.
+    assert!(pairs(&c, "node-1") > before, "{}", c.log("node-1"));
+    let mut small = [0u8; 10];
+    dp.read(new.descriptor(), 5, &mut small, None, pb::Fabric::Verbs)
+        .unwrap();
+    assert_eq!(small[..], secret[5..15]);
+}
+
+/// The agent does no per-byte work for verbs copies: moving 32 MiB each
+/// way over verbs costs it far less CPU than the same bytes over TCP.
+#[test]
+fn the_agent_spends_no_cpu_per_byte_on_verbs_copies() {
+    let Some(()) = rdma_run("the_agent_spends_no_cpu_per_byte_on_verbs_copies") else {
+        return;
+    };
+    let c = Cluster::start(2, "64MiB");
+    let ocm = c.client(0);
+    let a = on(&ocm, 32 << 20, &["node-1"]);
+    let data = bytes(32 << 20, 9);
+    let mut back = vec![0u8; data.len()];
+    let mut cost = |fabric: Fabric| {
+        let spec = AllocSpec::new(32 << 20, Kind::RemoteHost)
+            .on_nodes(["node-1"])
+            .fabric(fabric);
+        let b = ocm.alloc_with(&spec).unwrap();
+        assert_eq!(b.fabrics(), [fabric]);
+        let before = c.agent_cpu(1);
+        for _ in 0..4 {
+            b.copy_in(0, &data).unwrap();
+            b.copy_out(0, &mut back).unwrap();
+        }
+        assert!(back == data);
+        let after = c.agent_cpu(1);
+        (after.0 - before.0, after.1 - before.1)
+    };
+    drop(a);
+    let verbs = cost(Fabric::Verbs);
+    let tcp = cost(Fabric::Tcp);
+    eprintln!("agent CPU (user, kernel) for 256 MiB moved: verbs {verbs:?}, tcp {tcp:?}");
+    // Soft-RoCE is a software HCA: its per-packet work runs in kernel
+    // softirqs charged to whichever task they interrupt, the agent's too.
+    // What the agent itself does is its user-space time.
+    assert!(
+        verbs.0 * 4 < tcp.0,
+        "verbs copies cost the agent {:?} in user space, TCP {:?}: verbs should cost it nothing per byte",
+        verbs.0,
+        tcp.0
+    );
+}
+
+/// An RDMA port removed while a cluster uses it (`rdma link delete`, only
+/// where `ONCILLA_TEST_RDMA_LINK=DEV:NETDEV` says the test may, as in the
+/// throw-away guest; the port is put back afterwards): copies to that node
+/// fail with a clear error or go over TCP, never hang, and the cluster
+/// keeps serving.
+#[test]
+fn port_removed_mid_run_fails_clearly_then_falls_back() {
+    let Some(()) = rdma_run("port_removed_mid_run_fails_clearly_then_falls_back") else {
+        return;
+    };
+    let Some((dev, netdev)) = std::env::var("ONCILLA_TEST_RDMA_LINK").ok().and_then(|v| {
+        v.split_once(':')
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+    }) else {
+        eprintln!("skipped port_removed_mid_run_fails_clearly_then_falls_back: set ONCILLA_TEST_RDMA_LINK=DEV:NETDEV where the test may delete that port (the Soft-RoCE guest)");
+        return;
+    };
+    let c = Cluster::start(2, "16MiB");
+    let ocm = c.client(0);
+    let a = on(&ocm, 4 << 20, &["node-1"]);
+    assert_eq!(a.fabrics(), [Fabric::Verbs]);
+    let data = bytes(4 << 20, 4);
+    a.copy_in(0, &data).unwrap();
+    let rdma = |args: &[&str]| {
+        let out = std::process::Command::new("rdma")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rdma {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    rdma(&["link", "delete", &dev]);
+    struct PutBack<'a>(&'a str, &'a str);
+    impl Drop for PutBack<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("rdma")
+                .args(["link", "add", self.0, "type", "rxe", "netdev", self.1])
+                .status();
+        }
+    }
+    let _put_back = PutBack(&dev, &netdev);
+
+    // Each copy ends within the verbs deadlines: an error that names the
+    // node, or the bytes (over TCP once verbs is known to be gone).
+    let mut outcomes = Vec::new();
+    let mut back = vec![0u8; data.len()];
+    for _ in 0..4 {
+        let started = std::time::Instant::now();
+        let r = a.copy_out(0, &mut back);
+        assert!(started.elapsed() < Duration::from_secs(60), "a copy hung");
+        match r {
+            Ok(()) => {
+                assert!(back == data);
+                outcomes.push("ok".to_string());
+            }
+            Err(e) => {
+                assert!(
+                    matches!(&e, Error::NodeUnreachable { node, .. } | Error::Fabric { node, .. } if node == "node-1"),
+                    "{e}"
+                );
+                outcomes.push(e.to_string());
+            }
+        }
+    }
+    eprintln!("copies after the port went: {outcomes:#?}");
+    assert_eq!(
+        outcomes.last().map(String::as_str),
+        Some("ok"),
+        "falls back to TCP"
+    );
+    // New allocations still work, over what remains.
+    let b = on(&ocm, 1 << 20, &["node-1"]);
+    b.copy_in(0, &data[..1 << 20]).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    b.copy_out(0, &mut back).unwrap();
+    assert!(back[..] == data[..1 << 20]);
+}
