@@ -319,9 +319,10 @@ fn the_agent_spends_no_cpu_per_byte_on_verbs_copies() {
     // What the agent itself does is its user-space time.
     assert!(
         verbs.0 * 4 < tcp.0,
-        "verbs copies cost the agent {:?} in user space, TCP {:?}: verbs should cost it nothing per byte",
+        "verbs copies cost the agent {:?} in user space, TCP {:?}: verbs should cost it nothing per byte; its threads: {:?}",
         verbs.0,
-        tcp.0
+        tcp.0,
+        c.agent_threads(1)
     );
 }
 

@@ -361,6 +361,30 @@ impl Cluster {
         (time(f[11]), time(f[12]))
     }
 
+    /// Agent `i`'s threads by name with their user-space CPU time, busiest
+    /// first (for messages that must say where CPU went).
+    pub fn agent_threads(&self, i: usize) -> Vec<(String, Duration)> {
+        let pid = self.agents[i].as_ref().expect("agent running").id();
+        let hz = clk_tck();
+        let mut out: Vec<(String, Duration)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                let name = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
+                let utime: u64 = stat[stat.rfind(')')? + 2..]
+                    .split_whitespace()
+                    .nth(11)?
+                    .parse()
+                    .ok()?;
+                Some((name, Duration::from_nanos(utime * 1_000_000_000 / hz)))
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1));
+        out
+    }
+
     /// Text of a daemon's log ("master", "node-1", ...).
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
