@@ -381,7 +381,7 @@ impl Cluster {
                 Some((name, Duration::from_nanos(utime * 1_000_000_000 / hz)))
             })
             .collect();
-        out.sort_by(|a, b| b.1.cmp(&a.1));
+        out.sort_by_key(|t| std::cmp::Reverse(t.1));
         out
     }
 
