@@ -351,34 +351,21 @@ impl Cluster {
     /// happened to interrupt it).
     pub fn agent_cpu(&self, i: usize) -> (Duration, Duration) {
         let pid = self.agents[i].as_ref().expect("agent running").id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        // Fields after the command name, which is in parentheses.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let hz = clk_tck();
-        let time =
-            |ticks: &str| Duration::from_nanos(ticks.parse::<u64>().unwrap() * 1_000_000_000 / hz);
-        (time(f[11]), time(f[12]))
+        let (_, user, kernel) = proc_stat(&format!("/proc/{pid}/stat")).expect("agent stat");
+        (user, kernel)
     }
 
     /// Agent `i`'s threads by name with their user-space CPU time, busiest
     /// first (for messages that must say where CPU went).
     pub fn agent_threads(&self, i: usize) -> Vec<(String, Duration)> {
         let pid = self.agents[i].as_ref().expect("agent running").id();
-        let hz = clk_tck();
         let mut out: Vec<(String, Duration)> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map(|d| d.flatten().collect::<Vec<_>>())
             .unwrap_or_default()
             .into_iter()
             .filter_map(|t| {
-                let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
-                let name = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
-                let utime: u64 = stat[stat.rfind(')')? + 2..]
-                    .split_whitespace()
-                    .nth(11)?
-                    .parse()
-                    .ok()?;
-                Some((name, Duration::from_nanos(utime * 1_000_000_000 / hz)))
+                let (name, user, _) = proc_stat(t.path().join("stat").to_str()?)?;
+                Some((name, user))
             })
             .collect();
         out.sort_by_key(|t| std::cmp::Reverse(t.1));
@@ -403,6 +390,23 @@ impl Drop for Cluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A process's or thread's name and its user-space and kernel CPU time,
+/// from its /proc `stat` file; `None` when it is gone or unreadable.
+fn proc_stat(path: &str) -> Option<(String, Duration, Duration)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The name is in parentheses and may hold spaces; fields follow it.
+    let name = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace().skip(11);
+    let hz = clk_tck();
+    let mut time = || -> Option<Duration> {
+        let ticks: u64 = fields.next()?.parse().ok()?;
+        Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+    };
+    let user = time()?;
+    let kernel = time()?;
+    Some((name, user, kernel))
 }
 
 /// `sysconf(_SC_CLK_TCK)`: the unit of /proc's CPU times.
