@@ -62,7 +62,8 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub token: Token,
     pub master_addr: String,
-    capacity: String,
+    /// Each agent's pool capacity.
+    capacities: Vec<String>,
     master: Option<Child>,
     agents: Vec<Option<Child>>,
     /// Each agent's gRPC and data ports, kept across restarts.
@@ -86,12 +87,14 @@ fn free_port() -> u16 {
 impl Cluster {
     /// A master and `agents` agents named node-0.., each exporting `capacity`.
     pub fn start(agents: usize, capacity: &str) -> Self {
-        Self::start_within(agents, capacity, START_TIMEOUT)
+        Self::start_sized(&vec![capacity; agents], START_TIMEOUT)
     }
 
-    /// [`Cluster::start`], allowing `limit` for the agents to come up (a
+    /// A master and one agent per entry of `capacities` (node-0..), each
+    /// exporting its own capacity, allowing `limit` for them to come up (a
     /// large pool takes a while to populate and lock).
-    pub fn start_within(agents: usize, capacity: &str, limit: Duration) -> Self {
+    pub fn start_sized(capacities: &[&str], limit: Duration) -> Self {
+        let agents = capacities.len();
         let dir = std::env::temp_dir().join(format!(
             "oncilla-test-{}-{:08x}",
             std::process::id(),
@@ -104,7 +107,7 @@ impl Cluster {
             dir,
             token,
             master_addr: format!("127.0.0.1:{}", free_port()),
-            capacity: capacity.to_string(),
+            capacities: capacities.iter().map(|c| c.to_string()).collect(),
             master: None,
             agents: Vec::new(),
             ports: (0..agents).map(|_| (free_port(), free_port())).collect(),
@@ -186,7 +189,7 @@ impl Cluster {
                 "--socket",
                 &sock,
                 "--capacity",
-                &self.capacity,
+                &self.capacities[i],
                 "--token-file",
                 &self.token_file(),
                 "--heartbeat-ms",

@@ -6,7 +6,10 @@
 //! A copy registers the caller's buffer (through the registration cache
 //! where the HCA supports on-demand paging, else for the copy's duration),
 //! or, below [`BOUNCE_MAX`], goes through a pre-registered bounce buffer;
-//! then [`super::plan`] posts and polls. Every failure becomes a typed
+//! then [`super::plan`] posts and polls. Under memory pressure (the HCA
+//! refuses a registration even after the cache let go of everything) the
+//! buffer moves through the bounce buffers instead, a few at a time:
+//! slower, never a failed copy. Every failure becomes a typed
 //! error naming the node and the allocation: a refused remote key is
 //! [`Error::NotFound`] (the allocation was freed, or the agent restarted),
 //! no answer is [`Error::NodeUnreachable`], anything else
@@ -509,7 +512,11 @@ impl VerbsFabric {
         })
     }
 
-    /// Copies every piece over `conn`'s pair.
+    /// Copies every piece over `conn`'s pair: small pieces through bounce
+    /// buffers, the rest from their registered buffers. Pieces whose
+    /// buffers the HCA will not register (the locked-memory limit, even
+    /// after the registration cache let go of everything) then move
+    /// through the bounce buffers, [`BOUNCE_KEEP`] of them at a time.
     fn copy(
         &self,
         dev: usize,
@@ -528,46 +535,117 @@ impl VerbsFabric {
         let mut work = Vec::with_capacity(pieces.len());
         // Registrations (or bounce buffers) that must outlive the requests.
         let mut held = Held::default();
-        for (i, ((_, buf), (remote, rkey))) in pieces.iter_mut().zip(remotes).enumerate() {
+        // Parts to stage afterwards, with their remote address and key.
+        let mut staged = Vec::new();
+        for (i, ((_, buf), (remote, rkey))) in pieces.iter().zip(remotes).enumerate() {
             let len = buf.len();
             let read = matches!(buf, IoBuf::Read(_));
-            let (local, lkey) = if len <= BOUNCE_MAX {
-                let (mut b, mr) = match self.take_bounce(dev, device) {
-                    Ok(b) => b,
+            let local = if len <= BOUNCE_MAX {
+                let part = Part {
+                    piece: i,
+                    offset: 0,
+                    len,
+                };
+                match self.bounce_in(dev, device, buf, part, &mut held) {
+                    Ok(local) => local,
                     Err(e) => {
                         self.release(dev, held);
                         return Err(at.fabric(&e).into());
                     }
-                };
-                if let IoBuf::Write(src) = buf {
-                    b[..len].copy_from_slice(src);
                 }
-                let at = (mr.addr, mr.lkey());
-                held.bounced.push((i, b, mr));
-                at
             } else {
                 let addr = buf.as_ptr() as u64;
-                let mr = match self.register(device, addr, len as u64) {
-                    Ok(mr) => mr,
-                    Err(e) => {
-                        self.release(dev, held);
-                        return Err(at.fabric(&e).into());
+                match self.register(device, addr, len as u64) {
+                    Ok(mr) => {
+                        let lkey = mr.lkey();
+                        held.registered.push(mr);
+                        (addr, lkey)
                     }
-                };
-                let lkey = mr.lkey();
-                held.registered.push(mr);
-                (addr, lkey)
+                    Err(why) => {
+                        tracing::debug!(
+                            node = at.node,
+                            len,
+                            "registration refused ({why}); staging through bounce buffers"
+                        );
+                        staged.extend((0..len).step_by(BOUNCE_MAX).map(|offset| {
+                            let part = Part {
+                                piece: i,
+                                offset,
+                                len: (len - offset).min(BOUNCE_MAX),
+                            };
+                            (part, remote + offset as u64, rkey)
+                        }));
+                        continue;
+                    }
+                }
             };
             work.push(Piece {
-                local,
-                lkey,
+                local: local.0,
+                lkey: local.1,
                 remote,
                 rkey,
                 len: len as u64,
                 read,
             });
         }
-        let wrs = plan::plan(&work, &self.tuning);
+        self.finish(dev, at, conn, &work, held, pieces)?;
+        for round in staged.chunks(BOUNCE_KEEP) {
+            let mut held = Held::default();
+            let mut work = Vec::with_capacity(round.len());
+            for &(part, remote, rkey) in round {
+                let buf = &pieces[part.piece].1;
+                match self.bounce_in(dev, device, buf, part, &mut held) {
+                    Ok((local, lkey)) => work.push(Piece {
+                        local,
+                        lkey,
+                        remote,
+                        rkey,
+                        len: part.len as u64,
+                        read: matches!(buf, IoBuf::Read(_)),
+                    }),
+                    Err(e) => {
+                        self.release(dev, held);
+                        return Err(at.fabric(&e).into());
+                    }
+                }
+            }
+            self.finish(dev, at, conn, &work, held, pieces)?;
+        }
+        Ok(())
+    }
+
+    /// A bounce buffer for `part` of `buf`, filled first when the copy
+    /// writes; kept in `held`. Returns its address and local key.
+    fn bounce_in(
+        &self,
+        dev: usize,
+        device: &Arc<Device>,
+        buf: &IoBuf<'_>,
+        part: Part,
+        held: &mut Held,
+    ) -> std::result::Result<(u64, u32), String> {
+        let (mut b, mr) = self.take_bounce(dev, device)?;
+        if let IoBuf::Write(src) = buf {
+            b[..part.len].copy_from_slice(&src[part.offset..part.offset + part.len]);
+        }
+        let local = (mr.addr, mr.lkey());
+        held.bounced.push((part, b, mr));
+        Ok(local)
+    }
+
+    /// Runs `work` on `conn` and settles it: on success the bounce buffers
+    /// of reads are copied out to their pieces; what `held` holds is given
+    /// back unless the pair could not be stopped.
+    fn finish(
+        &self,
+        dev: usize,
+        at: &Place<'_>,
+        conn: &mut Conn,
+        work: &[Piece],
+        held: Held,
+        pieces: &mut [(Remote<'_>, IoBuf<'_>)],
+    ) -> std::result::Result<(), Failed> {
+        let wrs = plan::plan(work, &self.tuning);
         let outcome = plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning);
         let outcome = settle(conn, at, outcome);
         if let Err(Failed::Unfenced(_)) = &outcome {
@@ -577,10 +655,9 @@ impl VerbsFabric {
             return outcome;
         }
         if outcome.is_ok() {
-            for (i, b, _) in &held.bounced {
-                if let IoBuf::Read(dst) = &mut pieces[*i].1 {
-                    let n = dst.len();
-                    dst.copy_from_slice(&b[..n]);
+            for (part, b, _) in &held.bounced {
+                if let IoBuf::Read(dst) = &mut pieces[part.piece].1 {
+                    dst[part.offset..part.offset + part.len].copy_from_slice(&b[..part.len]);
                 }
             }
         }
@@ -728,11 +805,20 @@ impl From<Error> for Failed {
     }
 }
 
-/// Registrations and bounce buffers a copy's requests name.
+/// Registrations and bounce buffers a copy's requests name; each bounce
+/// buffer with the part of a piece it carries.
 #[derive(Default)]
 struct Held {
     registered: Vec<Arc<Mr>>,
-    bounced: Vec<(usize, Box<[u8]>, Mr)>,
+    bounced: Vec<(Part, Box<[u8]>, Mr)>,
+}
+
+/// Bytes `offset..offset + len` of piece `piece`'s buffer.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    piece: usize,
+    offset: usize,
+    len: usize,
 }
 
 /// The outcome of a run on `conn`: on failure the pair is stopped first,
