@@ -245,6 +245,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
 
         let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;
         tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
+        if agent.rdma().available() {
+            tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
+        }
         router = router.add_service(AgentServer::with_interceptor(
             grpc::agent::AgentService::new(Arc::clone(&agent)),
             check.clone(),
@@ -297,6 +300,29 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         }
     }
     served.map_err(Into::into)
+}
+
+/// How often the agent looks whether its RDMA devices are still there.
+const RDMA_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Lets go of RDMA ports whose devices went away, within [`RDMA_SWEEP`]
+/// (a provider such as rxe cannot remove a device until we do).
+async fn watch_rdma_ports(agent: Arc<agent::Agent>) {
+    let mut every = tokio::time::interval(RDMA_SWEEP);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let a = Arc::clone(&agent);
+        if tokio::task::spawn_blocking(move || a.sweep_rdma())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                "the RDMA port sweep panicked; ports that go away are no longer noticed"
+            );
+            return;
+        }
+    }
 }
 
 fn bind_error(what: &'static str, addr: SocketAddr, source: std::io::Error) -> DaemonError {

@@ -30,6 +30,10 @@ pub async fn run(agent: Arc<Agent>, master: MasterLink) {
     let mut retry = RETRY_MIN;
     let mut reachable = true;
     loop {
+        if registered && agent.take_info_changed() {
+            tracing::info!("node information changed (an RDMA port went away); registering again");
+            registered = false;
+        }
         let outcome = if registered {
             heartbeat(&agent, &master).await.map(|known| {
                 if !known {

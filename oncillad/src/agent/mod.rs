@@ -13,7 +13,7 @@ pub mod lease;
 pub mod membership;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
@@ -57,6 +57,9 @@ pub struct Agent {
     master_incarnation: AtomicU64,
     /// The node's RDMA ports: device memory is registered there.
     rdma: Arc<Rdma>,
+    /// Set when what `info` reports changed (an RDMA port went away): the
+    /// membership loop registers again so the master learns it.
+    info_changed: AtomicBool,
 }
 
 impl Agent {
@@ -73,6 +76,7 @@ impl Agent {
             ended: Mutex::new(Vec::new()),
             wake: Notify::new(),
             master_incarnation: AtomicU64::new(0),
+            info_changed: AtomicBool::new(false),
         }
     }
 
@@ -81,9 +85,49 @@ impl Agent {
         self.incarnation
     }
 
-    /// What this node tells the master about itself.
+    /// This node as it started (name, addresses, capacity); see
+    /// [`Agent::info`] for what it reports now.
     pub fn node(&self) -> &pb::NodeInfo {
         &self.node
+    }
+
+    /// What this node tells the master about itself now: its RDMA ports
+    /// and fabrics as they are (a port may have gone away since start).
+    pub fn info(&self) -> pb::NodeInfo {
+        let mut info = self.node.clone();
+        let (ports, note) = self.rdma.report();
+        info.rdma = ports;
+        info.rdma_note = note;
+        if !self.rdma.available() {
+            info.fabrics.retain(|f| f != "verbs");
+        }
+        info
+    }
+
+    /// Whether [`Agent::info`] changed since the last call.
+    pub fn take_info_changed(&self) -> bool {
+        self.info_changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Lets go of every RDMA port whose device went away (see
+    /// [`Rdma::sweep`]): every registration on it, in every allocation
+    /// held, so nothing of this process holds the device any more; the
+    /// master hears of it at once. Blocking verbs calls: off the executor.
+    pub fn sweep_rdma(&self) {
+        let gone = self.rdma.sweep();
+        for (port, label) in &gone {
+            for e in self.held.iter() {
+                forget_port(e.value(), *port);
+            }
+            tracing::warn!(
+                port = %label,
+                "RDMA port went away: its queue pairs and registrations are dropped; clients reach this node over tcp"
+            );
+        }
+        if !gone.is_empty() {
+            self.info_changed.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -185,13 +229,20 @@ impl Agent {
         all.extend(extents.into_iter().map(Arc::new));
         all.sort_by_key(|e| e.alloc_offset);
         keys.absorb(&entry.value().keys);
-        *entry.value_mut() = Arc::new(Held {
+        let held = Arc::new(Held {
             keys,
             key,
             extents: all,
             record,
             fabric,
         });
+        *entry.value_mut() = Arc::clone(&held);
+        drop(entry);
+        // A port may have gone while this registered on it: the sweep took
+        // it out before walking the table, so one of the two sees the other.
+        for port in self.rdma.removed_ports() {
+            forget_port(&held, port);
+        }
         tracing::debug!(alloc_id, ranges = ranges.len(), total, ?gpu, "reserved");
         Ok(pieces)
     }
@@ -421,7 +472,7 @@ impl Agent {
             })
             .collect();
         let req = pb::RegisterRequest {
-            node: Some(self.node.clone()),
+            node: Some(self.info()),
             incarnation: self.incarnation,
             master_incarnation: self.master_incarnation.load(Ordering::SeqCst),
             held,
@@ -449,6 +500,19 @@ impl Agent {
 
     pub fn sessions(&self) -> usize {
         self.sessions.len()
+    }
+}
+
+/// Drops `h`'s registrations on RDMA port `port`: its host memory's keys
+/// and its device memory's GPUDirect registrations.
+fn forget_port(h: &Held, port: usize) {
+    h.keys.drop_port(port);
+    for x in &h.extents {
+        if let Backing::Gpu(g) = &x.memory {
+            if let Some(r) = &g.rdma {
+                r.drop_port(port);
+            }
+        }
     }
 }
 

@@ -16,6 +16,13 @@
 //! open; the agent destroys it when the stream ends (idle teardown, or the
 //! client died). It never interprets allocation ids or access keys.
 //!
+//! A port whose device goes away while the agent runs (`rdma link delete`,
+//! a hot-unplugged or reset HCA: [`Rdma::sweep`] notices) is let go of
+//! entirely: its queue pairs' streams end, every registration on it is
+//! dropped ([`Keys::drop_port`], [`GpuRegistration::drop_port`]), and it
+//! is no longer offered. Some providers (rxe) cannot take a device from a
+//! process, so the kernel's removal waits until the agent has done this.
+//!
 //! It also registers device memory of `REMOTE_GPU` extents with every
 //! opened port (GPUDirect RDMA, through nvidia-peermem or a dma-buf), so
 //! clients READ and WRITE it with no staging through host memory; the
@@ -32,7 +39,19 @@ use crate::pool::Pool;
 
 /// The node's RDMA state.
 pub struct Rdma {
+    /// What was found and opened at start (the opened devices move to
+    /// `ports`), and why verbs is unavailable.
     probe: Probe,
+    /// The opened ports by index (stable for the agent's life: keys and
+    /// retired keys name ports by it); `None` once its device went away.
+    #[cfg(feature = "verbs")]
+    ports: std::sync::RwLock<Vec<Option<std::sync::Arc<rdma::verbs::Device>>>>,
+    /// The ports that went away: index and label.
+    #[cfg(feature = "verbs")]
+    removed: std::sync::Mutex<Vec<(usize, String)>>,
+    /// Bumped each time a port goes away: ends its queue pairs' streams.
+    #[cfg(feature = "verbs")]
+    gone: tokio::sync::watch::Sender<u64>,
     #[cfg(feature = "verbs")]
     retired: std::sync::Arc<Retired>,
 }
@@ -40,6 +59,8 @@ pub struct Rdma {
 /// What a connected client holds on this agent: dropping it destroys the
 /// agent's end of the pair.
 pub struct Held {
+    /// The port it is on.
+    pub port: usize,
     #[cfg(feature = "verbs")]
     _qp: rdma::verbs::Qp,
 }
@@ -92,6 +113,15 @@ impl Keys {
         }
         #[cfg(not(feature = "verbs"))]
         let _ = other;
+    }
+
+    /// Drops the registrations on port `port` (its device went away);
+    /// their keys are not remembered: the device that made them is gone.
+    pub fn drop_port(&self, port: usize) {
+        #[cfg(feature = "verbs")]
+        lock(&self.mrs).retain(|(p, _)| *p != port);
+        #[cfg(not(feature = "verbs"))]
+        let _ = port;
     }
 
     /// Registrations held (for tests and logs).
@@ -198,9 +228,20 @@ impl Rdma {
             }
         }
         let me = Rdma {
-            probe,
+            #[cfg(feature = "verbs")]
+            ports: std::sync::RwLock::new(
+                std::mem::take(&mut probe.devices)
+                    .into_iter()
+                    .map(Some)
+                    .collect(),
+            ),
+            #[cfg(feature = "verbs")]
+            removed: std::sync::Mutex::default(),
+            #[cfg(feature = "verbs")]
+            gone: tokio::sync::watch::Sender::new(0),
             #[cfg(feature = "verbs")]
             retired: std::sync::Arc::default(),
+            probe,
         };
         #[cfg(not(feature = "verbs"))]
         let _ = pool;
@@ -214,30 +255,134 @@ impl Rdma {
         me
     }
 
+    /// Whether clients can use verbs to this node now.
     pub fn available(&self) -> bool {
-        self.probe.available()
+        self.unavailable().is_none()
     }
 
-    /// The node's RDMA ports for `NodeInfo`, and why verbs is unavailable
-    /// (empty when it is available).
+    /// Why clients cannot use verbs to this node now; `None` when they can.
+    fn unavailable(&self) -> Option<String> {
+        if let Some(why) = &self.probe.note {
+            return Some(why.clone());
+        }
+        #[cfg(feature = "verbs")]
+        if self.live().is_empty() {
+            return Some(format!(
+                "every opened RDMA port went away while the agent ran ({})",
+                lock(&self.removed)
+                    .iter()
+                    .map(|(_, l)| l.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        None
+    }
+
+    /// The node's RDMA ports for `NodeInfo` (those that went away say
+    /// `REMOVED`), and why verbs is unavailable (empty when it is
+    /// available).
     pub fn report(&self) -> (Vec<pb::RdmaPort>, String) {
-        (
-            self.probe.to_wire(),
-            self.probe.note.clone().unwrap_or_default(),
-        )
+        #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
+        let mut ports = self.probe.to_wire();
+        #[cfg(feature = "verbs")]
+        {
+            let live = self.live();
+            let removed = lock(&self.removed);
+            for p in &mut ports {
+                let label = format!("{}:{}", p.device, p.port);
+                if let Some((_, d)) = live.iter().find(|(_, d)| d.port.label() == label) {
+                    *p = d.port.to_wire();
+                } else if removed.iter().any(|(_, l)| *l == label) {
+                    p.state = "REMOVED".into();
+                }
+            }
+        }
+        (ports, self.unavailable().unwrap_or_default())
     }
 
     fn labels(&self) -> String {
         #[cfg(feature = "verbs")]
         return self
-            .probe
-            .devices
+            .live()
             .iter()
-            .map(|d| d.port.label())
+            .map(|(_, d)| d.port.label())
             .collect::<Vec<_>>()
             .join(",");
         #[cfg(not(feature = "verbs"))]
         String::new()
+    }
+
+    /// The ports still there, with their indices.
+    #[cfg(feature = "verbs")]
+    fn live(&self) -> Vec<(usize, std::sync::Arc<rdma::verbs::Device>)> {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.as_ref().map(|d| (i, std::sync::Arc::clone(d))))
+            .collect()
+    }
+
+    /// Takes out every port whose device went away, and returns their
+    /// indices and labels: the caller drops every registration on them
+    /// (the allocations' [`Keys`], GPU registrations), after which nothing
+    /// of this process holds the device. Cheap (one sysfs read per port):
+    /// the agent calls it every second.
+    pub fn sweep(&self) -> Vec<(usize, String)> {
+        #[cfg(feature = "verbs")]
+        {
+            let gone: Vec<(usize, String)> = self
+                .live()
+                .iter()
+                .filter(|(_, d)| !d.present())
+                .map(|(i, d)| (*i, d.port.label()))
+                .collect();
+            if gone.is_empty() {
+                return gone;
+            }
+            {
+                let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+                for (i, _) in &gone {
+                    ports[*i] = None;
+                }
+            }
+            lock(&self.removed).extend(gone.iter().cloned());
+            self.gone.send_modify(|n| *n += 1);
+            gone
+        }
+        #[cfg(not(feature = "verbs"))]
+        Vec::new()
+    }
+
+    /// Indices of the ports that went away (registrations made on one
+    /// while [`Rdma::sweep`] took it out are dropped against this list).
+    pub fn removed_ports(&self) -> Vec<usize> {
+        #[cfg(feature = "verbs")]
+        return lock(&self.removed).iter().map(|(i, _)| *i).collect();
+        #[cfg(not(feature = "verbs"))]
+        Vec::new()
+    }
+
+    /// Returns once port `port` has gone away (never, while it is there):
+    /// a queue pair's stream waits on it to end with its port.
+    pub async fn removed(&self, port: usize) {
+        #[cfg(feature = "verbs")]
+        {
+            let mut changes = self.gone.subscribe();
+            loop {
+                if !self.live().iter().any(|(i, _)| *i == port) {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    break;
+                }
+            }
+        }
+        #[cfg(not(feature = "verbs"))]
+        let _ = port;
+        std::future::pending::<()>().await;
     }
 
     /// Registers host memory `ranges` (address, length) of one allocation
@@ -255,7 +400,7 @@ impl Rdma {
         &self,
         ranges: &[(*mut u8, u64)],
     ) -> Result<(Keys, Vec<Vec<pb::RdmaRegion>>), String> {
-        if self.probe.note.is_some() {
+        if !self.available() {
             return Ok((Keys::none(), vec![Vec::new(); ranges.len()]));
         }
         #[cfg(feature = "verbs")]
@@ -265,7 +410,8 @@ impl Rdma {
                 retired: Some(std::sync::Arc::clone(&self.retired)),
             };
             let mut regions = vec![Vec::new(); ranges.len()];
-            for (port, dev) in self.probe.devices.iter().enumerate() {
+            for (port, dev) in &self.live() {
+                let port = *port;
                 for (i, &(addr, len)) in ranges.iter().enumerate() {
                     let len = usize::try_from(len)
                         .map_err(|_| "extent larger than memory".to_string())?;
@@ -329,7 +475,7 @@ impl Rdma {
         &self,
         req: &pb::ConnectVerbsRequest,
     ) -> Result<(pb::ConnectVerbsReply, Held), tonic::Status> {
-        if let Some(why) = &self.probe.note {
+        if let Some(why) = self.unavailable() {
             return Err(tonic::Status::failed_precondition(format!(
                 "verbs fabric unavailable on this node: {why}"
             )));
@@ -348,8 +494,12 @@ impl Rdma {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("no client endpoint"))?;
         let client = rdma::qp::Endpoint::from_wire(client).map_err(Status::invalid_argument)?;
-        let devices = &self.probe.devices;
-        let dev = &devices[req.port_index as usize % devices.len()];
+        let live = self.live();
+        let Some((port, dev)) = live.get(req.port_index as usize % live.len().max(1)) else {
+            return Err(Status::failed_precondition(
+                "verbs fabric unavailable on this node: every opened RDMA port went away",
+            ));
+        };
         let mut qp = rdma::verbs::Qp::new(dev, QP_DEPTH).map_err(Status::internal)?;
         qp.connect(&client).map_err(Status::invalid_argument)?;
         let reply = pb::ConnectVerbsReply {
@@ -358,7 +508,13 @@ impl Rdma {
             port: dev.port.port,
             incarnation: 0,
         };
-        Ok((reply, Held { _qp: qp }))
+        Ok((
+            reply,
+            Held {
+                port: *port,
+                _qp: qp,
+            },
+        ))
     }
 
     #[cfg(not(feature = "verbs"))]
@@ -379,8 +535,19 @@ pub struct GpuRegistration {
     pub regions: Vec<pb::RdmaRegion>,
     /// How the HCA took it: "nvidia-peermem" or "dma-buf".
     pub how: &'static str,
+    /// Each registration with the index of its port.
     #[cfg(feature = "verbs")]
-    _mrs: Vec<rdma::verbs::Mr>,
+    mrs: std::sync::Mutex<Vec<(usize, rdma::verbs::Mr)>>,
+}
+
+impl GpuRegistration {
+    /// Drops the registration on port `port` (its device went away).
+    pub fn drop_port(&self, port: usize) {
+        #[cfg(feature = "verbs")]
+        lock(&self.mrs).retain(|(p, _)| *p != port);
+        #[cfg(not(feature = "verbs"))]
+        let _ = port;
+    }
 }
 
 impl Rdma {
@@ -390,7 +557,7 @@ impl Rdma {
     /// Why not: no verbs on this node, or a port refused (neither
     /// nvidia-peermem nor dma-buf works).
     pub fn register_gpu(&self, mem: &DeviceMem) -> Result<GpuRegistration, String> {
-        if let Some(why) = &self.probe.note {
+        if let Some(why) = self.unavailable() {
             return Err(format!("verbs fabric unavailable: {why}"));
         }
         self.register_gpu_on(mem)
@@ -402,7 +569,7 @@ impl Rdma {
         let mut regions = Vec::new();
         let mut mrs = Vec::new();
         let mut how = "";
-        for dev in &self.probe.devices {
+        for (port, dev) in &self.live() {
             // SAFETY: `mem` is live device memory of `len` bytes from
             // `addr` (page-rounded inside its device pages); the caller
             // keeps the registration beside `mem` and drops it first
@@ -420,12 +587,12 @@ impl Rdma {
                 rkey: mr.rkey(),
                 incarnation: 0,
             });
-            mrs.push(mr);
+            mrs.push((*port, mr));
         }
         Ok(GpuRegistration {
             regions,
             how,
-            _mrs: mrs,
+            mrs: std::sync::Mutex::new(mrs),
         })
     }
 
@@ -442,7 +609,7 @@ impl Rdma {
         let Some(index) = first_gpu else {
             return (String::new(), "no GPU on this node".into());
         };
-        if let Some(why) = &self.probe.note {
+        if let Some(why) = self.unavailable() {
             return (String::new(), format!("no verbs fabric: {why}"));
         }
         let tried = oncilla_cuda::Gpu::open(index)

@@ -78,7 +78,7 @@ impl agent_server::Agent for AgentService {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::AgentStatus>, Status> {
         Ok(Response::new(pb::AgentStatus {
-            node: Some(self.agent.node().clone()),
+            node: Some(self.agent.info()),
             pool: Some(self.agent.usage()),
             allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
             sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
@@ -103,17 +103,26 @@ impl agent_server::Agent for AgentService {
             .map_err(|e| Status::internal(format!("connect task failed: {e}")))??;
         reply.incarnation = self.agent.incarnation();
         tracing::info!(device = %reply.device, port = reply.port, "verbs queue pair connected");
-        let stream =
-            futures_util::stream::unfold((Some(reply), held), |(reply, held)| async move {
+        let rdma = Arc::clone(self.agent.rdma());
+        let stream = futures_util::stream::unfold(
+            (Some(reply), held, rdma),
+            |(reply, held, rdma)| async move {
                 match reply {
-                    Some(r) => Some((Ok(r), (None, held))),
+                    Some(r) => Some((Ok(r), (None, held, rdma))),
                     None => {
-                        // `held` stays in this future until the client goes.
-                        std::future::pending::<()>().await;
+                        // `held` stays in this future until the client goes
+                        // or the port does: then the stream ends, which the
+                        // client sees, and the pair is destroyed.
+                        rdma.removed(held.port).await;
+                        tracing::info!(
+                            port = held.port,
+                            "verbs queue pair closed: its RDMA port went away"
+                        );
                         None
                     }
                 }
-            });
+            },
+        );
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -37,6 +37,10 @@ pub struct Device {
     /// registration follows the process's page tables instead of pinning
     /// the pages it found, so it stays right if the memory is remapped.
     pub odp: bool,
+    /// The device's user-space verbs node in sysfs
+    /// (`/sys/class/infiniband_verbs/uverbsN`): the kernel removes it the
+    /// moment the device starts going away.
+    verbs_node: std::path::PathBuf,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; every verb that
@@ -77,6 +81,7 @@ impl Device {
             return Err(os_err("ibv_get_device_list"));
         }
         let mut ctx = ptr::null_mut();
+        let mut verbs_node = std::path::PathBuf::new();
         for i in 0..usize::try_from(n).unwrap_or(0) {
             // SAFETY: `list` holds `n` valid device pointers until freed.
             let dev = unsafe { *list.add(i) };
@@ -87,6 +92,10 @@ impl Device {
                 // SAFETY: `dev` is valid while the list is alive; the
                 // context stays valid after the list is freed.
                 ctx = unsafe { ffi::ibv_open_device(dev) };
+                // SAFETY: `dev` is valid; `dev_path` is a NUL-terminated
+                // array inside it, copied out before the list is freed.
+                let path = unsafe { CStr::from_ptr((*dev).dev_path.as_ptr()) };
+                verbs_node = std::path::PathBuf::from(path.to_string_lossy().into_owned());
                 break;
             }
         }
@@ -164,8 +173,19 @@ impl Device {
             gid,
             gid_index: port.gid_index(),
             odp,
+            verbs_node,
             port,
         }))
+    }
+
+    /// Whether the device is still there: false once the kernel has begun
+    /// removing it (`rdma link delete`, a hot-unplugged or reset HCA).
+    /// Some providers (rxe among them) cannot take a device away from a
+    /// process: the removal then waits until every process has closed it,
+    /// so whoever holds it must notice this and let go.
+    pub fn present(&self) -> bool {
+        std::fs::read_to_string(self.verbs_node.join("ibdev"))
+            .is_ok_and(|name| name.trim() == self.port.device)
     }
 
     /// This port's half of an endpoint for a queue pair.

@@ -43,6 +43,8 @@ const BOUNCE_KEEP: usize = 8;
 const CACHE_LIMIT: u64 = 1 << 30;
 /// Default idle time after which a queue pair is closed.
 pub const IDLE: Duration = Duration::from_secs(60);
+/// Longest wait for an agent's answer to `ConnectVerbs`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One remote agent's queue pair on one of our devices.
 struct Conn {
@@ -373,8 +375,29 @@ impl VerbsFabric {
 
     /// Runs `f` on the queue pair of (agent, device `dev`), connecting it
     /// first if needed and replacing it if the agent's end is gone; a
-    /// failure drops the pair.
+    /// failure drops the pair and, unless it only says the allocation is
+    /// gone, forgets that verbs reaches the node, so the next copy asks
+    /// again (and goes over TCP if the agent's RDMA port went away).
     fn with_conn(
+        &self,
+        dev: usize,
+        at: &Place<'_>,
+        f: impl FnOnce(&mut Conn) -> std::result::Result<(), Failed>,
+    ) -> std::result::Result<(), Failed> {
+        let outcome = self.on_conn(dev, at, f);
+        if let Err(Failed::Fenced(e) | Failed::Unfenced(e)) = &outcome {
+            if !matches!(e, Error::NotFound(_)) {
+                let mut nodes = lock(&self.nodes);
+                // A refusal just learnt stays; a "reachable" is asked again.
+                if matches!(nodes.get(at.node), Some(None)) {
+                    nodes.remove(at.node);
+                }
+            }
+        }
+        outcome
+    }
+
+    fn on_conn(
         &self,
         dev: usize,
         at: &Place<'_>,
@@ -470,16 +493,31 @@ impl VerbsFabric {
         let mut client = pb::agent_client::AgentClient::new(channel);
         let (mut stream, reply) = rt
             .block_on(async {
-                let mut stream = client.connect_verbs(req).await?.into_inner();
-                let first = stream.message().await?;
-                Ok::<_, tonic::Status>((stream, first))
+                tokio::time::timeout(CONNECT_TIMEOUT, async {
+                    let mut stream = client.connect_verbs(req).await?.into_inner();
+                    let first = stream.message().await?;
+                    Ok::<_, tonic::Status>((stream, first))
+                })
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded(format!(
+                        "no answer in {CONNECT_TIMEOUT:?}"
+                    )))
+                })
             })
             .map_err(|s| {
-                if s.code() == tonic::Code::FailedPrecondition {
-                    self.refuse(node, s.message());
-                    tracing::info!(node, "verbs unavailable: {}; using tcp", s.message());
+                if s.code() != tonic::Code::FailedPrecondition {
+                    return unreachable(format!("ConnectVerbs: {}", s.message()));
                 }
-                unreachable(format!("ConnectVerbs: {}", s.message()))
+                // The agent answers but has no verbs (any more): the next
+                // copy goes over TCP.
+                self.refuse(node, s.message());
+                tracing::info!(node, "verbs unavailable: {}; using tcp", s.message());
+                Error::Fabric {
+                    node: node.to_string(),
+                    addr: agent_addr.to_string(),
+                    reason: format!("ConnectVerbs: {}", s.message()),
+                }
             })?;
         let reply =
             reply.ok_or_else(|| unreachable("ConnectVerbs: the agent closed the stream".into()))?;
