@@ -48,18 +48,21 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
   echo 'run() { echo "=== $1: ONCILLA_TEST_RDMA_DEV=$ONCILLA_TEST_RDMA_DEV"; shift; "$@" || failed=1; }'
   # Tests that need a set-up of their own run alone, below.
   alone=(--skip port_removed --skip offsets_past_4_gib)
+  # The verbs tests print what they measured (agent CPU, copies after a
+  # port went away).
+  shown() { [ "$1" = verbs ] && echo --nocapture; true; }
   echo 'export ONCILLA_TEST_RDMA_DEV=rxe0,rxe1'
   for t in "${tests[@]}"; do
     name=${t%% *} exe=${t#* }
     # Network namespaces do not reach the guest's RDMA devices (rxe works
     # only in the default namespace on this kernel): netns runs on the host.
     [ "$name" = netns ] && continue
-    echo "run $name $exe --test-threads 1 ${alone[*]} $filter"
+    echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $filter"
   done
   echo 'export ONCILLA_TEST_RDMA_DEV=rxe0'
   for t in "${tests[@]}"; do
     name=${t%% *} exe=${t#* }
-    case $name in cluster|verbs) echo "run $name $exe --test-threads 1 ${alone[*]} $filter" ;; esac
+    case $name in cluster|verbs) echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $filter" ;; esac
   done
   for t in "${tests[@]}"; do
     name=${t%% *} exe=${t#* }
@@ -69,11 +72,11 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
     # auto); released after.
     echo 'export ONCILLA_TEST_RDMA_DEV=rxe0,rxe1'
     echo 'sysctl -qw vm.nr_hugepages=2112'
-    echo "run $name $exe --test-threads 1 offsets_past_4_gib $filter"
+    echo "run $name $exe --test-threads 1 --nocapture offsets_past_4_gib $filter"
     echo 'sysctl -qw vm.nr_hugepages=0'
     # Deletes the rxe1 port mid-run (and puts it back).
     echo 'export ONCILLA_TEST_RDMA_LINK=rxe1:veth1'
-    echo "run $name $exe --test-threads 1 port_removed $filter"
+    echo "run $name $exe --test-threads 1 --nocapture port_removed $filter"
   done
   echo 'exit $failed'
 } > "$script"
