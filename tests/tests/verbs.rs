@@ -178,6 +178,34 @@ fn batches_move_every_byte_over_verbs() {
     for (i, buf) in back.iter().enumerate() {
         assert!(*buf == bytes((1 << 20) + 77, i as u8), "batch buffer {i}");
     }
+    // Many small pieces in one batch: packed into the bounce buffers, more
+    // than one round of them (200 x ~4 KiB, and sizes around 64 KiB).
+    let small = |i: u64| -> (u64, usize) {
+        let len = match i % 5 {
+            0 => 1,
+            1 => 4099,
+            2 => 64 << 10,
+            3 => (64 << 10) - 1,
+            _ => 3000,
+        };
+        (i * (80 << 10) + 11, len)
+    };
+    let mut b = Batch::new();
+    for i in 0..200u64 {
+        let (at, len) = small(i);
+        b.write(&a, at, bytes(len, (i * 7) as u8));
+    }
+    ocm.submit(b).wait().unwrap();
+    let mut b = Batch::new();
+    for i in 0..200u64 {
+        let (at, len) = small(i);
+        b.read(&a, at, vec![0; len]);
+    }
+    let back = ocm.submit(b).wait().unwrap();
+    for (i, buf) in back.iter().enumerate() {
+        let (_, len) = small(i as u64);
+        assert!(*buf == bytes(len, (i * 7) as u8), "small batch buffer {i}");
+    }
 }
 
 /// One allocation on a node with verbs and one without: each extent goes

@@ -5,11 +5,11 @@
 //!
 //! A copy registers the caller's buffer (through the registration cache
 //! where the HCA supports on-demand paging, else for the copy's duration),
-//! or, below [`BOUNCE_MAX`], goes through a pre-registered bounce buffer;
-//! then [`super::plan`] posts and polls. Under memory pressure (the HCA
-//! refuses a registration even after the cache let go of everything) the
-//! buffer moves through the bounce buffers instead, a few at a time:
-//! slower, never a failed copy. Every failure becomes a typed
+//! or, up to [`BOUNCE_MAX`], is packed with the copy's other small pieces
+//! into the device's pre-registered bounce buffers; then [`super::plan`]
+//! posts and polls. Under memory pressure (the HCA refuses a registration
+//! even after the cache let go of everything) the buffer is cut into
+//! bounce-buffer parts instead: slower, never a failed copy. Every failure becomes a typed
 //! error naming the node and the allocation: a refused remote key is
 //! [`Error::NotFound`] (the allocation was freed, or the agent restarted),
 //! no answer is [`Error::NodeUnreachable`], anything else
@@ -37,7 +37,9 @@ use crate::fabric::tcp::IoBuf;
 /// Copies up to this size go through a registered bounce buffer: a memcpy
 /// is cheaper than registering a small buffer.
 pub const BOUNCE_MAX: usize = 64 << 10;
-/// Bounce buffers kept per device.
+/// Bounce buffers kept per device, and the most one round trip of a copy
+/// uses: a copy of many small pieces (a batch) packs them and runs in
+/// rounds of this many buffers.
 const BOUNCE_KEEP: usize = 8;
 /// Registered bytes the cache may hold.
 const CACHE_LIMIT: u64 = 1 << 30;
@@ -550,11 +552,13 @@ impl VerbsFabric {
         })
     }
 
-    /// Copies every piece over `conn`'s pair: small pieces through bounce
-    /// buffers, the rest from their registered buffers. Pieces whose
-    /// buffers the HCA will not register (the locked-memory limit, even
-    /// after the registration cache let go of everything) then move
-    /// through the bounce buffers, [`BOUNCE_KEEP`] of them at a time.
+    /// Copies every piece over `conn`'s pair: larger pieces from their
+    /// registered buffers, small ones packed into bounce buffers, and so
+    /// are pieces whose buffers the HCA will not register (the
+    /// locked-memory limit, even after the registration cache let go of
+    /// everything), cut into bounce-buffer parts. One round trip carries
+    /// the registered pieces and as many parts as [`BOUNCE_KEEP`] buffers
+    /// hold; further rounds the rest of the parts.
     fn copy(
         &self,
         dev: usize,
@@ -571,104 +575,105 @@ impl VerbsFabric {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| at.unaddressable(e))?;
         let mut work = Vec::with_capacity(pieces.len());
-        // Registrations (or bounce buffers) that must outlive the requests.
+        // Registrations (and bounce buffers) that must outlive the requests.
         let mut held = Held::default();
-        // Parts to stage afterwards, with their remote address and key.
-        let mut staged = Vec::new();
+        // Parts to go through bounce buffers, with their remote address and key.
+        let mut parts = Vec::new();
         for (i, ((_, buf), (remote, rkey))) in pieces.iter().zip(remotes).enumerate() {
             let len = buf.len();
-            let read = matches!(buf, IoBuf::Read(_));
-            let local = if len <= BOUNCE_MAX {
-                let part = Part {
-                    piece: i,
-                    offset: 0,
-                    len,
-                };
-                match self.bounce_in(dev, device, buf, part, &mut held) {
-                    Ok(local) => local,
-                    Err(e) => {
-                        self.release(dev, held);
-                        return Err(at.fabric(&e).into());
-                    }
-                }
-            } else {
+            if len > BOUNCE_MAX {
                 let addr = buf.as_ptr() as u64;
                 match self.register(device, addr, len as u64) {
                     Ok(mr) => {
-                        let lkey = mr.lkey();
+                        work.push(Piece {
+                            local: addr,
+                            lkey: mr.lkey(),
+                            remote,
+                            rkey,
+                            len: len as u64,
+                            read: matches!(buf, IoBuf::Read(_)),
+                        });
                         held.registered.push(mr);
-                        (addr, lkey)
-                    }
-                    Err(why) => {
-                        tracing::debug!(
-                            node = at.node,
-                            len,
-                            "registration refused ({why}); staging through bounce buffers"
-                        );
-                        staged.extend((0..len).step_by(BOUNCE_MAX).map(|offset| {
-                            let part = Part {
-                                piece: i,
-                                offset,
-                                len: (len - offset).min(BOUNCE_MAX),
-                            };
-                            (part, remote + offset as u64, rkey)
-                        }));
                         continue;
                     }
-                }
-            };
-            work.push(Piece {
-                local: local.0,
-                lkey: local.1,
-                remote,
-                rkey,
-                len: len as u64,
-                read,
-            });
-        }
-        self.finish(dev, at, conn, &work, held, pieces)?;
-        for round in staged.chunks(BOUNCE_KEEP) {
-            let mut held = Held::default();
-            let mut work = Vec::with_capacity(round.len());
-            for &(part, remote, rkey) in round {
-                let buf = &pieces[part.piece].1;
-                match self.bounce_in(dev, device, buf, part, &mut held) {
-                    Ok((local, lkey)) => work.push(Piece {
-                        local,
-                        lkey,
-                        remote,
-                        rkey,
-                        len: part.len as u64,
-                        read: matches!(buf, IoBuf::Read(_)),
-                    }),
-                    Err(e) => {
-                        self.release(dev, held);
-                        return Err(at.fabric(&e).into());
-                    }
+                    Err(why) => tracing::debug!(
+                        node = at.node,
+                        len,
+                        "registration refused ({why}); staging through bounce buffers"
+                    ),
                 }
             }
-            self.finish(dev, at, conn, &work, held, pieces)?;
+            parts.extend((0..len).step_by(BOUNCE_MAX).map(|offset| {
+                let part = Part {
+                    piece: i,
+                    offset,
+                    len: (len - offset).min(BOUNCE_MAX),
+                };
+                (part, remote + offset as u64, rkey)
+            }));
         }
-        Ok(())
+        let mut rest = &parts[..];
+        loop {
+            let taken = match self.pack(dev, device, pieces, rest, &mut held, &mut work) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.release(dev, held);
+                    return Err(at.fabric(&e).into());
+                }
+            };
+            rest = &rest[taken..];
+            self.finish(dev, at, conn, &work, std::mem::take(&mut held), pieces)?;
+            if rest.is_empty() {
+                return Ok(());
+            }
+            work.clear();
+        }
     }
 
-    /// A bounce buffer for `part` of `buf`, filled first when the copy
-    /// writes; kept in `held`. Returns its address and local key.
-    fn bounce_in(
+    /// Packs the first of `parts` one after another into at most
+    /// [`BOUNCE_KEEP`] bounce buffers (filled first where the copy writes)
+    /// kept in `held`, and adds their requests to `work`. Returns how many
+    /// parts it took: at least one, when there are any.
+    fn pack(
         &self,
         dev: usize,
         device: &Arc<Device>,
-        buf: &IoBuf<'_>,
-        part: Part,
+        pieces: &[(Remote<'_>, IoBuf<'_>)],
+        parts: &[(Part, u64, u32)],
         held: &mut Held,
-    ) -> std::result::Result<(u64, u32), String> {
-        let (mut b, mr) = self.take_bounce(dev, device)?;
-        if let IoBuf::Write(src) = buf {
-            b[..part.len].copy_from_slice(&src[part.offset..part.offset + part.len]);
+        work: &mut Vec<Piece>,
+    ) -> std::result::Result<usize, String> {
+        let mut taken = 0;
+        // Bytes used in the last buffer; "full" until there is one.
+        let mut fill = BOUNCE_MAX;
+        for &(part, remote, rkey) in parts {
+            if fill + part.len > BOUNCE_MAX {
+                if held.buffers.len() == BOUNCE_KEEP {
+                    break;
+                }
+                held.buffers.push(self.take_bounce(dev, device)?);
+                fill = 0;
+            }
+            let b = held.buffers.len() - 1;
+            let (bounce, mr) = &mut held.buffers[b];
+            let buf = &pieces[part.piece].1;
+            if let IoBuf::Write(src) = buf {
+                bounce[fill..fill + part.len]
+                    .copy_from_slice(&src[part.offset..part.offset + part.len]);
+            }
+            work.push(Piece {
+                local: mr.addr + fill as u64,
+                lkey: mr.lkey(),
+                remote,
+                rkey,
+                len: part.len as u64,
+                read: matches!(buf, IoBuf::Read(_)),
+            });
+            held.staged.push((part, b, fill));
+            fill += part.len;
+            taken += 1;
         }
-        let local = (mr.addr, mr.lkey());
-        held.bounced.push((part, b, mr));
-        Ok(local)
+        Ok(taken)
     }
 
     /// Runs `work` on `conn` and settles it: on success the bounce buffers
@@ -693,9 +698,10 @@ impl VerbsFabric {
             return outcome;
         }
         if outcome.is_ok() {
-            for (part, b, _) in &held.bounced {
+            for &(part, b, at) in &held.staged {
                 if let IoBuf::Read(dst) = &mut pieces[part.piece].1 {
-                    dst[part.offset..part.offset + part.len].copy_from_slice(&b[..part.len]);
+                    dst[part.offset..part.offset + part.len]
+                        .copy_from_slice(&held.buffers[b].0[at..at + part.len]);
                 }
             }
         }
@@ -731,7 +737,7 @@ impl VerbsFabric {
 
     /// Gives back what a copy held, once no request can use it.
     fn release(&self, dev: usize, held: Held) {
-        for (_, b, mr) in held.bounced {
+        for (b, mr) in held.buffers {
             self.give_bounce(dev, b, mr);
         }
     }
@@ -843,12 +849,14 @@ impl From<Error> for Failed {
     }
 }
 
-/// Registrations and bounce buffers a copy's requests name; each bounce
-/// buffer with the part of a piece it carries.
+/// Registrations and bounce buffers a round's requests name.
 #[derive(Default)]
 struct Held {
     registered: Vec<Arc<Mr>>,
-    bounced: Vec<(Part, Box<[u8]>, Mr)>,
+    buffers: Vec<(Box<[u8]>, Mr)>,
+    /// The parts packed into `buffers`: each with its buffer and its
+    /// offset there.
+    staged: Vec<(Part, usize, usize)>,
 }
 
 /// Bytes `offset..offset + len` of piece `piece`'s buffer.
