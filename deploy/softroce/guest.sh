@@ -128,7 +128,8 @@ export HOME=/root USER=root LOGNAME=root TERM=dumb LANG=C.UTF-8
 exec >/run/job/setup.log 2>&1
 set -x
 mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays the host's under the overlay (writes go to RAM): the
+# checkout, and so the command's cwd and binaries, may well be under it.
 $RWMOUNT
 hostname softroce-guest
 ulimit -l unlimited
