@@ -304,15 +304,15 @@ impl Oncilla {
         }
         let mut local = Vec::new();
         for e in &alloc.desc.extents {
-            let chosen = oncilla_proto::fabric::choose(
+            let chosen = oncilla_model::fabric::choose(
                 &e.node,
                 e.memory(),
                 &self.inner.node,
-                fabric.to_wire(),
+                fabric,
                 &self.inner.data.rdma_for(&e.node, &e.agent_addr),
             )
             .map_err(|err| Error::InvalidArgument(err.to_string()))?;
-            if chosen == pb::Fabric::Shm {
+            if chosen == Fabric::Shm {
                 local.push(e);
             }
         }
@@ -363,7 +363,7 @@ impl Oncilla {
                     desc: &src.desc,
                     local: src.local.as_deref(),
                     offset: src_offset,
-                    fabric: src.fabric.to_wire(),
+                    fabric: src.fabric,
                     mem: d,
                     mem_offset: dst_offset,
                     len,
@@ -383,7 +383,7 @@ impl Oncilla {
                     desc: &dst.desc,
                     local: dst.local.as_deref(),
                     offset: dst_offset,
-                    fabric: dst.fabric.to_wire(),
+                    fabric: dst.fabric,
                     mem: s,
                     mem_offset: src_offset,
                     len,
@@ -467,7 +467,7 @@ impl Oncilla {
                         .map(|op| Transfer {
                             desc: &op.desc,
                             local: op.local.as_deref(),
-                            fabric: op.fabric.to_wire(),
+                            fabric: op.fabric,
                             offset: op.offset,
                             buf: if op.write {
                                 IoBuf::Write(&op.buf)
@@ -579,14 +579,14 @@ impl Allocation {
             .extents
             .iter()
             .map(|e| {
-                oncilla_proto::fabric::choose(
+                oncilla_model::fabric::choose(
                     &e.node,
                     e.memory(),
                     self.ocm.node(),
-                    self.fabric.to_wire(),
+                    self.fabric,
                     &self.ocm.inner.data.rdma_for(&e.node, &e.agent_addr),
                 )
-                .map_or(Fabric::Tcp, Fabric::from_wire)
+                .unwrap_or(Fabric::Tcp)
             })
             .collect()
     }
@@ -604,7 +604,7 @@ impl Allocation {
             return Ok(mem.write(offset, src)?);
         }
         let local = self.local.as_deref();
-        let fabric = self.fabric.to_wire();
+        let fabric = self.fabric;
         self.ocm
             .inner
             .data
@@ -621,7 +621,7 @@ impl Allocation {
             return Ok(mem.read(offset, dst)?);
         }
         let local = self.local.as_deref();
-        let fabric = self.fabric.to_wire();
+        let fabric = self.fabric;
         self.ocm
             .inner
             .data
@@ -814,7 +814,7 @@ async fn uds_channel(
 /// `ONCILLA_GPU_STAGING`: bytes per staging buffer (64 KiB to 1 GiB).
 fn staging_len() -> Result<usize> {
     match std::env::var("ONCILLA_GPU_STAGING") {
-        Ok(v) => oncilla_proto::size::parse_size(&v)
+        Ok(v) => oncilla_model::size::parse_size(&v)
             .ok()
             .filter(|n| (64 << 10..=1 << 30).contains(n))
             .and_then(|n| usize::try_from(n).ok())

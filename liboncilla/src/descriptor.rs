@@ -7,31 +7,7 @@ use oncilla_proto::wire::KEY_LEN;
 
 use crate::error::{Error, Result};
 
-/// Memory kind of an allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Host memory on this process's node only (the local agent's pool).
-    LocalHost,
-    /// Host memory anywhere in the cluster, placed by the policy (the
-    /// default policy prefers this node).
-    RemoteHost,
-    /// Device memory of one of this node's GPUs, in this process (the
-    /// master tracks it; it ends with the process).
-    LocalGpu,
-    /// Device memory of a GPU held by an agent anywhere in the cluster.
-    RemoteGpu,
-}
-
-impl Kind {
-    pub(crate) fn to_wire(self) -> pb::MemKind {
-        match self {
-            Kind::LocalHost => pb::MemKind::LocalHost,
-            Kind::RemoteHost => pb::MemKind::RemoteHost,
-            Kind::LocalGpu => pb::MemKind::LocalGpu,
-            Kind::RemoteGpu => pb::MemKind::RemoteGpu,
-        }
-    }
-}
+pub use oncilla_model::Kind;
 
 /// One extent: bytes `[alloc_offset, alloc_offset + len)` live on `node`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,12 +30,12 @@ pub struct Extent {
 }
 
 impl Extent {
-    /// What the extent's bytes are, for [`oncilla_proto::fabric::choose`].
-    pub fn memory(&self) -> oncilla_proto::fabric::Memory {
+    /// What the extent's bytes are, for [`oncilla_model::fabric::choose`].
+    pub fn memory(&self) -> oncilla_model::fabric::Memory {
         let rdma = !self.rdma.is_empty();
         match self.gpu {
-            None => oncilla_proto::fabric::Memory::Host { rdma },
-            Some(_) => oncilla_proto::fabric::Memory::Gpu { rdma },
+            None => oncilla_model::fabric::Memory::Host { rdma },
+            Some(_) => oncilla_model::fabric::Memory::Gpu { rdma },
         }
     }
 }

@@ -38,6 +38,6 @@ pub mod fabric;
 mod spec;
 
 pub use client::{Allocation, Batch, Oncilla, Options, Pending};
-pub use descriptor::{Descriptor, Extent, Kind};
+pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};
-pub use spec::{AllocSpec, Fabric, Policy};
+pub use spec::{AllocSpec, Fabric, Kind, Policy};

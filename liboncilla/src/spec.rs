@@ -4,84 +4,8 @@
 
 use oncilla_proto::pb;
 
-use crate::descriptor::Kind;
-use crate::error::{Error, Result};
-
-/// How the master chooses nodes for an opaque request (no named nodes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Policy {
-    /// This process's node if it can hold it all, else the emptiest node
-    /// that can, else this node and then the emptiest others.
-    #[default]
-    LocalFirst,
-    /// An equal share on every live node with room (stripe it with
-    /// [`AllocSpec::stripe`]).
-    Spread,
-    /// As few nodes as possible.
-    Pack,
-}
-
-impl Policy {
-    fn to_wire(self) -> pb::Policy {
-        match self {
-            Policy::LocalFirst => pb::Policy::LocalFirst,
-            Policy::Spread => pb::Policy::Spread,
-            Policy::Pack => pb::Policy::Pack,
-        }
-    }
-}
-
-/// How this process moves bytes to and from an extent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Fabric {
-    /// Shared memory for extents on this node, RDMA verbs for the others
-    /// where both ends have it, TCP otherwise.
-    #[default]
-    Auto,
-    /// TCP everywhere, this node included.
-    Tcp,
-    /// Shared memory only (every extent must be on this node).
-    Shm,
-    /// RDMA verbs only (a build with the `verbs` feature, and an active
-    /// RDMA port on both ends).
-    Verbs,
-}
-
-impl Fabric {
-    /// Parses `auto`, `tcp`, `shm` or `verbs` (as in `ONCILLA_FABRIC`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] naming the accepted values.
-    pub fn parse(s: &str) -> Result<Self> {
-        oncilla_proto::fabric::parse(s)
-            .map(Self::from_wire)
-            .map_err(Error::InvalidArgument)
-    }
-
-    pub(crate) fn to_wire(self) -> pb::Fabric {
-        match self {
-            Fabric::Auto => pb::Fabric::Auto,
-            Fabric::Tcp => pb::Fabric::Tcp,
-            Fabric::Shm => pb::Fabric::Shm,
-            Fabric::Verbs => pb::Fabric::Verbs,
-        }
-    }
-
-    pub(crate) fn from_wire(f: pb::Fabric) -> Self {
-        match f {
-            pb::Fabric::Auto => Fabric::Auto,
-            pb::Fabric::Tcp => Fabric::Tcp,
-            pb::Fabric::Shm => Fabric::Shm,
-            pb::Fabric::Verbs => Fabric::Verbs,
-        }
-    }
-}
-
-impl std::fmt::Display for Fabric {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(oncilla_proto::fabric::name(self.to_wire()))
-    }
-}
+pub use oncilla_model::{Fabric, Kind, Policy};
+use oncilla_proto::convert;
 
 /// What to allocate.
 #[derive(Debug, Clone)]
@@ -184,9 +108,9 @@ impl AllocSpec {
     pub(crate) fn to_wire(&self, default_fabric: Fabric) -> pb::AllocSpec {
         pb::AllocSpec {
             size: self.size,
-            kind: self.kind.to_wire() as i32,
+            kind: convert::kind_wire(Some(self.kind)),
             placement: Some(pb::Placement {
-                policy: self.policy.to_wire() as i32,
+                policy: convert::policy_wire(self.policy),
                 nodes: self
                     .nodes
                     .iter()
@@ -200,7 +124,7 @@ impl AllocSpec {
             }),
             name: self.name.clone().unwrap_or_default(),
             persistent: self.persistent,
-            fabric: self.fabric.unwrap_or(default_fabric).to_wire() as i32,
+            fabric: convert::fabric_wire(self.fabric.unwrap_or(default_fabric)),
         }
     }
 }

@@ -18,10 +18,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
+use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_proto::auth::Token;
 use oncilla_proto::client::{self, AgentClient};
 use oncilla_proto::pb;
-use oncilla_proto::size::{parse_size, HumanBytes};
 use serde_json::json;
 
 use crate::cluster;

@@ -15,9 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb::NodeState;
-use oncilla_proto::size::HumanBytes;
 
 use crate::master::Master;
 use crate::{CliError, DAEMON_ARG};

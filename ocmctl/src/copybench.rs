@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Batch, Fabric, Kind, Oncilla, Options};
-use oncilla_proto::size::{parse_size, HumanBytes};
+use oncilla_model::size::{parse_size, HumanBytes};
 use serde::Serialize;
 
 use crate::bench::{pct, sizes_or, Probe};

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use liboncilla::fabric::{DataPath, DEFAULT_STREAMS};
+use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb;
-use oncilla_proto::size::HumanBytes;
 
 use crate::master::Master;
 use crate::CliError;
@@ -44,7 +44,13 @@ pub fn put(
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
         f.read_exact(&mut buf[..n]).map_err(io_err)?;
-        data.write(&desc, offset + done, &buf[..n], None, pb::Fabric::Auto)?;
+        data.write(
+            &desc,
+            offset + done,
+            &buf[..n],
+            None,
+            liboncilla::Fabric::Auto,
+        )?;
         done += n as u64;
         progress.update(done);
     }
@@ -83,7 +89,13 @@ pub fn get(
     let mut done = 0u64;
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
-        data.read(&desc, offset + done, &mut buf[..n], None, pb::Fabric::Auto)?;
+        data.read(
+            &desc,
+            offset + done,
+            &mut buf[..n],
+            None,
+            liboncilla::Fabric::Auto,
+        )?;
         out.write_all(&buf[..n]).map_err(io_err)?;
         done += n as u64;
         progress.update(done);

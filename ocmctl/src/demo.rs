@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
+use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_proto::auth::Token;
-use oncilla_proto::size::{parse_size, HumanBytes};
 
 use crate::cluster;
 use crate::master::{self, Master};

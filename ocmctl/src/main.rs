@@ -19,9 +19,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use oncilla_model::size::parse_size;
 use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::pb;
-use oncilla_proto::size::parse_size;
 
 use master::Master;
 
@@ -250,6 +250,8 @@ pub enum CliError {
     Rpc(tonic::Status),
     #[error(transparent)]
     Data(#[from] liboncilla::Error),
+    #[error(transparent)]
+    Fabric(#[from] oncilla_model::fabric::UnknownFabric),
     #[error("{path}: {source}")]
     Io {
         path: String,

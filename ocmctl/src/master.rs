@@ -4,10 +4,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use liboncilla::Descriptor;
+use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::Token;
 use oncilla_proto::client::{self, MasterClient};
 use oncilla_proto::pb::{self, MemKind, NodeState};
-use oncilla_proto::size::HumanBytes;
 use serde_json::{json, Value};
 
 use crate::table::Table;
@@ -113,7 +113,7 @@ pub fn alloc_ref(arg: &str) -> pb::AllocRef {
 }
 
 fn fabric(f: i32) -> &'static str {
-    oncilla_proto::fabric::name(pb::Fabric::try_from(f).unwrap_or(pb::Fabric::Auto))
+    oncilla_proto::convert::fabric(f).map_or("unknown", oncilla_model::Fabric::name)
 }
 
 fn placement(a: &pb::Allocation) -> String {

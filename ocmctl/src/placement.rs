@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
-use oncilla_proto::size::{parse_size, HumanBytes};
+use oncilla_model::size::{parse_size, HumanBytes};
 
 use crate::bench::{gib_per_s, pct};
 use crate::cluster;

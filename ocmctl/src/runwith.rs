@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 use std::process::Command;
 
-use oncilla_proto::size::parse_size;
+use oncilla_model::size::parse_size;
 
 use crate::CliError;
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Allocation, Error, Kind, Oncilla, Options, Policy};
-use oncilla_proto::size::{parse_size, HumanBytes};
+use oncilla_model::size::{parse_size, HumanBytes};
 use rand::{Rng, SeedableRng};
 
 use crate::bench::Probe;

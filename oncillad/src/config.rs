@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use oncilla_model::size::{parse_size, SizeError};
 use oncilla_proto::auth::{Token, TokenError};
-use oncilla_proto::size::{parse_size, SizeError};
 use serde::Deserialize;
 
 use crate::master::Liveness;

@@ -2,7 +2,7 @@
 //! gRPC status codes. The core returns these; only `grpc/` turns them into
 //! `tonic::Status`.
 
-use oncilla_proto::size::HumanBytes;
+use oncilla_model::size::HumanBytes;
 
 use crate::pool::PoolError;
 

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
+use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::CheckToken;
 use oncilla_proto::pb::{
     agent_server::AgentServer, master_server::MasterServer, session_server::SessionServer,
 };
-use oncilla_proto::size::HumanBytes;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;

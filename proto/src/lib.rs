@@ -9,10 +9,10 @@
 
 pub mod auth;
 pub mod client;
-pub mod fabric;
+pub mod convert;
 pub mod rdma;
-pub mod size;
 pub mod sock;
+pub mod status;
 pub mod wire;
 
 /// Generated protobuf messages and gRPC clients and servers.
@@ -26,7 +26,7 @@ pub const DEFAULT_MASTER_PORT: u16 = 7070;
 /// Default Unix socket of the local agent.
 pub const DEFAULT_SOCKET: &str = "/run/oncilla/agent.sock";
 /// Page size used to align extents.
-pub const PAGE: u64 = 4096;
+pub const PAGE: u64 = oncilla_model::PAGE;
 
 /// The agent's same-node mapping socket, next to its session socket
 /// (`agent.sock` → `agent.sock.map`).

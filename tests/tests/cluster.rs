@@ -10,7 +10,6 @@ use std::time::Duration;
 use liboncilla::fabric::DataPath;
 use liboncilla::{AllocSpec, Error, Fabric, Kind, Oncilla, Options};
 use oncilla_proto::auth::Token;
-use oncilla_proto::pb;
 use support::Cluster;
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
@@ -99,12 +98,18 @@ fn local_allocations_are_mapped_pool_memory() {
         9_995,
         &mut over_tcp,
         None,
-        pb::Fabric::Tcp,
+        liboncilla::Fabric::Tcp,
     )
     .unwrap();
     assert_eq!(&over_tcp, b"world");
-    dp.write(local.descriptor(), 0, b"HELLO", None, pb::Fabric::Tcp)
-        .unwrap();
+    dp.write(
+        local.descriptor(),
+        0,
+        b"HELLO",
+        None,
+        liboncilla::Fabric::Tcp,
+    )
+    .unwrap();
     let mut back = [0u8; 5];
     local.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"HELLO");
@@ -228,7 +233,13 @@ fn wrong_token_is_denied_everywhere() {
 
     let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
     let err = DataPath::new(wrong, liboncilla::fabric::DEFAULT_STREAMS)
-        .read(a.descriptor(), 0, &mut [0u8; 8], None, pb::Fabric::Tcp)
+        .read(
+            a.descriptor(),
+            0,
+            &mut [0u8; 8],
+            None,
+            liboncilla::Fabric::Tcp,
+        )
         .unwrap_err();
     assert!(
         matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use liboncilla::fabric::DataPath;
 use liboncilla::{AllocSpec, Batch, Error, Fabric, Kind, Oncilla};
-use oncilla_proto::pb;
 use support::Cluster;
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
@@ -298,8 +297,9 @@ fn copies_under_a_locked_memory_limit_go_through_bounce_buffers() {
         }
         assert!(!locked, "the locked-memory limit does not apply");
         let dp = DataPath::new(token, liboncilla::fabric::DEFAULT_STREAMS);
-        dp.write(&desc, 3, &data, None, pb::Fabric::Verbs).unwrap();
-        dp.read(&desc, 3, &mut back, None, pb::Fabric::Verbs)
+        dp.write(&desc, 3, &data, None, liboncilla::Fabric::Verbs)
+            .unwrap();
+        dp.read(&desc, 3, &mut back, None, liboncilla::Fabric::Verbs)
             .unwrap();
         (data, back)
     })
@@ -401,7 +401,7 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     for len in [100usize, 1 << 20] {
         let mut peek = vec![0u8; len];
         let err = dp
-            .read(&stale, 0, &mut peek, None, pb::Fabric::Verbs)
+            .read(&stale, 0, &mut peek, None, liboncilla::Fabric::Verbs)
             .unwrap_err();
         assert!(
             matches!(&err, Error::NotFound(m) if m.contains("node-1") && m.contains("RDMA key")),
@@ -409,7 +409,7 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
         );
         assert!(peek.iter().all(|&b| b == 0), "saw a tenant's bytes");
         let err = dp
-            .write(&stale, 0, &vec![0xEE; len], None, pb::Fabric::Verbs)
+            .write(&stale, 0, &vec![0xEE; len], None, liboncilla::Fabric::Verbs)
             .unwrap_err();
         assert!(matches!(err, Error::NotFound(_)), "{err}");
     }
@@ -423,8 +423,14 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     // connected a new one, and the last one works.
     assert!(pairs(&c, "node-1") > before, "{}", c.log("node-1"));
     let mut small = [0u8; 10];
-    dp.read(new.descriptor(), 5, &mut small, None, pb::Fabric::Verbs)
-        .unwrap();
+    dp.read(
+        new.descriptor(),
+        5,
+        &mut small,
+        None,
+        liboncilla::Fabric::Verbs,
+    )
+    .unwrap();
     assert_eq!(small[..], secret[5..15]);
 }
 

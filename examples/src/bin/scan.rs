@@ -29,7 +29,7 @@ use oncilla_cuda::kernel::Kernel;
 use oncilla_cuda::pinned::PinnedRing;
 use oncilla_cuda::pipeline::{stream_in, Chunk, Sink, Split};
 use oncilla_cuda::{CudaError, DeviceMem, Gpu};
-use oncilla_proto::size::{parse_size, HumanBytes};
+use oncilla_model::size::{parse_size, HumanBytes};
 
 const ROW: usize = 32;
 const KERNEL: &str = include_str!("../../kernels/q6.cu");

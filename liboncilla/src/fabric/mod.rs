@@ -10,9 +10,9 @@ pub mod verbs;
 
 use std::io::{Read, Write};
 
+use oncilla_model::fabric::{self as choice, Rdma};
+use oncilla_model::Fabric;
 use oncilla_proto::auth::Token;
-use oncilla_proto::fabric::{self as choice, Rdma};
-use oncilla_proto::pb;
 use oncilla_proto::wire::{Op, Request};
 
 use crate::descriptor::Descriptor;
@@ -37,7 +37,7 @@ pub struct Transfer<'a> {
     pub buf: IoBuf<'a>,
     /// The allocation's fabric preference (`Auto`: verbs where both ends
     /// have it, else TCP).
-    pub fabric: pb::Fabric,
+    pub fabric: Fabric,
 }
 
 /// One copy between an allocation and device memory of this process, for
@@ -48,7 +48,7 @@ pub struct DeviceTransfer<'a> {
     pub local: Option<&'a Mapping>,
     pub offset: u64,
     /// The allocation's fabric preference.
-    pub fabric: pb::Fabric,
+    pub fabric: Fabric,
     pub mem: &'a oncilla_cuda::DeviceMem,
     pub mem_offset: u64,
     pub len: u64,
@@ -128,7 +128,7 @@ impl DataPath {
         offset: u64,
         src: &[u8],
         local: Option<&Mapping>,
-        fabric: pb::Fabric,
+        fabric: Fabric,
     ) -> Result<()> {
         self.run([Transfer {
             desc,
@@ -150,7 +150,7 @@ impl DataPath {
         offset: u64,
         dst: &mut [u8],
         local: Option<&Mapping>,
-        fabric: pb::Fabric,
+        fabric: Fabric,
     ) -> Result<()> {
         self.run([Transfer {
             desc,
@@ -191,7 +191,7 @@ impl DataPath {
             // By node: (node, agent, pieces as (remote, device offset, len)).
             let mut nodes: Vec<(&str, &str, Vec<verbs::plan::DevicePiece<'_>>)> = Vec::new();
             for (extent, at, _, n) in desc.pieces(offset, len) {
-                if !matches!(self.remote_fabric(extent, fabric), Ok(pb::Fabric::Verbs)) {
+                if !matches!(self.remote_fabric(extent, fabric), Ok(Fabric::Verbs)) {
                     return None;
                 }
                 let piece = (remote_at(extent, at), mem_offset + (at - offset), n);
@@ -329,14 +329,10 @@ impl DataPath {
     ///
     /// # Errors
     /// A preference that cannot reach the node (verbs without RDMA, shm).
-    fn remote_fabric(
-        &self,
-        extent: &crate::descriptor::Extent,
-        prefer: pb::Fabric,
-    ) -> Result<pb::Fabric> {
+    fn remote_fabric(&self, extent: &crate::descriptor::Extent, prefer: Fabric) -> Result<Fabric> {
         // Told TCP, `choose` answers TCP whatever verbs can do: do not ask.
-        if prefer == pb::Fabric::Tcp {
-            return Ok(pb::Fabric::Tcp);
+        if prefer == Fabric::Tcp {
+            return Ok(Fabric::Tcp);
         }
         // Local host extents never get here (they are mapped), so the
         // caller's node does not matter: "" means "not this one".
@@ -361,7 +357,7 @@ impl DataPath {
             return Err(t);
         };
         match self.remote_fabric(extent, t.fabric) {
-            Ok(pb::Fabric::Tcp) => {}
+            Ok(Fabric::Tcp) => {}
             Ok(_) => return Err(t),
             Err(e) => return Ok(Err(e)),
         }
@@ -428,7 +424,7 @@ impl DataPath {
                 continue;
             }
             let rdma = match self.remote_fabric(extent, t.fabric)? {
-                pb::Fabric::Verbs => Some((extent.agent_addr.as_str(), t.desc.id)),
+                Fabric::Verbs => Some((extent.agent_addr.as_str(), t.desc.id)),
                 _ => None,
             };
             let i = match nodes

@@ -580,7 +580,7 @@ pub(crate) fn gpu_error(e: oncilla_cuda::CudaError) -> CoreError {
             requested,
             detail: format!(
                 "GPU {device} has {} free",
-                oncilla_proto::size::HumanBytes(free)
+                oncilla_model::size::HumanBytes(free)
             ),
         },
         other => CoreError::Internal(other.to_string()),

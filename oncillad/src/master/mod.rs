@@ -17,7 +17,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use oncilla_proto::fabric;
+use oncilla_model::fabric;
 use oncilla_proto::pb::{self, MemKind, NodeState};
 use oncilla_proto::wire::KEY_LEN;
 
@@ -263,7 +263,8 @@ impl<L: AgentLink> Master<L> {
                                 .is_some_and(|n| !n.info.gpu_rdma.is_empty()),
                         },
                     };
-                    fabric::choose(&p.node, memory, &req.origin_node, preference, &rdma)
+                    fabric::choose(&p.node, memory, &req.origin_node, preference.into(), &rdma)
+                        .map(pb::Fabric::from)
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;

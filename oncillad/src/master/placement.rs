@@ -7,8 +7,8 @@
 //! turn). It never reserves anything itself; the master does that with the
 //! plan this returns.
 
+use oncilla_model::size::HumanBytes;
 use oncilla_proto::pb::{MemKind, Placement, Policy};
-use oncilla_proto::size::HumanBytes;
 
 use crate::error::CoreError;
 use crate::pool::round_up;

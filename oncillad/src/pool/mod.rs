@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::size::HumanBytes;
+use oncilla_model::size::HumanBytes;
 use serde::Deserialize;
 
 pub use free_list::FreeList;

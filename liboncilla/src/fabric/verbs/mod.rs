@@ -7,7 +7,7 @@
 //! tested everywhere. The engine that drives the HCA (`engine`, feature
 //! `verbs`) connects queue pairs through `Agent.ConnectVerbs`, registers,
 //! posts and polls. Nothing here chooses between fabrics: the data path
-//! does, with [`oncilla_proto::fabric::choose`].
+//! does, with [`oncilla_model::fabric::choose`].
 
 #[cfg(feature = "verbs")]
 mod engine;

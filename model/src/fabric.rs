@@ -6,7 +6,59 @@
 
 use std::sync::Arc;
 
-use crate::pb::Fabric;
+/// How a process moves bytes to and from an extent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Fabric {
+    /// Shared memory for extents on the caller's node, RDMA verbs for the
+    /// others where both ends have it, TCP otherwise.
+    #[default]
+    Auto,
+    /// TCP everywhere, the caller's node included.
+    Tcp,
+    /// Shared memory only (every extent must be on the caller's node).
+    Shm,
+    /// RDMA verbs only (a build with the `verbs` feature, and an active
+    /// RDMA port on both ends).
+    Verbs,
+}
+
+/// A fabric name that is not one of `auto`, `tcp`, `shm`, `verbs`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fabric {0:?}; use auto, tcp, shm or verbs")]
+pub struct UnknownFabric(pub String);
+
+impl Fabric {
+    /// Parses names as `ONCILLA_FABRIC` takes them: `auto` (or empty),
+    /// `tcp`, `shm`, `verbs` (or `rdma`), in any case.
+    ///
+    /// # Errors
+    /// [`UnknownFabric`] naming the accepted values.
+    pub fn parse(name: &str) -> Result<Self, UnknownFabric> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Fabric::Auto),
+            "tcp" => Ok(Fabric::Tcp),
+            "shm" => Ok(Fabric::Shm),
+            "verbs" | "rdma" => Ok(Fabric::Verbs),
+            other => Err(UnknownFabric(other.to_string())),
+        }
+    }
+
+    /// The name [`Fabric::parse`] accepts for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fabric::Auto => "auto",
+            Fabric::Tcp => "tcp",
+            Fabric::Shm => "shm",
+            Fabric::Verbs => "verbs",
+        }
+    }
+}
+
+impl std::fmt::Display for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// A fabric that cannot reach an extent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,7 +136,7 @@ pub fn choose(
             (Fabric::Verbs, Rdma::Both) => GPU_NOT_REGISTERED,
         };
         return Err(Unreachable::DeviceMemory {
-            fabric: name(preference),
+            fabric: preference.name(),
             extent: extent_node.into(),
             why,
         });
@@ -119,32 +171,6 @@ pub fn choose(
     }
 }
 
-/// Parses `ONCILLA_FABRIC`-style names: `auto`, `tcp`, `shm`, `verbs`.
-///
-/// # Errors
-/// The accepted names, for anything else.
-pub fn parse(name: &str) -> Result<Fabric, String> {
-    match name.trim().to_ascii_lowercase().as_str() {
-        "" | "auto" => Ok(Fabric::Auto),
-        "tcp" => Ok(Fabric::Tcp),
-        "shm" => Ok(Fabric::Shm),
-        "verbs" | "rdma" => Ok(Fabric::Verbs),
-        other => Err(format!(
-            "unknown fabric {other:?}; use auto, tcp, shm or verbs"
-        )),
-    }
-}
-
-/// The name `parse` accepts for `f`.
-pub fn name(f: Fabric) -> &'static str {
-    match f {
-        Fabric::Auto => "auto",
-        Fabric::Tcp => "tcp",
-        Fabric::Shm => "shm",
-        Fabric::Verbs => "verbs",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,10 +200,10 @@ mod tests {
         );
         let err = choose("b", Memory::Host { rdma: true }, "a", Fabric::Shm, &no).unwrap_err();
         assert!(err.to_string().contains("an extent is on b"), "{err}");
-        assert_eq!(parse("TCP"), Ok(Fabric::Tcp));
-        assert_eq!(parse("verbs"), Ok(Fabric::Verbs));
-        assert!(parse("ib").is_err());
-        assert_eq!(name(Fabric::Shm), "shm");
+        assert_eq!(Fabric::parse("TCP"), Ok(Fabric::Tcp));
+        assert_eq!(Fabric::parse("verbs"), Ok(Fabric::Verbs));
+        assert!(Fabric::parse("ib").is_err());
+        assert_eq!(Fabric::Shm.name(), "shm");
     }
 
     #[test]

@@ -1,0 +1,52 @@
+//! Oncilla's domain types: what the daemon's core and the client library
+//! reason about (memory kinds, placement policies, fabrics, sizes, and the
+//! one rule for which fabric reaches an extent).
+//!
+//! Values here are valid by construction: the wire edge (`oncilla-proto`)
+//! converts protobuf messages into them once, with specific errors, so no
+//! core code reads a raw wire integer. This crate never depends on the wire
+//! format, a transport or the operating system.
+
+pub mod fabric;
+pub mod size;
+
+pub use fabric::Fabric;
+
+/// Page size used to align extents.
+pub const PAGE: u64 = 4096;
+
+/// What memory an allocation is made of and how far placement may take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Host memory on the asking process's node only (the local agent's pool).
+    LocalHost,
+    /// Host memory anywhere in the cluster, placed by the policy (the
+    /// default policy prefers the asking node).
+    RemoteHost,
+    /// Device memory of one of the asking node's GPUs, in the asking
+    /// process (the master tracks it; it ends with the process).
+    LocalGpu,
+    /// Device memory of a GPU held by an agent anywhere in the cluster.
+    RemoteGpu,
+}
+
+impl Kind {
+    /// Whether the bytes are device memory.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, Kind::LocalGpu | Kind::RemoteGpu)
+    }
+}
+
+/// How the master chooses nodes for an opaque request (no named nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Policy {
+    /// The asking node if it can hold it all, else the emptiest node that
+    /// can, else the asking node and then the emptiest others.
+    #[default]
+    LocalFirst,
+    /// An equal share on every live node with room (stripe it to use them
+    /// all on sequential access).
+    Spread,
+    /// As few nodes as possible.
+    Pack,
+}
