@@ -7,7 +7,10 @@
 //! core code reads a raw wire integer. This crate never depends on the wire
 //! format, a transport or the operating system.
 
+pub mod alloc;
+pub mod cluster;
 pub mod fabric;
+pub mod node;
 pub mod size;
 
 pub use fabric::Fabric;

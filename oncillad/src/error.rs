@@ -1,7 +1,8 @@
-//! Errors of the daemon's core (agent and master), and their one mapping to
-//! gRPC status codes. The core returns these; only `grpc/` turns them into
-//! `tonic::Status`.
+//! Errors of the daemon's core (agent and master) and of the ports it
+//! reaches peers through. The core returns these; only `grpc/` turns them
+//! into gRPC statuses (`grpc::status`), so nothing here knows a transport.
 
+use oncilla_model::alloc::Invalid;
 use oncilla_model::size::HumanBytes;
 
 use crate::pool::PoolError;
@@ -29,45 +30,41 @@ pub enum CoreError {
     CapacityExhausted { requested: u64, detail: String },
     #[error("invalid request: {0}")]
     InvalidArgument(String),
-    /// GPU memory asked where there is none; the message starts with "no
-    /// GPU", which is how clients recognise it (see liboncilla's error).
+    /// A request the model refuses (sizes, names, kinds).
+    #[error("invalid request: {0}")]
+    Invalid(#[from] Invalid),
+    /// GPU memory asked where there is none.
     #[error("{0}")]
     NoGpu(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
-    #[error("agent {node} failed: {reason}")]
-    Agent { node: String, reason: String },
+    #[error("agent {node} failed: {source}")]
+    Agent {
+        node: String,
+        #[source]
+        source: LinkError,
+    },
     #[error("master recovering after a start: agents are re-registering; retry in {} ms", .0.as_millis())]
     Recovering(std::time::Duration),
     #[error(transparent)]
     Pool(#[from] PoolError),
 }
 
-impl From<CoreError> for tonic::Status {
-    fn from(e: CoreError) -> Self {
-        use tonic::Status;
-        let msg = e.to_string();
-        match e {
-            CoreError::NoSuchAllocation(_)
-            | CoreError::NoSuchName(_)
-            | CoreError::NoSuchSession(_) => Status::not_found(msg),
-            CoreError::NameTaken(..) => Status::already_exists(msg),
-            CoreError::InUse { .. } => Status::aborted(msg),
-            CoreError::UnknownNode { .. } | CoreError::InvalidArgument(_) => {
-                Status::invalid_argument(msg)
-            }
-            // A node that could not do its part (unreachable, or refused).
-            CoreError::NodeDown(_) | CoreError::Agent { .. } | CoreError::NoGpu(_) => {
-                Status::failed_precondition(msg)
-            }
-            CoreError::CapacityExhausted { .. } | CoreError::Pool(PoolError::Exhausted { .. }) => {
-                Status::resource_exhausted(msg)
-            }
-            CoreError::PermissionDenied(_) => Status::permission_denied(msg),
-            // The one UNAVAILABLE a server gives itself; the message starts
-            // with "master" so callers do not reword it as unreachable.
-            CoreError::Recovering(_) => Status::unavailable(msg),
-            CoreError::Internal(_) | CoreError::Pool(_) => Status::internal(msg),
-        }
-    }
+/// A peer reached through a port (the master's `AgentLink`, the agent's
+/// `MasterPort`) that did not do what was asked. The message is complete
+/// and says which peer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LinkError {
+    /// It could not be reached, or did not answer in time.
+    #[error("{0}")]
+    Unreachable(String),
+    /// It has no GPU for device memory.
+    #[error("{0}")]
+    NoGpu(String),
+    /// It refused for another reason.
+    #[error("{0}")]
+    Refused(String),
+    /// It answered something that cannot be right.
+    #[error("{0}")]
+    BadReply(String),
 }

@@ -172,7 +172,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 };
                 let devices = list
                     .into_iter()
-                    .map(|g| oncilla_proto::pb::GpuDevice {
+                    .map(|g| oncilla_model::node::GpuDevice {
                         index: g.index,
                         name: g.name,
                         total: g.total,
@@ -197,7 +197,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         }
         let (rdma_ports, rdma_note) = rdma.report();
         let (gpu_rdma, gpu_rdma_note) = rdma.probe_gpu(gpu_devices.first().map(|g| g.index));
-        let node = oncilla_proto::pb::NodeInfo {
+        let node = oncilla_model::node::NodeInfo {
             name: config.name.clone(),
             agent_addr: config.advertised(grpc_addr),
             data_addr: config.advertised(data_addr),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dashmap::DashMap;
-use oncilla_proto::pb;
-use oncilla_proto::wire::KEY_LEN;
+use oncilla_model::alloc::{Allocation, RdmaRegion, KEY_LEN};
+use oncilla_model::Fabric;
 
 use oncilla_cuda::DeviceMem;
 
@@ -52,7 +52,7 @@ pub struct HeldExtent {
     /// Its memory as registered with the node's RDMA ports (one region per
     /// port, addressing the extent's first byte); empty where verbs does
     /// not reach it.
-    pub rdma: Vec<pb::RdmaRegion>,
+    pub rdma: Vec<RdmaRegion>,
 }
 
 impl HeldExtent {
@@ -91,9 +91,9 @@ pub struct Held {
     pub extents: Vec<Arc<HeldExtent>>,
     /// The allocation as the master described it at reservation (no
     /// extents, key or attachments).
-    pub record: pb::Allocation,
+    pub record: Allocation,
     /// The fabric its creator uses for this node.
-    pub fabric: i32,
+    pub fabric: Fabric,
 }
 
 impl Held {
@@ -180,8 +180,8 @@ mod tests {
                     rdma: Vec::new(),
                 }),
             ],
-            record: pb::Allocation::default(),
-            fabric: 0,
+            record: Allocation::new(0, 400, oncilla_model::Kind::RemoteHost),
+            fabric: Fabric::Auto,
         };
         assert_eq!(held.extent_for(0, 100), Some(0));
         assert_eq!(held.extent_for(350, 50), Some(1));

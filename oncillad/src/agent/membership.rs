@@ -6,13 +6,29 @@
 //! on the master and never decides anything itself: it only applies the
 //! releases the master asks for.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncilla_proto::pb;
+use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration};
 
 use crate::agent::Agent;
-use crate::grpc::links::MasterLink;
+use crate::error::LinkError;
+
+/// How the agent reaches the master (the gRPC edge implements it; tests
+/// can fake it).
+pub trait MasterPort: Send + Sync + 'static {
+    /// Joins (or re-joins) the cluster, reporting everything held.
+    fn register(
+        &self,
+        req: Registration,
+    ) -> impl Future<Output = Result<Registered, LinkError>> + Send;
+    /// Reports liveness, pool usage, what is held and sessions that ended.
+    fn heartbeat(
+        &self,
+        req: Heartbeat,
+    ) -> impl Future<Output = Result<HeartbeatReply, LinkError>> + Send;
+}
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 
@@ -24,7 +40,7 @@ fn backoff(current: Duration, max: Duration) -> Duration {
 }
 
 /// Registers and heartbeats forever.
-pub async fn run(agent: Arc<Agent>, master: MasterLink) {
+pub async fn run(agent: Arc<Agent>, master: impl MasterPort) {
     let mut interval = Duration::from_secs(1);
     let mut registered = false;
     let mut retry = RETRY_MIN;
@@ -62,7 +78,7 @@ pub async fn run(agent: Arc<Agent>, master: MasterLink) {
             }
             Err(e) => {
                 if reachable {
-                    tracing::warn!(error = %e.message(), "master unreachable; retrying");
+                    tracing::warn!(error = %e, "master unreachable; retrying");
                 }
                 reachable = false;
                 retry = backoff(retry, interval);
@@ -77,7 +93,7 @@ pub async fn run(agent: Arc<Agent>, master: MasterLink) {
     }
 }
 
-async fn register(agent: &Agent, master: &MasterLink) -> Result<Duration, tonic::Status> {
+async fn register(agent: &Agent, master: &impl MasterPort) -> Result<Duration, LinkError> {
     let (req, ended) = agent.registration();
     let (held, sessions) = (req.held.len(), req.sessions.len());
     let reply = master.register(req).await?;
@@ -94,10 +110,10 @@ async fn register(agent: &Agent, master: &MasterLink) -> Result<Duration, tonic:
     Ok(Duration::from_millis(reply.heartbeat_interval_ms.max(50)))
 }
 
-async fn heartbeat(agent: &Agent, master: &MasterLink) -> Result<bool, tonic::Status> {
+async fn heartbeat(agent: &Agent, master: &impl MasterPort) -> Result<bool, LinkError> {
     let ended = agent.ended_sessions();
     let reply = master
-        .heartbeat(pb::HeartbeatRequest {
+        .heartbeat(Heartbeat {
             name: agent.node().name.clone(),
             pool: Some(agent.usage()),
             incarnation: agent.incarnation(),

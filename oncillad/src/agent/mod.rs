@@ -12,13 +12,17 @@ pub mod held;
 pub mod lease;
 pub mod membership;
 
+pub use membership::MasterPort;
+
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
-use oncilla_proto::pb;
-use oncilla_proto::wire::KEY_LEN;
+use oncilla_model::alloc::{Allocation, Extent, Owner, RdmaRegion, KEY_LEN};
+use oncilla_model::cluster::{Piece, Registration, SessionReport};
+use oncilla_model::node::{NodeInfo, PoolUsage};
+use oncilla_model::{Fabric, Kind};
 use tokio::sync::Notify;
 
 use crate::error::CoreError;
@@ -41,7 +45,7 @@ pub struct SessionInfo {
 
 /// The agent core.
 pub struct Agent {
-    node: pb::NodeInfo,
+    node: NodeInfo,
     /// Random per start, never 0: tells the master this is a new, empty pool.
     incarnation: u64,
     pool: Arc<Pool>,
@@ -63,7 +67,7 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(node: pb::NodeInfo, pool: Arc<Pool>, rdma: Arc<Rdma>) -> Self {
+    pub fn new(node: NodeInfo, pool: Arc<Pool>, rdma: Arc<Rdma>) -> Self {
         Self {
             rdma,
             held: Arc::new(Holdings::new(node.name.clone())),
@@ -80,20 +84,20 @@ impl Agent {
         }
     }
 
-    /// This start of the agent (see [`pb::RegisterRequest::incarnation`]).
+    /// This start of the agent (see [`Registration::incarnation`]).
     pub fn incarnation(&self) -> u64 {
         self.incarnation
     }
 
     /// This node as it started (name, addresses, capacity); see
     /// [`Agent::info`] for what it reports now.
-    pub fn node(&self) -> &pb::NodeInfo {
+    pub fn node(&self) -> &NodeInfo {
         &self.node
     }
 
     /// What this node tells the master about itself now: its RDMA ports
     /// and fabrics as they are (a port may have gone away since start).
-    pub fn info(&self) -> pb::NodeInfo {
+    pub fn info(&self) -> NodeInfo {
         let mut info = self.node.clone();
         let (ports, note) = self.rdma.report();
         info.rdma = ports;
@@ -165,10 +169,10 @@ impl Agent {
         alloc_id: u64,
         key: &[u8],
         ranges: &[(u64, u64)],
-        record: pb::Allocation,
-        fabric: i32,
+        record: Allocation,
+        fabric: Fabric,
         gpu: Option<u32>,
-    ) -> Result<Vec<pb::Piece>, CoreError> {
+    ) -> Result<Vec<Piece>, CoreError> {
         let key: [u8; KEY_LEN] = key.try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
         })?;
@@ -208,7 +212,7 @@ impl Agent {
         }
         let pieces = extents
             .iter()
-            .map(|e| pb::Piece {
+            .map(|e| Piece {
                 alloc_offset: e.alloc_offset,
                 len: e.len,
                 pool_offset: e.pool_offset(),
@@ -220,7 +224,7 @@ impl Agent {
                 keys: Keys::none(),
                 key,
                 extents: Vec::new(),
-                record: pb::Allocation::default(),
+                record: Allocation::new(alloc_id, record.size, record.kind),
                 fabric,
             })
         });
@@ -285,7 +289,7 @@ impl Agent {
                 let n = (len - done).min(m.len() - used);
                 let rdma = regions[piece]
                     .iter()
-                    .map(|r| pb::RdmaRegion {
+                    .map(|r| RdmaRegion {
                         addr: r.addr + used,
                         ..r.clone()
                     })
@@ -309,9 +313,9 @@ impl Agent {
     }
 
     /// The pool's accounting, as reported to the master.
-    pub fn usage(&self) -> pb::PoolUsage {
+    pub fn usage(&self) -> PoolUsage {
         let s = self.pool.stats();
-        pb::PoolUsage {
+        PoolUsage {
             used: s.used,
             scrubbing: s.scrubbing,
             free: s.free,
@@ -375,13 +379,13 @@ impl Agent {
     ///
     /// # Errors
     /// [`CoreError::NoSuchSession`].
-    pub fn owner(&self, session_id: &str) -> Result<pb::Owner, CoreError> {
+    pub fn owner(&self, session_id: &str) -> Result<Owner, CoreError> {
         let s = self.session(session_id)?;
         Ok(self.owner_of(&s))
     }
 
-    fn owner_of(&self, s: &SessionInfo) -> pb::Owner {
-        pb::Owner {
+    fn owner_of(&self, s: &SessionInfo) -> Owner {
+        Owner {
             session_id: s.id.clone(),
             node: self.node.name.clone(),
             pid: s.pid,
@@ -432,7 +436,7 @@ impl Agent {
 
     /// Everything this agent holds and serves, for (re-)registering; with
     /// the ended sessions it covers (acknowledged by a successful register).
-    pub fn registration(&self) -> (pb::RegisterRequest, Vec<String>) {
+    pub fn registration(&self) -> (Registration, Vec<String>) {
         // Ended sessions first: one that ends after this snapshot is still
         // in the list of open ones or queued again.
         let ended = self.ended_sessions();
@@ -440,8 +444,8 @@ impl Agent {
         let sessions = self
             .sessions
             .iter()
-            .map(|s| pb::SessionReport {
-                who: Some(self.owner_of(s.value())),
+            .map(|s| SessionReport {
+                who: self.owner_of(s.value()),
                 attached: s.attached.iter().copied().collect(),
             })
             .collect();
@@ -456,7 +460,7 @@ impl Agent {
                 record.extents = h
                     .extents
                     .iter()
-                    .map(|x| pb::Extent {
+                    .map(|x| Extent {
                         node: self.node.name.clone(),
                         alloc_offset: x.alloc_offset,
                         len: x.len,
@@ -471,8 +475,8 @@ impl Agent {
                 record
             })
             .collect();
-        let req = pb::RegisterRequest {
-            node: Some(self.info()),
+        let req = Registration {
+            node: self.info(),
             incarnation: self.incarnation,
             master_incarnation: self.master_incarnation.load(Ordering::SeqCst),
             held,
@@ -524,7 +528,7 @@ fn gpu_extent(
     alloc_id: u64,
     ranges: &[(u64, u64)],
     index: u32,
-    record: &pb::Allocation,
+    record: &Allocation,
     rdma: &Rdma,
 ) -> Result<HeldExtent, CoreError> {
     let &[(0, len)] = ranges else {
@@ -532,9 +536,9 @@ fn gpu_extent(
             "GPU allocation {alloc_id} must be one range from offset 0"
         )));
     };
-    let (memory, rdma) = match pb::MemKind::try_from(record.kind) {
-        Ok(pb::MemKind::LocalGpu) => (Backing::InProcess { gpu: index }, Vec::new()),
-        Ok(pb::MemKind::RemoteGpu) => {
+    let (memory, rdma) = match record.kind {
+        Kind::LocalGpu => (Backing::InProcess { gpu: index }, Vec::new()),
+        Kind::RemoteGpu => {
             let mem = oncilla_cuda::Gpu::open(index)
                 .and_then(|g| g.alloc(len))
                 .map_err(gpu_error)?;
@@ -620,7 +624,7 @@ mod tests {
     use crate::pool::{HugePages, PoolSpec};
 
     fn agent() -> Agent {
-        let node = pb::NodeInfo {
+        let node = NodeInfo {
             name: "n1".into(),
             ..Default::default()
         };
@@ -637,32 +641,41 @@ mod tests {
     #[test]
     fn reserve_and_release() {
         let a = agent();
-        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)], rec(), 0, None)
+        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)], rec(), Fabric::Auto, None)
             .unwrap();
-        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)], rec(), 0, None)
+        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)], rec(), Fabric::Auto, None)
             .unwrap();
         assert_eq!(a.pool().stats().used, 3 * 4096);
         assert!(
-            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)], rec(), 0, None)
+            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)], rec(), Fabric::Auto, None)
                 .is_err(),
             "overlap"
         );
         assert!(
-            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)], rec(), 0, None)
+            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)], rec(), Fabric::Auto, None)
                 .is_err(),
             "other key"
         );
         assert!(
-            a.reserve(2, &[4; 3], &[(0, 10)], rec(), 0, None).is_err(),
+            a.reserve(2, &[4; 3], &[(0, 10)], rec(), Fabric::Auto, None)
+                .is_err(),
             "short key"
         );
         assert!(
-            a.reserve(3, &[4; KEY_LEN], &[(0, 10), (5, 10)], rec(), 0, None)
-                .is_err(),
+            a.reserve(
+                3,
+                &[4; KEY_LEN],
+                &[(0, 10), (5, 10)],
+                rec(),
+                Fabric::Auto,
+                None
+            )
+            .is_err(),
             "self-overlap"
         );
         assert!(
-            a.reserve(3, &[4; KEY_LEN], &[], rec(), 0, None).is_err(),
+            a.reserve(3, &[4; KEY_LEN], &[], rec(), Fabric::Auto, None)
+                .is_err(),
             "nothing"
         );
         let held = a.release(1).unwrap();
@@ -677,7 +690,14 @@ mod tests {
         let a = agent();
         // 20 pages do not fit one 16-page slab: two pieces tiling the range.
         let pieces = a
-            .reserve(9, &[1; KEY_LEN], &[(100, 20 * 4096 - 5)], rec(), 0, None)
+            .reserve(
+                9,
+                &[1; KEY_LEN],
+                &[(100, 20 * 4096 - 5)],
+                rec(),
+                Fabric::Auto,
+                None,
+            )
             .unwrap();
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces[0].alloc_offset, 100);
@@ -695,7 +715,7 @@ mod tests {
         let a = agent();
         let ranges = [(0, 4096), (3 * 4096, 4096), (6 * 4096, 100)];
         let pieces = a
-            .reserve(5, &[1; KEY_LEN], &ranges, rec(), 0, None)
+            .reserve(5, &[1; KEY_LEN], &ranges, rec(), Fabric::Auto, None)
             .unwrap();
         let got: Vec<(u64, u64)> = pieces.iter().map(|p| (p.alloc_offset, p.len)).collect();
         assert_eq!(got, ranges);
@@ -708,12 +728,10 @@ mod tests {
         assert_eq!(held.extent_for(4096, 1), None, "a gap held elsewhere");
     }
 
-    fn rec() -> pb::Allocation {
-        pb::Allocation {
-            size: 1 << 20,
-            name: "kept".into(),
-            ..Default::default()
-        }
+    fn rec() -> Allocation {
+        let mut a = Allocation::new(0, 1 << 20, Kind::RemoteHost);
+        a.name = "kept".into();
+        a
     }
 
     #[test]
@@ -724,7 +742,7 @@ mod tests {
         assert!(s.id.starts_with("n1-"));
         assert_eq!(a.session(&s.id).unwrap().pid, 7);
         a.note_attached(&t.id, 42, true);
-        a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), 2, None)
+        a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), Fabric::Shm, None)
             .unwrap();
         a.end_session(&s.id);
         assert!(matches!(a.session(&s.id), Err(CoreError::NoSuchSession(_))));
@@ -736,13 +754,13 @@ mod tests {
         assert_eq!(report.next_session_seq, 2);
         assert_eq!(report.sessions.len(), 1);
         let only = &report.sessions[0];
-        assert_eq!(only.who.as_ref().unwrap().session_seq, 1);
+        assert_eq!(only.who.session_seq, 1);
         assert_eq!(only.attached, [42]);
         let held = &report.held[0];
         assert_eq!((held.id, held.name.as_str()), (42, "kept"));
         assert_eq!(held.access_key, [5; KEY_LEN]);
         assert_eq!(held.extents.len(), 1);
-        assert_eq!(held.extents[0].fabric, 2);
+        assert_eq!(held.extents[0].fabric, Fabric::Shm);
 
         a.ack_ended(&ended);
         assert!(a.ended_sessions().is_empty());

@@ -282,7 +282,7 @@ impl Rdma {
     /// The node's RDMA ports for `NodeInfo` (those that went away say
     /// `REMOVED`), and why verbs is unavailable (empty when it is
     /// available).
-    pub fn report(&self) -> (Vec<pb::RdmaPort>, String) {
+    pub fn report(&self) -> (Vec<oncilla_model::node::RdmaPort>, String) {
         #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
         let mut ports = self.probe.to_wire();
         #[cfg(feature = "verbs")]
@@ -298,7 +298,10 @@ impl Rdma {
                 }
             }
         }
-        (ports, self.unavailable().unwrap_or_default())
+        (
+            ports.into_iter().map(Into::into).collect(),
+            self.unavailable().unwrap_or_default(),
+        )
     }
 
     fn labels(&self) -> String {
@@ -399,7 +402,7 @@ impl Rdma {
     pub unsafe fn register_host(
         &self,
         ranges: &[(*mut u8, u64)],
-    ) -> Result<(Keys, Vec<Vec<pb::RdmaRegion>>), String> {
+    ) -> Result<(Keys, Vec<Vec<oncilla_model::alloc::RdmaRegion>>), String> {
         if !self.available() {
             return Ok((Keys::none(), vec![Vec::new(); ranges.len()]));
         }
@@ -418,7 +421,7 @@ impl Rdma {
                     // SAFETY: the caller keeps the range mapped while the
                     // keys live; the agent posts nothing on it.
                     let mr = unsafe { self.fresh(port, dev, addr, len)? };
-                    regions[i].push(pb::RdmaRegion {
+                    regions[i].push(oncilla_model::alloc::RdmaRegion {
                         device: dev.port.device.clone(),
                         port: dev.port.port,
                         addr: mr.addr,
@@ -532,7 +535,7 @@ impl Rdma {
 /// deregisters (before the memory is freed: see `held::GpuMemory`).
 pub struct GpuRegistration {
     /// One region per port, for the extent's record.
-    pub regions: Vec<pb::RdmaRegion>,
+    pub regions: Vec<oncilla_model::alloc::RdmaRegion>,
     /// How the HCA took it: "nvidia-peermem" or "dma-buf".
     pub how: &'static str,
     /// Each registration with the index of its port.
@@ -580,7 +583,7 @@ impl Rdma {
             }
             .map_err(|e| format!("{}: {e}", dev.port.label()))?;
             how = way;
-            regions.push(pb::RdmaRegion {
+            regions.push(oncilla_model::alloc::RdmaRegion {
                 device: dev.port.device.clone(),
                 port: dev.port.port,
                 addr,

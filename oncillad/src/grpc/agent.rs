@@ -5,7 +5,9 @@ use std::sync::Arc;
 use oncilla_proto::pb::{self, agent_server};
 use tonic::{Request, Response, Status};
 
-use super::reply;
+use oncilla_model::cluster::{Reservation, Reserved};
+
+use super::{checked, reply};
 use crate::agent::Agent;
 
 pub struct AgentService {
@@ -31,7 +33,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
-        let r = req.into_inner();
+        let r: Reservation = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the scrubber: keep it off the executor.
         let reserved = tokio::task::spawn_blocking(move || {
@@ -41,16 +43,18 @@ impl agent_server::Agent for AgentService {
                 r.alloc_id,
                 &r.access_key,
                 &ranges,
-                r.record.unwrap_or_default(),
+                r.record,
                 r.fabric,
                 r.gpu,
             )
         })
         .await
         .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
-        reply(reserved.map(|pieces| pb::ReserveReply {
-            pieces,
-            pool: Some(self.agent.usage()),
+        reply(reserved.map(|pieces| {
+            pb::ReserveReply::from(Reserved {
+                pieces,
+                pool: Some(self.agent.usage()),
+            })
         }))
     }
 
@@ -69,7 +73,7 @@ impl agent_server::Agent for AgentService {
             drop(tokio::task::spawn_blocking(move || drop(held)));
         }
         Ok(Response::new(pb::ReleaseReply {
-            pool: Some(self.agent.usage()),
+            pool: Some(self.agent.usage().into()),
         }))
     }
 
@@ -78,8 +82,8 @@ impl agent_server::Agent for AgentService {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::AgentStatus>, Status> {
         Ok(Response::new(pb::AgentStatus {
-            node: Some(self.agent.info()),
-            pool: Some(self.agent.usage()),
+            node: Some(self.agent.info().into()),
+            pool: Some(self.agent.usage().into()),
             allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
             sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
             mappings: u32::try_from(self.agent.leases().len()).unwrap_or(u32::MAX),

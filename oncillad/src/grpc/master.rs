@@ -1,11 +1,15 @@
-//! The `Master` service: validates requests and calls the master core.
+//! The `Master` service: checks each request into domain values, calls the
+//! master core and converts its answers back to the wire.
 
 use std::sync::Arc;
 
+use oncilla_model::alloc::AllocSpec;
+use oncilla_model::cluster::{AllocateRequest, Registration};
+use oncilla_proto::convert::{alloc_ref, WireError};
 use oncilla_proto::pb::{self, master_server};
 use tonic::{Request, Response, Status};
 
-use super::reply;
+use super::{checked, reply};
 use crate::error::CoreError;
 use crate::grpc::links::GrpcAgentLink;
 use crate::master::Master;
@@ -20,6 +24,17 @@ impl MasterService {
     }
 }
 
+/// An edge check that failed, as INVALID_ARGUMENT.
+fn invalid(e: impl Into<WireError>) -> Status {
+    Status::invalid_argument(format!("invalid request: {}", e.into()))
+}
+
+/// An allocation request as the master core takes it.
+fn allocate_request(r: pb::AllocateRequest) -> Result<AllocateRequest, Status> {
+    let spec: AllocSpec = checked(r.spec.ok_or_else(|| invalid(WireError::Missing("spec")))?)?;
+    AllocateRequest::new(spec, r.origin_node, r.requester.map(Into::into)).map_err(invalid)
+}
+
 #[tonic::async_trait]
 impl master_server::Master for MasterService {
     #[tracing::instrument(skip_all, fields(node = req.get_ref().node.as_ref().map_or("", |n| n.name.as_str())))]
@@ -27,14 +42,16 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
-        reply(self.core.register(req.into_inner()).await)
+        let r: Registration = checked(req.into_inner())?;
+        reply(self.core.register(r).await)
     }
 
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
-        Ok(Response::new(self.core.heartbeat(req.into_inner()).await))
+        let beat = req.into_inner().into();
+        Ok(Response::new(self.core.heartbeat(beat).await.into()))
     }
 
     #[tracing::instrument(skip_all, fields(size = req.get_ref().spec.as_ref().map_or(0, |s| s.size)))]
@@ -42,19 +59,16 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
-        reply(self.core.allocate(req.into_inner()).await)
+        let r = allocate_request(req.into_inner())?;
+        reply(self.core.allocate(r).await)
     }
 
     #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         let r = req.into_inner();
-        let target = r.alloc.unwrap_or_default();
-        reply(
-            self.core
-                .free(&target, &r.session_id, r.force)
-                .await
-                .map(|()| pb::FreeReply {}),
-        )
+        let target = alloc_ref(r.alloc).map_err(invalid)?;
+        self.core.free(&target, &r.session_id, r.force).await?;
+        Ok(Response::new(pb::FreeReply {}))
     }
 
     #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
@@ -66,7 +80,8 @@ impl master_server::Master for MasterService {
         let who = r
             .requester
             .ok_or_else(|| CoreError::InvalidArgument("attach names no process".into()))?;
-        reply(self.core.attach(&r.alloc.unwrap_or_default(), who))
+        let target = alloc_ref(r.alloc).map_err(invalid)?;
+        reply(self.core.attach(&target, who.into()))
     }
 
     #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
@@ -75,11 +90,8 @@ impl master_server::Master for MasterService {
         req: Request<pb::DetachRequest>,
     ) -> Result<Response<pb::DetachReply>, Status> {
         let r = req.into_inner();
-        reply(
-            self.core
-                .detach(r.id, &r.session_id)
-                .map(|()| pb::DetachReply {}),
-        )
+        self.core.detach(r.id, &r.session_id)?;
+        Ok(Response::new(pb::DetachReply {}))
     }
 
     async fn list_nodes(
@@ -87,7 +99,7 @@ impl master_server::Master for MasterService {
         _req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::NodeList>, Status> {
         Ok(Response::new(pb::NodeList {
-            nodes: self.core.nodes(),
+            nodes: self.core.nodes().into_iter().map(Into::into).collect(),
             recovering_ms: u64::try_from(self.core.recovering().as_millis()).unwrap_or(u64::MAX),
         }))
     }
@@ -97,7 +109,12 @@ impl master_server::Master for MasterService {
         _req: Request<pb::ListAllocationsRequest>,
     ) -> Result<Response<pb::AllocationList>, Status> {
         Ok(Response::new(pb::AllocationList {
-            allocations: self.core.allocations(),
+            allocations: self
+                .core
+                .allocations()
+                .into_iter()
+                .map(Into::into)
+                .collect(),
         }))
     }
 
@@ -105,9 +122,7 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::GetAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
-        reply(
-            self.core
-                .allocation(&req.into_inner().alloc.unwrap_or_default()),
-        )
+        let target = alloc_ref(req.into_inner().alloc).map_err(invalid)?;
+        reply(self.core.allocation(&target))
     }
 }

@@ -27,7 +27,7 @@ impl SessionService {
 
     /// The process behind an open session, as the master records it.
     fn requester(&self, session_id: &str) -> Result<pb::Owner, Status> {
-        Ok(self.agent.owner(session_id)?)
+        Ok(self.agent.owner(session_id)?.into())
     }
 }
 

@@ -1,11 +1,15 @@
 //! Whether an agent is alive, from the master's point of view: `up` while
 //! it heartbeats, `suspect` after `suspect_after` of silence, `down` after
-//! `down_after`, and since when. Pure time arithmetic: this module never
-//! touches the allocation table or the network.
+//! `down_after`, and since when, and logging each node's changes once
+//! ([`Master::tick`]). The thresholds are pure time arithmetic; this module
+//! never changes the allocation table or reaches the network.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use oncilla_proto::pb::NodeState;
+use oncilla_model::node::NodeState;
+
+use super::state::State;
+use super::{AgentLink, Master};
 
 /// The master's thresholds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,13 +90,42 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Lower-case state name for logs and tables.
-pub fn state_name(s: NodeState) -> &'static str {
-    match s {
-        NodeState::Up => "up",
-        NodeState::Suspect => "suspect",
-        NodeState::Down => "down",
-        NodeState::Unspecified => "unknown",
+impl<L: AgentLink> Master<L> {
+    /// Logs every node whose state changed since the last call (call it
+    /// about once per heartbeat interval).
+    pub fn tick(&self) {
+        let mut st = self.lock();
+        let degraded_on = |st: &State, node: &str| {
+            st.allocs
+                .values()
+                .filter(|r| r.alloc.extents.iter().any(|e| e.node == node))
+                .count()
+        };
+        let mut changes = Vec::new();
+        for n in st.nodes.values_mut() {
+            let (state, _) = n.seen.state(&self.liveness);
+            if state != n.logged {
+                changes.push((n.info.name.clone(), n.logged, state));
+                n.logged = state;
+            }
+        }
+        for (node, from, to) in changes {
+            let allocations = degraded_on(&st, &node);
+            match to {
+                NodeState::Up => {
+                    tracing::info!(%node, from = from.name(), "node up again");
+                }
+                NodeState::Down => tracing::warn!(
+                    %node,
+                    silent_ms = self.liveness.down_after.as_millis(),
+                    degraded_allocations = allocations,
+                    "node down: missed its heartbeats"
+                ),
+                NodeState::Suspect => {
+                    tracing::warn!(%node, to = to.name(), "node missed heartbeats");
+                }
+            }
+        }
     }
 }
 

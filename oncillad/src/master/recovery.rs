@@ -9,10 +9,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use oncilla_proto::pb::{self, NodeState};
+use oncilla_model::alloc::{Allocation, Health, Owner};
+use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration};
+use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
 use super::liveness::{unix_ms, Seen};
-use super::{attach_session, AgentLink, Master, Node, Record, State};
+use super::state::{Node, Record, State};
+use super::{AgentLink, Master};
 use crate::error::CoreError;
 use crate::pool::round_up;
 
@@ -31,8 +34,8 @@ impl<L: AgentLink> Master<L> {
     ///
     /// # Errors
     /// [`CoreError::InvalidArgument`] for a node without name, endpoints or capacity.
-    pub async fn register(&self, req: pb::RegisterRequest) -> Result<pb::RegisterReply, CoreError> {
-        let info = req.node.clone().unwrap_or_default();
+    pub async fn register(&self, req: Registration) -> Result<Registered, CoreError> {
+        let info = req.node.clone();
         if info.name.is_empty() || info.agent_addr.is_empty() || info.data_addr.is_empty() {
             return Err(CoreError::InvalidArgument(
                 "a node needs a name, an agent address and a data address".into(),
@@ -49,7 +52,7 @@ impl<L: AgentLink> Master<L> {
         for session in &dead {
             self.end_session(session).await;
         }
-        Ok(pb::RegisterReply {
+        Ok(Registered {
             heartbeat_interval_ms: u64::try_from(self.liveness.heartbeat.as_millis())
                 .unwrap_or(u64::MAX),
             master_incarnation: self.incarnation,
@@ -65,8 +68,8 @@ impl<L: AgentLink> Master<L> {
     fn reconcile(
         &self,
         st: &mut State,
-        info: pb::NodeInfo,
-        req: &pb::RegisterRequest,
+        info: NodeInfo,
+        req: &Registration,
     ) -> (Vec<u64>, Vec<String>) {
         let name = info.name.clone();
         tracing::info!(node = %name, agent = %info.agent_addr, data = %info.data_addr, capacity = info.capacity, page = info.page_size, held = req.held.len(), "node registering");
@@ -91,10 +94,10 @@ impl<L: AgentLink> Master<L> {
         st.nodes.insert(
             name.clone(),
             Node {
-                pool: pb::PoolUsage {
+                pool: PoolUsage {
                     free: info.capacity,
                     largest_free: info.capacity,
-                    ..pb::PoolUsage::default()
+                    ..PoolUsage::default()
                 },
                 info,
                 incarnation: req.incarnation,
@@ -106,7 +109,7 @@ impl<L: AgentLink> Master<L> {
                     live: req
                         .sessions
                         .iter()
-                        .filter_map(|s| s.who.as_ref().map(|w| w.session_id.clone()))
+                        .map(|s| s.who.session_id.clone())
                         .collect(),
                 },
             },
@@ -136,10 +139,8 @@ impl<L: AgentLink> Master<L> {
             }
         }
         for s in &req.sessions {
-            if let Some(who) = &s.who {
-                for &id in &s.attached {
-                    attach_session(st, who.clone(), id);
-                }
+            for &id in &s.attached {
+                st.attach_session(s.who.clone(), id);
             }
         }
 
@@ -160,14 +161,14 @@ impl<L: AgentLink> Master<L> {
     /// allocations are freed) and the ids the node holds (the reply names
     /// those the master does not know, to release). Unknown nodes, and
     /// nodes that restarted without registering, must register.
-    pub async fn heartbeat(&self, req: pb::HeartbeatRequest) -> pb::HeartbeatReply {
+    pub async fn heartbeat(&self, req: Heartbeat) -> HeartbeatReply {
         let release = {
             let mut st = self.lock();
             let Some(n) = st.nodes.get_mut(&req.name) else {
-                return pb::HeartbeatReply::default();
+                return HeartbeatReply::default();
             };
             if n.incarnation != req.incarnation {
-                return pb::HeartbeatReply::default();
+                return HeartbeatReply::default();
             }
             let before = n.seen.heard(&self.liveness);
             if before != NodeState::Up {
@@ -190,7 +191,7 @@ impl<L: AgentLink> Master<L> {
         for s in &req.ended_sessions {
             self.end_session(s).await;
         }
-        pb::HeartbeatReply {
+        HeartbeatReply {
             known: true,
             release,
         }
@@ -200,7 +201,7 @@ impl<L: AgentLink> Master<L> {
 /// Whether the session `who` names is known to have ended: its agent has
 /// registered with this master since, under another incarnation, or
 /// without it among the sessions open then (or it ended after).
-fn session_dead(st: &State, who: &pb::Owner) -> bool {
+fn session_dead(st: &State, who: &Owner) -> bool {
     let Some(n) = st.nodes.get(&who.node) else {
         return false;
     };
@@ -209,10 +210,10 @@ fn session_dead(st: &State, who: &pb::Owner) -> bool {
 }
 
 /// Puts a record reported after a master restart back in the table.
-fn adopt_record(st: &mut State, mut alloc: pb::Allocation) {
+fn adopt_record(st: &mut State, mut alloc: Allocation) {
     let id = alloc.id;
     alloc.attached.clear();
-    alloc.health = 0;
+    alloc.health = Health::Healthy;
     alloc.health_notes.clear();
     if !alloc.name.is_empty() {
         match st.names.get(&alloc.name) {
@@ -240,7 +241,7 @@ fn adopt_record(st: &mut State, mut alloc: pb::Allocation) {
 
 /// Recomputes what the table places on `node` (its registration reset it).
 fn recount(st: &mut State, node: &str) {
-    let Some(page) = st.nodes.get(node).map(Node::page) else {
+    let Some(page) = st.nodes.get(node).map(|n| n.info.page()) else {
         return;
     };
     // Per allocation, like placement counted it: its ranges on a node were

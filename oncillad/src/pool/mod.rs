@@ -553,7 +553,7 @@ fn base_page() -> u64 {
         .ok()
         .flatten()
         .and_then(|p| u64::try_from(p).ok())
-        .unwrap_or(oncilla_proto::PAGE)
+        .unwrap_or(oncilla_model::PAGE)
 }
 
 /// Physical memory of this node in bytes.
@@ -568,7 +568,7 @@ fn physical_memory() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oncilla_proto::PAGE;
+    use oncilla_model::PAGE;
     use proptest::prelude::*;
 
     fn pool(pages: u64, slab_pages: u64) -> Pool {

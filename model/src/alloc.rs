@@ -1,0 +1,311 @@
+//! Allocations as the master records them and the agents keep them: the
+//! request (`AllocSpec`), the record (`Allocation` with its `Extent`s), who
+//! owns or uses it (`Owner`) and how it is named (`AllocRef`).
+//!
+//! A value of these types is valid: the wire edge builds them through the
+//! checks here (`AllocSpec::new`, `AllocRef::new`, `check_name`), never by
+//! trusting a peer. This module holds no policy about placement or fabrics.
+
+use crate::{Fabric, Kind, Policy};
+
+/// Largest single allocation accepted (1 PiB): anything above is a typo.
+pub const MAX_ALLOCATION: u64 = 1 << 50;
+/// Length of an allocation's access key.
+pub const KEY_LEN: usize = 16;
+/// Longest allocation name.
+pub const MAX_NAME: usize = 128;
+
+/// A request the model refuses, said so a person can fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("size {0} is above the limit of {MAX_ALLOCATION} bytes")]
+    TooLarge(u64),
+    #[error("bad name {0:?}: start with a letter; use letters, digits, '.', '_', '-'; at most 128 bytes")]
+    Name(String),
+    #[error("name an allocation by id or name")]
+    NoRef,
+    #[error("memory kind not given (local or remote host, local or remote GPU)")]
+    NoKind,
+    #[error("local GPU memory lives in the asking process and ends with it: it cannot be named or persistent, and only a session can ask for it (use remote-gpu)")]
+    LocalGpu,
+    #[error("an access key is {KEY_LEN} bytes, not {0}")]
+    KeyLength(usize),
+}
+
+/// Checks an allocation name: it starts with a letter and holds letters,
+/// digits, '.', '_' and '-' (never only digits, so a name is never
+/// mistaken for an id), at most [`MAX_NAME`] bytes.
+///
+/// # Errors
+/// [`Invalid::Name`].
+pub fn check_name(name: &str) -> Result<(), Invalid> {
+    let ok = name.len() <= MAX_NAME
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Invalid::Name(name.to_string()))
+    }
+}
+
+/// A node named in a transparent request, with its relative share.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeShare {
+    pub node: String,
+    /// Relative weight; 0 counts as 1.
+    pub weight: u32,
+}
+
+/// Where an allocation may go.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Placement {
+    pub policy: Policy,
+    /// Exactly these nodes, split by weight (overrides the policy).
+    pub nodes: Vec<NodeShare>,
+    /// Round-robin unit in bytes; 0 gives each node one contiguous range.
+    pub stripe: u64,
+    /// GPU kinds: the device index on the node.
+    pub gpu: Option<u32>,
+}
+
+/// What an application or operator asks for, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocSpec {
+    pub size: u64,
+    pub kind: Kind,
+    pub placement: Placement,
+    /// Empty: unnamed. A name makes the allocation persistent.
+    pub name: String,
+    pub persistent: bool,
+    /// The fabric the creator prefers.
+    pub fabric: Fabric,
+}
+
+impl AllocSpec {
+    /// A checked request.
+    ///
+    /// # Errors
+    /// [`Invalid::TooLarge`], [`Invalid::Name`].
+    pub fn new(
+        size: u64,
+        kind: Kind,
+        placement: Placement,
+        name: String,
+        persistent: bool,
+        fabric: Fabric,
+    ) -> Result<Self, Invalid> {
+        if size > MAX_ALLOCATION {
+            return Err(Invalid::TooLarge(size));
+        }
+        if !name.is_empty() {
+            check_name(&name)?;
+        }
+        Ok(Self {
+            size,
+            kind,
+            placement,
+            name,
+            persistent,
+            fabric,
+        })
+    }
+}
+
+/// An allocation named by id or by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocRef {
+    Id(u64),
+    Name(String),
+}
+
+impl AllocRef {
+    /// The id when it is not 0, else the name.
+    ///
+    /// # Errors
+    /// [`Invalid::NoRef`] when both are empty.
+    pub fn new(id: u64, name: String) -> Result<Self, Invalid> {
+        match (id, name.is_empty()) {
+            (0, true) => Err(Invalid::NoRef),
+            (0, false) => Ok(Self::Name(name)),
+            (id, _) => Ok(Self::Id(id)),
+        }
+    }
+}
+
+impl std::fmt::Display for AllocRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AllocRef::Id(id) => write!(f, "{id}"),
+            AllocRef::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+/// A process that owns or uses allocations, through its node's agent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Owner {
+    pub session_id: String,
+    pub node: String,
+    pub pid: u32,
+    pub program: String,
+    /// The start of the agent that opened the session.
+    pub agent_incarnation: u64,
+    /// The session's number within that start.
+    pub session_seq: u64,
+}
+
+impl std::fmt::Display for Owner {
+    /// "pid 12 (prog@node-1)".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} ({}@{})", self.pid, self.program, self.node)
+    }
+}
+
+/// A registration of an extent with one RDMA port of its agent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RdmaRegion {
+    pub device: String,
+    pub port: u32,
+    pub addr: u64,
+    pub rkey: u32,
+    /// The agent start that registered it.
+    pub incarnation: u64,
+}
+
+/// A contiguous piece of an allocation held by one agent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Extent {
+    pub node: String,
+    pub alloc_offset: u64,
+    pub len: u64,
+    pub pool_offset: u64,
+    pub data_addr: String,
+    /// What the creator uses to reach it.
+    pub fabric: Fabric,
+    pub agent_addr: String,
+    /// Device memory: the GPU index on the node.
+    pub gpu: Option<u32>,
+    pub rdma: Vec<RdmaRegion>,
+}
+
+/// Whether every byte of an allocation is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Health {
+    #[default]
+    Healthy,
+    /// Some extents are on a node that is down; they come back with it.
+    Degraded,
+    /// Some extents were on a node that restarted: those bytes are gone.
+    Lost,
+}
+
+/// An allocation as the master records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub id: u64,
+    pub size: u64,
+    pub kind: Kind,
+    /// In allocation order.
+    pub extents: Vec<Extent>,
+    /// [`KEY_LEN`] bytes, or empty in the records agents keep.
+    pub access_key: Vec<u8>,
+    /// The owning session; `None` for a persistent allocation.
+    pub owner: Option<Owner>,
+    pub created_unix_ms: u64,
+    /// Empty: unnamed.
+    pub name: String,
+    /// Processes attached (derived by the master when shown).
+    pub attached: Vec<Owner>,
+    pub placement: Placement,
+    pub origin_node: String,
+    /// Derived by the master when shown.
+    pub health: Health,
+    pub health_notes: Vec<String>,
+}
+
+impl Allocation {
+    /// A fresh record with no extents, key, attachments or health notes.
+    pub fn new(id: u64, size: u64, kind: Kind) -> Self {
+        Self {
+            id,
+            size,
+            kind,
+            extents: Vec::new(),
+            access_key: Vec::new(),
+            owner: None,
+            created_unix_ms: 0,
+            name: String::new(),
+            attached: Vec::new(),
+            placement: Placement::default(),
+            origin_node: String::new(),
+            health: Health::Healthy,
+            health_notes: Vec::new(),
+        }
+    }
+
+    /// The first byte range no extent covers, if any.
+    pub fn first_gap(&self) -> Option<(u64, u64)> {
+        let mut at = 0;
+        for e in &self.extents {
+            if e.alloc_offset > at {
+                return Some((at, e.alloc_offset));
+            }
+            at = at.max(e.alloc_offset + e.len);
+        }
+        (at < self.size).then_some((at, self.size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_refs_are_checked() {
+        assert!(check_name("table.v2_a-b").is_ok());
+        assert!(check_name("9lives").is_err());
+        assert!(check_name("").is_err());
+        assert!(check_name(&"a".repeat(129)).is_err());
+        assert_eq!(AllocRef::new(3, "x".into()), Ok(AllocRef::Id(3)));
+        assert_eq!(AllocRef::new(0, String::new()), Err(Invalid::NoRef));
+        assert_eq!(AllocRef::new(0, "t".into()), Ok(AllocRef::Name("t".into())));
+    }
+
+    #[test]
+    fn sizes_are_bounded() {
+        let spec = |size| {
+            AllocSpec::new(
+                size,
+                Kind::RemoteHost,
+                Placement::default(),
+                String::new(),
+                false,
+                Fabric::Auto,
+            )
+        };
+        assert!(spec(MAX_ALLOCATION).is_ok());
+        assert_eq!(
+            spec(MAX_ALLOCATION + 1),
+            Err(Invalid::TooLarge(MAX_ALLOCATION + 1))
+        );
+    }
+
+    #[test]
+    fn gaps_are_found() {
+        let mut a = Allocation::new(1, 30, Kind::RemoteHost);
+        let ext = |alloc_offset, len| Extent {
+            alloc_offset,
+            len,
+            ..Extent::default()
+        };
+        a.extents = vec![ext(0, 10), ext(20, 10)];
+        assert_eq!(a.first_gap(), Some((10, 20)));
+        a.extents.insert(1, ext(10, 10));
+        assert_eq!(a.first_gap(), None);
+        a.size = 40;
+        assert_eq!(a.first_gap(), Some((30, 40)));
+    }
+}

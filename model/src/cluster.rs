@@ -1,0 +1,133 @@
+//! What the master and the agents say to each other, as domain values:
+//! registration and heartbeats (membership, recovery) and reservation of
+//! an allocation's ranges on an agent. Transports carry these; they never
+//! reach the core as wire messages.
+
+use crate::alloc::{AllocSpec, Allocation, Invalid, Owner, RdmaRegion};
+use crate::node::{NodeInfo, PoolUsage};
+use crate::{Fabric, Kind};
+
+/// A live session an agent reports, with what it is attached to.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionReport {
+    pub who: Owner,
+    pub attached: Vec<u64>,
+}
+
+/// An agent joining (or re-joining) the master.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Registration {
+    pub node: NodeInfo,
+    /// This start of the agent (random, never 0).
+    pub incarnation: u64,
+    /// The master start it knew before, 0 for none.
+    pub master_incarnation: u64,
+    /// What it holds: each allocation's record, cut to its own extents.
+    pub held: Vec<Allocation>,
+    pub sessions: Vec<SessionReport>,
+    /// Its next session number (sessions below it were opened).
+    pub next_session_seq: u64,
+}
+
+/// The master's answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Registered {
+    pub heartbeat_interval_ms: u64,
+    pub master_incarnation: u64,
+    /// Allocation ids to release (freed while the agent was away).
+    pub release: Vec<u64>,
+}
+
+/// An agent's periodic report.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Heartbeat {
+    pub name: String,
+    /// `None`: unchanged since the last report.
+    pub pool: Option<PoolUsage>,
+    pub incarnation: u64,
+    pub held: Vec<u64>,
+    pub ended_sessions: Vec<String>,
+}
+
+/// The master's answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatReply {
+    /// False: register again (unknown node or a new start).
+    pub known: bool,
+    pub release: Vec<u64>,
+}
+
+/// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Range {
+    pub alloc_offset: u64,
+    pub len: u64,
+}
+
+/// The master asking an agent to hold ranges of an allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub alloc_id: u64,
+    pub access_key: Vec<u8>,
+    pub ranges: Vec<Range>,
+    /// The record the agent keeps, for a restarted master.
+    pub record: Allocation,
+    pub fabric: Fabric,
+    pub gpu: Option<u32>,
+}
+
+/// Where an agent put part of a reserved range.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Piece {
+    pub alloc_offset: u64,
+    pub len: u64,
+    pub pool_offset: u64,
+    pub rdma: Vec<RdmaRegion>,
+}
+
+/// An agent's answer to a reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reserved {
+    pub pieces: Vec<Piece>,
+    pub pool: Option<PoolUsage>,
+}
+
+/// A request for a new allocation, as the master takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocateRequest {
+    pub spec: AllocSpec,
+    /// The asking process's node (empty for an operator off the cluster).
+    pub origin_node: String,
+    /// The asking session; `None` for an operator.
+    pub requester: Option<Owner>,
+}
+
+impl AllocateRequest {
+    /// A checked request.
+    ///
+    /// # Errors
+    /// [`Invalid::LocalGpu`] for local GPU memory that is named,
+    /// persistent, or asked for outside a session.
+    pub fn new(
+        spec: AllocSpec,
+        origin_node: String,
+        requester: Option<Owner>,
+    ) -> Result<Self, Invalid> {
+        if spec.kind == Kind::LocalGpu
+            && (spec.persistent || !spec.name.is_empty() || requester.is_none())
+        {
+            return Err(Invalid::LocalGpu);
+        }
+        Ok(Self {
+            spec,
+            origin_node,
+            requester,
+        })
+    }
+
+    /// Whether it outlives its creator: named allocations and everything
+    /// an operator makes do.
+    pub fn persistent(&self) -> bool {
+        self.spec.persistent || !self.spec.name.is_empty() || self.requester.is_none()
+    }
+}

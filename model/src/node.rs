@@ -1,0 +1,108 @@
+//! Nodes as the master knows them: what an agent offers (`NodeInfo`), how
+//! full its pool is (`PoolUsage`) and whether it is alive (`NodeState`).
+//! Plain data: liveness rules live in the master, discovery in the agent.
+
+/// A GPU of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GpuDevice {
+    pub index: u32,
+    pub name: String,
+    pub total: u64,
+    pub free: u64,
+}
+
+/// An RDMA port of a node, as discovered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RdmaPort {
+    pub device: String,
+    pub port: u32,
+    pub link_layer: String,
+    pub state: String,
+    pub active_mtu: u32,
+    pub gids: u32,
+    pub numa_node: i32,
+    pub lid: u32,
+    pub rate: String,
+}
+
+/// What an agent offers the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    pub name: String,
+    /// gRPC `host:port` of the agent service.
+    pub agent_addr: String,
+    /// TCP data `host:port`.
+    pub data_addr: String,
+    /// Bytes of host memory in its pool.
+    pub capacity: u64,
+    /// Fabrics it serves ("tcp", "shm", "verbs").
+    pub fabrics: Vec<String>,
+    /// Its pool's page size (0: the default page).
+    pub page_size: u64,
+    pub pool_note: String,
+    pub rdma: Vec<RdmaPort>,
+    pub rdma_note: String,
+    pub gpu_devices: Vec<GpuDevice>,
+    pub gpu_note: String,
+    /// How device memory is registered for RDMA (empty: it is not).
+    pub gpu_rdma: String,
+    pub gpu_rdma_note: String,
+}
+
+impl NodeInfo {
+    /// Its pool's page size.
+    pub fn page(&self) -> u64 {
+        match self.page_size {
+            0 => crate::PAGE,
+            p => p,
+        }
+    }
+
+    /// Whether it serves the verbs fabric.
+    pub fn has_verbs(&self) -> bool {
+        self.fabrics.iter().any(|f| f == "verbs")
+    }
+}
+
+/// A node's pool, as the agent reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    pub used: u64,
+    pub scrubbing: u64,
+    pub free: u64,
+    pub largest_free: u64,
+}
+
+/// Whether a node is alive, as its heartbeats say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    Up,
+    /// Silent past the suspect threshold: gets no new memory.
+    Suspect,
+    /// Silent past the down threshold: its allocations are degraded.
+    Down,
+}
+
+impl NodeState {
+    /// "up", "suspect", "down".
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Up => "up",
+            NodeState::Suspect => "suspect",
+            NodeState::Down => "down",
+        }
+    }
+}
+
+/// A node as the master shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub info: NodeInfo,
+    /// Bytes reserved on it by allocations.
+    pub used: u64,
+    pub state: NodeState,
+    pub last_heartbeat_ms_ago: u64,
+    pub pool: PoolUsage,
+    pub state_since_unix_ms: u64,
+    pub incarnation: u64,
+}

@@ -1,0 +1,297 @@
+//! Allocating: plan where the bytes go, reserve them on every agent at
+//! once, then commit the record, or roll every reservation back. Requests
+//! arrive checked (`AllocateRequest`); this module decides, it never
+//! parses.
+
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
+use oncilla_model::alloc::{Allocation, Extent, KEY_LEN};
+use oncilla_model::cluster::{AllocateRequest, Piece, Range, Reservation, Reserved};
+use oncilla_model::fabric::{self, Memory, Rdma};
+use oncilla_model::{Fabric, Kind};
+
+use super::liveness::unix_ms;
+use super::placement::{self, Planned};
+use super::state::{Record, State, Target};
+use super::{AgentLink, Master};
+use crate::error::{CoreError, LinkError};
+
+impl<L: AgentLink> Master<L> {
+    /// Places, reserves and records a new allocation.
+    ///
+    /// # Errors
+    /// Taken names, unknown/down nodes, exhausted capacity, a fabric the
+    /// creator asked for that cannot reach a node, a master still
+    /// recovering, and agents that fail to reserve (whatever was reserved
+    /// is released again).
+    pub async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, CoreError> {
+        self.check_serving()?;
+        let key: [u8; KEY_LEN] = rand::random();
+        let persistent = req.persistent();
+        let AllocateRequest {
+            spec,
+            origin_node,
+            requester,
+        } = req;
+        let (owner, creator) = match requester {
+            Some(r) if persistent => (None, Some(r)),
+            requester => (requester, None),
+        };
+        // What every holder keeps, so a restarted master can rebuild it.
+        let mut alloc = Allocation::new(0, spec.size, spec.kind);
+        alloc.owner = owner;
+        alloc.created_unix_ms = unix_ms();
+        alloc.name = spec.name.clone();
+        alloc.placement = spec.placement.clone();
+        alloc.origin_node = origin_node.clone();
+
+        let (id, targets, fabrics) = {
+            let mut st = self.lock();
+            if let Some(&taken) = st.names.get(&spec.name) {
+                return Err(CoreError::NameTaken(spec.name, taken));
+            }
+            let plan = placement::plan(
+                &placement::Request {
+                    size: spec.size,
+                    kind: spec.kind,
+                    placement: &spec.placement,
+                    origin: &origin_node,
+                },
+                &self.candidates(&st),
+            )?;
+            let fabrics = plan
+                .iter()
+                .map(|p| creator_fabric(&st, p, spec.kind, &origin_node, spec.fabric))
+                .collect::<Result<Vec<_>, _>>()?;
+            let targets = hold(&mut st, plan)?;
+            let id = self.take_id(&mut st);
+            alloc.id = id;
+            if !spec.name.is_empty() {
+                // Held from now on, so a concurrent request cannot take it.
+                st.names.insert(spec.name.clone(), id);
+            }
+            (id, targets, fabrics)
+        };
+
+        let reserves = targets.iter().zip(&fabrics).map(|((p, addr, _), fabric)| {
+            self.link.reserve(
+                addr,
+                Reservation {
+                    alloc_id: id,
+                    access_key: key.to_vec(),
+                    ranges: p
+                        .ranges
+                        .iter()
+                        .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                        .collect(),
+                    record: alloc.clone(),
+                    fabric: *fabric,
+                    gpu: p.gpu,
+                },
+            )
+        });
+        let results = join_all(reserves).await;
+        self.note_pools(&results, &targets);
+        let results: Vec<Result<Vec<Piece>, LinkError>> = results
+            .into_iter()
+            .zip(&targets)
+            .map(|(r, (p, _, _))| r.and_then(|reply| check_pieces(p, reply.pieces)))
+            .collect();
+        if let Some((i, err)) = results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e.clone())))
+        {
+            let failed = targets[i].0.node.clone();
+            tracing::warn!(alloc_id = id, node = %failed, error = %err, "reserve failed; rolling back");
+            self.rollback(id, &spec.name, &targets).await;
+            return Err(CoreError::Agent {
+                node: failed,
+                source: err,
+            });
+        }
+
+        for (((p, agent, data), r), fabric) in targets.iter().zip(results).zip(&fabrics) {
+            alloc
+                .extents
+                .extend(r.unwrap_or_default().into_iter().map(|piece| Extent {
+                    node: p.node.clone(),
+                    alloc_offset: piece.alloc_offset,
+                    len: piece.len,
+                    pool_offset: piece.pool_offset,
+                    data_addr: data.clone(),
+                    // An agent whose HCA refused the registration returns no
+                    // region: `auto` then reaches the piece over TCP.
+                    fabric: if *fabric == Fabric::Verbs
+                        && piece.rdma.is_empty()
+                        && spec.fabric == Fabric::Auto
+                    {
+                        Fabric::Tcp
+                    } else {
+                        *fabric
+                    },
+                    agent_addr: agent.clone(),
+                    gpu: p.gpu,
+                    rdma: piece.rdma,
+                }));
+        }
+        alloc.extents.sort_by_key(|e| e.alloc_offset);
+        alloc.access_key = key.to_vec();
+        tracing::info!(
+            alloc_id = id,
+            size = spec.size,
+            name = %alloc.name,
+            nodes = targets.len(),
+            extents = alloc.extents.len(),
+            "allocated"
+        );
+        let mut st = self.lock();
+        st.reserving.remove(&id);
+        st.unreserve_gpus(&targets);
+        if let Some(who) = creator {
+            st.attach_session(who, id);
+        }
+        st.allocs.insert(
+            id,
+            Record {
+                alloc,
+                lost: BTreeMap::new(),
+                adopted: false,
+            },
+        );
+        self.view(&st, id)
+    }
+
+    /// A fresh id, marked as being reserved.
+    fn take_id(&self, st: &mut State) -> u64 {
+        let id = st.next_id;
+        st.next_id += 1;
+        st.reserving.insert(id);
+        id
+    }
+
+    /// Records the pool usage the agents reported with their reservations.
+    fn note_pools(&self, results: &[Result<Reserved, LinkError>], targets: &[Target]) {
+        let mut st = self.lock();
+        for (r, (p, _, _)) in results.iter().zip(targets) {
+            if let (Ok(reply), Some(n)) = (r, st.nodes.get_mut(&p.node)) {
+                n.pool = reply.pool.unwrap_or(n.pool);
+            }
+        }
+    }
+
+    /// Undoes a failed allocation. Every target is released, the failed
+    /// ones too: a reservation that timed out may still have happened.
+    async fn rollback(&self, id: u64, name: &str, targets: &[Target]) {
+        let releases = targets
+            .iter()
+            .map(|(_, addr, _)| self.link.release(addr, id));
+        for r in join_all(releases).await {
+            if let Err(e) = r {
+                tracing::warn!(alloc_id = id, error = %e, "release during rollback failed; the node's next heartbeat reconciles it");
+            }
+        }
+        let mut st = self.lock();
+        st.reserving.remove(&id);
+        st.unreserve_gpus(targets);
+        st.names.remove(name);
+        for (p, _, _) in targets {
+            if let (Some(n), None) = (st.nodes.get_mut(&p.node), p.gpu) {
+                n.reserved = n.reserved.saturating_sub(n.footprint(p.bytes()));
+            }
+        }
+    }
+}
+
+/// What the creator on `origin` will use for the share `p`, refused up
+/// front when its preference cannot reach the node.
+fn creator_fabric(
+    st: &State,
+    p: &Planned,
+    kind: Kind,
+    origin: &str,
+    preference: Fabric,
+) -> Result<Fabric, CoreError> {
+    if kind == Kind::LocalGpu {
+        // In the creator's own process: no fabric reaches it.
+        return Ok(Fabric::Auto);
+    }
+    let verbs = |node: &str| st.nodes.get(node).is_some_and(|n| n.info.has_verbs());
+    let rdma = if verbs(&p.node) && verbs(origin) {
+        Rdma::Both
+    } else {
+        Rdma::Unavailable(
+            format!(
+                "{} or {} has no usable RDMA port (see `ocmctl nodes`)",
+                p.node,
+                if origin.is_empty() {
+                    "the caller"
+                } else {
+                    origin
+                }
+            )
+            .into(),
+        )
+    };
+    let memory = match p.gpu {
+        // Registered at reservation on a node with verbs.
+        None => Memory::Host { rdma: true },
+        Some(_) => Memory::Gpu {
+            rdma: st
+                .nodes
+                .get(&p.node)
+                .is_some_and(|n| !n.info.gpu_rdma.is_empty()),
+        },
+    };
+    fabric::choose(&p.node, memory, origin, preference, &rdma)
+        .map_err(|e| CoreError::InvalidArgument(e.to_string()))
+}
+
+/// Takes the planned shares out of their nodes' free room (host bytes, or
+/// a GPU's while the reservation is in flight); returns them with their
+/// agents' addresses.
+fn hold(st: &mut State, plan: Vec<Planned>) -> Result<Vec<Target>, CoreError> {
+    let mut targets = Vec::with_capacity(plan.len());
+    for p in plan {
+        let node = st
+            .nodes
+            .get_mut(&p.node)
+            .ok_or_else(|| CoreError::NodeDown(p.node.clone()))?;
+        if p.gpu.is_none() {
+            node.reserved += node.footprint(p.bytes());
+        }
+        let (agent, data) = (node.info.agent_addr.clone(), node.info.data_addr.clone());
+        if let Some(g) = p.gpu {
+            *st.gpu_reserving.entry((p.node.clone(), g)).or_default() += p.bytes();
+        }
+        targets.push((p, agent, data));
+    }
+    Ok(targets)
+}
+
+/// Checks that an agent's pieces tile the planned ranges exactly.
+fn check_pieces(p: &Planned, pieces: Vec<Piece>) -> Result<Vec<Piece>, LinkError> {
+    let mut next = pieces.iter().peekable();
+    for &(offset, len) in &p.ranges {
+        let mut at = offset;
+        while at < offset + len {
+            match next.next() {
+                Some(piece) if piece.alloc_offset == at && piece.len > 0 => at += piece.len,
+                _ => break,
+            }
+        }
+        if at != offset + len {
+            return Err(LinkError::BadReply(format!(
+                "agent returned pieces that do not tile [{offset}, {})",
+                offset + len
+            )));
+        }
+    }
+    if next.peek().is_some() {
+        return Err(LinkError::BadReply(
+            "agent returned pieces outside the requested ranges".into(),
+        ));
+    }
+    Ok(pieces)
+}

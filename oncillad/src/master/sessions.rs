@@ -1,0 +1,172 @@
+//! Freeing, attaching and detaching, and the end of a session: who may do
+//! what to an allocation, and telling its holders to release it. The
+//! asking session arrives as an id checked by the edge; this module never
+//! parses.
+
+use futures_util::future::join_all;
+use oncilla_model::alloc::{AllocRef, Allocation, Owner};
+use oncilla_model::node::NodeState;
+
+use super::state::State;
+use super::{AgentLink, Master};
+use crate::error::CoreError;
+
+impl<L: AgentLink> Master<L> {
+    /// Frees an allocation. `session` is the asking session, empty for
+    /// operators. A persistent allocation that other processes are attached
+    /// to is freed only with `force`; they then get "no such allocation"
+    /// from every copy.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`] / [`CoreError::NoSuchName`];
+    /// [`CoreError::PermissionDenied`] when a session frees another
+    /// session's allocation; [`CoreError::InUse`] without `force`;
+    /// [`CoreError::Recovering`].
+    pub async fn free(
+        &self,
+        target: &AllocRef,
+        session: &str,
+        force: bool,
+    ) -> Result<(), CoreError> {
+        self.check_serving()?;
+        let (id, holders) = {
+            let mut st = self.lock();
+            let id = st.resolve(target)?;
+            let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+            if let Some(owner) = &rec.alloc.owner {
+                if !session.is_empty() && owner.session_id != session {
+                    return Err(CoreError::PermissionDenied(format!(
+                        "allocation {id} belongs to another session ({})",
+                        owner.session_id
+                    )));
+                }
+            }
+            let others: Vec<String> = st
+                .attached_to(id)
+                .into_iter()
+                .filter(|a| a.session_id != session)
+                .map(ToString::to_string)
+                .collect();
+            if !others.is_empty() && !force {
+                return Err(CoreError::InUse {
+                    id,
+                    by: others.join(", "),
+                });
+            }
+            let holders = st.remove(id);
+            (id, self.live_holders(&st, holders))
+        };
+        self.release_on(id, holders).await;
+        tracing::info!(alloc_id = id, force, "freed");
+        Ok(())
+    }
+
+    /// Tells every holder to release `id` and records their pool usage. A
+    /// holder that cannot be reached drops it on its next heartbeat (it
+    /// reports what it holds; the master answers with what to release).
+    pub(super) async fn release_on(&self, id: u64, holders: Vec<(String, String)>) {
+        let replies = join_all(holders.iter().map(|(_, a)| self.link.release(a, id))).await;
+        let mut st = self.lock();
+        for ((node, _), r) in holders.iter().zip(replies) {
+            match r {
+                Ok(pool) => {
+                    if let Some(n) = st.nodes.get_mut(node) {
+                        n.pool = pool.unwrap_or(n.pool);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(alloc_id = id, node = %node, error = %e, "agent did not confirm release; its next heartbeat reconciles it");
+                }
+            }
+        }
+    }
+
+    /// Attaches a process to a persistent allocation (by id or name).
+    ///
+    /// # Errors
+    /// Unknown allocations; [`CoreError::InvalidArgument`] for one that
+    /// belongs to a session (it ends with that session);
+    /// [`CoreError::Recovering`].
+    pub fn attach(&self, target: &AllocRef, who: Owner) -> Result<Allocation, CoreError> {
+        self.check_serving()?;
+        let mut st = self.lock();
+        let id = st.resolve(target)?;
+        let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+        if let Some(owner) = &rec.alloc.owner {
+            return Err(CoreError::InvalidArgument(format!(
+                "allocation {id} belongs to {owner} and ends with it; only persistent allocations can be attached"
+            )));
+        }
+        st.attach_session(who, id);
+        let alloc = self.view(&st, id)?;
+        tracing::info!(alloc_id = id, attached = alloc.attached.len(), "attached");
+        Ok(alloc)
+    }
+
+    /// Detaches a session from an allocation.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`]; [`CoreError::Recovering`].
+    pub fn detach(&self, id: u64, session: &str) -> Result<(), CoreError> {
+        self.check_serving()?;
+        let mut st = self.lock();
+        if !st.allocs.contains_key(&id) {
+            return Err(CoreError::NoSuchAllocation(id));
+        }
+        if let Some(s) = st.sessions.get_mut(session) {
+            s.attached.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Frees every allocation a session owns and detaches it from every
+    /// other (its application exited); returns how many were freed.
+    pub async fn end_session(&self, session: &str) -> u32 {
+        let freed: Vec<(u64, Vec<(String, String)>)> = {
+            let mut st = self.lock();
+            st.sessions.remove(session);
+            let ids: Vec<u64> = st
+                .allocs
+                .values()
+                .filter(|r| {
+                    r.alloc
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.session_id == session)
+                })
+                .map(|r| r.alloc.id)
+                .collect();
+            ids.into_iter()
+                .map(|id| {
+                    let holders = st.remove(id);
+                    (id, self.live_holders(&st, holders))
+                })
+                .collect()
+        };
+        let n = u32::try_from(freed.len()).unwrap_or(u32::MAX);
+        for (id, holders) in freed {
+            self.release_on(id, holders).await;
+        }
+        if n > 0 {
+            tracing::info!(
+                session,
+                freed = n,
+                "session ended; its allocations are freed"
+            );
+        }
+        n
+    }
+
+    /// The holders worth telling to release now: those that are up. The
+    /// others learn it from the reply to their next heartbeat.
+    fn live_holders(&self, st: &State, holders: Vec<(String, String)>) -> Vec<(String, String)> {
+        holders
+            .into_iter()
+            .filter(|(node, _)| {
+                st.nodes
+                    .get(node)
+                    .is_some_and(|n| n.seen.state(&self.liveness).0 == NodeState::Up)
+            })
+            .collect()
+    }
+}

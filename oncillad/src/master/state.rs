@@ -1,0 +1,171 @@
+//! The master's table and its bookkeeping: nodes, allocation records,
+//! names, sessions and reservations in flight, with the pure functions that
+//! keep them consistent. Nothing here awaits, logs decisions or reaches an
+//! agent; callers hold the master's lock around every use.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use oncilla_model::alloc::{AllocRef, Allocation, Owner};
+use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
+
+use super::liveness::Seen;
+use super::placement::Planned;
+use super::recovery::SessionsSeen;
+use crate::error::CoreError;
+use crate::pool::round_up;
+
+/// A registered node.
+pub(super) struct Node {
+    pub info: NodeInfo,
+    /// The agent's current start (a new one holds nothing from before).
+    pub incarnation: u64,
+    /// Bytes reserved on the node by allocations (page-rounded).
+    pub reserved: u64,
+    /// The pool as the node last reported it.
+    pub pool: PoolUsage,
+    pub seen: Seen,
+    /// The state last logged, to log each change once.
+    pub logged: NodeState,
+    /// Its sessions as of its registration, less those ended since.
+    pub sessions: SessionsSeen,
+}
+
+impl Node {
+    /// Bytes an extent of `len` takes on this node.
+    pub fn footprint(&self, len: u64) -> u64 {
+        round_up(len, self.info.page())
+    }
+}
+
+/// An allocation as the master keeps it.
+pub(super) struct Record {
+    /// Without attachments (derived from sessions) and health (derived from
+    /// node states when listed).
+    pub alloc: Allocation,
+    /// Nodes that restarted since, losing their extents: name -> unix ms.
+    pub lost: BTreeMap<String, u64>,
+    /// Rebuilt from an agent's report after a master restart.
+    pub adopted: bool,
+}
+
+/// A process's session, known from its allocations and attachments.
+pub(super) struct SessionRec {
+    pub who: Owner,
+    /// Persistent allocations it is attached to.
+    pub attached: BTreeSet<u64>,
+}
+
+/// A planned share of an allocation with its agent's addresses
+/// (agent, data).
+pub(super) type Target = (Planned, String, String);
+
+/// The whole table.
+#[derive(Default)]
+pub(super) struct State {
+    pub nodes: BTreeMap<String, Node>,
+    pub allocs: BTreeMap<u64, Record>,
+    /// Name -> id of named allocations.
+    pub names: BTreeMap<String, u64>,
+    pub sessions: BTreeMap<String, SessionRec>,
+    /// Ids being reserved: agents already hold them, the table not yet.
+    pub reserving: BTreeSet<u64>,
+    /// Device memory of allocations being reserved, per (node, GPU): not
+    /// in `allocs` yet, but no longer free for placement.
+    pub gpu_reserving: BTreeMap<(String, u32), u64>,
+    /// Adopted allocations freed since: a late report of one is released,
+    /// not adopted again.
+    pub freed_adopted: BTreeSet<u64>,
+    pub next_id: u64,
+}
+
+impl State {
+    pub fn new() -> Self {
+        Self {
+            next_id: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Ends the device-memory reservations of `targets` (recorded or rolled back).
+    pub fn unreserve_gpus(&mut self, targets: &[Target]) {
+        for (p, _, _) in targets {
+            let Some(g) = p.gpu else { continue };
+            let key = (p.node.clone(), g);
+            if let Some(left) = self.gpu_reserving.get_mut(&key) {
+                *left = left.saturating_sub(p.bytes());
+                if *left == 0 {
+                    self.gpu_reserving.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Adds `who` to the processes attached to `id`.
+    pub fn attach_session(&mut self, who: Owner, id: u64) {
+        self.sessions
+            .entry(who.session_id.clone())
+            .or_insert_with(|| SessionRec {
+                who,
+                attached: BTreeSet::new(),
+            })
+            .attached
+            .insert(id);
+    }
+
+    /// Processes attached to `id`.
+    pub fn attached_to(&self, id: u64) -> Vec<&Owner> {
+        self.sessions
+            .values()
+            .filter(|s| s.attached.contains(&id))
+            .map(|s| &s.who)
+            .collect()
+    }
+
+    /// Takes `id` out of the table and its nodes' accounting; returns the
+    /// holders to release it on (`(node, agent address)`), one per node.
+    pub fn remove(&mut self, id: u64) -> Vec<(String, String)> {
+        let Some(rec) = self.allocs.remove(&id) else {
+            return Vec::new();
+        };
+        if self.names.get(&rec.alloc.name) == Some(&id) {
+            self.names.remove(&rec.alloc.name);
+        }
+        for s in self.sessions.values_mut() {
+            s.attached.remove(&id);
+        }
+        if rec.adopted {
+            self.freed_adopted.insert(id);
+        }
+        // One Release per agent, and its footprint counted once: its ranges
+        // were reserved together.
+        let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
+        for e in &rec.alloc.extents {
+            // GPU memory is not the host pool's: the node is a holder all the same.
+            let host = if e.gpu.is_none() { e.len } else { 0 };
+            *per_node.entry(e.node.as_str()).or_default() += host;
+        }
+        let mut holders = Vec::with_capacity(per_node.len());
+        for (node, len) in per_node {
+            if rec.lost.contains_key(node) {
+                continue;
+            }
+            if let Some(n) = self.nodes.get_mut(node) {
+                n.reserved = n.reserved.saturating_sub(n.footprint(len));
+                holders.push((node.to_string(), n.info.agent_addr.clone()));
+            }
+        }
+        holders
+    }
+
+    /// The id an [`AllocRef`] names.
+    pub fn resolve(&self, target: &AllocRef) -> Result<u64, CoreError> {
+        match target {
+            AllocRef::Id(id) => Ok(*id),
+            AllocRef::Name(name) => self
+                .names
+                .get(name)
+                .copied()
+                .ok_or_else(|| CoreError::NoSuchName(name.clone())),
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! The master core against a fake agent link: allocation and its
+//! accounting, rollback, sessions, attachments, liveness and recovery.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncilla_model::alloc::{
+    AllocRef, AllocSpec, Allocation, Health, Invalid, NodeShare, Owner, Placement, KEY_LEN,
+};
+use oncilla_model::cluster::{
+    AllocateRequest, Heartbeat, Piece, Registration, Reservation, Reserved, SessionReport,
+};
+use oncilla_model::node::{GpuDevice, NodeInfo, NodeState, PoolUsage};
+use oncilla_model::{Fabric, Kind};
+
+use super::{AgentLink, Liveness, Master};
+use crate::error::{CoreError, LinkError};
+
+#[derive(Default, Clone)]
+struct FakeLink {
+    reserved: Arc<AtomicU64>,
+    released: Arc<AtomicU64>,
+    fail_on: Option<&'static str>,
+}
+
+impl AgentLink for FakeLink {
+    async fn reserve(&self, addr: &str, req: Reservation) -> Result<Reserved, LinkError> {
+        // Let other requests run meanwhile, as a real round trip does.
+        tokio::task::yield_now().await;
+        if Some(addr) == self.fail_on {
+            return Err(LinkError::Refused("pool exhausted".into()));
+        }
+        self.reserved.fetch_add(1, Ordering::SeqCst);
+        // Two pieces when a range is over a page, as a fragmented pool would.
+        let mut pieces = Vec::new();
+        for r in &req.ranges {
+            let first = r.len.min(4096);
+            pieces.push(Piece {
+                alloc_offset: r.alloc_offset,
+                len: first,
+                pool_offset: 0,
+                rdma: Vec::new(),
+            });
+            if r.len > first {
+                pieces.push(Piece {
+                    alloc_offset: r.alloc_offset + first,
+                    len: r.len - first,
+                    pool_offset: 8192,
+                    rdma: Vec::new(),
+                });
+            }
+        }
+        Ok(Reserved { pieces, pool: None })
+    }
+    async fn release(&self, _addr: &str, _id: u64) -> Result<Option<PoolUsage>, LinkError> {
+        self.released.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+fn node(name: &str, cap: u64) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        agent_addr: format!("{name}:1"),
+        data_addr: format!("{name}:2"),
+        capacity: cap,
+        ..Default::default()
+    }
+}
+
+fn owner(s: &str) -> Option<Owner> {
+    Some(Owner {
+        session_id: s.into(),
+        ..Default::default()
+    })
+}
+
+/// A master that serves at once (no recovery window).
+fn bare(link: FakeLink, liveness: Liveness) -> Master<FakeLink> {
+    let mut m = Master::new(link, liveness);
+    m.recovery = Duration::ZERO;
+    m
+}
+
+fn join(name: &str, cap: u64) -> Registration {
+    Registration {
+        node: node(name, cap),
+        incarnation: 1,
+        ..Default::default()
+    }
+}
+
+async fn master(link: FakeLink) -> Master<FakeLink> {
+    let m = bare(link, Liveness::from_heartbeat(Duration::from_secs(60)));
+    m.register(join("a", 1 << 20)).await.unwrap();
+    m.register(join("b", 1 << 20)).await.unwrap();
+    m
+}
+
+fn spec(size: u64, nodes: &[&str]) -> AllocSpec {
+    let placement = Placement {
+        nodes: nodes
+            .iter()
+            .map(|s| NodeShare {
+                node: s.to_string(),
+                weight: 1,
+            })
+            .collect(),
+        ..Placement::default()
+    };
+    AllocSpec::new(
+        size,
+        Kind::RemoteHost,
+        placement,
+        String::new(),
+        false,
+        Fabric::Auto,
+    )
+    .unwrap()
+}
+
+fn remote(size: u64, nodes: &[&str], requester: Option<Owner>) -> AllocateRequest {
+    AllocateRequest {
+        spec: spec(size, nodes),
+        origin_node: String::new(),
+        requester,
+    }
+}
+
+fn by_id(id: u64) -> AllocRef {
+    AllocRef::Id(id)
+}
+
+fn by_name(name: &str) -> AllocRef {
+    AllocRef::Name(name.into())
+}
+
+#[tokio::test]
+async fn allocate_free_accounting() {
+    let m = master(FakeLink::default()).await;
+    let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
+    // Two nodes (a takes whole pages), each answering with pieces, in
+    // allocation order.
+    let tiles: Vec<(u64, u64)> = a.extents.iter().map(|e| (e.alloc_offset, e.len)).collect();
+    assert_eq!(tiles, [(0, 4096), (4096, 4096), (8192, 1808)]);
+    assert_eq!(a.access_key.len(), KEY_LEN);
+    let used: u64 = m.nodes().iter().map(|n| n.used).sum();
+    assert_eq!(used, 8192 + 4096);
+    m.free(&by_id(a.id), "", false).await.unwrap();
+    assert!(m.nodes().iter().all(|n| n.used == 0));
+    assert!(matches!(
+        m.free(&by_id(a.id), "", false).await,
+        Err(CoreError::NoSuchAllocation(_))
+    ));
+}
+
+#[tokio::test]
+async fn striped_footprint_is_counted_once_per_node() {
+    let m = master(FakeLink::default()).await;
+    let mut s = spec(5 * 4096 + 10, &["a", "b"]);
+    s.placement.stripe = 4096;
+    let req = AllocateRequest {
+        spec: s,
+        origin_node: String::new(),
+        requester: None,
+    };
+    let a = m.allocate(req).await.unwrap();
+    assert_eq!(a.extents.len(), 6);
+    let nodes: Vec<&str> = a.extents.iter().map(|e| e.node.as_str()).collect();
+    assert_eq!(nodes, ["a", "b", "a", "b", "a", "b"]);
+    // a: 3 pages; b: 2 pages + 10 bytes -> 3 pages.
+    assert_eq!(m.nodes().iter().map(|n| n.used).sum::<u64>(), 6 * 4096);
+    m.free(&by_id(a.id), "", false).await.unwrap();
+    assert!(m.nodes().iter().all(|n| n.used == 0));
+}
+
+#[tokio::test]
+async fn failed_reserve_rolls_back() {
+    let link = FakeLink {
+        fail_on: Some("b:1"),
+        ..FakeLink::default()
+    };
+    let m = master(link.clone()).await;
+    let err = m
+        .allocate(remote(10_000, &["a", "b"], None))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("agent b failed"), "{err}");
+    // Both released: a failed reserve may have happened (a timeout).
+    assert_eq!(link.released.load(Ordering::SeqCst), 2);
+    assert!(m.allocations().is_empty());
+    assert!(m.nodes().iter().all(|n| n.used == 0));
+}
+
+/// Device memory is counted per GPU, never against the host pool, and
+/// a reservation still in flight already takes its room.
+#[tokio::test]
+async fn gpu_memory_is_counted_per_device_including_reservations_in_flight() {
+    let m = master(FakeLink::default()).await;
+    let mut g = join("g", 1 << 20);
+    {
+        g.node.gpu_devices = vec![GpuDevice {
+            index: 0,
+            name: "test GPU".into(),
+            total: 1 << 20,
+            free: 1 << 20,
+        }];
+    }
+    m.register(g).await.unwrap();
+    let gpu = |size: u64| {
+        let mut s = spec(size, &[]);
+        s.kind = Kind::RemoteGpu;
+        AllocateRequest {
+            spec: s,
+            origin_node: String::new(),
+            requester: None,
+        }
+    };
+    // Two at once: the second sees the first's reservation.
+    let (first, second) = tokio::join!(m.allocate(gpu(600 << 10)), m.allocate(gpu(600 << 10)));
+    let first = first.unwrap();
+    let err = second.unwrap_err();
+    assert!(err.to_string().contains("g GPU 0"), "{err}");
+    assert!(first
+        .extents
+        .iter()
+        .all(|e| e.node == "g" && e.gpu == Some(0)));
+    assert!(
+        m.nodes().iter().all(|n| n.used == 0),
+        "GPU bytes are not host pool bytes"
+    );
+    m.free(&by_id(first.id), "", false).await.unwrap();
+    m.allocate(gpu(600 << 10)).await.unwrap();
+    let err = m.allocate(gpu(600 << 10)).await.unwrap_err();
+    assert!(matches!(err, CoreError::CapacityExhausted { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn sessions_own_their_allocations() {
+    let m = master(FakeLink::default()).await;
+    let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
+    let _other = m.allocate(remote(100, &[], owner("s2"))).await.unwrap();
+    let persistent = m.allocate(remote(100, &[], None)).await.unwrap();
+    assert!(matches!(
+        m.free(&by_id(mine.id), "s2", false).await,
+        Err(CoreError::PermissionDenied(_))
+    ));
+    assert_eq!(m.end_session("s1").await, 1);
+    let left: Vec<u64> = m.allocations().iter().map(|a| a.id).collect();
+    assert_eq!(left.len(), 2);
+    assert!(left.contains(&persistent.id));
+}
+
+#[tokio::test]
+async fn named_allocations_attach_and_refuse_free_while_attached() {
+    let m = master(FakeLink::default()).await;
+    let mut s = spec(100, &[]);
+    s.name = "table".into();
+    let req = AllocateRequest {
+        spec: s.clone(),
+        origin_node: "a".into(),
+        requester: owner("s1"),
+    };
+    let a = m.allocate(req.clone()).await.unwrap();
+    assert!(a.owner.is_none(), "named allocations are persistent");
+    assert_eq!(a.attached.len(), 1);
+    assert!(matches!(
+        m.allocate(req).await,
+        Err(CoreError::NameTaken(_, id)) if id == a.id
+    ));
+    let who = owner("s2").unwrap();
+    let b = m.attach(&by_name("table"), who).unwrap();
+    assert_eq!(b.id, a.id);
+    assert_eq!(b.attached.len(), 2);
+    // s1 cannot free it while s2 is attached; force can.
+    let err = m.free(&by_name("table"), "s1", false).await.unwrap_err();
+    assert!(matches!(err, CoreError::InUse { .. }), "{err}");
+    m.detach(a.id, "s2").unwrap();
+    assert_eq!(
+        m.end_session("s1").await,
+        0,
+        "the creator leaving frees nothing"
+    );
+    assert!(m.allocation(&by_name("table")).unwrap().attached.is_empty());
+    m.attach(&by_id(a.id), owner("s3").unwrap()).unwrap();
+    m.free(&by_name("table"), "", true).await.unwrap();
+    assert!(matches!(
+        m.allocation(&by_name("table")),
+        Err(CoreError::NoSuchName(_))
+    ));
+    // The name is free again.
+    s.name = "table".into();
+    let again = AllocateRequest {
+        spec: s.clone(),
+        origin_node: String::new(),
+        requester: None,
+    };
+    assert!(m.allocate(again).await.is_ok());
+    // A bad name never reaches the master: the request cannot be built.
+    let bad = AllocSpec::new(
+        s.size,
+        s.kind,
+        s.placement.clone(),
+        "9lives".into(),
+        false,
+        Fabric::Auto,
+    );
+    assert!(matches!(bad, Err(Invalid::Name(_))));
+}
+
+#[tokio::test]
+async fn session_allocations_cannot_be_attached() {
+    let m = master(FakeLink::default()).await;
+    let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
+    let err = m.attach(&by_id(mine.id), owner("s2").unwrap()).unwrap_err();
+    assert!(err.to_string().contains("only persistent"), "{err}");
+}
+
+#[tokio::test]
+async fn shm_preference_is_refused_for_other_nodes() {
+    let m = master(FakeLink::default()).await;
+    let mut s = spec(100, &["b"]);
+    s.fabric = Fabric::Shm;
+    let req = AllocateRequest {
+        spec: s,
+        origin_node: "a".into(),
+        requester: owner("s1"),
+    };
+    let err = m.allocate(req).await.unwrap_err();
+    assert!(err.to_string().contains("fabric shm reaches only"), "{err}");
+    let mut s = spec(100, &["a"]);
+    s.fabric = Fabric::Auto;
+    let req = AllocateRequest {
+        spec: s,
+        origin_node: "a".into(),
+        requester: owner("s1"),
+    };
+    let a = m.allocate(req).await.unwrap();
+    assert_eq!(a.extents[0].fabric, Fabric::Shm);
+}
+
+fn beat(name: &str, held: Vec<u64>, ended: &[&str]) -> Heartbeat {
+    Heartbeat {
+        name: name.into(),
+        incarnation: 1,
+        held,
+        ended_sessions: ended.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn silent_nodes_go_down_and_their_allocations_degrade() {
+    let l = Liveness {
+        heartbeat: Duration::from_millis(1),
+        suspect_after: Duration::from_millis(20),
+        down_after: Duration::from_millis(40),
+    };
+    let m = bare(FakeLink::default(), l);
+    m.register(join("a", 1 << 20)).await.unwrap();
+    let a = m.allocate(remote(10, &["a"], None)).await.unwrap();
+    assert_eq!(a.health, Health::Healthy);
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(m.nodes()[0].state, NodeState::Down);
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    assert_eq!(seen.health, Health::Degraded);
+    assert!(
+        seen.health_notes[0].starts_with("a down since"),
+        "{:?}",
+        seen.health_notes
+    );
+    assert!(m.allocate(remote(1, &[], None)).await.is_err());
+    assert!(m.heartbeat(beat("a", vec![a.id], &[])).await.known);
+    assert_eq!(m.nodes()[0].state, NodeState::Up);
+    assert!(!m.heartbeat(beat("zz", vec![], &[])).await.known);
+    let mut other = beat("a", vec![], &[]);
+    other.incarnation = 2;
+    assert!(
+        !m.heartbeat(other).await.known,
+        "a restarted agent must register"
+    );
+}
+
+#[tokio::test]
+async fn a_new_master_waits_for_agents_before_changing_the_table() {
+    let m = Master::new(
+        FakeLink::default(),
+        Liveness::from_heartbeat(Duration::from_secs(1)),
+    );
+    m.register(join("a", 1 << 20)).await.unwrap();
+    let err = m.allocate(remote(10, &[], None)).await.unwrap_err();
+    assert!(err.to_string().starts_with("master recovering"), "{err}");
+    assert!(m.recovering() > Duration::ZERO);
+}
+
+#[tokio::test]
+async fn heartbeats_free_ended_sessions_and_release_strays() {
+    let m = master(FakeLink::default()).await;
+    let mine = m.allocate(remote(100, &["a"], owner("s1"))).await.unwrap();
+    let kept = m.allocate(remote(100, &["a"], None)).await.unwrap();
+    let reply = m
+        .heartbeat(beat("a", vec![mine.id, kept.id, 999], &["s1"]))
+        .await;
+    assert!(reply.known);
+    assert_eq!(reply.release, [999]);
+    let left: Vec<u64> = m.allocations().iter().map(|a| a.id).collect();
+    assert_eq!(left, [kept.id]);
+}
+
+/// What agent `node` reports after a master restart: `allocs` as the old
+/// master recorded them, cut down to that node's extents.
+fn report(
+    node_name: &str,
+    allocs: &[Allocation],
+    sessions: Vec<SessionReport>,
+    next_session_seq: u64,
+) -> Registration {
+    let held = allocs
+        .iter()
+        .filter(|a| a.extents.iter().any(|e| e.node == node_name))
+        .map(|a| {
+            let mut r = a.clone();
+            r.attached.clear();
+            r.extents.retain(|e| e.node == node_name);
+            r
+        })
+        .collect();
+    Registration {
+        node: node(node_name, 1 << 20),
+        incarnation: 1,
+        master_incarnation: 77,
+        held,
+        sessions,
+        next_session_seq,
+    }
+}
+
+fn session(id: &str, node: &str, seq: u64) -> Owner {
+    Owner {
+        session_id: id.into(),
+        node: node.into(),
+        agent_incarnation: 1,
+        session_seq: seq,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_master_rebuilds_the_table_from_reports() {
+    let old = master(FakeLink::default()).await;
+    let live = session("a-live", "a", 0);
+    let dead = session("a-dead", "a", 1);
+    let mut s = spec(10_000, &["a", "b"]);
+    s.name = "shared".into();
+    let named = old
+        .allocate(AllocateRequest {
+            spec: s,
+            origin_node: "a".into(),
+            requester: Some(live.clone()),
+        })
+        .await
+        .unwrap();
+    let owned = old
+        .allocate(remote(100, &["b"], Some(live.clone())))
+        .await
+        .unwrap();
+    let orphan = old
+        .allocate(remote(100, &["b"], Some(dead.clone())))
+        .await
+        .unwrap();
+    let before = old.allocations();
+
+    let m = bare(
+        FakeLink::default(),
+        Liveness::from_heartbeat(Duration::from_secs(60)),
+    );
+    // b first: it holds half of `named`, `owned` and the dead session's.
+    let b = m.register(report("b", &before, vec![], 0)).await.unwrap();
+    assert!(b.release.is_empty());
+    let degraded = m.allocation(&by_name("shared")).unwrap();
+    assert_eq!(degraded.health, Health::Degraded, "a's half is missing");
+    // a reports its live session (attached to `named`); a-dead is gone.
+    let sessions = vec![SessionReport {
+        who: live.clone(),
+        attached: vec![named.id],
+    }];
+    m.register(report("a", &before, sessions, 2)).await.unwrap();
+    let after = m.allocations();
+    let ids: Vec<u64> = after.iter().map(|a| a.id).collect();
+    assert_eq!(
+        ids,
+        [named.id, owned.id],
+        "the dead session's allocation is freed"
+    );
+    assert_eq!(after[0], before[0], "rebuilt exactly");
+    assert_eq!(after[1], before[1]);
+    assert!(after.iter().all(|a| a.health == Health::Healthy));
+    assert_eq!(
+        m.nodes().iter().map(|n| n.used).sum::<u64>(),
+        old.nodes().iter().map(|n| n.used).sum::<u64>() - 4096
+    );
+    // New ids continue after the adopted ones.
+    let next = m.allocate(remote(1, &[], None)).await.unwrap();
+    assert!(next.id > orphan.id);
+    // Freed while b was away: b's late report is released, not adopted.
+    m.free(&by_id(owned.id), "", false).await.unwrap();
+    let again = m.register(report("b", &before, vec![], 0)).await.unwrap();
+    assert!(again.release.contains(&owned.id), "{:?}", again.release);
+}
+
+#[tokio::test]
+async fn an_agent_that_restarted_loses_its_extents() {
+    let m = master(FakeLink::default()).await;
+    let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
+    let mut fresh = join("b", 1 << 20);
+    fresh.incarnation = 2;
+    m.register(fresh).await.unwrap();
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    assert_eq!(seen.health, Health::Lost);
+    assert!(
+        seen.health_notes[0].starts_with("b restarted"),
+        "{:?}",
+        seen.health_notes
+    );
+    let b_used = m.nodes().iter().find(|n| n.info.name == "b").unwrap().used;
+    assert_eq!(b_used, 0);
+    m.free(&by_id(a.id), "", false).await.unwrap();
+}

@@ -1,0 +1,164 @@
+//! What the master shows: nodes with usage and state, allocations with
+//! their attachments and health, and the placement candidates derived from
+//! the same table. Read-only over the table.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use oncilla_model::alloc::{AllocRef, Allocation, Health, Owner};
+use oncilla_model::node::{NodeState, NodeStatus};
+
+use super::placement::{Candidate, GpuRoom};
+use super::state::{Record, State};
+use super::{AgentLink, Master};
+use crate::error::CoreError;
+
+impl<L: AgentLink> Master<L> {
+    /// Every node with its usage and state.
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        let st = self.lock();
+        st.nodes
+            .values()
+            .map(|n| {
+                let (state, since) = n.seen.state(&self.liveness);
+                NodeStatus {
+                    info: n.info.clone(),
+                    used: n.reserved,
+                    state,
+                    last_heartbeat_ms_ago: u64::try_from(n.seen.last.elapsed().as_millis())
+                        .unwrap_or(u64::MAX),
+                    pool: n.pool,
+                    state_since_unix_ms: since,
+                    incarnation: n.incarnation,
+                }
+            })
+            .collect()
+    }
+
+    /// Every allocation, by id, with attachments and health.
+    pub fn allocations(&self) -> Vec<Allocation> {
+        let st = self.lock();
+        // Attachments indexed once, not a scan of every session per allocation.
+        let mut attached: BTreeMap<u64, Vec<Owner>> = BTreeMap::new();
+        for s in st.sessions.values() {
+            for id in &s.attached {
+                attached.entry(*id).or_default().push(s.who.clone());
+            }
+        }
+        st.allocs
+            .values()
+            .map(|rec| {
+                let who = attached.remove(&rec.alloc.id).unwrap_or_default();
+                self.render(&st, rec, who)
+            })
+            .collect()
+    }
+
+    /// One allocation, by id or name.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`] / [`CoreError::NoSuchName`].
+    pub fn allocation(&self, target: &AllocRef) -> Result<Allocation, CoreError> {
+        let st = self.lock();
+        let id = st.resolve(target)?;
+        self.view(&st, id)
+    }
+
+    /// An allocation as clients see it: with attachments and health.
+    pub(super) fn view(&self, st: &State, id: u64) -> Result<Allocation, CoreError> {
+        let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+        let attached = st.attached_to(id).into_iter().cloned().collect();
+        Ok(self.render(st, rec, attached))
+    }
+
+    /// `rec` with the processes `attached` to it and its health.
+    fn render(&self, st: &State, rec: &Record, attached: Vec<Owner>) -> Allocation {
+        let mut a = rec.alloc.clone();
+        a.attached = attached;
+        let (health, notes) = self.health(st, rec);
+        a.health = health;
+        a.health_notes = notes;
+        a
+    }
+
+    /// LOST when a holder restarted since, DEGRADED when a holder is down or
+    /// has not re-registered (or bytes are missing), else HEALTHY.
+    fn health(&self, st: &State, rec: &Record) -> (Health, Vec<String>) {
+        let mut health = Health::Healthy;
+        let mut notes = Vec::new();
+        let holders: BTreeSet<&str> = rec.alloc.extents.iter().map(|e| e.node.as_str()).collect();
+        for node in holders {
+            if let Some(&at) = rec.lost.get(node) {
+                health = Health::Lost;
+                notes.push(format!(
+                    "{node} restarted at unix ms {at}: its extents are gone"
+                ));
+                continue;
+            }
+            let state = st.nodes.get(node).map(|n| n.seen.state(&self.liveness));
+            match state {
+                Some((NodeState::Down, since)) => {
+                    health = health.max(Health::Degraded);
+                    notes.push(format!("{node} down since unix ms {since}"));
+                }
+                None => {
+                    health = health.max(Health::Degraded);
+                    notes.push(format!("{node} has not registered with this master"));
+                }
+                _ => {}
+            }
+        }
+        if let Some((from, to)) = rec.alloc.first_gap() {
+            health = health.max(Health::Degraded);
+            notes.push(format!(
+                "bytes {from}..{to} not reported yet: their node has not re-registered"
+            ));
+        }
+        (health, notes)
+    }
+
+    /// Every node as placement sees it: free host room, liveness, and free
+    /// room per GPU.
+    pub(super) fn candidates(&self, st: &State) -> Vec<Candidate> {
+        // Device memory placed so far, per (node, device): counted from the
+        // table each time, so no path that removes an allocation can leave
+        // it wrong.
+        // Extents on a node that restarted since are gone from its device
+        // (its new report no longer counts them); reservations in flight
+        // are not in the table yet.
+        let mut on_gpu: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for r in st.allocs.values() {
+            for e in &r.alloc.extents {
+                if let (Some(g), false) = (e.gpu, r.lost.contains_key(&e.node)) {
+                    *on_gpu.entry((e.node.as_str(), g)).or_default() += e.len;
+                }
+            }
+        }
+        for ((node, g), len) in &st.gpu_reserving {
+            *on_gpu.entry((node.as_str(), *g)).or_default() += len;
+        }
+        st.nodes
+            .values()
+            .map(|n| Candidate {
+                name: n.info.name.clone(),
+                free: n.info.capacity.saturating_sub(n.reserved),
+                up: n.seen.state(&self.liveness).0 == NodeState::Up,
+                page: n.info.page(),
+                gpus: n
+                    .info
+                    .gpu_devices
+                    .iter()
+                    .map(|g| GpuRoom {
+                        index: g.index,
+                        free: g.free.saturating_sub(
+                            on_gpu
+                                .get(&(n.info.name.as_str(), g.index))
+                                .copied()
+                                .unwrap_or(0),
+                        ),
+                    })
+                    .collect(),
+                gpu_note: n.info.gpu_note.clone(),
+            })
+            .collect()
+    }
+}

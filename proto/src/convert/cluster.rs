@@ -1,0 +1,203 @@
+//! Master <-> agent messages (membership and reservation): wire <-> domain.
+
+use oncilla_model::alloc::Allocation;
+use oncilla_model::cluster::{
+    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,
+    SessionReport,
+};
+
+use super::{fabric, fabric_wire, WireError};
+use crate::pb;
+
+impl TryFrom<pb::RegisterRequest> for Registration {
+    type Error = WireError;
+    fn try_from(r: pb::RegisterRequest) -> Result<Self, WireError> {
+        Ok(Self {
+            node: r.node.ok_or(WireError::Missing("the node"))?.into(),
+            incarnation: r.incarnation,
+            master_incarnation: r.master_incarnation,
+            held: r
+                .held
+                .into_iter()
+                .map(Allocation::try_from)
+                .collect::<Result<_, _>>()?,
+            sessions: r
+                .sessions
+                .into_iter()
+                .map(|s| {
+                    Ok(SessionReport {
+                        who: s.who.ok_or(WireError::Missing("a session's owner"))?.into(),
+                        attached: s.attached,
+                    })
+                })
+                .collect::<Result<_, WireError>>()?,
+            next_session_seq: r.next_session_seq,
+        })
+    }
+}
+
+impl From<Registration> for pb::RegisterRequest {
+    fn from(r: Registration) -> Self {
+        Self {
+            node: Some(r.node.into()),
+            incarnation: r.incarnation,
+            master_incarnation: r.master_incarnation,
+            held: r.held.into_iter().map(Into::into).collect(),
+            sessions: r
+                .sessions
+                .into_iter()
+                .map(|s| pb::SessionReport {
+                    who: Some(s.who.into()),
+                    attached: s.attached,
+                })
+                .collect(),
+            next_session_seq: r.next_session_seq,
+        }
+    }
+}
+
+impl From<pb::RegisterReply> for Registered {
+    fn from(r: pb::RegisterReply) -> Self {
+        Self {
+            heartbeat_interval_ms: r.heartbeat_interval_ms,
+            master_incarnation: r.master_incarnation,
+            release: r.release,
+        }
+    }
+}
+
+impl From<Registered> for pb::RegisterReply {
+    fn from(r: Registered) -> Self {
+        Self {
+            heartbeat_interval_ms: r.heartbeat_interval_ms,
+            master_incarnation: r.master_incarnation,
+            release: r.release,
+        }
+    }
+}
+
+impl From<pb::HeartbeatRequest> for Heartbeat {
+    fn from(h: pb::HeartbeatRequest) -> Self {
+        Self {
+            name: h.name,
+            pool: h.pool.map(Into::into),
+            incarnation: h.incarnation,
+            held: h.held,
+            ended_sessions: h.ended_sessions,
+        }
+    }
+}
+
+impl From<Heartbeat> for pb::HeartbeatRequest {
+    fn from(h: Heartbeat) -> Self {
+        Self {
+            name: h.name,
+            pool: h.pool.map(Into::into),
+            incarnation: h.incarnation,
+            held: h.held,
+            ended_sessions: h.ended_sessions,
+        }
+    }
+}
+
+impl From<pb::HeartbeatReply> for HeartbeatReply {
+    fn from(h: pb::HeartbeatReply) -> Self {
+        Self {
+            known: h.known,
+            release: h.release,
+        }
+    }
+}
+
+impl From<HeartbeatReply> for pb::HeartbeatReply {
+    fn from(h: HeartbeatReply) -> Self {
+        Self {
+            known: h.known,
+            release: h.release,
+        }
+    }
+}
+
+impl TryFrom<pb::ReserveRequest> for Reservation {
+    type Error = WireError;
+    fn try_from(r: pb::ReserveRequest) -> Result<Self, WireError> {
+        Ok(Self {
+            alloc_id: r.alloc_id,
+            access_key: r.access_key,
+            ranges: r
+                .ranges
+                .into_iter()
+                .map(|r| Range {
+                    alloc_offset: r.alloc_offset,
+                    len: r.len,
+                })
+                .collect(),
+            record: r
+                .record
+                .ok_or(WireError::Missing("the allocation record"))?
+                .try_into()?,
+            fabric: fabric(r.fabric)?,
+            gpu: r.gpu,
+        })
+    }
+}
+
+impl From<Reservation> for pb::ReserveRequest {
+    fn from(r: Reservation) -> Self {
+        Self {
+            alloc_id: r.alloc_id,
+            access_key: r.access_key,
+            ranges: r
+                .ranges
+                .into_iter()
+                .map(|r| pb::Range {
+                    alloc_offset: r.alloc_offset,
+                    len: r.len,
+                })
+                .collect(),
+            record: Some(r.record.into()),
+            fabric: fabric_wire(r.fabric),
+            gpu: r.gpu,
+        }
+    }
+}
+
+impl From<pb::Piece> for Piece {
+    fn from(p: pb::Piece) -> Self {
+        Self {
+            alloc_offset: p.alloc_offset,
+            len: p.len,
+            pool_offset: p.pool_offset,
+            rdma: p.rdma.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<Piece> for pb::Piece {
+    fn from(p: Piece) -> Self {
+        Self {
+            alloc_offset: p.alloc_offset,
+            len: p.len,
+            pool_offset: p.pool_offset,
+            rdma: p.rdma.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<pb::ReserveReply> for Reserved {
+    fn from(r: pb::ReserveReply) -> Self {
+        Self {
+            pieces: r.pieces.into_iter().map(Into::into).collect(),
+            pool: r.pool.map(Into::into),
+        }
+    }
+}
+
+impl From<Reserved> for pb::ReserveReply {
+    fn from(r: Reserved) -> Self {
+        Self {
+            pieces: r.pieces.into_iter().map(Into::into).collect(),
+            pool: r.pool.map(Into::into),
+        }
+    }
+}
