@@ -125,13 +125,14 @@ impl Descriptor {
         }
     }
 
-    /// Splits `[offset, offset + len)` into per-extent pieces:
-    /// `(extent, offset in allocation, offset in caller's buffer, length)`.
+    /// Splits `[offset, offset + len)` into per-extent pieces: `(extent
+    /// index, extent, offset in allocation, offset in caller's buffer,
+    /// length)`.
     pub(crate) fn pieces(
         &self,
         offset: u64,
         len: u64,
-    ) -> impl Iterator<Item = (&Extent, u64, usize, u64)> + '_ {
+    ) -> impl Iterator<Item = (usize, &Extent, u64, usize, u64)> + '_ {
         let end = offset + len;
         // Extents are ordered: start at the one holding `offset`.
         let first = self
@@ -139,13 +140,14 @@ impl Descriptor {
             .partition_point(|e| e.alloc_offset + e.len <= offset);
         self.extents[first..]
             .iter()
-            .take_while(move |e| e.alloc_offset < end)
-            .filter_map(move |e| {
+            .enumerate()
+            .take_while(move |(_, e)| e.alloc_offset < end)
+            .filter_map(move |(i, e)| {
                 let start = offset.max(e.alloc_offset);
                 let stop = end.min(e.alloc_offset + e.len);
                 (start < stop).then(|| {
                     let buf_at = usize::try_from(start - offset).unwrap_or(usize::MAX);
-                    (e, start, buf_at, stop - start)
+                    (first + i, e, start, buf_at, stop - start)
                 })
             })
     }
@@ -189,9 +191,12 @@ mod tests {
         let d = Descriptor::from_wire(wire(&[(0, 10), (10, 10), (20, 10)], 30)).unwrap();
         let p: Vec<_> = d
             .pieces(5, 20)
-            .map(|(e, a, b, l)| (e.alloc_offset, a, b, l))
+            .map(|(i, e, a, b, l)| (i, e.alloc_offset, a, b, l))
             .collect();
-        assert_eq!(p, vec![(0, 5, 0, 5), (10, 10, 5, 10), (20, 20, 15, 5)]);
+        assert_eq!(
+            p,
+            vec![(0, 0, 5, 0, 5), (1, 10, 10, 5, 10), (2, 20, 20, 15, 5)]
+        );
         assert!(d.check_range(25, 5).is_ok());
         assert!(matches!(
             d.check_range(25, 6),

@@ -86,25 +86,58 @@ impl From<oncilla_cuda::CudaError> for Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<tonic::Status> for Error {
+    /// The typed reason a daemon attached ([`oncilla_proto::status`]) wins;
+    /// otherwise the status code decides. The message is never read.
     fn from(s: tonic::Status) -> Self {
+        use oncilla_proto::status::{reason, Reason};
         use tonic::Code;
         let msg = s.message().to_string();
+        match reason(&s) {
+            Some((Reason::NoGpu, _)) => return Self::NoGpu(msg),
+            Some((Reason::NodeDown, _)) => return Self::NodeDown(msg),
+            Some((Reason::AgentFailed, _)) | None => {}
+        }
         match s.code() {
             Code::NotFound => Self::NotFound(msg),
             Code::ResourceExhausted => Self::CapacityExhausted(msg),
             Code::Unauthenticated | Code::PermissionDenied => Self::PermissionDenied(msg),
             Code::InvalidArgument | Code::OutOfRange => Self::InvalidArgument(msg),
-            // The master's "no GPU" answers start so (oncillad's CoreError::NoGpu).
-            Code::FailedPrecondition
-                if msg.starts_with("no GPU") || msg.contains("failed: no GPU") =>
-            {
-                Self::NoGpu(msg)
-            }
             Code::FailedPrecondition => Self::NodeDown(msg),
             Code::AlreadyExists => Self::AlreadyExists(msg),
             Code::Aborted => Self::InUse(msg),
             Code::Unavailable | Code::DeadlineExceeded => Self::Unavailable(msg),
             _ => Self::Internal(format!("{:?}: {msg}", s.code())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncilla_proto::status::{with_reason, Reason};
+    use tonic::{Code, Status};
+
+    use super::*;
+
+    #[test]
+    fn reasons_decide_over_codes_and_text_is_never_read() {
+        let no_gpu = with_reason(Code::FailedPrecondition, "whatever", Reason::NoGpu, "n1");
+        assert!(matches!(Error::from(no_gpu), Error::NoGpu(m) if m == "whatever"));
+        // Reasons travel whatever code the edge picked.
+        let down = with_reason(Code::Unavailable, "gone", Reason::NodeDown, "n2");
+        assert!(matches!(Error::from(down), Error::NodeDown(_)));
+        // Text that looks like a reason is only text.
+        let text = Status::failed_precondition("no GPU on n1");
+        assert!(matches!(Error::from(text), Error::NodeDown(_)));
+        let agent = with_reason(Code::Internal, "agent said no", Reason::AgentFailed, "n3");
+        assert!(matches!(Error::from(agent), Error::Internal(_)));
+        assert!(matches!(
+            Error::from(Status::not_found("x")),
+            Error::NotFound(_)
+        ));
+        assert!(matches!(Error::from(Status::aborted("x")), Error::InUse(_)));
+        assert!(matches!(
+            Error::from(Status::unauthenticated("x")),
+            Error::PermissionDenied(_)
+        ));
     }
 }

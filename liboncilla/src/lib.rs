@@ -30,14 +30,35 @@
 //! a reader racing a writer may see some of each. Order access with your
 //! own synchronisation.
 
+//!
+//! # Layout
+//! [`Options`] reads every `ONCILLA_*` setting; the session (`session`)
+//! makes and attaches allocations; opening one (`allocation`) decides once
+//! how each extent is reached (`route`: mapped memory, TCP or verbs); the
+//! data path (`fabric`, private) runs the pieces through the transport of
+//! each route; `device` plans copies that touch GPU memory of this process
+//! (on the device, GPUDirect RDMA, or staged) and `batch` runs copies in
+//! the background. [`Operator`] copies by descriptor without a session.
+
+mod allocation;
+mod batch;
 pub mod capi;
-mod client;
 mod descriptor;
+mod device;
 mod error;
-pub mod fabric;
+mod fabric;
+mod operator;
+mod options;
+mod route;
+mod session;
 mod spec;
 
-pub use client::{Allocation, Batch, Oncilla, Options, Pending};
+pub use allocation::Allocation;
+pub use batch::{Batch, Pending};
 pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};
+pub use fabric::{streams_for, STREAM_MIN};
+pub use operator::Operator;
+pub use options::{OptionError, Options, RdmaOptions, DEFAULT_STREAMS, STAGING_DEFAULT};
+pub use session::Oncilla;
 pub use spec::{AllocSpec, Fabric, Kind, Policy};

@@ -1,67 +1,84 @@
 //! The data path: turns "copy these bytes of this allocation" into work on
-//! the fabric of each node that holds them, all nodes in parallel.
+//! the route of each extent that holds them ([`crate::route`]), all nodes
+//! in parallel, and runs it through the [`Transport`] that shm, TCP and
+//! verbs each implement.
 //!
-//! It never talks to the master or the agent's control socket: a
-//! [`Descriptor`] carries everything it needs.
+//! It never talks to the master or the agent's control socket and never
+//! chooses a fabric: the routes, decided when the allocation was opened,
+//! say how each extent is reached. It is private to the crate; the public
+//! API ([`crate::Oncilla`], [`crate::Operator`]) is the way in.
 
-pub mod shm;
-pub mod tcp;
-pub mod verbs;
+pub(crate) mod shm;
+pub(crate) mod tcp;
+pub(crate) mod verbs;
 
 use std::io::{Read, Write};
 
-use oncilla_model::fabric::{self as choice, Rdma};
-use oncilla_model::Fabric;
+use oncilla_model::fabric::Rdma;
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{Op, Request};
 
-use crate::descriptor::Descriptor;
+use crate::descriptor::{Descriptor, Extent};
 use crate::error::{Error, Result};
-use shm::{Lease, Mapping};
+use crate::options::RdmaOptions;
+use crate::route::{Hop, Route};
+use shm::{Lease, Mapping, Memcpy};
 use tcp::{Chunk, IoBuf, TcpFabric, CHUNK};
 use verbs::plan::Remote;
+use verbs::Verbs;
 
-/// Connections per node one copy uses unless configured otherwise.
-pub const DEFAULT_STREAMS: usize = 4;
 /// Least bytes worth a connection of their own: below this a node's share
 /// of a copy goes over fewer connections than allowed.
 pub const STREAM_MIN: u64 = 1 << 20;
 
-/// One copy between caller memory and an allocation: `buf` is read from
-/// (write) or filled (read) at allocation offset `offset`.
-pub struct Transfer<'a> {
-    pub desc: &'a Descriptor,
-    /// This node's extents of the allocation, mapped.
-    pub local: Option<&'a Mapping>,
-    pub offset: u64,
-    pub buf: IoBuf<'a>,
-    /// The allocation's fabric preference (`Auto`: verbs where both ends
-    /// have it, else TCP).
-    pub fabric: Fabric,
+/// Moves the pieces of copies between caller memory and one node's memory
+/// on the calling thread. Shared memory, TCP and verbs implement it; the
+/// data path plans the pieces and runs one call per node (per connection
+/// for TCP) in parallel.
+pub(crate) trait Transport: Sync {
+    /// One piece in the form this transport moves it.
+    type Piece<'a>;
+
+    /// Moves every piece, all held by `to`; returns once each is complete
+    /// (a write's bytes are then in the holder's memory).
+    ///
+    /// # Errors
+    /// The first failure; the transport names the node.
+    fn execute(&self, to: Peer<'_>, pieces: &mut [Self::Piece<'_>]) -> Result<()>;
 }
 
-/// One copy between an allocation and device memory of this process, for
-/// [`DataPath::gpu_direct`].
-pub struct DeviceTransfer<'a> {
+/// The node a transport call goes to: its name, the address the transport
+/// uses (data port for TCP, agent for verbs, none for shm) and the
+/// allocation (verbs keys are per allocation).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer<'a> {
+    pub node: &'a str,
+    pub addr: &'a str,
+    pub alloc: u64,
+}
+
+/// An opened allocation as the data path needs it: the descriptor, the
+/// route of each extent, and this node's extents mapped.
+#[derive(Clone, Copy)]
+pub(crate) struct Target<'a> {
     pub desc: &'a Descriptor,
-    /// This node's extents of the allocation, mapped.
+    pub routes: &'a [Route],
     pub local: Option<&'a Mapping>,
+}
+
+/// One copy between caller memory and an allocation: `buf` is read from
+/// (write) or filled (read) at allocation offset `offset`.
+pub(crate) struct Transfer<'a> {
+    pub target: Target<'a>,
     pub offset: u64,
-    /// The allocation's fabric preference.
-    pub fabric: Fabric,
-    pub mem: &'a oncilla_cuda::DeviceMem,
-    pub mem_offset: u64,
-    pub len: u64,
-    /// Into the device (a read of the allocation); else out of it.
-    pub read: bool,
+    pub buf: IoBuf<'a>,
 }
 
 /// Moves bytes between local memory and allocations.
-pub struct DataPath {
+pub(crate) struct DataPath {
     tcp: TcpFabric,
+    verbs: Verbs,
     streams: usize,
-    #[cfg(feature = "verbs")]
-    verbs: verbs::VerbsFabric,
 }
 
 /// A node's share of a copy: its chunks, later dealt out to connections;
@@ -78,159 +95,40 @@ struct NodeWork<'a> {
 
 /// One thread's work in [`DataPath::run`].
 enum Job<'s, 'a> {
-    Tcp((&'a str, &'a str), &'s mut [Chunk<'a>]),
-    Verbs(&'a str, &'a str, u64, &'s mut [(Remote<'a>, IoBuf<'a>)]),
+    Tcp(Peer<'a>, &'s mut [Chunk<'a>]),
+    Verbs(Peer<'a>, &'s mut [(Remote<'a>, IoBuf<'a>)]),
 }
 
 impl DataPath {
-    /// A data path that authenticates with `token` and uses up to `streams`
-    /// connections per node for one copy.
-    pub fn new(token: Token, streams: usize) -> Self {
+    /// A data path that authenticates with `token`, uses up to `streams`
+    /// connections per node for one copy, and verbs as `rdma` says.
+    pub fn new(token: Token, streams: usize, rdma: &RdmaOptions) -> Self {
         Self {
-            #[cfg(feature = "verbs")]
-            verbs: verbs::VerbsFabric::from_env(token.clone()),
+            verbs: Verbs::new(token.clone(), rdma),
             tcp: TcpFabric::new(token),
             streams: streams.max(1),
         }
     }
 
-    /// Whether this process can use verbs to `node` (whose agent listens
-    /// at `agent_addr`), and if not, why. With the `verbs` feature this
-    /// sets up the queue pair on first use, so an agent without RDMA is
-    /// found out before a copy depends on it.
-    pub fn rdma_for(&self, node: &str, agent_addr: &str) -> Rdma {
-        #[cfg(feature = "verbs")]
-        return match self.verbs.reachable(node, agent_addr) {
-            Ok(()) => Rdma::Both,
-            Err(why) => Rdma::Unavailable(why),
-        };
-        #[cfg(not(feature = "verbs"))]
-        {
-            /// Made once: the reason is asked for on every copy.
-            static NO_VERBS: std::sync::LazyLock<std::sync::Arc<str>> =
-                std::sync::LazyLock::new(|| {
-                    "this build has no verbs support (rebuild with `cargo build --features verbs`)"
-                        .into()
-                });
-            let _ = (node, agent_addr);
-            Rdma::Unavailable(std::sync::Arc::clone(&NO_VERBS))
-        }
+    /// The verbs fabric, for device copies.
+    pub fn verbs(&self) -> &Verbs {
+        &self.verbs
     }
 
-    /// Copies `src` into the allocation at `offset` ([`DataPath::run`] with
-    /// one transfer).
+    /// Whether this process can use verbs to `extent`'s node, and if not,
+    /// why. With the `verbs` feature this sets up the queue pair on first
+    /// use, so an agent without RDMA is found out before a copy depends on
+    /// it; later asks are a lookup.
+    pub fn rdma_for(&self, extent: &Extent) -> Rdma {
+        self.verbs.reachable(&extent.node, &extent.agent_addr)
+    }
+
+    /// Where a piece of `extent` on `route` goes now.
     ///
     /// # Errors
-    /// As [`DataPath::run`].
-    pub fn write(
-        &self,
-        desc: &Descriptor,
-        offset: u64,
-        src: &[u8],
-        local: Option<&Mapping>,
-        fabric: Fabric,
-    ) -> Result<()> {
-        self.run([Transfer {
-            desc,
-            local,
-            offset,
-            buf: IoBuf::Write(src),
-            fabric,
-        }])
-    }
-
-    /// Fills `dst` from the allocation at `offset` ([`DataPath::run`] with
-    /// one transfer).
-    ///
-    /// # Errors
-    /// As [`DataPath::run`].
-    pub fn read(
-        &self,
-        desc: &Descriptor,
-        offset: u64,
-        dst: &mut [u8],
-        local: Option<&Mapping>,
-        fabric: Fabric,
-    ) -> Result<()> {
-        self.run([Transfer {
-            desc,
-            local,
-            offset,
-            buf: IoBuf::Read(dst),
-            fabric,
-        }])
-    }
-
-    /// Copies between an allocation and device memory of this process by
-    /// RDMA straight to or from the device (GPUDirect RDMA), when every
-    /// piece of the range goes over verbs and the HCA can register `mem`.
-    /// `None` when that is not possible here: the caller then stages
-    /// through host memory, which reaches everything.
-    pub fn gpu_direct(&self, t: DeviceTransfer<'_>) -> Option<Result<()>> {
-        #[cfg(feature = "verbs")]
-        {
-            let DeviceTransfer {
-                desc,
-                local,
-                offset,
-                fabric,
-                mem,
-                mem_offset,
-                len,
-                read,
-            } = t;
-            if local.is_some() || len == 0 {
-                return None;
-            }
-            if let Err(e) = desc.check_range(offset, len) {
-                return Some(Err(e));
-            }
-            if let Err(e) = mem.check(mem_offset, len) {
-                return Some(Err(e.into()));
-            }
-            // By node: (node, agent, pieces as (remote, device offset, len)).
-            let mut nodes: Vec<(&str, &str, Vec<verbs::plan::DevicePiece<'_>>)> = Vec::new();
-            for (extent, at, _, n) in desc.pieces(offset, len) {
-                if !matches!(self.remote_fabric(extent, fabric), Ok(Fabric::Verbs)) {
-                    return None;
-                }
-                let piece = (remote_at(extent, at), mem_offset + (at - offset), n);
-                match nodes.iter_mut().find(|w| w.0 == extent.node) {
-                    Some(w) => w.2.push(piece),
-                    None => nodes.push((&extent.node, &extent.agent_addr, vec![piece])),
-                }
-            }
-            for (i, (node, agent, pieces)) in nodes.iter().enumerate() {
-                match self
-                    .verbs
-                    .run_device(node, agent, desc.id, mem, pieces, read)
-                {
-                    Ok(Ok(())) => {}
-                    // Nothing moved yet (registration comes first, and
-                    // this is the first node): stage instead.
-                    Ok(Err(why)) if i == 0 => {
-                        tracing::debug!(
-                            "GPUDirect RDMA refused: {why}; staging through host memory"
-                        );
-                        return None;
-                    }
-                    Ok(Err(why)) => {
-                        return Some(Err(Error::Fabric {
-                            node: node.to_string(),
-                            addr: agent.to_string(),
-                            reason: format!("registering device memory for RDMA: {why}"),
-                        }))
-                    }
-                    Err(e) => return Some(Err(e)),
-                }
-            }
-            Some(Ok(()))
-        }
-        #[cfg(not(feature = "verbs"))]
-        {
-            let _ = t;
-            None
-        }
+    /// As [`Route::hop`].
+    pub fn hop(&self, extent: &Extent, route: Route) -> Result<Hop> {
+        route.hop(extent, || self.rdma_for(extent))
     }
 
     /// Runs every transfer; returns once all are complete (a write's bytes
@@ -238,7 +136,8 @@ impl DataPath {
     /// Extents mapped from this node's pool are copied with memcpy on this
     /// thread while other nodes are served over TCP, each node over up to
     /// `streams` connections in parallel (one thread each), every
-    /// connection pipelined. There is no order among the transfers.
+    /// connection pipelined, or over verbs. There is no order among the
+    /// transfers.
     ///
     /// A single transfer that fits one request on one remote node, and is
     /// too small to be worth a second connection, takes a direct path: no
@@ -269,31 +168,33 @@ impl DataPath {
         let mut jobs: Vec<Job<'_, 'a>> = Vec::new();
         for n in &mut nodes {
             if let Some((agent, id)) = n.rdma {
-                jobs.push(Job::Verbs(n.node, agent, id, &mut n.pieces));
+                let peer = Peer {
+                    node: n.node,
+                    addr: agent,
+                    alloc: id,
+                };
+                jobs.push(Job::Verbs(peer, &mut n.pieces));
                 continue;
             }
             let streams = streams_for(n.bytes, self.streams);
             n.chunks = resplit(std::mem::take(&mut n.chunks), n.bytes, streams);
+            let peer = Peer {
+                node: n.node,
+                addr: n.addr,
+                alloc: 0,
+            };
             deal(&mut n.chunks, n.bytes, streams, |part| {
-                jobs.push(Job::Tcp((n.node, n.addr), part));
+                jobs.push(Job::Tcp(peer, part));
             });
         }
-        let copy_local = move || {
-            for (ptr, buf) in local {
-                match buf {
-                    // SAFETY: `ptr` maps exactly this piece of an extent on
-                    // this node (`ptr_for` checked the range) and stays
-                    // valid while the mapping is borrowed; `b` is caller
-                    // memory, so they cannot overlap.
-                    IoBuf::Write(b) => unsafe {
-                        std::ptr::copy_nonoverlapping(b.as_ptr(), ptr, b.len());
-                    },
-                    // SAFETY: as above, with the roles swapped.
-                    IoBuf::Read(b) => unsafe {
-                        std::ptr::copy_nonoverlapping(ptr, b.as_mut_ptr(), b.len());
-                    },
-                }
-            }
+        let mut copy_local = move || {
+            let here = Peer {
+                node: "",
+                addr: "",
+                alloc: 0,
+            };
+            // Memcpy cannot fail: its pieces were checked when planned.
+            let _ = Memcpy.execute(here, &mut local);
         };
         let mut jobs = jobs.into_iter();
         let Some(first) = jobs.next() else {
@@ -310,63 +211,116 @@ impl DataPath {
 
     fn job(&self, job: Job<'_, '_>) -> Result<()> {
         match job {
-            Job::Tcp(peer, chunks) => self.tcp.run(peer, chunks),
-            #[cfg(feature = "verbs")]
-            Job::Verbs(node, agent, id, pieces) => self.verbs.run(node, agent, id, pieces),
-            #[cfg(not(feature = "verbs"))]
-            Job::Verbs(node, agent, id, pieces) => Err(Error::Fabric {
-                node: node.to_string(),
-                addr: agent.to_string(),
-                reason: format!(
-                    "allocation {id}: {} pieces planned over verbs in a build without it",
-                    pieces.len()
-                ),
-            }),
+            Job::Tcp(peer, chunks) => self.tcp.execute(peer, chunks),
+            Job::Verbs(peer, pieces) => self.verbs.execute(peer, pieces),
         }
     }
 
-    /// The fabric for a remote extent on `node`: verbs or TCP.
-    ///
-    /// # Errors
-    /// A preference that cannot reach the node (verbs without RDMA, shm).
-    fn remote_fabric(&self, extent: &crate::descriptor::Extent, prefer: Fabric) -> Result<Fabric> {
-        // Told TCP, `choose` answers TCP whatever verbs can do: do not ask.
-        if prefer == Fabric::Tcp {
-            return Ok(Fabric::Tcp);
-        }
-        // Local host extents never get here (they are mapped), so the
-        // caller's node does not matter: "" means "not this one".
-        let rdma = self.rdma_for(&extent.node, &extent.agent_addr);
-        choice::choose(&extent.node, extent.memory(), "", prefer, &rdma)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))
-    }
-
-    /// Runs `t` at once when it is one request to one remote node; hands
-    /// it back otherwise.
+    /// Runs `t` at once when it is one request to one remote node over
+    /// TCP; hands it back otherwise.
     fn direct<'a>(&self, t: Transfer<'a>) -> std::result::Result<Result<()>, Transfer<'a>> {
         let len = t.buf.len() as u64;
         // Copies touching a mapping go the general way: the lease check.
-        if !one_request(len, self.streams) || t.local.is_some() {
+        if !one_request(len, self.streams) || t.target.local.is_some() {
             return Err(t);
         }
-        if let Err(e) = t.desc.check_range(t.offset, len) {
+        let desc = t.target.desc;
+        if let Err(e) = desc.check_range(t.offset, len) {
             return Ok(Err(e));
         }
-        let mut pieces = t.desc.pieces(t.offset, len);
-        let (Some((extent, at, _, _)), None) = (pieces.next(), pieces.next()) else {
+        let mut pieces = desc.pieces(t.offset, len);
+        let (Some((i, extent, at, _, _)), None) = (pieces.next(), pieces.next()) else {
             return Err(t);
         };
-        match self.remote_fabric(extent, t.fabric) {
-            Ok(Fabric::Tcp) => {}
+        match self.hop(extent, t.target.routes[i]) {
+            Ok(Hop::Tcp) => {}
             Ok(_) => return Err(t),
             Err(e) => return Ok(Err(e)),
         }
         let mut one = [Chunk {
-            req: request(&t.buf, t.desc, at, len),
+            req: request(&t.buf, desc, at, len),
             buf: t.buf,
         }];
         Ok(self.tcp.run((&extent.node, &extent.data_addr), &mut one))
     }
+
+    /// Adds one transfer to the plan: its mapped pieces to `local`, the
+    /// others to their node's work (one piece per chunk for now, or by pool
+    /// offset over verbs).
+    fn plan<'a>(
+        &self,
+        t: Transfer<'a>,
+        nodes: &mut Vec<NodeWork<'a>>,
+        local: &mut Vec<(*mut u8, IoBuf<'a>)>,
+    ) -> Result<()> {
+        let Target {
+            desc,
+            routes,
+            local: mapping,
+        } = t.target;
+        let len = t.buf.len() as u64;
+        desc.check_range(t.offset, len)?;
+        check_lease(desc, mapping)?;
+        let mut rest = t.buf;
+        // Pieces come in allocation order, so the buffer is carved front to back.
+        for (i, extent, at, _, n) in desc.pieces(t.offset, len) {
+            let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
+            rest = tail;
+            let rdma = match self.hop(extent, routes[i])? {
+                Hop::Mapped => {
+                    let ptr = mapping.and_then(|m| m.ptr_for(at, n)).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "allocation {}: a mapped extent is not in the mapping",
+                            desc.id
+                        ))
+                    })?;
+                    local.push((ptr, head));
+                    continue;
+                }
+                Hop::Verbs => Some((extent.agent_addr.as_str(), desc.id)),
+                Hop::Tcp => None,
+            };
+            let work = find_or_push(
+                nodes,
+                |w| w.node == extent.node && w.addr == extent.data_addr && w.rdma == rdma,
+                || NodeWork {
+                    node: &extent.node,
+                    addr: &extent.data_addr,
+                    bytes: 0,
+                    chunks: Vec::new(),
+                    rdma,
+                    pieces: Vec::new(),
+                },
+            );
+            work.bytes += n;
+            if rdma.is_some() {
+                work.pieces.push((remote_at(extent, at), head));
+            } else {
+                work.chunks.push(Chunk {
+                    req: request(&head, desc, at, n),
+                    buf: head,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The entry of `groups` that `is` picks, made by `make` (at the end) when
+/// there is none: grouping a copy's pieces by node, in first-seen order.
+pub(crate) fn find_or_push<T>(
+    groups: &mut Vec<T>,
+    is: impl Fn(&T) -> bool,
+    make: impl FnOnce() -> T,
+) -> &mut T {
+    let i = match groups.iter().position(is) {
+        Some(i) => i,
+        None => {
+            groups.push(make());
+            groups.len() - 1
+        }
+    };
+    &mut groups[i]
 }
 
 /// Waits for every copy thread; the first error met (`first`, then the
@@ -401,65 +355,8 @@ pub fn streams_for(bytes: u64, max: usize) -> usize {
         .clamp(1, max.max(1))
 }
 
-impl DataPath {
-    /// Adds one transfer to the plan: its local pieces to `local`, the others
-    /// to their node's work (one piece per chunk for now, or by pool offset
-    /// over verbs).
-    fn plan<'a>(
-        &self,
-        t: Transfer<'a>,
-        nodes: &mut Vec<NodeWork<'a>>,
-        local: &mut Vec<(*mut u8, IoBuf<'a>)>,
-    ) -> Result<()> {
-        let len = t.buf.len() as u64;
-        t.desc.check_range(t.offset, len)?;
-        check_lease(t.desc, t.local)?;
-        let mut rest = t.buf;
-        // Pieces come in allocation order, so the buffer is carved front to back.
-        for (extent, at, _, n) in t.desc.pieces(t.offset, len) {
-            let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
-            rest = tail;
-            if let Some(ptr) = t.local.and_then(|m| m.ptr_for(at, n)) {
-                local.push((ptr, head));
-                continue;
-            }
-            let rdma = match self.remote_fabric(extent, t.fabric)? {
-                Fabric::Verbs => Some((extent.agent_addr.as_str(), t.desc.id)),
-                _ => None,
-            };
-            let i = match nodes
-                .iter()
-                .position(|w| w.node == extent.node && w.addr == extent.data_addr && w.rdma == rdma)
-            {
-                Some(i) => i,
-                None => {
-                    nodes.push(NodeWork {
-                        node: &extent.node,
-                        addr: &extent.data_addr,
-                        bytes: 0,
-                        chunks: Vec::new(),
-                        rdma,
-                        pieces: Vec::new(),
-                    });
-                    nodes.len() - 1
-                }
-            };
-            nodes[i].bytes += n;
-            if rdma.is_some() {
-                nodes[i].pieces.push((remote_at(extent, at), head));
-            } else {
-                nodes[i].chunks.push(Chunk {
-                    req: request(&head, t.desc, at, n),
-                    buf: head,
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Where allocation offset `at` (inside `extent`) lies on its node, for verbs.
-fn remote_at(extent: &crate::descriptor::Extent, at: u64) -> Remote<'_> {
+pub(crate) fn remote_at(extent: &Extent, at: u64) -> Remote<'_> {
     Remote {
         regions: &extent.rdma,
         at: at - extent.alloc_offset,

@@ -359,3 +359,35 @@ impl Drop for Mapping {
         }
     }
 }
+
+/// The shared-memory transport: memcpy between caller memory and this
+/// node's extents mapped into this process.
+pub(crate) struct Memcpy;
+
+impl super::Transport for Memcpy {
+    /// Where a piece lies in a [`Mapping`] (from [`Mapping::ptr_for`],
+    /// which checked that the mapping holds all of it) and the caller's
+    /// memory.
+    type Piece<'a> = (*mut u8, crate::fabric::tcp::IoBuf<'a>);
+
+    fn execute(&self, _: super::Peer<'_>, pieces: &mut [Self::Piece<'_>]) -> Result<()> {
+        use crate::fabric::tcp::IoBuf;
+        for (ptr, buf) in pieces {
+            match buf {
+                // SAFETY: `ptr` maps exactly this piece of an extent on
+                // this node (`ptr_for` checked the range) and stays valid
+                // while the mapping is borrowed, which the caller's
+                // transfer does for the whole copy; `b` is caller memory,
+                // so they cannot overlap.
+                IoBuf::Write(b) => unsafe {
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), *ptr, b.len());
+                },
+                // SAFETY: as above, with the roles swapped.
+                IoBuf::Read(b) => unsafe {
+                    std::ptr::copy_nonoverlapping(*ptr, b.as_mut_ptr(), b.len());
+                },
+            }
+        }
+        Ok(())
+    }
+}

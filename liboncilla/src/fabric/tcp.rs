@@ -50,11 +50,8 @@ impl IoBuf<'_> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Where the bytes start.
+    /// Where the bytes start (the verbs engine registers them).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub fn as_ptr(&self) -> *const u8 {
         match self {
             IoBuf::Read(b) => b.as_ptr(),
@@ -182,6 +179,15 @@ impl TcpFabric {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Conn>>> {
         // The map holds only idle sockets; a panic elsewhere cannot leave it inconsistent.
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl super::Transport for TcpFabric {
+    type Piece<'a> = Chunk<'a>;
+
+    /// [`TcpFabric::run`] on `to`'s data port.
+    fn execute(&self, to: super::Peer<'_>, pieces: &mut [Chunk<'_>]) -> Result<()> {
+        self.run((to.node, to.addr), pieces)
     }
 }
 

@@ -1,0 +1,282 @@
+//! An allocation handle: opening (validating the descriptor, deciding the
+//! route of every extent once, mapping this node's extents, making a local
+//! GPU allocation's device memory), copies to and from it, and its release.
+//!
+//! It never chooses a fabric per copy: the routes decided here travel with
+//! every copy ([`crate::route`]). It never frees memory it did not open.
+
+use std::sync::Arc;
+
+use oncilla_cuda::{DeviceMem, Gpu};
+use oncilla_proto::pb;
+
+use crate::descriptor::{Descriptor, Kind};
+use crate::error::{Error, Result};
+use crate::fabric::shm::Mapping;
+use crate::fabric::tcp::IoBuf;
+use crate::fabric::{Target, Transfer};
+use crate::route::{self, Route};
+use crate::session::Oncilla;
+use crate::spec::Fabric;
+
+/// An allocation. Dropping it frees it, or, for a persistent (or named)
+/// allocation, detaches this process from it; call [`Allocation::free`] to
+/// free it and see the result.
+pub struct Allocation {
+    pub(crate) ocm: Oncilla,
+    /// Shared with batches in flight, which keep it (and the mapping)
+    /// alive until they end.
+    pub(crate) desc: Arc<Descriptor>,
+    /// How each extent is reached, in extent order.
+    pub(crate) routes: Arc<[Route]>,
+    /// The extents on this node, mapped; copies to them are memcpy.
+    pub(crate) local: Option<Arc<Mapping>>,
+    /// A local GPU allocation's device memory, in this process.
+    pub(crate) device: Option<Arc<DeviceMem>>,
+    /// Freed or detached already.
+    done: bool,
+}
+
+impl std::fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("id", &self.desc.id)
+            .field("size", &self.desc.size)
+            .field("kind", &self.desc.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Allocation {
+    /// Wraps a wire allocation in a handle: decides every extent's route
+    /// for `fabric` and maps the extents routed through shared memory.
+    ///
+    /// # Errors
+    /// A malformed allocation, a preference that cannot reach an extent
+    /// ([`Error::InvalidArgument`]), mapping and device-memory failures.
+    pub(crate) fn open(ocm: &Oncilla, wire: pb::Allocation, fabric: Fabric) -> Result<Self> {
+        let desc = Descriptor::from_wire(wire)?;
+        let data = &ocm.inner.data;
+        let me = ocm.node();
+        let mut alloc = Allocation {
+            ocm: ocm.clone(),
+            routes: Arc::from([]),
+            desc: Arc::new(desc),
+            local: None,
+            device: None,
+            done: false,
+        };
+        if alloc.desc.kind == Kind::LocalGpu {
+            // Its bytes are in this process: no copy takes a route, which
+            // only says what `fabrics` reports.
+            alloc.routes = alloc
+                .desc
+                .extents
+                .iter()
+                .map(|e| Route::decide(e, me, fabric, &data.rdma_for(e)).unwrap_or(Route::Tcp))
+                .collect();
+            let index = alloc
+                .desc
+                .extents
+                .first()
+                .and_then(|e| e.gpu)
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "local GPU allocation {} names no device",
+                        alloc.desc.id
+                    ))
+                })?;
+            let mem = Gpu::open(index)?.alloc(alloc.desc.size)?;
+            alloc.device = Some(Arc::new(mem));
+            return Ok(alloc);
+        }
+        let routes = route::decide_all(&alloc.desc.extents, me, fabric, |e| data.rdma_for(e))?;
+        let local: Vec<_> = alloc
+            .desc
+            .extents
+            .iter()
+            .zip(&routes)
+            .filter(|(_, r)| **r == Route::Mapped)
+            .map(|(e, _)| e)
+            .collect();
+        alloc.routes = routes.into();
+        if !local.is_empty() {
+            let mapping = Mapping::open(
+                &ocm.inner.socket,
+                &ocm.inner.token,
+                alloc.desc.id,
+                &alloc.desc.key,
+                &local,
+            )?;
+            alloc.local = Some(Arc::new(mapping));
+        }
+        Ok(alloc)
+    }
+
+    /// What the data path needs to copy to and from it.
+    pub(crate) fn target(&self) -> Target<'_> {
+        Target {
+            desc: &self.desc,
+            routes: &self.routes,
+            local: self.local.as_deref(),
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.desc.id
+    }
+
+    pub fn size(&self) -> u64 {
+        self.desc.size
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.desc.kind
+    }
+
+    /// Where the bytes live.
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    /// True when any byte lives on another node.
+    pub fn is_remote(&self) -> bool {
+        self.desc
+            .extents
+            .iter()
+            .any(|e| e.node != self.ocm.inner.node)
+    }
+
+    /// The name, for a named allocation.
+    pub fn name(&self) -> Option<&str> {
+        self.desc.name.as_deref()
+    }
+
+    /// The fabric this process uses for each extent, in extent order.
+    pub fn fabrics(&self) -> Vec<Fabric> {
+        let data = &self.ocm.inner.data;
+        self.desc
+            .extents
+            .iter()
+            .zip(self.routes.iter())
+            .map(|(e, r)| data.hop(e, *r).map_or(Fabric::Tcp, Route::fabric))
+            .collect()
+    }
+
+    /// Writes `src` at `offset`; returns once the bytes are visible to
+    /// every later reader (this node's extents by memcpy, the others over
+    /// the network, all nodes in parallel).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`]; fabric failures; [`Error::NotFound`] once the
+    /// allocation was freed (by anyone).
+    pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<()> {
+        if let Some(mem) = &self.device {
+            // Bounds checked there: the device memory is the allocation's size.
+            return Ok(mem.write(offset, src)?);
+        }
+        self.ocm.inner.data.run([Transfer {
+            target: self.target(),
+            offset,
+            buf: IoBuf::Write(src),
+        }])
+    }
+
+    /// Reads `dst.len()` bytes from `offset`.
+    ///
+    /// # Errors
+    /// As [`Allocation::copy_in`].
+    pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        if let Some(mem) = &self.device {
+            // Bounds checked there: the device memory is the allocation's size.
+            return Ok(mem.read(offset, dst)?);
+        }
+        self.ocm.inner.data.run([Transfer {
+            target: self.target(),
+            offset,
+            buf: IoBuf::Read(dst),
+        }])
+    }
+
+    /// The bytes of an allocation that lies wholly in this node's memory,
+    /// as one plain slice in this process (shared with the agent's pool:
+    /// no copy is involved).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an allocation with bytes elsewhere (or
+    /// opened with the TCP fabric); use [`Allocation::copy_in`] and
+    /// [`Allocation::copy_out`] for those.
+    pub fn localbuf(&mut self) -> Result<&mut [u8]> {
+        let id = self.desc.id;
+        let ptr = self
+            .local
+            .as_ref()
+            .and_then(|m| m.contiguous(self.desc.size))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "allocation {id} is not local host memory mapped in one piece (bytes on other nodes, striped, GPU memory, or the TCP fabric); use copy_in/copy_out"
+                ))
+            })?;
+        let len = usize::try_from(self.desc.size)
+            .map_err(|_| Error::Internal("offset beyond the address space".into()))?;
+        // SAFETY: the mapping is valid for `size` contiguous bytes (checked
+        // by `contiguous`) for as long as `self` lives, and `&mut self`
+        // makes this the only reference into it from this process for the
+        // slice's lifetime.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    /// Frees the allocation now. A persistent allocation that other
+    /// processes are attached to is refused ([`Error::InUse`]).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when someone already freed it; [`Error::InUse`];
+    /// control-path failures.
+    pub fn free(self) -> Result<()> {
+        self.release(false)
+    }
+
+    /// Frees the allocation even while other processes are attached; their
+    /// next copy fails with [`Error::NotFound`].
+    ///
+    /// # Errors
+    /// As [`Allocation::free`], never [`Error::InUse`].
+    pub fn force_free(self) -> Result<()> {
+        self.release(true)
+    }
+
+    /// A local GPU allocation's device memory (for kernels); `None` for
+    /// every other kind.
+    pub fn device_mem(&self) -> Option<&DeviceMem> {
+        self.device.as_deref()
+    }
+
+    fn release(mut self, force: bool) -> Result<()> {
+        self.done = true;
+        self.local = None;
+        self.device = None;
+        self.ocm.free_id(self.desc.id, force)
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.local = None;
+        self.device = None;
+        if self.done {
+            return;
+        }
+        let outcome = if self.desc.owner.is_none() {
+            self.ocm.detach_id(self.desc.id)
+        } else {
+            self.ocm.free_id(self.desc.id, false)
+        };
+        match outcome {
+            // Freed by someone else already: nothing left to do.
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(id = self.desc.id, error = %e, "cannot release allocation on drop")
+            }
+        }
+    }
+}
