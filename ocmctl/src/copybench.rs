@@ -303,7 +303,7 @@ fn measure(
             ocm.alloc_with(&AllocSpec::new(largest, Kind::RemoteHost).on_nodes([target.as_str()]))?;
         for &size in &plan.sizes {
             let n = to_usize(size)?;
-            let connections = liboncilla::fabric::streams_for(size, streams);
+            let connections = liboncilla::streams_for(size, streams);
             let mut raw = RawClient::connect(raw_addr, connections)?;
             let iterations = (BYTES_PER_POINT / size).clamp(MIN_ITERS, MAX_ITERS);
             say(format!(

@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use liboncilla::fabric::{DataPath, DEFAULT_STREAMS};
+use liboncilla::Operator;
 use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb;
@@ -37,20 +37,14 @@ pub fn put(
     let mut f = File::open(file).map_err(io_err)?;
     let total = f.metadata().map_err(io_err)?.len();
     desc.check_range(offset, total)?;
-    let data = DataPath::new(token, DEFAULT_STREAMS);
+    let data = Operator::new(token);
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("put", total);
     let mut done = 0u64;
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
         f.read_exact(&mut buf[..n]).map_err(io_err)?;
-        data.write(
-            &desc,
-            offset + done,
-            &buf[..n],
-            None,
-            liboncilla::Fabric::Auto,
-        )?;
+        data.write(&desc, offset + done, &buf[..n])?;
         done += n as u64;
         progress.update(done);
     }
@@ -83,19 +77,13 @@ pub fn get(
         Some(p) => Box::new(File::create(p).map_err(io_err)?),
         None => Box::new(std::io::stdout().lock()),
     };
-    let data = DataPath::new(token, DEFAULT_STREAMS);
+    let data = Operator::new(token);
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("get", total);
     let mut done = 0u64;
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
-        data.read(
-            &desc,
-            offset + done,
-            &mut buf[..n],
-            None,
-            liboncilla::Fabric::Auto,
-        )?;
+        data.read(&desc, offset + done, &mut buf[..n])?;
         out.write_all(&buf[..n]).map_err(io_err)?;
         done += n as u64;
         progress.update(done);

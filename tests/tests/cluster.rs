@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use liboncilla::fabric::DataPath;
+use liboncilla::Operator;
 use liboncilla::{AllocSpec, Error, Fabric, Kind, Oncilla, Options};
 use oncilla_proto::auth::Token;
 use support::Cluster;
@@ -91,25 +91,11 @@ fn local_allocations_are_mapped_pool_memory() {
     buf[9_995..].copy_from_slice(b"world");
 
     // The same bytes, seen through the agent's pool over TCP.
-    let dp = DataPath::new(c.token.clone(), liboncilla::fabric::DEFAULT_STREAMS);
+    let dp = Operator::new(c.token.clone()).fabric(liboncilla::Fabric::Tcp);
     let mut over_tcp = [0u8; 5];
-    dp.read(
-        local.descriptor(),
-        9_995,
-        &mut over_tcp,
-        None,
-        liboncilla::Fabric::Tcp,
-    )
-    .unwrap();
+    dp.read(local.descriptor(), 9_995, &mut over_tcp).unwrap();
     assert_eq!(&over_tcp, b"world");
-    dp.write(
-        local.descriptor(),
-        0,
-        b"HELLO",
-        None,
-        liboncilla::Fabric::Tcp,
-    )
-    .unwrap();
+    dp.write(local.descriptor(), 0, b"HELLO").unwrap();
     let mut back = [0u8; 5];
     local.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"HELLO");
@@ -232,14 +218,9 @@ fn wrong_token_is_denied_everywhere() {
     );
 
     let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
-    let err = DataPath::new(wrong, liboncilla::fabric::DEFAULT_STREAMS)
-        .read(
-            a.descriptor(),
-            0,
-            &mut [0u8; 8],
-            None,
-            liboncilla::Fabric::Tcp,
-        )
+    let err = Operator::new(wrong)
+        .fabric(liboncilla::Fabric::Tcp)
+        .read(a.descriptor(), 0, &mut [0u8; 8])
         .unwrap_err();
     assert!(
         matches!(err, Error::PermissionDenied(_)) && err.to_string().contains("permission denied"),

@@ -18,7 +18,7 @@ mod support;
 
 use std::time::Duration;
 
-use liboncilla::fabric::DataPath;
+use liboncilla::Operator;
 use liboncilla::{AllocSpec, Batch, Error, Fabric, Kind, Oncilla};
 use support::Cluster;
 
@@ -296,11 +296,9 @@ fn copies_under_a_locked_memory_limit_go_through_bounce_buffers() {
             unsafe { nix::libc::munlock(back.as_ptr().cast(), back.len()) };
         }
         assert!(!locked, "the locked-memory limit does not apply");
-        let dp = DataPath::new(token, liboncilla::fabric::DEFAULT_STREAMS);
-        dp.write(&desc, 3, &data, None, liboncilla::Fabric::Verbs)
-            .unwrap();
-        dp.read(&desc, 3, &mut back, None, liboncilla::Fabric::Verbs)
-            .unwrap();
+        let dp = Operator::new(token).fabric(liboncilla::Fabric::Verbs);
+        dp.write(&desc, 3, &data).unwrap();
+        dp.read(&desc, 3, &mut back).unwrap();
         (data, back)
     })
     .join()
@@ -397,20 +395,16 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     new.copy_in(0, &secret).unwrap();
     let before = pairs(&c, "node-1");
 
-    let dp = DataPath::new(c.token.clone(), liboncilla::fabric::DEFAULT_STREAMS);
+    let dp = Operator::new(c.token.clone()).fabric(liboncilla::Fabric::Verbs);
     for len in [100usize, 1 << 20] {
         let mut peek = vec![0u8; len];
-        let err = dp
-            .read(&stale, 0, &mut peek, None, liboncilla::Fabric::Verbs)
-            .unwrap_err();
+        let err = dp.read(&stale, 0, &mut peek).unwrap_err();
         assert!(
             matches!(&err, Error::NotFound(m) if m.contains("node-1") && m.contains("RDMA key")),
             "{err}"
         );
         assert!(peek.iter().all(|&b| b == 0), "saw a tenant's bytes");
-        let err = dp
-            .write(&stale, 0, &vec![0xEE; len], None, liboncilla::Fabric::Verbs)
-            .unwrap_err();
+        let err = dp.write(&stale, 0, &vec![0xEE; len]).unwrap_err();
         assert!(matches!(err, Error::NotFound(_)), "{err}");
     }
     let mut back = vec![0u8; secret.len()];
@@ -423,14 +417,7 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     // connected a new one, and the last one works.
     assert!(pairs(&c, "node-1") > before, "{}", c.log("node-1"));
     let mut small = [0u8; 10];
-    dp.read(
-        new.descriptor(),
-        5,
-        &mut small,
-        None,
-        liboncilla::Fabric::Verbs,
-    )
-    .unwrap();
+    dp.read(new.descriptor(), 5, &mut small).unwrap();
     assert_eq!(small[..], secret[5..15]);
 }
 
