@@ -9,6 +9,7 @@ pub mod error;
 pub mod fabric;
 pub mod grpc;
 pub mod master;
+pub mod memory;
 pub mod pool;
 
 use std::net::SocketAddr;

@@ -10,7 +10,6 @@
 pub mod auth;
 pub mod client;
 pub mod convert;
-pub mod rdma;
 pub mod sock;
 pub mod status;
 pub mod wire;

@@ -104,7 +104,8 @@ impl agent_server::Agent for AgentService {
         // Creating and connecting a queue pair are blocking verbs calls.
         let (mut reply, held) = tokio::task::spawn_blocking(move || rdma.connect(&r))
             .await
-            .map_err(|e| Status::internal(format!("connect task failed: {e}")))??;
+            .map_err(|e| Status::internal(format!("connect task failed: {e}")))?
+            .map_err(verbs_status)?;
         reply.incarnation = self.agent.incarnation();
         tracing::info!(device = %reply.device, port = reply.port, "verbs queue pair connected");
         let rdma = Arc::clone(self.agent.rdma());
@@ -128,5 +129,18 @@ impl agent_server::Agent for AgentService {
             },
         );
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// The status of a refused `ConnectVerbs`: no verbs here is
+/// `FAILED_PRECONDITION`, an endpoint that cannot pair `INVALID_ARGUMENT`,
+/// an HCA that cannot make the pair `INTERNAL`.
+fn verbs_status(e: crate::fabric::verbs::VerbsError) -> Status {
+    use crate::fabric::verbs::VerbsError as E;
+    let msg = e.to_string();
+    match e {
+        E::Unavailable(_) | E::GpuUnavailable(_) => Status::failed_precondition(msg),
+        E::NoClientEndpoint | E::Endpoint(_) | E::Pair(_) => Status::invalid_argument(msg),
+        E::Hca(_) | E::Register(_) | E::RegisterGpu { .. } => Status::internal(msg),
     }
 }

@@ -8,6 +8,7 @@ pub use alloc::alloc_ref;
 pub use node::{node_state, node_state_wire};
 mod cluster;
 mod node;
+pub mod rdma;
 
 use oncilla_model::{Fabric, Kind, Policy};
 

@@ -25,12 +25,12 @@ use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb;
-use oncilla_proto::rdma::verbs::{Device, Mr, Qp};
-use oncilla_proto::rdma::{self, wc, Completion, Probe, Wr};
+use oncilla_rdma::verbs::{Device, Mr, Qp};
+use oncilla_rdma::{self as rdma, wc, Completion, Probe, RdmaError, Wr};
 
 use super::plan::{self, DevicePiece, Piece, Queue, Remote, RunError, Tuning, Unaddressable};
-use super::regcache::{RegCache, Register};
-use super::Affinity;
+use super::regcache::{CacheError, RegCache, Register};
+use super::{Affinity, AffinityError};
 use crate::error::{Error, Result};
 use crate::fabric::tcp::IoBuf;
 
@@ -43,8 +43,6 @@ pub const BOUNCE_MAX: usize = 64 << 10;
 const BOUNCE_KEEP: usize = 8;
 /// Registered bytes the cache may hold.
 const CACHE_LIMIT: u64 = 1 << 30;
-/// Default idle time after which a queue pair is closed.
-pub const IDLE: Duration = Duration::from_secs(60);
 /// Longest wait for an agent's answer to `ConnectVerbs`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -92,7 +90,7 @@ pub struct VerbsFabric {
     idle: Duration,
     /// Per device: the CPUs its progress thread is pinned to (`None`: not
     /// pinned), resolved once from the affinity policy, or why not.
-    pins: Vec<std::result::Result<Option<Vec<usize>>, String>>,
+    pins: Vec<std::result::Result<Option<Vec<usize>>, AffinityError>>,
 }
 
 impl VerbsFabric {
@@ -156,53 +154,6 @@ impl VerbsFabric {
             idle,
             pins,
         }
-    }
-
-    /// [`VerbsFabric::new`] configured from the environment:
-    /// `ONCILLA_RDMA_DEVICE` (`NAME[:PORT]`, comma-separated),
-    /// `ONCILLA_RDMA_CHUNK` (bytes per work request), `ONCILLA_RDMA_WINDOW`
-    /// (work requests in flight), `ONCILLA_RDMA_IDLE_S` (seconds before an
-    /// idle queue pair closes), `ONCILLA_RDMA_AFFINITY` (`none`,
-    /// `hca-socket`, `core:N`). A bad value is reported as the reason the
-    /// fabric is unavailable.
-    pub fn from_env(token: Token) -> Self {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let wanted: Vec<String> = var("ONCILLA_RDMA_DEVICE")
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-            .unwrap_or_default();
-        let mut tuning = Tuning::default();
-        let mut bad = Vec::new();
-        let mut num = |k: &str, min: u64, max: u64| -> Option<u64> {
-            let v = var(k)?;
-            match v.trim().parse::<u64>() {
-                Ok(n) if (min..=max).contains(&n) => Some(n),
-                _ => {
-                    bad.push(format!("{k}={v:?} is not a number from {min} to {max}"));
-                    None
-                }
-            }
-        };
-        if let Some(c) = num("ONCILLA_RDMA_CHUNK", 4096, plan::MAX_WR) {
-            tuning.chunk = c;
-        }
-        if let Some(w) = num("ONCILLA_RDMA_WINDOW", 1, 1024) {
-            tuning.window = usize::try_from(w).unwrap_or(32);
-        }
-        let idle = num("ONCILLA_RDMA_IDLE_S", 1, 86_400).map_or(IDLE, Duration::from_secs);
-        let affinity = match var("ONCILLA_RDMA_AFFINITY").map(|v| Affinity::parse(&v)) {
-            Some(Ok(a)) => a,
-            Some(Err(e)) => {
-                bad.push(e);
-                Affinity::None
-            }
-            None => Affinity::None,
-        };
-        let mut me = Self::new(token, &wanted, tuning, idle, affinity);
-        if !bad.is_empty() {
-            tracing::warn!("verbs fabric disabled: {}", bad.join("; "));
-            me.host = Some(format!("this host: {}", bad.join("; ")).into());
-        }
-        me
     }
 
     /// Whether verbs reaches `node` (agent at `agent_addr`). The first ask
@@ -306,7 +257,7 @@ impl VerbsFabric {
         mem: &oncilla_cuda::DeviceMem,
         pieces: &[DevicePiece<'_>],
         read: bool,
-    ) -> Result<std::result::Result<(), String>> {
+    ) -> Result<std::result::Result<(), RdmaError>> {
         let dev = 0;
         let device = &self.probe.devices[dev];
         let (base, len) = mem.rdma_range();
@@ -314,9 +265,7 @@ impl VerbsFabric {
         // (page-rounded inside its device pages), borrowed for this whole
         // call; the registration is dropped below, after `plan::run` has
         // seen the completion covering the last request.
-        let registered = unsafe {
-            device.register_device(base, len, || mem.dmabuf().map_err(|e| e.to_string()))
-        };
+        let registered = unsafe { device.register_device(base, len, || mem.dmabuf()) };
         let mr = match registered {
             Ok((mr, _)) => mr,
             Err(why) => return Ok(Err(why)),
@@ -407,7 +356,7 @@ impl VerbsFabric {
     ) -> std::result::Result<(), Failed> {
         match &self.pins[dev] {
             Ok(None) => {}
-            Ok(Some(cpus)) => super::pin_current_thread(cpus).map_err(|e| at.fabric(&e))?,
+            Ok(Some(cpus)) => super::pin_current_thread(cpus).map_err(|e| at.fabric(e))?,
             Err(e) => return Err(at.fabric(e).into()),
         }
         let slot = self.slot(at.addr, dev);
@@ -480,7 +429,7 @@ impl VerbsFabric {
             ))
         })?;
         let req = pb::ConnectVerbsRequest {
-            client: Some(qp.endpoint().to_wire()),
+            client: Some(pb::QpEndpoint::from(&qp.endpoint())),
             port_index: u32::try_from(dev).unwrap_or(0),
         };
         let rt = self
@@ -527,8 +476,10 @@ impl VerbsFabric {
             .agent
             .as_ref()
             .ok_or_else(|| unreachable("ConnectVerbs: no agent endpoint".into()))
-            .and_then(|e| rdma::qp::Endpoint::from_wire(e).map_err(unreachable))?;
-        qp.connect(&agent).map_err(unreachable)?;
+            .and_then(|e| {
+                rdma::qp::Endpoint::try_from(e).map_err(|e| unreachable(e.to_string()))
+            })?;
+        qp.connect(&agent).map_err(|e| unreachable(e.to_string()))?;
         // The stream stays open while the pair lives: it ends when we drop
         // `close`, or when the agent goes away, which clears `alive`.
         let alive = Arc::new(AtomicBool::new(true));
@@ -618,7 +569,7 @@ impl VerbsFabric {
                 Ok(n) => n,
                 Err(e) => {
                     self.release(dev, held);
-                    return Err(at.fabric(&e).into());
+                    return Err(at.fabric(e).into());
                 }
             };
             rest = &rest[taken..];
@@ -642,7 +593,7 @@ impl VerbsFabric {
         parts: &[(Part, u64, u32)],
         held: &mut Held,
         work: &mut Vec<Piece>,
-    ) -> std::result::Result<usize, String> {
+    ) -> std::result::Result<usize, RdmaError> {
         let mut taken = 0;
         // Bytes used in the last buffer; "full" until there is one.
         let mut fill = BOUNCE_MAX;
@@ -717,9 +668,12 @@ impl VerbsFabric {
         device: &Arc<Device>,
         addr: u64,
         len: u64,
-    ) -> std::result::Result<Arc<Mr>, String> {
+    ) -> std::result::Result<Arc<Mr>, CacheError<RdmaError>> {
         if !self.odp {
-            return Registrar(device).register(addr, len).map(Arc::new);
+            return Registrar(device)
+                .register(addr, len)
+                .map(Arc::new)
+                .map_err(CacheError::Register);
         }
         let mut cache = lock(&self.cache);
         match cache.get(&Registrar(device), addr, len) {
@@ -746,7 +700,7 @@ impl VerbsFabric {
         &self,
         dev: usize,
         device: &Arc<Device>,
-    ) -> std::result::Result<(Box<[u8]>, Mr), String> {
+    ) -> std::result::Result<(Box<[u8]>, Mr), RdmaError> {
         if let Some(b) = lock(&self.bounce[dev]).pop() {
             return Ok(b);
         }
@@ -777,7 +731,7 @@ struct Place<'a> {
 }
 
 impl Place<'_> {
-    fn fabric(&self, e: &str) -> Error {
+    fn fabric(&self, e: impl std::fmt::Display) -> Error {
         Error::Fabric {
             node: self.node.to_string(),
             addr: self.addr.to_string(),
@@ -785,7 +739,7 @@ impl Place<'_> {
         }
     }
 
-    fn unreachable(&self, e: &str) -> Error {
+    fn unreachable(&self, e: impl std::fmt::Display) -> Error {
         Error::NodeUnreachable {
             node: self.node.to_string(),
             addr: self.addr.to_string(),
@@ -803,7 +757,7 @@ impl Place<'_> {
     fn unaddressable(&self, e: Unaddressable) -> Failed {
         match e {
             Unaddressable::Restarted { .. } => self.not_found(&e.to_string()),
-            Unaddressable::NoRegion { .. } => self.fabric(&e.to_string()),
+            Unaddressable::NoRegion { .. } => self.fabric(&e),
         }
         .into()
     }
@@ -819,10 +773,10 @@ impl Place<'_> {
             RunError::Completion { failure, .. }
                 if matches!(failure.status, wc::RETRY_EXC_ERR | wc::RESP_TIMEOUT_ERR) =>
             {
-                self.unreachable(&e.to_string())
+                self.unreachable(e)
             }
-            RunError::Timeout { .. } => self.unreachable(&e.to_string()),
-            _ => self.fabric(&e.to_string()),
+            RunError::Timeout { .. } => self.unreachable(e),
+            _ => self.fabric(e),
         }
     }
 }
@@ -895,8 +849,12 @@ struct Registrar<'a>(&'a Arc<Device>);
 
 impl Register for Registrar<'_> {
     type Region = Mr;
-    fn register(&self, addr: u64, len: u64) -> std::result::Result<Mr, String> {
-        let len = usize::try_from(len).map_err(|_| "buffer larger than memory".to_string())?;
+    type Error = RdmaError;
+    fn register(&self, addr: u64, len: u64) -> std::result::Result<Mr, RdmaError> {
+        let len = usize::try_from(len).map_err(|_| RdmaError::TooLong {
+            what: "buffer",
+            len,
+        })?;
         // SAFETY: `addr..addr+len` is (a page-widened cover of) a caller
         // buffer borrowed for the whole copy. Without on-demand paging the
         // registration is dropped when the copy ends; with it the cache may
@@ -911,14 +869,14 @@ impl Register for Registrar<'_> {
 struct Hca<'a>(&'a mut Qp);
 
 impl Queue for Hca<'_> {
-    fn post(&mut self, wrs: &[Wr]) -> std::result::Result<(), String> {
+    fn post(&mut self, wrs: &[Wr]) -> std::result::Result<(), RdmaError> {
         // SAFETY: every request names a registered range of a buffer (or
         // bounce buffer) that `copy` keeps borrowed and registered until
         // `plan::run` has seen a completion covering the last request.
         unsafe { self.0.post(wrs) }
     }
 
-    fn poll(&mut self, out: &mut [Completion]) -> std::result::Result<usize, String> {
+    fn poll(&mut self, out: &mut [Completion]) -> std::result::Result<usize, RdmaError> {
         self.0.poll(out)
     }
 }

@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use oncilla_proto::pb;
-use oncilla_proto::rdma::wc::{self, Failure};
-use oncilla_proto::rdma::{Completion, Wr};
+use oncilla_rdma::wc::{self, Failure};
+use oncilla_rdma::{Completion, RdmaError, Wr};
 
 /// How requests are cut and kept in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,46 +152,43 @@ pub trait Queue {
     ///
     /// # Errors
     /// The queue refuses them.
-    fn post(&mut self, wrs: &[Wr]) -> Result<(), String>;
+    fn post(&mut self, wrs: &[Wr]) -> Result<(), RdmaError>;
     /// Takes up to `out.len()` completions; never blocks.
     ///
     /// # Errors
     /// The completion queue failed.
-    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, String>;
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, RdmaError>;
 }
 
 /// Why a run stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// Request `index` (in plan order) completed with an error.
+    /// Request `index` (in plan order) completed with an error; the
+    /// vendor's error code comes with it (0 where the HCA gives none).
+    #[error("work request {index}: {failure}{}", vendor(*vendor_err))]
     Completion {
         index: usize,
         failure: Failure,
+        vendor_err: u32,
     },
-    Post(String),
-    Poll(String),
+    #[error("posting work requests: {0}")]
+    Post(#[source] RdmaError),
+    #[error("polling completions: {0}")]
+    Poll(#[source] RdmaError),
     /// No completion came within the timeout.
+    #[error("{outstanding} work requests still outstanding after {:.1} s without a completion", waited.as_secs_f64())]
     Timeout {
         outstanding: usize,
         waited: Duration,
     },
 }
 
-impl std::fmt::Display for RunError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RunError::Completion { index, failure } => write!(f, "work request {index}: {failure}"),
-            RunError::Post(e) => write!(f, "posting work requests: {e}"),
-            RunError::Poll(e) => write!(f, "polling completions: {e}"),
-            RunError::Timeout {
-                outstanding,
-                waited,
-            } => write!(
-                f,
-                "{outstanding} work requests still outstanding after {:.1} s without a completion",
-                waited.as_secs_f64()
-            ),
-        }
+/// " (vendor error 0x..)" where the HCA gave one.
+fn vendor(code: u32) -> String {
+    if code == 0 {
+        String::new()
+    } else {
+        format!(" (vendor error {code:#x})")
     }
 }
 
@@ -220,7 +217,11 @@ pub fn run(q: &mut impl Queue, wrs: &[Wr], t: &Tuning) -> Result<(), RunError> {
         for c in &comps[..n] {
             let index = usize::try_from(c.wr_id).unwrap_or(usize::MAX);
             if let Some(failure) = wc::failure(c.status) {
-                return Err(RunError::Completion { index, failure });
+                return Err(RunError::Completion {
+                    index,
+                    failure,
+                    vendor_err: c.vendor_err,
+                });
             }
             done = done.max(index.saturating_add(1)).min(posted);
         }
@@ -284,14 +285,14 @@ pub(crate) mod tests {
     }
 
     impl Queue for MemQueue {
-        fn post(&mut self, wrs: &[Wr]) -> Result<(), String> {
+        fn post(&mut self, wrs: &[Wr]) -> Result<(), RdmaError> {
             self.queue.extend(wrs.iter().copied());
             self.posts += 1;
             self.max_outstanding = self.max_outstanding.max(self.queue.len());
             Ok(())
         }
 
-        fn poll(&mut self, out: &mut [Completion]) -> Result<usize, String> {
+        fn poll(&mut self, out: &mut [Completion]) -> Result<usize, RdmaError> {
             if self.stall {
                 return Ok(0);
             }
@@ -319,6 +320,7 @@ pub(crate) mod tests {
                     out[n] = Completion {
                         wr_id: w.wr_id,
                         status,
+                        vendor_err: 0,
                     };
                     n += 1;
                 }
@@ -419,7 +421,7 @@ pub(crate) mod tests {
         };
         let wrs = plan(&[piece(0, 0, 1000, true)], &t);
         match run(&mut q, &wrs, &t) {
-            Err(RunError::Completion { index, failure }) => {
+            Err(RunError::Completion { index, failure, .. }) => {
                 assert_eq!(index, 4);
                 assert_eq!(failure.name, "REM_ACCESS_ERR");
             }

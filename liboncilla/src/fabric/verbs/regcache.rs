@@ -14,11 +14,24 @@ use std::sync::Arc;
 /// Makes registrations.
 pub trait Register {
     type Region;
+    /// Why a registration failed.
+    type Error: std::error::Error + 'static;
     /// Registers `[addr, addr + len)`.
     ///
     /// # Errors
     /// Why the memory cannot be registered.
-    fn register(&self, addr: u64, len: u64) -> Result<Self::Region, String>;
+    fn register(&self, addr: u64, len: u64) -> Result<Self::Region, Self::Error>;
+}
+
+/// Why the cache has no registration for a range.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError<E: std::error::Error + 'static> {
+    /// The range runs past the end of the address space.
+    #[error("buffer wraps the address space")]
+    Wraps,
+    /// The registration itself failed.
+    #[error(transparent)]
+    Register(E),
 }
 
 struct Entry<R> {
@@ -68,11 +81,9 @@ impl<R> RegCache<R> {
         with: &G,
         addr: u64,
         len: u64,
-    ) -> Result<Arc<R>, String> {
+    ) -> Result<Arc<R>, CacheError<G::Error>> {
         self.clock += 1;
-        let end = addr
-            .checked_add(len)
-            .ok_or("buffer wraps the address space")?;
+        let end = addr.checked_add(len).ok_or(CacheError::Wraps)?;
         if let Some(e) = self
             .entries
             .iter_mut()
@@ -87,7 +98,10 @@ impl<R> RegCache<R> {
         self.misses += 1;
         let start = addr & !(PAGE - 1);
         let stop = end.div_ceil(PAGE) * PAGE;
-        let region = Arc::new(with.register(start, stop - start)?);
+        let region = Arc::new(
+            with.register(start, stop - start)
+                .map_err(CacheError::Register)?,
+        );
         let size = stop - start;
         if size <= self.limit {
             while self.bytes + size > self.limit {
@@ -144,9 +158,10 @@ mod tests {
 
     impl Register for Recorder {
         type Region = (u64, u64);
-        fn register(&self, addr: u64, len: u64) -> Result<(u64, u64), String> {
+        type Error = std::io::Error;
+        fn register(&self, addr: u64, len: u64) -> Result<(u64, u64), std::io::Error> {
             if addr == 0 {
-                return Err("null buffer".into());
+                return Err(std::io::Error::other("null buffer"));
             }
             self.0.borrow_mut().push((addr, len));
             Ok((addr, len))

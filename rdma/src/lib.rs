@@ -1,16 +1,22 @@
-//! RDMA: what this node has (sysfs discovery), the queue-pair life and
-//! completion meanings that the agent and the client share, and, with the
-//! `verbs` cargo feature, the verbs layer itself.
+//! Oncilla's RDMA layer: what this node has (sysfs discovery), the
+//! queue-pair life and completion meanings that the agent and the client
+//! share, and, with the `verbs` cargo feature, the verbs layer itself
+//! (devices, protection domains, memory registrations, queue pairs, each
+//! owned by a type that releases it once, in the right order).
 //!
 //! Everything but [`verbs`] is plain logic that builds and is tested on
-//! any machine. Nothing here chooses a fabric ([`crate::fabric`] does) or
-//! moves bytes on its own.
+//! any machine. This crate never chooses a fabric, never moves bytes on its
+//! own and knows nothing of the wire (protobuf conversions of its types
+//! live in `oncilla-proto`). Every failure is an [`RdmaError`].
 
 pub mod discover;
+mod error;
 pub mod qp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 pub mod wc;
+
+pub use error::RdmaError;
 
 use std::path::Path;
 #[cfg(feature = "verbs")]
@@ -33,11 +39,30 @@ pub struct Wr {
     pub signaled: bool,
 }
 
-/// A completed (or failed) work request: its id and `ibv_wc_status`.
+/// A completed (or failed) work request: its id, `ibv_wc_status` and the
+/// vendor's error code (0 when it succeeded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
     pub wr_id: u64,
     pub status: u32,
+    pub vendor_err: u32,
+}
+
+impl Completion {
+    /// `Ok` for a successful completion, else what failed.
+    ///
+    /// # Errors
+    /// [`RdmaError::Completion`] with the status's name and meaning.
+    pub fn check(&self) -> Result<(), RdmaError> {
+        match wc::failure(self.status) {
+            None => Ok(()),
+            Some(failure) => Err(RdmaError::Completion {
+                wr_id: self.wr_id,
+                failure,
+                vendor_err: self.vendor_err,
+            }),
+        }
+    }
 }
 
 /// What a process found when it looked for RDMA, and what it can use.
@@ -56,19 +81,21 @@ impl Probe {
         self.note.is_none()
     }
 
-    /// The ports as the wire reports them, active MTUs filled in where a
-    /// port was opened.
-    pub fn to_wire(&self) -> Vec<crate::pb::RdmaPort> {
-        self.found
+    /// Every port found, active MTUs filled in where a port was opened.
+    pub fn ports(&self) -> Vec<Port> {
+        #[cfg(feature = "verbs")]
+        return self
+            .found
             .iter()
             .map(|p| {
-                #[cfg(feature = "verbs")]
-                if let Some(d) = self.devices.iter().find(|d| d.port.label() == p.label()) {
-                    return d.port.to_wire();
-                }
-                p.to_wire()
+                self.devices
+                    .iter()
+                    .find(|d| d.port.label() == p.label())
+                    .map_or_else(|| p.clone(), |d| d.port.clone())
             })
-            .collect()
+            .collect();
+        #[cfg(not(feature = "verbs"))]
+        self.found.clone()
     }
 }
 
@@ -79,11 +106,11 @@ impl Probe {
 pub fn probe(root: &Path, wanted: &[String]) -> Probe {
     let found = match discover::ports(root) {
         Ok(f) => f,
-        Err(why) => return unusable(Vec::new(), why),
+        Err(why) => return unusable(Vec::new(), why.to_string()),
     };
     match discover::select(&found, wanted) {
         Ok(selected) => open(found, &selected),
-        Err(why) => unusable(found, why),
+        Err(why) => unusable(found, why.to_string()),
     }
 }
 

@@ -2,8 +2,9 @@
 //! each side sends the other through `Agent.ConnectVerbs`, and the path
 //! attributes both sides derive from the pair of endpoints. Pure: the
 //! verbs layer applies what this computes; tests check it without a device.
+//! It never encodes an endpoint for the wire (`oncilla-proto` does).
 
-use crate::pb;
+use crate::RdmaError;
 
 /// The states Oncilla drives a queue pair through (`enum ibv_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +24,12 @@ impl State {
     /// from `Error` only.
     ///
     /// # Errors
-    /// Any other move.
-    pub fn to(self, to: State) -> Result<State, String> {
+    /// Any other move: [`RdmaError::Transition`].
+    pub fn to(self, to: State) -> Result<State, RdmaError> {
         use State::*;
         match (self, to) {
             (Reset, Init) | (Init, Rtr) | (Rtr, Rts) | (_, Error) | (Error, Reset) => Ok(to),
-            _ => Err(format!("queue pair cannot go from {self:?} to {to:?}")),
+            _ => Err(RdmaError::Transition { from: self, to }),
         }
     }
 }
@@ -85,42 +86,40 @@ pub fn mtu_bytes(e: u32) -> Option<u32> {
 /// # Errors
 /// Endpoints that cannot form a pair: different link layers, a RoCE end
 /// without a GID, bad QP numbers, PSNs or MTUs.
-pub fn path(local: &Endpoint, gid_index: Option<u32>, remote: &Endpoint) -> Result<Path, String> {
+pub fn path(
+    local: &Endpoint,
+    gid_index: Option<u32>,
+    remote: &Endpoint,
+) -> Result<Path, RdmaError> {
     if local.roce != remote.roce {
-        return Err(format!(
-            "link layers differ: this end is {}, the peer {}",
-            layer(local.roce),
-            layer(remote.roce)
-        ));
+        return Err(RdmaError::LinkLayers {
+            local: layer(local.roce),
+            remote: layer(remote.roce),
+        });
     }
     if remote.qp_num == 0 || remote.qp_num > PSN_MASK {
-        return Err(format!(
-            "peer queue pair number {} is not valid",
-            remote.qp_num
-        ));
+        return Err(RdmaError::PeerQpNum(remote.qp_num));
     }
     if remote.psn > PSN_MASK || local.psn > PSN_MASK {
-        return Err("packet sequence numbers are 24 bits".into());
+        return Err(RdmaError::Psn);
     }
     let (Some(_), Some(_)) = (mtu_enum(local.mtu), mtu_enum(remote.mtu)) else {
-        return Err(format!(
-            "MTUs must be 256..4096 bytes, powers of two: this end {}, the peer {}",
-            local.mtu, remote.mtu
-        ));
+        return Err(RdmaError::Mtu {
+            local: local.mtu,
+            remote: remote.mtu,
+        });
     };
     let mtu = mtu_enum(local.mtu.min(remote.mtu)).unwrap_or(1);
     let has_gid = remote.gid != [0; 16];
     if remote.roce && !has_gid {
-        return Err("the peer is on RoCE but sent no GID".into());
+        return Err(RdmaError::PeerNoGid);
     }
     if !remote.roce && remote.lid == 0 {
-        return Err(
-            "the peer is on InfiniBand but has no LID (is a subnet manager running?)".into(),
-        );
+        return Err(RdmaError::PeerNoLid);
     }
     let grh = if has_gid {
-        let index = gid_index.ok_or("the peer needs global routing but this port has no GID")?;
-        let index = u8::try_from(index).map_err(|_| format!("GID index {index} is above 255"))?;
+        let index = gid_index.ok_or(RdmaError::LocalNoGid)?;
+        let index = u8::try_from(index).map_err(|_| RdmaError::GidIndex(index))?;
         Some((remote.gid, index))
     } else {
         None
@@ -140,37 +139,6 @@ fn layer(roce: bool) -> &'static str {
         "Ethernet (RoCE)"
     } else {
         "InfiniBand"
-    }
-}
-
-impl Endpoint {
-    pub fn to_wire(&self) -> pb::QpEndpoint {
-        pb::QpEndpoint {
-            qp_num: self.qp_num,
-            lid: u32::from(self.lid),
-            gid: self.gid.to_vec(),
-            psn: self.psn,
-            mtu: self.mtu,
-            link_layer: if self.roce { "Ethernet" } else { "InfiniBand" }.into(),
-        }
-    }
-
-    /// # Errors
-    /// A GID that is not 16 bytes (or empty), a LID above 16 bits.
-    pub fn from_wire(w: &pb::QpEndpoint) -> Result<Self, String> {
-        let gid: [u8; 16] = match w.gid.len() {
-            0 => [0; 16],
-            16 => w.gid.as_slice().try_into().map_err(|_| "bad GID")?,
-            n => return Err(format!("GID of {n} bytes; it must be 16")),
-        };
-        Ok(Self {
-            qp_num: w.qp_num,
-            lid: u16::try_from(w.lid).map_err(|_| format!("LID {} is above 16 bits", w.lid))?,
-            gid,
-            psn: w.psn,
-            mtu: w.mtu,
-            roce: w.link_layer == "Ethernet",
-        })
     }
 }
 
@@ -203,8 +171,15 @@ mod tests {
         assert!(s.to(State::Init).is_err());
         assert!(State::Reset.to(State::Rts).is_err(), "no skipping RTR");
         assert!(State::Init.to(State::Rts).is_err());
-        assert_eq!(State::Rtr.to(State::Error), Ok(State::Error));
-        assert_eq!(State::Error.to(State::Reset), Ok(State::Reset));
+        assert_eq!(State::Rtr.to(State::Error).ok(), Some(State::Error));
+        assert_eq!(State::Error.to(State::Reset).ok(), Some(State::Reset));
+        assert!(matches!(
+            State::Init.to(State::Rts),
+            Err(RdmaError::Transition {
+                from: State::Init,
+                to: State::Rts
+            })
+        ));
     }
 
     #[test]
@@ -232,17 +207,23 @@ mod tests {
         b.qp_num = 0x22;
         let p = path(&a, Some(3), &b).unwrap();
         assert_eq!(p.grh, Some(([0xfe; 16], 3)));
-        assert!(path(&a, None, &b).unwrap_err().contains("no GID"));
+        assert!(path(&a, None, &b)
+            .unwrap_err()
+            .to_string()
+            .contains("no GID"));
         let mut nogid = b.clone();
         nogid.gid = [0; 16];
         assert!(path(&a, Some(3), &nogid)
             .unwrap_err()
+            .to_string()
             .contains("sent no GID"));
         assert!(path(&a, Some(3), &ib(0x22, 2))
             .unwrap_err()
+            .to_string()
             .contains("link layers differ"));
         assert!(path(&ib(1, 1), None, &ib(0x22, 0))
             .unwrap_err()
+            .to_string()
             .contains("subnet manager"));
     }
 
@@ -255,22 +236,13 @@ mod tests {
         assert!(path(&a, None, &b).is_err());
         let mut b = ib(0x22, 2);
         b.mtu = 1500;
-        assert!(path(&a, None, &b).unwrap_err().contains("MTU"));
+        assert!(path(&a, None, &b).unwrap_err().to_string().contains("MTU"));
         assert_eq!(mtu_bytes(5), Some(4096));
         assert_eq!(mtu_bytes(0), None);
     }
 
     #[test]
-    fn endpoints_survive_the_wire() {
-        let mut a = ib(0x11, 7);
-        a.gid = [9; 16];
-        assert_eq!(Endpoint::from_wire(&a.to_wire()), Ok(a.clone()));
-        let mut w = a.to_wire();
-        w.gid = vec![1; 3];
-        assert!(Endpoint::from_wire(&w).is_err());
-        w.gid.clear();
-        w.lid = 1 << 20;
-        assert!(Endpoint::from_wire(&w).is_err());
+    fn psns_are_24_bits() {
         assert!(random_psn() <= PSN_MASK);
     }
 }

@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
-use super::discover::Port;
-use super::qp::{self, Endpoint, Path, State};
-use super::{Completion, Wr};
+use crate::discover::Port;
+use crate::qp::{self, Endpoint, Path, State};
+use crate::{Completion, RdmaError, Wr};
 
 /// An opened port of an RDMA device and its protection domain.
 pub struct Device {
@@ -50,35 +50,33 @@ unsafe impl Send for Device {}
 // SAFETY: as above.
 unsafe impl Sync for Device {}
 
-fn os_err(what: &str) -> String {
-    format!("{what}: {}", std::io::Error::last_os_error())
+/// The last OS error (errno), for a verb that returned NULL.
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
 }
 
 impl Device {
-    /// Opens `port` (from [`super::discover::ports`]).
+    /// Opens `port` (from [`crate::discover::ports`]).
     ///
     /// # Errors
     /// User-space verbs cannot see or open the device (no provider library
     /// for it), or the port cannot be queried.
-    pub fn open(port: &Port) -> Result<Arc<Device>, String> {
-        let seen =
-            ibverbs::devices().map_err(|e| format!("libibverbs cannot list devices: {e}"))?;
+    pub fn open(port: &Port) -> Result<Arc<Device>, RdmaError> {
+        let seen = ibverbs::devices().map_err(RdmaError::ListDevices)?;
         if !seen.iter().any(|d| {
             d.name()
                 .is_some_and(|n| n.to_bytes() == port.device.as_bytes())
         }) {
-            return Err(format!(
-                "the kernel lists {} but libibverbs has no provider for it (install ibverbs-providers / rdma-core)",
-                port.device
-            ));
+            return Err(RdmaError::NoProvider {
+                device: port.device.clone(),
+            });
         }
-        let port_num =
-            u8::try_from(port.port).map_err(|_| format!("port {} is above 255", port.port))?;
+        let port_num = u8::try_from(port.port).map_err(|_| RdmaError::PortNumber(port.port))?;
         let mut n = 0i32;
         // SAFETY: `n` is a valid out-pointer; the list is freed below.
         let list = unsafe { ffi::ibv_get_device_list(&mut n) };
         if list.is_null() {
-            return Err(os_err("ibv_get_device_list"));
+            return Err(RdmaError::GetDeviceList(errno()));
         }
         let mut ctx = ptr::null_mut();
         let mut verbs_node = std::path::PathBuf::new();
@@ -99,10 +97,15 @@ impl Device {
                 break;
             }
         }
+        // Read before the list is freed, which may set errno again.
+        let open_error = errno();
         // SAFETY: `list` came from ibv_get_device_list and is freed once.
         unsafe { ffi::ibv_free_device_list(list) };
         if ctx.is_null() {
-            return Err(os_err(&format!("ibv_open_device({})", port.device)));
+            return Err(RdmaError::OpenDevice {
+                device: port.device.clone(),
+                source: open_error,
+            });
         }
         let close = |ctx| {
             // SAFETY: `ctx` was opened above and nothing else refers to it.
@@ -120,11 +123,10 @@ impl Device {
         };
         if rc != 0 {
             close(ctx);
-            return Err(format!(
-                "ibv_query_port({}): {}",
-                port.label(),
-                std::io::Error::from_raw_os_error(rc)
-            ));
+            return Err(RdmaError::QueryPort {
+                port: port.label(),
+                source: std::io::Error::from_raw_os_error(rc),
+            });
         }
         let mut gid = [0u8; 16];
         if let Some(i) = port.gid_index() {
@@ -132,8 +134,13 @@ impl Device {
             // SAFETY: `ctx` is open; `g` is a valid out-pointer.
             let rc = unsafe { ffi::ibv_query_gid(ctx, port_num, i as i32, &mut g) };
             if rc != 0 {
+                let source = errno();
                 close(ctx);
-                return Err(os_err(&format!("ibv_query_gid({}, {i})", port.label())));
+                return Err(RdmaError::QueryGid {
+                    port: port.label(),
+                    index: i,
+                    source,
+                });
             }
             // SAFETY: `raw` is the 16-byte view of the GID union.
             gid = unsafe { g.raw };
@@ -141,8 +148,9 @@ impl Device {
         // SAFETY: `ctx` is open.
         let pd = unsafe { ffi::ibv_alloc_pd(ctx) };
         if pd.is_null() {
+            let source = errno();
             close(ctx);
-            return Err(os_err("ibv_alloc_pd"));
+            return Err(RdmaError::AllocPd(source));
         }
         let mut port = port.clone();
         port.active_mtu = qp::mtu_bytes(attr.active_mtu).unwrap_or(0);
@@ -209,13 +217,14 @@ impl Device {
     /// flight when it is.
     ///
     /// # Errors
-    /// The HCA refuses (memlock limit, too much pinned memory).
+    /// The HCA refuses (memlock limit, too much pinned memory):
+    /// [`RdmaError::RegisterMr`].
     pub unsafe fn register(
         self: &Arc<Self>,
         addr: *mut u8,
         len: usize,
         remote: bool,
-    ) -> Result<Mr, String> {
+    ) -> Result<Mr, RdmaError> {
         let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
         if self.odp && !remote {
             access |= ffi::ibv_access_flags::IBV_ACCESS_ON_DEMAND;
@@ -228,10 +237,11 @@ impl Device {
         // the registration; `pd` is alive while `self` is.
         let mr = unsafe { ffi::ibv_reg_mr(self.pd, addr.cast(), len, access.0 as i32) };
         if mr.is_null() {
-            return Err(os_err(&format!(
-                "ibv_reg_mr of {len} bytes on {} (check `ulimit -l`)",
-                self.port.label()
-            )));
+            return Err(RdmaError::RegisterMr {
+                len,
+                port: self.port.label(),
+                source: errno(),
+            });
         }
         Ok(Mr {
             mr,
@@ -257,13 +267,17 @@ impl Device {
     /// in flight when it is.
     ///
     /// # Errors
-    /// Both ways refused (or no dma-buf), each with its reason.
-    pub unsafe fn register_device(
+    /// Both ways refused ([`RdmaError::RegisterDmabuf`]) or no dma-buf
+    /// ([`RdmaError::NoDmabuf`]), each with its reason.
+    pub unsafe fn register_device<E>(
         self: &Arc<Self>,
         addr: u64,
         len: usize,
-        dmabuf: impl FnOnce() -> Result<std::os::fd::OwnedFd, String>,
-    ) -> Result<(Mr, &'static str), String> {
+        dmabuf: impl FnOnce() -> Result<std::os::fd::OwnedFd, E>,
+    ) -> Result<(Mr, &'static str), RdmaError>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         use std::os::fd::AsRawFd;
         let access = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
@@ -282,14 +296,25 @@ impl Device {
         if !mr.is_null() {
             return Ok((made(mr), "nvidia-peermem"));
         }
-        let peermem = os_err("ibv_reg_mr of device memory (nvidia-peermem)");
-        let fd = dmabuf().map_err(|e| format!("{peermem}; no dma-buf export of it: {e}"))?;
+        let peermem = errno();
+        let fd = match dmabuf() {
+            Ok(fd) => fd,
+            Err(e) => {
+                return Err(RdmaError::NoDmabuf {
+                    peermem,
+                    source: e.into(),
+                })
+            }
+        };
         // SAFETY: `fd` exports exactly the device range (offset 0), which
         // the caller keeps allocated; the registration takes its own
         // reference to the dma-buf, so `fd` may close after this call.
         let mr = unsafe { ffi::ibv_reg_dmabuf_mr(self.pd, 0, len, addr, fd.as_raw_fd(), access) };
         if mr.is_null() {
-            return Err(format!("{peermem}; {}", os_err("ibv_reg_dmabuf_mr")));
+            return Err(RdmaError::RegisterDmabuf {
+                peermem,
+                source: errno(),
+            });
         }
         Ok((made(mr), "dma-buf"))
     }
@@ -368,12 +393,12 @@ impl Qp {
     ///
     /// # Errors
     /// The HCA cannot make the CQ or QP, or refuses the INIT transition.
-    pub fn new(dev: &Arc<Device>, depth: u32) -> Result<Qp, String> {
-        let cqe = i32::try_from(depth).map_err(|_| "queue depth too large".to_string())?;
+    pub fn new(dev: &Arc<Device>, depth: u32) -> Result<Qp, RdmaError> {
+        let cqe = i32::try_from(depth).map_err(|_| RdmaError::QueueDepth(depth))?;
         // SAFETY: the context is open while `dev` lives; no channel, vector 0.
         let cq = unsafe { ffi::ibv_create_cq(dev.ctx, cqe, ptr::null_mut(), ptr::null_mut(), 0) };
         if cq.is_null() {
-            return Err(os_err("ibv_create_cq"));
+            return Err(RdmaError::CreateCq(errno()));
         }
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq,
@@ -392,7 +417,7 @@ impl Qp {
         // SAFETY: `pd` and `cq` are alive; `init` is a valid attribute block.
         let qp = unsafe { ffi::ibv_create_qp(dev.pd, &mut init) };
         if qp.is_null() {
-            let e = os_err("ibv_create_qp");
+            let e = RdmaError::CreateQp(errno());
             // SAFETY: made above, nothing uses it.
             unsafe { ffi::ibv_destroy_cq(cq) };
             return Err(e);
@@ -440,7 +465,7 @@ impl Qp {
     ///
     /// # Errors
     /// Endpoints that cannot pair ([`qp::path`]), or a refused transition.
-    pub fn connect(&mut self, remote: &Endpoint) -> Result<(), String> {
+    pub fn connect(&mut self, remote: &Endpoint) -> Result<(), RdmaError> {
         let path: Path = qp::path(&self.endpoint(), self.dev.gid_index, remote)?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
@@ -490,16 +515,16 @@ impl Qp {
         to: State,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,
-    ) -> Result<(), String> {
+    ) -> Result<(), RdmaError> {
         let next = self.state.to(to)?;
         // SAFETY: `qp` is valid; `attr` is a valid attribute block for the
         // fields `mask` names.
         let rc = unsafe { ffi::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if rc != 0 {
-            return Err(format!(
-                "ibv_modify_qp to {to:?}: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
+            return Err(RdmaError::ModifyQp {
+                to,
+                source: std::io::Error::from_raw_os_error(rc),
+            });
         }
         self.state = next;
         Ok(())
@@ -518,7 +543,7 @@ impl Qp {
     /// # Errors
     /// The device refused the RESET transition (it was removed, say); the
     /// caller must then keep that memory registered and alive.
-    pub fn stop(&mut self) -> Result<(), String> {
+    pub fn stop(&mut self) -> Result<(), RdmaError> {
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
             ..Default::default()
@@ -543,7 +568,7 @@ impl Qp {
     ///
     /// # Errors
     /// The send queue is full or a request is malformed.
-    pub unsafe fn post(&mut self, wrs: &[Wr]) -> Result<(), String> {
+    pub unsafe fn post(&mut self, wrs: &[Wr]) -> Result<(), RdmaError> {
         if wrs.is_empty() {
             return Ok(());
         }
@@ -591,15 +616,12 @@ impl Qp {
         let rc = unsafe {
             let ctx = (*self.qp).context;
             let Some(post_send) = (*ctx).ops.post_send else {
-                return Err("the verbs provider has no post_send".into());
+                return Err(RdmaError::NoProviderOp("post_send"));
             };
             post_send(self.qp, list.as_mut_ptr(), &mut bad)
         };
         if rc != 0 {
-            return Err(format!(
-                "ibv_post_send: {}",
-                std::io::Error::from_raw_os_error(rc)
-            ));
+            return Err(RdmaError::PostSend(std::io::Error::from_raw_os_error(rc)));
         }
         Ok(())
     }
@@ -608,23 +630,24 @@ impl Qp {
     ///
     /// # Errors
     /// The CQ itself failed (overrun).
-    pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize, String> {
+    pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize, RdmaError> {
         let mut wc = [ffi::ibv_wc::default(); 16];
         let want = out.len().min(wc.len());
         // SAFETY: `cq` is valid; `wc` has room for `want` entries.
         let n = unsafe {
             let ctx = (*self.cq).context;
             let Some(poll_cq) = (*ctx).ops.poll_cq else {
-                return Err("the verbs provider has no poll_cq".into());
+                return Err(RdmaError::NoProviderOp("poll_cq"));
             };
             poll_cq(self.cq, want as i32, wc.as_mut_ptr())
         };
-        let n = usize::try_from(n)
-            .map_err(|_| "ibv_poll_cq failed (completion queue overrun?)".to_string())?;
+        let n = usize::try_from(n).map_err(|_| RdmaError::PollCq)?;
         for (o, w) in out.iter_mut().zip(&wc[..n]) {
+            let (status, vendor_err) = w.error().unwrap_or((0, 0));
             *o = Completion {
                 wr_id: w.wr_id(),
-                status: w.error().map_or(0, |(s, _)| s),
+                status,
+                vendor_err,
             };
         }
         if out[..n].iter().any(|c| c.status != 0) {

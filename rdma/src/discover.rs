@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::pb;
+use crate::RdmaError;
 
 /// Where the kernel lists RDMA devices.
 pub const SYSFS: &str = "/sys/class/infiniband";
@@ -58,20 +58,6 @@ impl Port {
     pub fn label(&self) -> String {
         format!("{}:{}", self.device, self.port)
     }
-
-    pub fn to_wire(&self) -> pb::RdmaPort {
-        pb::RdmaPort {
-            device: self.device.clone(),
-            port: self.port,
-            link_layer: self.link_layer.clone(),
-            state: self.state.clone(),
-            active_mtu: self.active_mtu,
-            gids: u32::try_from(self.gids.len()).unwrap_or(u32::MAX),
-            numa_node: self.numa_node,
-            lid: self.lid,
-            rate: self.rate.clone(),
-        }
-    }
 }
 
 /// Every port of every device under `root` (normally [`SYSFS`]), sorted
@@ -79,13 +65,12 @@ impl Port {
 ///
 /// # Errors
 /// Why there is nothing to list: no such directory (the kernel has no
-/// RDMA support loaded), or no devices in it.
-pub fn ports(root: &Path) -> Result<Vec<Port>, String> {
-    let devices = fs::read_dir(root).map_err(|e| {
-        format!(
-            "no RDMA devices: {} cannot be read ({e}); the kernel has no RDMA support loaded or there is no HCA",
-            root.display()
-        )
+/// RDMA support loaded: [`RdmaError::NoSysfs`]), or no devices in it
+/// ([`RdmaError::NoDevices`]).
+pub fn ports(root: &Path) -> Result<Vec<Port>, RdmaError> {
+    let devices = fs::read_dir(root).map_err(|source| RdmaError::NoSysfs {
+        root: root.to_path_buf(),
+        source,
     })?;
     let mut out = Vec::new();
     for dev in devices.flatten() {
@@ -105,7 +90,9 @@ pub fn ports(root: &Path) -> Result<Vec<Port>, String> {
         }
     }
     if out.is_empty() {
-        return Err(format!("no RDMA devices under {}", root.display()));
+        return Err(RdmaError::NoDevices {
+            root: root.to_path_buf(),
+        });
     }
     out.sort_by(|a, b| (&a.device, a.port).cmp(&(&b.device, b.port)));
     Ok(out)
@@ -159,17 +146,17 @@ fn read(p: &Path) -> Option<String> {
 ///
 /// # Errors
 /// A selection that names no port, or names one that is not active.
-pub fn select(all: &[Port], wanted: &[String]) -> Result<Vec<Port>, String> {
+pub fn select(all: &[Port], wanted: &[String]) -> Result<Vec<Port>, RdmaError> {
     if wanted.is_empty() {
         let active: Vec<Port> = all.iter().filter(|p| p.is_active()).cloned().collect();
         if active.is_empty() {
-            return Err(format!(
-                "no active RDMA port (found {})",
-                all.iter()
+            return Err(RdmaError::NoActivePort {
+                found: all
+                    .iter()
                     .map(|p| format!("{} {}", p.label(), p.state))
                     .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+                    .join(", "),
+            });
         }
         return Ok(active);
     }
@@ -178,9 +165,10 @@ pub fn select(all: &[Port], wanted: &[String]) -> Result<Vec<Port>, String> {
         let (dev, port) = match w.split_once(':') {
             Some((d, p)) => (
                 d,
-                Some(p.parse::<u32>().map_err(|_| {
-                    format!("--rdma-device {w:?}: the port must be a number, as in mlx5_0:1")
-                })?),
+                Some(
+                    p.parse::<u32>()
+                        .map_err(|_| RdmaError::BadPortNumber { wanted: w.clone() })?,
+                ),
             ),
             None => (w.as_str(), None),
         };
@@ -189,14 +177,18 @@ pub fn select(all: &[Port], wanted: &[String]) -> Result<Vec<Port>, String> {
             .filter(|p| p.device == dev && port.is_none_or(|n| n == p.port))
             .collect();
         if hits.is_empty() {
-            return Err(format!(
-                "--rdma-device {w:?}: no such port; this node has {}",
-                all.iter().map(Port::label).collect::<Vec<_>>().join(", ")
-            ));
+            return Err(RdmaError::NoSuchPort {
+                wanted: w.clone(),
+                have: all.iter().map(Port::label).collect::<Vec<_>>().join(", "),
+            });
         }
         for p in hits {
             if !p.is_active() {
-                return Err(format!("--rdma-device {w:?}: {} is {}", p.label(), p.state));
+                return Err(RdmaError::PortNotActive {
+                    wanted: w.clone(),
+                    label: p.label(),
+                    state: p.state.clone(),
+                });
             }
             if !out.contains(p) {
                 out.push(p.clone());
@@ -211,10 +203,16 @@ pub fn select(all: &[Port], wanted: &[String]) -> Result<Vec<Port>, String> {
 ///
 /// # Errors
 /// The node's CPU list cannot be read or parsed.
-pub fn numa_cpus(root: &Path, node: i32) -> Result<Vec<usize>, String> {
+pub fn numa_cpus(root: &Path, node: i32) -> Result<Vec<usize>, RdmaError> {
     let path: PathBuf = root.join(format!("sys/devices/system/node/node{node}/cpulist"));
-    let list = read(&path).ok_or_else(|| format!("cannot read {}", path.display()))?;
-    parse_cpulist(&list).ok_or_else(|| format!("{}: cannot parse {list:?}", path.display()))
+    let list = match fs::read_to_string(&path) {
+        Ok(s) => s.trim().to_string(),
+        Err(source) => return Err(RdmaError::CpuListRead { path, source }),
+    };
+    match parse_cpulist(&list) {
+        Some(cpus) => Ok(cpus),
+        None => Err(RdmaError::CpuListParse { path, list }),
+    }
 }
 
 /// "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11].
@@ -297,15 +295,19 @@ mod tests {
         assert_eq!(roce.gid_index(), Some(1), "RoCE v2 preferred");
         assert_eq!(roce.numa_node, -1);
         assert_eq!(ports[2].state, "DOWN");
-        assert_eq!(ib.to_wire().gids, 1);
     }
 
     #[test]
     fn missing_sysfs_says_why() {
-        let err = ports(Path::new("/nonexistent/infiniband")).unwrap_err();
+        let err = ports(Path::new("/nonexistent/infiniband"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no RDMA support"), "{err}");
         let d = tempdir::Dir::new("rdma-empty");
-        assert!(ports(d.path()).unwrap_err().contains("no RDMA devices"));
+        assert!(ports(d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("no RDMA devices"));
     }
 
     #[test]
@@ -318,16 +320,25 @@ mod tests {
         assert_eq!(one.len(), 1);
         assert!(select(&all, &["rxe0:2".into()])
             .unwrap_err()
+            .to_string()
             .contains("DOWN"));
-        assert!(select(&all, &["rxe0".into()]).unwrap_err().contains("DOWN"));
+        assert!(select(&all, &["rxe0".into()])
+            .unwrap_err()
+            .to_string()
+            .contains("DOWN"));
         assert!(select(&all, &["mlx5_9".into()])
             .unwrap_err()
+            .to_string()
             .contains("this node has"));
         assert!(select(&all, &["mlx5_0:x".into()])
             .unwrap_err()
+            .to_string()
             .contains("number"));
         let down_only: Vec<Port> = all.iter().filter(|p| !p.is_active()).cloned().collect();
-        assert!(select(&down_only, &[]).unwrap_err().contains("no active"));
+        assert!(select(&down_only, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("no active"));
     }
 
     #[test]
