@@ -151,7 +151,7 @@ impl Options {
             fabric: Fabric::Auto,
             streams: DEFAULT_STREAMS,
             gpu_staging: gpu_staging(&env),
-            rdma: RdmaOptions::from_vars(&env),
+            rdma: RdmaOptions::from_vars(env),
         }
     }
 

@@ -38,7 +38,7 @@ pub(crate) enum Verbs {
     /// Verbs reaches nothing from this process, for this reason.
     Off(Arc<str>),
     #[cfg(feature = "verbs")]
-    On(VerbsFabric),
+    On(Box<VerbsFabric>),
 }
 
 /// What a copy straight to or from device memory came to.
@@ -67,13 +67,13 @@ impl Verbs {
             if let Some(w) = opts.window {
                 tuning.window = w;
             }
-            Verbs::On(VerbsFabric::new(
+            Verbs::On(Box::new(VerbsFabric::new(
                 token,
                 &opts.devices,
                 tuning,
                 opts.idle,
                 opts.affinity,
-            ))
+            )))
         }
         #[cfg(not(feature = "verbs"))]
         {
