@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 cargo test --workspace
 
 # One feature set for every verbs step, so they share one build.
-verbs=oncilla-proto/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
+verbs=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
 cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
 cargo test --workspace --lib --bins --features "$verbs"
 deploy/softroce/verbs-tests.sh

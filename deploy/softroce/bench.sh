@@ -24,7 +24,7 @@ cd "$(dirname "$0")/../.."
 reps=${1:-3}
 command -v ib_write_bw >/dev/null || { echo "skipped: perftest is not installed (apt-get install perftest)"; exit 0; }
 cargo build --release -p ocmctl -p oncillad \
-  --features oncilla-proto/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs
+  --features oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs
 
 out=target/softroce-bench
 rm -rf "$out"; mkdir -p "$out"

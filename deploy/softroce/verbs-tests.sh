@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-features=oncilla-proto/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
+features=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
 # The whole workspace with one feature set (as deploy/check.sh's other
 # verbs steps), so every build shares the same dependencies.
 cargo build --workspace --bins --features "$features"
