@@ -79,6 +79,11 @@ impl fmt::Display for HumanBytes {
     }
 }
 
+/// Rounds `len` up to a multiple of `page` (a page of 0 counts as 1).
+pub fn round_up(len: u64, page: u64) -> u64 {
+    len.div_ceil(page.max(1)) * page.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@ use super::liveness::{unix_ms, Seen};
 use super::state::{Node, Record, State};
 use super::{AgentLink, Master};
 use crate::error::CoreError;
-use crate::pool::round_up;
+use oncilla_model::size::round_up;
 
 /// Sessions of a node as of its registration.
 #[derive(Debug, Default)]

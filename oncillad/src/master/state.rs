@@ -12,7 +12,7 @@ use super::liveness::Seen;
 use super::placement::Planned;
 use super::recovery::SessionsSeen;
 use crate::error::CoreError;
-use crate::pool::round_up;
+use oncilla_model::size::round_up;
 
 /// A registered node.
 pub(super) struct Node {

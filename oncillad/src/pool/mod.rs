@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oncilla_model::size::HumanBytes;
+use oncilla_model::size::{round_up, HumanBytes};
 use serde::Deserialize;
 
 pub use free_list::FreeList;
@@ -123,11 +123,6 @@ pub struct PoolStats {
     pub free: u64,
     /// Largest free extent (what one contiguous piece can get).
     pub largest_free: u64,
-}
-
-/// Rounds `len` up to a multiple of `page`.
-pub fn round_up(len: u64, page: u64) -> u64 {
-    len.div_ceil(page.max(1)) * page.max(1)
 }
 
 struct State {

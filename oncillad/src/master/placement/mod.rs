@@ -12,7 +12,7 @@ use oncilla_model::size::HumanBytes;
 use oncilla_model::{Kind, Policy};
 
 use crate::error::CoreError;
-use crate::pool::round_up;
+use oncilla_model::size::round_up;
 
 /// Stripe units are whole multiples of this, so every stripe starts on a
 /// base page of the allocation.
