@@ -92,10 +92,11 @@ impl From<tonic::Status> for Error {
         use oncilla_proto::status::{reason, Reason};
         use tonic::Code;
         let msg = s.message().to_string();
-        match reason(&s) {
-            Some((Reason::NoGpu, _)) => return Self::NoGpu(msg),
-            Some((Reason::NodeDown, _)) => return Self::NodeDown(msg),
-            Some((Reason::AgentFailed, _)) | None => {}
+        // A node that is down is FAILED_PRECONDITION whatever the reason
+        // says; an unknown named node (NodeDown on INVALID_ARGUMENT) stays
+        // an invalid argument, as it always was.
+        if let Some((Reason::NoGpu, _)) = reason(&s) {
+            return Self::NoGpu(msg);
         }
         match s.code() {
             Code::NotFound => Self::NotFound(msg),
@@ -122,9 +123,13 @@ mod tests {
     fn reasons_decide_over_codes_and_text_is_never_read() {
         let no_gpu = with_reason(Code::FailedPrecondition, "whatever", Reason::NoGpu, "n1");
         assert!(matches!(Error::from(no_gpu), Error::NoGpu(m) if m == "whatever"));
-        // Reasons travel whatever code the edge picked.
-        let down = with_reason(Code::Unavailable, "gone", Reason::NodeDown, "n2");
+        // No GPU travels whatever code the edge picked.
+        let no_gpu = with_reason(Code::Internal, "forwarded", Reason::NoGpu, "n1");
+        assert!(matches!(Error::from(no_gpu), Error::NoGpu(_)));
+        let down = with_reason(Code::FailedPrecondition, "gone", Reason::NodeDown, "n2");
         assert!(matches!(Error::from(down), Error::NodeDown(_)));
+        let unknown = with_reason(Code::InvalidArgument, "no node x", Reason::NodeDown, "x");
+        assert!(matches!(Error::from(unknown), Error::InvalidArgument(_)));
         // Text that looks like a reason is only text.
         let text = Status::failed_precondition("no GPU on n1");
         assert!(matches!(Error::from(text), Error::NodeDown(_)));
