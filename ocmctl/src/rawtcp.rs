@@ -18,10 +18,9 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use oncilla_proto::sock::{self, RecvBuf};
+use oncilla_proto::wire::sock::{self, RecvBuf};
 use oncillad::pool::Slab;
 
 use crate::CliError;
@@ -113,12 +112,11 @@ pub fn spawn_local(memory: ServerMemory) -> Result<String, CliError> {
 
 fn serve_one(mut stream: TcpStream, memory: ServerMemory) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    let fd = stream.as_raw_fd();
     let mut recv = RecvBuf::new(HEADER + 4096);
     let mut buffer = Buffer::new(memory)?;
     let buf = buffer.bytes();
     loop {
-        let head = match recv.header::<HEADER>(fd, HEADER + 4096) {
+        let head = match recv.header::<HEADER>(&stream, HEADER + 4096) {
             Ok(h) => h,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
@@ -138,7 +136,7 @@ fn serve_one(mut stream: TcpStream, memory: ServerMemory) -> std::io::Result<()>
             OP_WRITE => {
                 while left > 0 {
                     let n = left.min(buf.len());
-                    recv.read_exact(fd, &mut buf[..n])?;
+                    recv.read_exact(&stream, &mut buf[..n])?;
                     left -= n;
                 }
                 stream.write_all(&len.to_le_bytes())?;
@@ -212,12 +210,7 @@ impl RawClient {
         let parts: Vec<_> = src.chunks(per).zip(self.conns.iter_mut()).collect();
         run_parts(parts, |(part, conn)| {
             let head = header(OP_WRITE, part.len());
-            let mut iov = [
-                sock::iovec(head.as_ptr(), head.len()),
-                sock::iovec(part.as_ptr(), part.len()),
-            ];
-            // SAFETY: both ranges are borrowed for the whole call.
-            unsafe { sock::send_all(conn.as_raw_fd(), &mut iov) }?;
+            sock::send(&*conn, &head, part)?;
             let mut ack = [0u8; 8];
             conn.read_exact(&mut ack)
         })

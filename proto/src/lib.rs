@@ -10,7 +10,6 @@
 pub mod auth;
 pub mod client;
 pub mod convert;
-pub mod sock;
 pub mod status;
 pub mod wire;
 
@@ -33,21 +32,4 @@ pub fn map_socket(session_socket: &std::path::Path) -> std::path::PathBuf {
     let mut s = session_socket.as_os_str().to_owned();
     s.push(".map");
     s.into()
-}
-
-/// CPU time this process has used, user and system, in nanoseconds (0 if
-/// the kernel will not say). Agents report it; benchmarks divide its growth
-/// by the bytes moved.
-pub fn process_cpu_ns() -> u64 {
-    // SAFETY: a zeroed rusage is a valid out-parameter.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a live, writable rusage for the call.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0;
-    }
-    let ns = |t: libc::timeval| {
-        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(t.tv_usec).unwrap_or(0) * 1_000
-    };
-    ns(u.ru_utime) + ns(u.ru_stime)
 }

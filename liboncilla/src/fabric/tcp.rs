@@ -10,12 +10,12 @@
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use oncilla_proto::auth::Token;
-use oncilla_proto::sock::{self, RecvBuf};
+use oncilla_proto::wire::sock::{self, RecvBuf};
 use oncilla_proto::wire::{self, Reply, Request, Status, REPLY_LEN};
 
 use crate::error::{Error, Result};
@@ -233,7 +233,7 @@ fn exchange(
     conn: &mut Conn,
     chunks: &mut [Chunk<'_>],
 ) -> Result<Result<()>, Broken> {
-    let fd = conn.stream.as_raw_fd();
+    let fd = conn.stream.as_fd();
     let mut sent = 0;
     let mut done = 0;
     let mut reads_in_flight = 0usize;
@@ -247,22 +247,19 @@ fn exchange(
         while sent < chunks.len() && sent - done < WINDOW {
             let Chunk { req, buf } = &chunks[sent];
             let head = req.encode();
-            let mut iov = [
-                sock::iovec(head.as_ptr(), head.len()),
-                sock::iovec(head.as_ptr(), 0),
-            ];
-            match buf {
+            let body: &[u8] = match buf {
                 IoBuf::Write(b) => {
                     if reads_in_flight > 0 {
                         break;
                     }
-                    iov[1] = sock::iovec(b.as_ptr(), b.len());
+                    b
                 }
-                IoBuf::Read(_) => reads_in_flight += 1,
-            }
-            // SAFETY: `head` is on the stack and `b` is borrowed for the
-            // whole exchange; the kernel only reads them.
-            unsafe { sock::send_all(fd, &mut iov) }.map_err(|e| broken(done, io(e)))?;
+                IoBuf::Read(_) => {
+                    reads_in_flight += 1;
+                    &[]
+                }
+            };
+            sock::send(fd, &head, body).map_err(|e| broken(done, io(e)))?;
             sent += 1;
         }
         let Chunk { req, buf } = &mut chunks[done];

@@ -23,13 +23,12 @@
 
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use oncilla_proto::auth::Token;
-use oncilla_proto::sock::{self, RecvBuf};
+use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, REQUEST_LEN};
 
 use oncilla_cuda::DeviceMem;
@@ -116,12 +115,11 @@ impl Connection {
             return Ok(());
         }
         self.stream.set_read_timeout(None)?;
-        let fd = self.stream.as_raw_fd();
         loop {
             // Ask for a header and whatever small payload or further
             // pipelined headers came with it: one system call per small
             // request.
-            let head = match self.recv.header::<REQUEST_LEN>(fd, RECV_AHEAD) {
+            let head = match self.recv.header::<REQUEST_LEN>(&self.stream, RECV_AHEAD) {
                 Ok(h) => h,
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -153,7 +151,6 @@ impl Connection {
                 Ok(())
             };
         }
-        let fd = self.stream.as_raw_fd();
         let ok = match super::authorize(&self.held, req) {
             Ok(ok) => ok,
             Err((status, msg)) => return self.refuse(req, status, &msg),
@@ -172,6 +169,12 @@ impl Connection {
                 return self.refuse(req, Status::NoSuchAllocation, &msg);
             }
         };
+        // SAFETY: `authorize` proved [at, at+len) lies inside this extent,
+        // and `ok.held` keeps it mapped (not freed or recycled) while
+        // `memory` is used, below in this function; pool memory is never
+        // seen through a Rust reference (other connections touch it
+        // through raw pointers too).
+        let memory = unsafe { Shared::new(ptr, len) };
         match req.op {
             Op::Read => {
                 let head = Reply {
@@ -179,20 +182,11 @@ impl Connection {
                     len: req.len,
                 }
                 .encode();
-                let mut iov = [
-                    sock::iovec(head.as_ptr(), head.len()),
-                    sock::iovec(ptr, len),
-                ];
-                // SAFETY: `authorize` proved [at, at+len) lies inside this
-                // extent, and `ok.held` keeps it alive (not freed or
-                // recycled) until this send returns; `head` is on the stack.
-                // The kernel copies the bytes out before `send_all` returns.
-                unsafe { sock::send_all(fd, &mut iov)? };
+                // The kernel copies the bytes out before `send` returns.
+                sock::send(&self.stream, &head, memory)?;
             }
             Op::Write => {
-                // SAFETY: as above; the bytes land in pool memory that no
-                // Rust reference aliases.
-                unsafe { self.recv.read_raw(fd, ptr, len)? };
+                self.recv.read_into(&self.stream, memory)?;
                 self.ack_write()?;
             }
         }
@@ -224,7 +218,6 @@ impl Connection {
         len: usize,
         bounce: &mut [u8],
     ) -> Result<(), wire::WireError> {
-        let fd = self.stream.as_raw_fd();
         match req.op {
             Op::Read => {
                 // The first piece before the header, so a failing device
@@ -256,7 +249,7 @@ impl Connection {
                 let mut failed = None;
                 while done < len {
                     let n = (len - done).min(GPU_BOUNCE);
-                    self.recv.read_exact(fd, &mut bounce[..n])?;
+                    self.recv.read_exact(&self.stream, &mut bounce[..n])?;
                     if failed.is_none() {
                         failed = mem.write(at + done as u64, &bounce[..n]).err();
                     }
@@ -286,7 +279,7 @@ impl Connection {
     /// read and dropped first, so the stream stays in step.
     fn refuse(&mut self, req: &Request, status: Status, msg: &str) -> Result<(), wire::WireError> {
         if req.op == Op::Write {
-            self.recv.skip(self.stream.as_raw_fd(), req.len)?;
+            self.recv.skip(&self.stream, req.len)?;
         }
         self.fail(status, msg)
     }
@@ -298,12 +291,7 @@ impl Connection {
             len: bytes.len() as u64,
         }
         .encode();
-        let mut iov = [
-            sock::iovec(head.as_ptr(), head.len()),
-            sock::iovec(bytes.as_ptr(), bytes.len()),
-        ];
-        // SAFETY: both ranges are borrowed for the whole call.
-        unsafe { sock::send_all(self.stream.as_raw_fd(), &mut iov)? };
+        sock::send(&self.stream, &head, bytes)?;
         Ok(())
     }
 }

@@ -1,23 +1,111 @@
 //! Blocking socket primitives both ends of the TCP data protocol use: a
-//! vectored send that puts a header and its payload in one system call, and
-//! a receive buffer that lets a small reply (header and data) arrive with
-//! one `recv` while large payloads go straight into their destination.
+//! vectored send that puts a header and its payload in one system call
+//! ([`send`]), and a receive buffer that lets a small reply (header and
+//! data) arrive with one `recv` while large payloads go straight into
+//! their destination ([`RecvBuf`]).
 //!
-//! Everything moves through raw pointers because one side of most transfers
-//! is pool memory that other connections may touch at the same time: no
-//! Rust reference is ever made to it. This module knows nothing of requests
-//! or replies; `wire` gives the bytes their meaning.
+//! The API is safe: payloads are borrowed slices, or [`Shared`] ranges for
+//! memory that other connections may touch at the same time (pool memory),
+//! to which no Rust reference is ever made; the system calls and their
+//! raw pointers stay inside this module. It knows nothing of requests or
+//! replies: [`super`] gives the bytes their meaning.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 
-/// Sends every byte described by `iov`, in order, with `MSG_NOSIGNAL` (a
-/// closed peer is an error, never a `SIGPIPE` in the host process). `iov`
-/// is advanced in place as bytes go out.
+/// Memory that others (threads of this process, other processes) may read
+/// or write while a transfer runs, pool memory above all: it is moved
+/// through its raw range and never seen through a Rust reference.
+#[derive(Debug, Clone, Copy)]
+pub struct Shared<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _memory: PhantomData<&'a mut [u8]>,
+}
+
+impl Shared<'_> {
+    /// The `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be mapped, readable and writable memory
+    /// that stays so for the lifetime of the value, and no Rust reference
+    /// to any of it may be used while a transfer through the value runs
+    /// (anyone else touches it through raw pointers only).
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        Self {
+            ptr,
+            len,
+            _memory: PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// What a send carries after its header.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// Bytes borrowed for the send.
+    Bytes(&'a [u8]),
+    /// Shared memory (see [`Shared`]).
+    Shared(Shared<'a>),
+}
+
+impl<'a> From<&'a [u8]> for Payload<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        Payload::Bytes(b)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u8; N]> for Payload<'a> {
+    fn from(b: &'a [u8; N]) -> Self {
+        Payload::Bytes(b)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Payload<'a> {
+    fn from(b: &'a Vec<u8>) -> Self {
+        Payload::Bytes(b)
+    }
+}
+
+impl<'a> From<Shared<'a>> for Payload<'a> {
+    fn from(s: Shared<'a>) -> Self {
+        Payload::Shared(s)
+    }
+}
+
+/// Sends `head` and then `body`, every byte, in as few `sendmsg` calls as
+/// the kernel allows (one, normally), with `MSG_NOSIGNAL` (a closed peer is
+/// an error, never a `SIGPIPE` in the host process).
+///
+/// # Errors
+/// I/O errors; `WriteZero` when the kernel takes nothing.
+pub fn send<'a>(fd: impl AsFd, head: &[u8], body: impl Into<Payload<'a>>) -> io::Result<()> {
+    let (ptr, len) = match body.into() {
+        Payload::Bytes(b) => (b.as_ptr(), b.len()),
+        Payload::Shared(s) => (s.ptr.cast_const(), s.len),
+    };
+    let mut iov = [iovec(head.as_ptr(), head.len()), iovec(ptr, len)];
+    // SAFETY: `head` and a `Bytes` body are borrowed for the whole call; a
+    // `Shared` body's range stays mapped for its lifetime, which outlives
+    // the call (its constructor's contract). The kernel only reads them.
+    unsafe { send_all(fd.as_fd().as_raw_fd(), &mut iov) }
+}
+
+/// Sends every byte described by `iov`, in order, with `MSG_NOSIGNAL`.
+/// `iov` is advanced in place as bytes go out.
 ///
 /// # Safety
 /// Every `iov_base..iov_base + iov_len` must stay readable until this returns.
-pub unsafe fn send_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
+unsafe fn send_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
     let mut first = 0;
     while first < iov.len() {
         if iov[first].iov_len == 0 {
@@ -60,7 +148,7 @@ pub unsafe fn send_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
 }
 
 /// An `iovec` over `len` bytes at `ptr`, for [`send_all`].
-pub fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
+fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: ptr.cast_mut().cast(),
         iov_len: len,
@@ -99,7 +187,8 @@ impl RecvBuf {
     ///
     /// # Errors
     /// I/O errors; `UnexpectedEof` when the peer closes first.
-    pub fn header<const N: usize>(&mut self, fd: RawFd, hint: usize) -> io::Result<[u8; N]> {
+    pub fn header<const N: usize>(&mut self, fd: impl AsFd, hint: usize) -> io::Result<[u8; N]> {
+        let fd = fd.as_fd().as_raw_fd();
         if self.buffered() < N {
             if self.lo == self.hi {
                 self.lo = 0;
@@ -124,16 +213,25 @@ impl RecvBuf {
         Ok(head)
     }
 
+    /// Receives exactly `dst.len()` bytes into shared memory `dst`: what is
+    /// buffered first, the rest straight from the socket.
+    ///
+    /// # Errors
+    /// I/O errors; `UnexpectedEof` when the peer closes first.
+    pub fn read_into(&mut self, fd: impl AsFd, dst: Shared<'_>) -> io::Result<()> {
+        // SAFETY: `dst`'s range is writable and referenced by no Rust
+        // reference for its lifetime, which outlives this call (its
+        // constructor's contract).
+        unsafe { self.read_raw(fd.as_fd().as_raw_fd(), dst.ptr, dst.len) }
+    }
+
     /// Receives exactly `len` bytes into `ptr`: what is buffered first,
     /// the rest straight from the socket.
     ///
     /// # Safety
     /// `ptr..ptr + len` must stay writable, and not be read or written
     /// through any Rust reference, until this returns.
-    ///
-    /// # Errors
-    /// I/O errors; `UnexpectedEof` when the peer closes first.
-    pub unsafe fn read_raw(&mut self, fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<()> {
+    unsafe fn read_raw(&mut self, fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<()> {
         let from_buf = self.buffered().min(len);
         // SAFETY: the source is initialised buffer bytes, the destination
         // the caller's writable range; they cannot overlap.
@@ -152,17 +250,18 @@ impl RecvBuf {
     /// Receives exactly `dst.len()` bytes into `dst`.
     ///
     /// # Errors
-    /// As [`RecvBuf::read_raw`].
-    pub fn read_exact(&mut self, fd: RawFd, dst: &mut [u8]) -> io::Result<()> {
+    /// As [`RecvBuf::read_into`].
+    pub fn read_exact(&mut self, fd: impl AsFd, dst: &mut [u8]) -> io::Result<()> {
         // SAFETY: `dst` is an exclusive borrow for the whole call.
-        unsafe { self.read_raw(fd, dst.as_mut_ptr(), dst.len()) }
+        unsafe { self.read_raw(fd.as_fd().as_raw_fd(), dst.as_mut_ptr(), dst.len()) }
     }
 
     /// Consumes and drops `len` bytes.
     ///
     /// # Errors
-    /// As [`RecvBuf::read_raw`].
-    pub fn skip(&mut self, fd: RawFd, mut len: u64) -> io::Result<()> {
+    /// As [`RecvBuf::read_into`].
+    pub fn skip(&mut self, fd: impl AsFd, mut len: u64) -> io::Result<()> {
+        let fd = fd.as_fd();
         let mut sink = [0u8; 8192];
         while len > 0 {
             let n = usize::try_from(len).unwrap_or(usize::MAX).min(sink.len());
@@ -196,7 +295,6 @@ fn retry(mut op: impl FnMut() -> isize) -> io::Result<usize> {
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
     #[test]
@@ -205,7 +303,7 @@ mod tests {
         // Two messages at once: header 4 + body 3, header 4 + body 2.
         a.write_all(b"HEAD123HDR2xy").unwrap();
         let mut r = RecvBuf::new(64);
-        let fd = b.as_raw_fd();
+        let fd = &b;
         let h: [u8; 4] = r.header(fd, 64).unwrap();
         assert_eq!(&h, b"HEAD");
         let mut body = [0u8; 3];
@@ -226,12 +324,10 @@ mod tests {
         let sent = payload.clone();
         let writer = std::thread::spawn(move || {
             let head = *b"HDR!";
-            let mut iov = [iovec(head.as_ptr(), 4), iovec(sent.as_ptr(), sent.len())];
-            // SAFETY: both ranges live until the call returns.
-            unsafe { send_all(a.as_raw_fd(), &mut iov) }.unwrap();
+            send(&a, &head, &sent).unwrap();
         });
         let mut r = RecvBuf::new(16);
-        let fd = b.as_raw_fd();
+        let fd = &b;
         let h: [u8; 4] = r.header(fd, 16).unwrap();
         assert_eq!(&h, b"HDR!");
         let mut got = vec![0u8; payload.len()];
@@ -245,7 +341,30 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         drop(a);
         let mut r = RecvBuf::new(16);
-        let e = r.header::<4>(b.as_raw_fd(), 4).unwrap_err();
+        let e = r.header::<4>(&b, 4).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn shared_memory_goes_out_and_comes_in_without_references() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut src = vec![7u8; 100_000];
+        let mut dst = vec![0u8; 100_000];
+        let writer = std::thread::spawn(move || {
+            // SAFETY: `src` lives (and is touched by nothing else) until
+            // the send returns.
+            let body = unsafe { Shared::new(src.as_mut_ptr(), src.len()) };
+            send(&a, b"HEAD", body).unwrap();
+        });
+        let mut r = RecvBuf::new(16);
+        let h: [u8; 4] = r.header(&b, 16).unwrap();
+        assert_eq!(&h, b"HEAD");
+        // SAFETY: `dst` lives, and is referenced by nothing, until the
+        // receive returns.
+        let into = unsafe { Shared::new(dst.as_mut_ptr(), dst.len()) };
+        assert_eq!(into.len(), 100_000);
+        r.read_into(&b, into).unwrap();
+        writer.join().unwrap();
+        assert!(dst.iter().all(|&x| x == 7));
     }
 }

@@ -16,7 +16,10 @@
 //!
 //! `offset` is relative to the start of the allocation; the agent checks it
 //! against the extents it holds before touching memory. This module only
-//! encodes and decodes; it never validates against state.
+//! encodes and decodes; it never validates against state. [`sock`] moves
+//! the encoded bytes through a socket.
+
+pub mod sock;
 
 use std::io::{self, Read, Write};
 
