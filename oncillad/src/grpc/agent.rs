@@ -88,7 +88,7 @@ impl agent_server::Agent for AgentService {
             sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
             mappings: u32::try_from(self.agent.leases().len()).unwrap_or(u32::MAX),
             incarnation: self.agent.incarnation(),
-            cpu_ns: oncilla_proto::process_cpu_ns(),
+            cpu_ns: crate::agent::cpu::process_cpu_ns(),
         }))
     }
 
