@@ -12,7 +12,7 @@ use std::sync::Arc;
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{self, Request, Status, Welcome};
 
-use crate::agent::held::{Held, HeldTable};
+use crate::memory::held::{Held, HeldTable};
 
 /// Reads a client's hello and answers it. `Ok(true)` when the client may
 /// go on; `Ok(false)` when it was refused (and told why).

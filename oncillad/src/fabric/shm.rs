@@ -10,7 +10,7 @@
 //! refused request gets the usual status and message and ends the
 //! connection.
 //!
-//! The connection is the process's lease (see [`crate::agent::lease`]):
+//! The connection is the process's lease (see [`crate::memory::lease`]):
 //! it is served on its own thread, the agent holds the granted extents
 //! until the process closes it, and writes one byte on it when the
 //! allocation is released. The fd reaches the whole slab, so this trusts
@@ -28,8 +28,8 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{self, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN};
 
-use crate::agent::held::{Held, HeldTable};
-use crate::agent::lease::Leases;
+use crate::memory::held::{Held, HeldTable};
+use crate::memory::lease::Leases;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Most extents one connection may ask for.

@@ -33,7 +33,7 @@ use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, REQUEST_LEN
 
 use oncilla_cuda::DeviceMem;
 
-use crate::agent::held::{Backing, HeldTable};
+use crate::memory::held::{Backing, HeldTable};
 
 /// Most data connections served at once.
 pub const MAX_CONNECTIONS: usize = 1024;

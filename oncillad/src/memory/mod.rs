@@ -1,9 +1,13 @@
-//! What this node holds, as both the agent (which fills it) and the data
-//! servers in [`crate::fabric`] (which serve from it) see it: the RDMA
-//! registrations of held memory ([`keys`]).
+//! What this node holds, as both the agent (which fills and empties it)
+//! and the data servers in `fabric` (which serve from it) see
+//! it: the held allocations and their extents ([`held`]), the processes
+//! that map them ([`lease`]), and the RDMA registrations of held memory
+//! ([`keys`]).
 //!
-//! It sits below `agent` and `fabric` and imports neither, so neither
-//! has to import the other for these types. It never talks to the network
-//! and never makes a registration.
+//! It sits below `agent` and `fabric` and imports neither, so `fabric`
+//! never imports `agent`. It never talks to the network, never makes a
+//! registration and never decides what is held.
 
+pub mod held;
 pub mod keys;
+pub mod lease;

@@ -15,7 +15,7 @@ use oncilla_model::Fabric;
 
 use oncilla_cuda::DeviceMem;
 
-use crate::memory::keys::{GpuRegistration, Keys};
+use super::keys::{GpuRegistration, Keys};
 use crate::pool::PoolExtent;
 
 /// What an extent's bytes are.
