@@ -10,7 +10,7 @@
 //! posts and polls. Under memory pressure (the HCA refuses a registration
 //! even after the cache let go of everything) the buffer is cut into
 //! bounce-buffer parts instead: slower, never a failed copy. Every failure becomes a typed
-//! error naming the node and the allocation: a refused remote key is
+//! error naming the node and the allocation ([`super::failure`]): a refused remote key is
 //! [`Error::NotFound`] (the allocation was freed, or the agent restarted),
 //! no answer is [`Error::NodeUnreachable`], anything else
 //! [`Error::Fabric`]. The queue pair is then stopped before any buffer it
@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb;
 use oncilla_rdma::verbs::{Device, Mr, Qp};
-use oncilla_rdma::{self as rdma, wc, Completion, Probe, RdmaError, Wr};
+use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
 
-use super::plan::{self, DevicePiece, Piece, Queue, Remote, RunError, Tuning, Unaddressable};
+use super::failure::{settle, Failed, Place};
+use super::plan::{self, DevicePiece, Piece, Queue, Remote, Tuning};
 use super::regcache::{CacheError, RegCache, Register};
 use super::{Affinity, AffinityError};
 use crate::error::{Error, Result};
@@ -293,7 +294,7 @@ impl VerbsFabric {
                 }
                 let wrs = plan::plan(&work, &self.tuning);
                 let outcome = plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning);
-                settle(conn, &place, outcome)
+                settle(&mut conn.qp, &place, outcome)
             })
         };
         // Pinning applies to a progress thread of our own, never to the
@@ -641,7 +642,7 @@ impl VerbsFabric {
     ) -> std::result::Result<(), Failed> {
         let wrs = plan::plan(work, &self.tuning);
         let outcome = plan::run(&mut Hca(&mut conn.qp), &wrs, &self.tuning);
-        let outcome = settle(conn, at, outcome);
+        let outcome = settle(&mut conn.qp, at, outcome);
         if let Err(Failed::Unfenced(_)) = &outcome {
             // The pair could not be stopped: the HCA may still write into
             // the bounce buffers or read the registrations, so they stay.
@@ -723,86 +724,6 @@ impl VerbsFabric {
     }
 }
 
-/// What a copy is about, for its errors.
-struct Place<'a> {
-    node: &'a str,
-    addr: &'a str,
-    alloc_id: u64,
-}
-
-impl Place<'_> {
-    fn fabric(&self, e: impl std::fmt::Display) -> Error {
-        Error::Fabric {
-            node: self.node.to_string(),
-            addr: self.addr.to_string(),
-            reason: format!("verbs, allocation {}: {e}", self.alloc_id),
-        }
-    }
-
-    fn unreachable(&self, e: impl std::fmt::Display) -> Error {
-        Error::NodeUnreachable {
-            node: self.node.to_string(),
-            addr: self.addr.to_string(),
-            reason: format!("verbs, allocation {}: {e}", self.alloc_id),
-        }
-    }
-
-    fn not_found(&self, why: &str) -> Error {
-        Error::NotFound(format!(
-            "no such allocation on {}: {} ({why})",
-            self.node, self.alloc_id
-        ))
-    }
-
-    fn unaddressable(&self, e: Unaddressable) -> Failed {
-        match e {
-            Unaddressable::Restarted { .. } => self.not_found(&e.to_string()),
-            Unaddressable::NoRegion { .. } => self.fabric(&e),
-        }
-        .into()
-    }
-
-    /// What a failed run means for the caller.
-    fn failed(&self, e: &RunError) -> Error {
-        match e {
-            RunError::Completion { failure, .. } if failure.status == wc::REM_ACCESS_ERR => {
-                self.not_found(&format!(
-                    "the agent refused its RDMA key: the allocation was freed, or the agent restarted with an empty pool; {e}"
-                ))
-            }
-            RunError::Completion { failure, .. }
-                if matches!(failure.status, wc::RETRY_EXC_ERR | wc::RESP_TIMEOUT_ERR) =>
-            {
-                self.unreachable(e)
-            }
-            RunError::Timeout { .. } => self.unreachable(e),
-            _ => self.fabric(e),
-        }
-    }
-}
-
-/// A failed copy: `Unfenced` when the pair could not be stopped, so the
-/// memory its requests name must stay registered and alive.
-#[derive(Debug)]
-enum Failed {
-    Fenced(Error),
-    Unfenced(Error),
-}
-
-impl Failed {
-    fn into_error(self) -> Error {
-        match self {
-            Failed::Fenced(e) | Failed::Unfenced(e) => e,
-        }
-    }
-}
-
-impl From<Error> for Failed {
-    fn from(e: Error) -> Self {
-        Failed::Fenced(e)
-    }
-}
-
 /// Registrations and bounce buffers a round's requests name.
 #[derive(Default)]
 struct Held {
@@ -819,29 +740,6 @@ struct Part {
     piece: usize,
     offset: usize,
     len: usize,
-}
-
-/// The outcome of a run on `conn`: on failure the pair is stopped first,
-/// so no request can touch memory after the caller lets it go.
-fn settle(
-    conn: &mut Conn,
-    at: &Place<'_>,
-    outcome: std::result::Result<(), RunError>,
-) -> std::result::Result<(), Failed> {
-    let Err(e) = outcome else {
-        return Ok(());
-    };
-    let error = at.failed(&e);
-    match conn.qp.stop() {
-        Ok(()) => Err(Failed::Fenced(error)),
-        Err(why) => {
-            tracing::error!(
-                node = at.node,
-                "cannot stop a failed verbs queue pair ({why}); keeping its buffers registered"
-            );
-            Err(Failed::Unfenced(error))
-        }
-    }
 }
 
 /// Registers caller buffers on one device for local access.

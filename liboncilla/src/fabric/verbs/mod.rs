@@ -11,6 +11,8 @@
 
 #[cfg(feature = "verbs")]
 mod engine;
+#[cfg(feature = "verbs")]
+mod failure;
 // Only the engine uses these outside their tests.
 #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub(crate) mod plan;
