@@ -1,0 +1,117 @@
+//! Local applications' sessions on this agent: opening one, who is behind
+//! it (as the master records owners), what it is attached to, and the
+//! queue of ended sessions the membership loop reports until the master
+//! acknowledges them. Never frees memory itself: the master decides.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use oncilla_model::alloc::Owner;
+
+use super::Agent;
+use crate::error::CoreError;
+
+/// A local application's session.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    pub id: String,
+    pub pid: u32,
+    pub program: String,
+    /// Order of opening within this agent incarnation.
+    pub seq: u64,
+    /// Persistent allocations the session is attached to.
+    pub attached: BTreeSet<u64>,
+}
+
+impl Agent {
+    /// Registers a new local session.
+    pub fn open_session(&self, pid: u32, program: String) -> SessionInfo {
+        let seq = self.next_session.fetch_add(1, Ordering::SeqCst);
+        let id = format!("{}-{:016x}", self.node.name, rand::random::<u64>());
+        let info = SessionInfo {
+            id,
+            pid,
+            program,
+            seq,
+            attached: BTreeSet::new(),
+        };
+        self.sessions.insert(info.id.clone(), info.clone());
+        tracing::info!(session = %info.id, pid, program = %info.program, "session opened");
+        info
+    }
+
+    /// The process behind an open session, as the master records it.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchSession`].
+    pub fn owner(&self, session_id: &str) -> Result<Owner, CoreError> {
+        let s = self.session(session_id)?;
+        Ok(self.owner_of(&s))
+    }
+
+    pub(super) fn owner_of(&self, s: &SessionInfo) -> Owner {
+        Owner {
+            session_id: s.id.clone(),
+            node: self.node.name.clone(),
+            pid: s.pid,
+            program: s.program.clone(),
+            agent_incarnation: self.incarnation,
+            session_seq: s.seq,
+        }
+    }
+
+    /// Notes that a session attached to (or, with `attached` false, left)
+    /// a persistent allocation.
+    pub fn note_attached(&self, session_id: &str, alloc_id: u64, attached: bool) {
+        if let Some(mut s) = self.sessions.get_mut(session_id) {
+            if attached {
+                s.attached.insert(alloc_id);
+            } else {
+                s.attached.remove(&alloc_id);
+            }
+        }
+    }
+
+    /// A session's stream closed: forget it and queue the news for the
+    /// master (delivered by the membership loop until acknowledged).
+    pub fn end_session(&self, id: &str) {
+        self.sessions.remove(id);
+        self.ended_lock().push(id.to_string());
+        self.wake.notify_one();
+    }
+
+    /// Ended sessions not yet acknowledged by the master.
+    pub fn ended_sessions(&self) -> Vec<String> {
+        self.ended_lock().clone()
+    }
+
+    /// The master has processed these ended sessions.
+    pub fn ack_ended(&self, done: &[String]) {
+        self.ended_lock().retain(|s| !done.contains(s));
+    }
+
+    /// Resolves when something must be told to the master now.
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    fn ended_lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        // A list of ids; a panic while it is held cannot leave it invalid.
+        self.ended.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Looks up an open session.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchSession`].
+    pub fn session(&self, id: &str) -> Result<SessionInfo, CoreError> {
+        self.sessions
+            .get(id)
+            .map(|s| s.value().clone())
+            .ok_or_else(|| CoreError::NoSuchSession(id.to_string()))
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}
