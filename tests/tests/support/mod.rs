@@ -1,15 +1,17 @@
-//! A real cluster for tests: `oncillad` processes on loopback in a private
-//! directory, plus helpers to drive them with liboncilla and `ocmctl`.
-//! Every wait is bounded; dropping the cluster kills every process it
-//! started and removes its directory.
+//! The tests' view of a local cluster: [`oncilla_cluster`] (the one
+//! launcher: `oncillad` processes on loopback in a private directory,
+//! bounded waits, every process killed and the directory removed on drop)
+//! with the tests' settings, plus what only tests need: the built
+//! binaries, this run's RDMA devices and fabric, and helpers that drive
+//! the cluster with liboncilla and `ocmctl` and read daemons' CPU time.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use liboncilla::{Fabric, Oncilla, Options};
-use oncilla_proto::auth::Token;
+use oncilla_cluster::{Config, Daemon, Stop};
 
 /// How long a cluster may take to start.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -58,30 +60,35 @@ pub fn remote_fabric() -> Fabric {
     }
 }
 
-pub struct Cluster {
-    pub dir: PathBuf,
-    pub token: Token,
-    pub master_addr: String,
-    /// Each agent's pool capacity.
-    capacities: Vec<String>,
-    master: Option<Child>,
-    agents: Vec<Option<Child>>,
-    /// Each agent's gRPC and data ports, kept across restarts.
-    ports: Vec<(u16, u16)>,
+/// A cluster started by [`oncilla_cluster`] with the tests' settings (the
+/// built `oncillad`, 200 ms heartbeats, 20 s to come up, SIGKILL on drop,
+/// this run's RDMA devices): every launcher call is reachable through it
+/// (`Deref`), the fallible ones panic here instead, and the helpers below
+/// drive it with liboncilla and `ocmctl`.
+pub struct Cluster(oncilla_cluster::Cluster);
+
+impl std::ops::Deref for Cluster {
+    type Target = oncilla_cluster::Cluster;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
-/// A loopback port free right now, below the kernel's ephemeral range
-/// (32768 and up by default): a port from that range can be taken as the
-/// source port of some other test's outgoing connection before the daemon
-/// binds it.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 131;
-    (0..2000u64)
-        .map(|i| 20000 + ((seed + i * 17) % 12000) as u16)
-        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
-        .expect("a free port below 32000")
+/// Agent `i`'s arguments after the usual ones: this run's RDMA device for
+/// it, unless `extra` names its own, then `extra`.
+fn agent_args(i: usize, extra: &[&str]) -> Vec<String> {
+    let devices = rdma_devices();
+    let mut args: Vec<String> = Vec::new();
+    let own_device = extra.contains(&"--rdma-device");
+    if let Some(dev) = devices
+        .get(i % devices.len().max(1))
+        .filter(|_| !own_device)
+    {
+        args.extend(["--rdma-device".to_string(), dev.clone()]);
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
 }
 
 impl Cluster {
@@ -94,143 +101,34 @@ impl Cluster {
     /// exporting its own capacity, allowing `limit` for them to come up (a
     /// large pool takes a while to populate and lock).
     pub fn start_sized(capacities: &[&str], limit: Duration) -> Self {
-        let agents = capacities.len();
-        let dir = std::env::temp_dir().join(format!(
-            "oncilla-test-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let token = Token::random();
-        std::fs::write(dir.join("token"), token.as_str()).unwrap();
-        let mut c = Self {
-            dir,
-            token,
-            master_addr: format!("127.0.0.1:{}", free_port()),
-            capacities: capacities.iter().map(|c| c.to_string()).collect(),
-            master: None,
-            agents: Vec::new(),
-            ports: (0..agents).map(|_| (free_port(), free_port())).collect(),
-        };
-        c.start_master();
-        for i in 0..agents {
-            let child = c.spawn_agent(i);
-            c.agents.push(Some(child));
-        }
-        c.wait_nodes_up_within(agents, limit);
-        c
-    }
-
-    fn spawn(&self, log: &str, args: &[&str]) -> Child {
-        // Appended: a restarted daemon's log follows its predecessor's.
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(log))
-            .unwrap();
-        Command::new(bin("oncillad"))
-            .args(args)
+        let mut config = Config::new(Daemon::Binary(bin("oncillad")), capacities)
+            .heartbeat_ms(200)
+            .start_timeout(limit)
+            .dir_prefix("oncilla-test")
             .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start oncillad")
-    }
-
-    pub fn start_master(&mut self) {
-        let tf = self.token_file();
-        let child = self.spawn(
-            "master.log",
-            &[
-                "--master",
-                "--listen",
-                &self.master_addr.clone(),
-                "--token-file",
-                &tf,
-                "--heartbeat-ms",
-                "200",
-            ],
-        );
-        self.master = Some(child);
-    }
-
-    fn spawn_agent(&self, i: usize) -> Child {
-        self.spawn_agent_with(i, &[])
-    }
-
-    /// Agent `i` with `extra` arguments after the usual ones.
-    fn spawn_agent_with(&self, i: usize, extra: &[&str]) -> Child {
-        let sock = self.socket(i).display().to_string();
-        let name = format!("node-{i}");
-        let (grpc, data) = self.ports[i];
-        let devices = rdma_devices();
-        let mut args: Vec<String> = Vec::new();
-        let own_device = extra.contains(&"--rdma-device");
-        if let Some(dev) = devices
-            .get(i % devices.len().max(1))
-            .filter(|_| !own_device)
-        {
-            args.extend(["--rdma-device".to_string(), dev.clone()]);
+            .inherit_oncilla_env(true)
+            .stop(Stop::Kill);
+        for i in 0..capacities.len() {
+            config = config.agent_args(i, agent_args(i, &[]));
         }
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.spawn(
-            &format!("{name}.log"),
-            &[
-                "--join",
-                &self.master_addr,
-                "--name",
-                &name,
-                "--listen",
-                &format!("127.0.0.1:{grpc}"),
-                "--data-listen",
-                &format!("127.0.0.1:{data}"),
-                "--socket",
-                &sock,
-                "--capacity",
-                &self.capacities[i],
-                "--token-file",
-                &self.token_file(),
-                "--heartbeat-ms",
-                "200",
-            ]
-            .into_iter()
-            .chain(args)
-            .collect::<Vec<_>>(),
-        )
+        Self(oncilla_cluster::Cluster::start(config).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// Starts the master again on its address.
+    pub fn start_master(&mut self) {
+        self.0.start_master().unwrap_or_else(|e| panic!("{e}"));
     }
 
     pub fn token_file(&self) -> String {
-        self.dir.join("token").display().to_string()
-    }
-
-    pub fn socket(&self, i: usize) -> PathBuf {
-        self.dir.join(format!("node-{i}.sock"))
+        self.0.token_file().display().to_string()
     }
 
     /// Waits until the master lists `n` nodes up, their sockets exist and
     /// the master has left its recovery window (it takes allocations).
     pub fn wait_nodes_up(&self, n: usize) {
-        self.wait_nodes_up_within(n, START_TIMEOUT);
-    }
-
-    fn wait_nodes_up_within(&self, n: usize, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if self.nodes_up() == n
-                && (0..n).all(|i| self.socket(i).exists())
-                && !self.master_recovering()
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "cluster not up in time; logs in {}",
-                self.dir.display()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.0
+            .wait_nodes_up_within(n, START_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Number of nodes the master lists as up (0 when it cannot be reached).
@@ -303,37 +201,17 @@ impl Cluster {
 
     /// SIGKILL to the master.
     pub fn kill_master(&mut self) {
-        if let Some(mut c) = self.master.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.kill_master();
     }
 
     /// SIGKILL to agent `i`.
     pub fn kill_agent(&mut self, i: usize) {
-        if let Some(mut c) = self.agents[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.kill_agent(i);
     }
 
     /// SIGTERM to agent `i`, waiting (bounded) for it to exit.
     pub fn stop_agent(&mut self, i: usize) {
-        if let Some(mut c) = self.agents[i].take() {
-            if let Ok(pid) = i32::try_from(c.id()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-            let exited = Self::eventually(Duration::from_secs(10), || {
-                matches!(c.try_wait(), Ok(Some(_)))
-            });
-            if !exited {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
+        self.0.stop_agent(i);
     }
 
     /// Starts agent `i` again with its name, ports and socket (an empty pool).
@@ -344,16 +222,16 @@ impl Cluster {
     /// [`Cluster::start_agent`] with extra arguments (an `--rdma-device`
     /// among them replaces the run's device for this agent).
     pub fn start_agent_with(&mut self, i: usize, extra: &[&str]) {
-        assert!(self.agents[i].is_none(), "agent {i} is running");
-        let child = self.spawn_agent_with(i, extra);
-        self.agents[i] = Some(child);
+        self.0
+            .start_agent_with(i, &agent_args(i, extra))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// CPU time agent `i` has used so far in user space and in the kernel
     /// (from /proc; the kernel's share includes whatever softirq work
     /// happened to interrupt it).
     pub fn agent_cpu(&self, i: usize) -> (Duration, Duration) {
-        let pid = self.agents[i].as_ref().expect("agent running").id();
+        let pid = self.agent_pid(i).expect("agent running");
         let (_, user, kernel) = proc_stat(&format!("/proc/{pid}/stat")).expect("agent stat");
         (user, kernel)
     }
@@ -361,7 +239,7 @@ impl Cluster {
     /// Agent `i`'s threads by name with their user-space CPU time, busiest
     /// first (for messages that must say where CPU went).
     pub fn agent_threads(&self, i: usize) -> Vec<(String, Duration)> {
-        let pid = self.agents[i].as_ref().expect("agent running").id();
+        let pid = self.agent_pid(i).expect("agent running");
         let mut out: Vec<(String, Duration)> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map(|d| d.flatten().collect::<Vec<_>>())
             .unwrap_or_default()
@@ -377,21 +255,7 @@ impl Cluster {
 
     /// Text of a daemon's log ("master", "node-1", ...).
     pub fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let children = self
-            .master
-            .iter_mut()
-            .chain(self.agents.iter_mut().flatten());
-        for c in children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::read_to_string(self.0.log(name)).unwrap_or_default()
     }
 }
 

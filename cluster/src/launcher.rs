@@ -1,0 +1,610 @@
+//! The local cluster itself: a master and agents as real `oncillad`
+//! processes on loopback, in a private temporary directory (mode 0700)
+//! holding the token (mode 0600), each agent's session socket and every
+//! daemon's log (`master.log`, `node-<i>.log`, appended across restarts).
+//!
+//! Ports are fixed when the cluster starts (below the kernel's ephemeral
+//! range), so an agent started again keeps its name, addresses and socket.
+//! Every wait is bounded by the configured start timeout. Dropping the
+//! [`Cluster`] stops every daemon it started ([`crate::Stop`]) and removes
+//! the directory; [`Cluster::detach`] leaves them running instead.
+//!
+//! It owns the processes it starts and nothing else: it never signals a
+//! process it did not start, and never reads what the daemons store.
+
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use oncilla_proto::auth::Token;
+use oncilla_proto::pb::NodeState;
+
+use crate::config::{Config, Daemon, Stop};
+use crate::error::ClusterError;
+use crate::master::{Master, MasterError};
+
+/// How long [`Handle::stop_agent`] waits after SIGTERM before SIGKILL.
+const STOP_AGENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Name of agent `i`.
+pub fn node_name(i: usize) -> String {
+    format!("node-{i}")
+}
+
+/// The running daemons, and the extra arguments each agent last started with.
+struct Procs {
+    master: Option<Child>,
+    agents: Vec<Option<Child>>,
+    args: Vec<Vec<String>>,
+}
+
+/// What every [`Handle`] of one cluster shares.
+struct Shared {
+    config: Config,
+    /// Each agent's gRPC and data ports, kept across restarts.
+    ports: Vec<(u16, u16)>,
+    procs: Mutex<Procs>,
+}
+
+impl Shared {
+    fn procs(&self) -> MutexGuard<'_, Procs> {
+        // Plain process handles; a panic elsewhere cannot leave them invalid.
+        self.procs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What work running against a cluster needs to reach and drive it;
+/// cheap to clone and to send to another thread.
+#[derive(Clone)]
+pub struct Handle {
+    /// The master's gRPC address.
+    pub master_addr: String,
+    /// The cluster token (also in [`Handle::token_file`]).
+    pub token: Token,
+    /// Number of agents.
+    pub agents: usize,
+    /// The cluster's private directory.
+    pub dir: PathBuf,
+    shared: Arc<Shared>,
+}
+
+impl Handle {
+    /// The token file (mode 0600) every daemon reads.
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.join("token")
+    }
+
+    /// Session socket of agent `i`.
+    pub fn socket(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("{}.sock", node_name(i)))
+    }
+
+    /// Log file of a daemon (`master`, `node-1`, ...).
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    /// A connection to the master.
+    ///
+    /// # Errors
+    /// A runtime that cannot start.
+    pub fn master(&self) -> Result<Master, MasterError> {
+        Master::connect(&self.master_addr, &self.token)
+    }
+
+    /// Process id of agent `i`, while it runs.
+    pub fn agent_pid(&self, i: usize) -> Option<u32> {
+        let procs = self.shared.procs();
+        procs.agents.get(i)?.as_ref().map(Child::id)
+    }
+
+    /// Starts the master (again) on its address.
+    ///
+    /// # Errors
+    /// It is running already, or cannot be started.
+    pub fn start_master(&self) -> Result<(), ClusterError> {
+        let mut procs = self.shared.procs();
+        if procs.master.is_some() {
+            return Err(ClusterError::Running("master".into()));
+        }
+        let tf = self.token_file().display().to_string();
+        let hb = self.shared.config.heartbeat_ms.to_string();
+        let args: Vec<String> = [
+            "--master",
+            "--listen",
+            &self.master_addr,
+            "--token-file",
+            &tf,
+            "--heartbeat-ms",
+            &hb,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        procs.master = Some(spawn(&self.shared.config, &self.dir, "master", &args)?);
+        Ok(())
+    }
+
+    /// SIGKILL to the master.
+    pub fn kill_master(&self) {
+        let child = self.shared.procs().master.take();
+        if let Some(mut c) = child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts agent `i` (again) with its name, ports, socket and configured
+    /// extra arguments (an empty pool).
+    ///
+    /// # Errors
+    /// No such agent, it is running, or it cannot be started.
+    pub fn start_agent(&self, i: usize) -> Result<(), ClusterError> {
+        let extra = self
+            .shared
+            .config
+            .agent_args
+            .get(i)
+            .cloned()
+            .unwrap_or_default();
+        self.start_agent_with(i, &extra)
+    }
+
+    /// [`Handle::start_agent`] with `extra` after the usual arguments
+    /// instead of the configured ones.
+    ///
+    /// # Errors
+    /// No such agent, it is running, or it cannot be started.
+    pub fn start_agent_with<S: AsRef<str>>(
+        &self,
+        i: usize,
+        extra: &[S],
+    ) -> Result<(), ClusterError> {
+        let extra: Vec<String> = extra.iter().map(|a| a.as_ref().to_string()).collect();
+        let mut procs = self.shared.procs();
+        let name = node_name(i);
+        match procs.agents.get(i) {
+            None => return Err(ClusterError::NoAgent(name)),
+            Some(Some(_)) => return Err(ClusterError::Running(name)),
+            Some(None) => {}
+        }
+        let child = self.spawn_agent(i, &extra)?;
+        procs.agents[i] = Some(child);
+        procs.args[i] = extra;
+        Ok(())
+    }
+
+    fn spawn_agent(&self, i: usize, extra: &[String]) -> Result<Child, ClusterError> {
+        let name = node_name(i);
+        let config = &self.shared.config;
+        let (grpc, data) = self
+            .shared
+            .ports
+            .get(i)
+            .copied()
+            .ok_or_else(|| ClusterError::NoAgent(name.clone()))?;
+        let mut args: Vec<String> = [
+            "--join",
+            &self.master_addr,
+            "--name",
+            &name,
+            "--listen",
+            &format!("127.0.0.1:{grpc}"),
+            "--data-listen",
+            &format!("127.0.0.1:{data}"),
+            "--socket",
+            &self.socket(i).display().to_string(),
+            "--capacity",
+            &config.capacities[i],
+            "--token-file",
+            &self.token_file().display().to_string(),
+            "--heartbeat-ms",
+            &config.heartbeat_ms.to_string(),
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.extend(extra.iter().cloned());
+        spawn(config, &self.dir, &name, &args)
+    }
+
+    /// SIGKILL to agent `i` (no goodbye to anyone).
+    pub fn kill_agent(&self, i: usize) {
+        let child = self.shared.procs().agents.get_mut(i).and_then(Option::take);
+        if let Some(mut c) = child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM to agent `i`, waiting (bounded) for it to exit, SIGKILL after.
+    pub fn stop_agent(&self, i: usize) {
+        let child = self.shared.procs().agents.get_mut(i).and_then(Option::take);
+        if let Some(mut c) = child {
+            terminate(&c);
+            let deadline = Instant::now() + STOP_AGENT_TIMEOUT;
+            while !matches!(c.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !matches!(c.try_wait(), Ok(Some(_))) {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills agent `i` (SIGKILL), starts it again with the same name,
+    /// addresses and arguments, and waits until it has registered anew. The
+    /// new agent starts with an empty pool.
+    ///
+    /// # Errors
+    /// No such agent, an agent that cannot be started or does not come back
+    /// in time, a master that cannot be asked.
+    pub fn restart_agent(&self, i: usize) -> Result<(), ClusterError> {
+        let name = node_name(i);
+        let master = self.master()?;
+        let before = master
+            .nodes()?
+            .into_iter()
+            .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
+            .map(|n| n.incarnation);
+        {
+            let mut procs = self.shared.procs();
+            let extra = procs
+                .args
+                .get(i)
+                .cloned()
+                .ok_or_else(|| ClusterError::NoAgent(name.clone()))?;
+            if let Some(mut c) = procs.agents[i].take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            procs.agents[i] = Some(self.spawn_agent(i, &extra)?);
+        }
+        let limit = self.shared.config.start_timeout;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let back = master.nodes().ok().and_then(|nodes| {
+                nodes
+                    .into_iter()
+                    .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
+            });
+            if back
+                .is_some_and(|n| Some(n.incarnation) != before && n.state == NodeState::Up as i32)
+                && self.socket(i).exists()
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(ClusterError::NotBack {
+            log: self.log(&name),
+            name,
+            limit,
+        })
+    }
+
+    /// Waits (within the start timeout) until the master lists `n` nodes
+    /// up, agents `0..n` have their sockets and the master has left its
+    /// recovery window (it takes allocations).
+    ///
+    /// # Errors
+    /// A daemon of this cluster exited meanwhile (with its log's last
+    /// lines), or time ran out.
+    pub fn wait_nodes_up(&self, n: usize) -> Result<(), ClusterError> {
+        self.wait_nodes_up_within(n, self.shared.config.start_timeout)
+    }
+
+    /// [`Handle::wait_nodes_up`] allowing `limit` (a large pool takes a
+    /// while to populate and lock).
+    ///
+    /// # Errors
+    /// As [`Handle::wait_nodes_up`].
+    pub fn wait_nodes_up_within(&self, n: usize, limit: Duration) -> Result<(), ClusterError> {
+        let master = self.master()?;
+        let deadline = Instant::now() + limit;
+        loop {
+            self.check_running()?;
+            let (up, recovering) = master
+                .node_list()
+                .map(|l| {
+                    let up = l.nodes.iter().filter(|s| s.state == NodeState::Up as i32);
+                    (up.count(), l.recovering_ms)
+                })
+                .unwrap_or((0, 1));
+            let sockets = (0..n).all(|i| self.socket(i).exists());
+            if up == n && sockets && recovering == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::NotUp {
+                    limit,
+                    up,
+                    agents: n,
+                    dir: self.dir.clone(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Fails when a daemon this cluster runs has exited.
+    fn check_running(&self) -> Result<(), ClusterError> {
+        let mut procs = self.shared.procs();
+        let Procs { master, agents, .. } = &mut *procs;
+        let running = master.iter_mut().map(|c| ("master".to_string(), c)).chain(
+            agents
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, c)| Some((node_name(i), c.as_mut()?))),
+        );
+        for (name, child) in running {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(ClusterError::Exited {
+                    log_tail: tail(&self.log(&name), 8),
+                    name,
+                    status,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A started cluster: dropping it stops every daemon and removes its
+/// directory. It dereferences to its [`Handle`].
+pub struct Cluster {
+    handle: Handle,
+    /// Whether the daemons and directory are gone (or left running).
+    done: bool,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = Handle;
+
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl Cluster {
+    /// Makes the directory and token, starts the master and every agent,
+    /// and waits until they are up (within the start timeout).
+    ///
+    /// # Errors
+    /// The directory, token or a port cannot be had, a daemon cannot be
+    /// started or exits during start-up (with its log's last lines), or
+    /// the cluster is not up in time. What was started is stopped again.
+    pub fn start(config: Config) -> Result<Self, ClusterError> {
+        let agents = config.agents();
+        let master_addr = format!("127.0.0.1:{}", free_port()?);
+        let ports = (0..agents)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<Result<Vec<_>, ClusterError>>()?;
+        let dir = std::env::temp_dir().join(format!(
+            "{}-{}-{:08x}",
+            config.dir_prefix,
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| ClusterError::io(&dir, source))?;
+        let cluster = Self {
+            handle: Handle {
+                master_addr,
+                token: Token::random(),
+                agents,
+                dir,
+                shared: Arc::new(Shared {
+                    config,
+                    ports,
+                    procs: Mutex::new(Procs {
+                        master: None,
+                        agents: (0..agents).map(|_| None).collect(),
+                        args: vec![Vec::new(); agents],
+                    }),
+                }),
+            },
+            done: false,
+        };
+        // From here on, dropping `cluster` stops what was started and
+        // removes the directory.
+        let token_path = cluster.token_file();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&token_path)
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, cluster.handle.token.as_str().as_bytes())
+            })
+            .map_err(|source| ClusterError::io(&token_path, source))?;
+        cluster.start_master()?;
+        for i in 0..agents {
+            cluster.start_agent(i)?;
+        }
+        cluster.wait_nodes_up(agents)?;
+        Ok(cluster)
+    }
+
+    /// A handle for work on another thread.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Leaves the daemons running and the directory in place; returns the
+    /// daemons' process ids (master first).
+    pub fn detach(mut self) -> Vec<u32> {
+        self.done = true;
+        let mut procs = self.handle.shared.procs();
+        let pids = procs
+            .master
+            .take()
+            .into_iter()
+            .chain(procs.agents.iter_mut().filter_map(Option::take))
+            .map(|c| c.id())
+            .collect();
+        pids
+    }
+
+    /// Stops every daemon as configured, then removes the directory;
+    /// idempotent.
+    pub fn shutdown(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let mut children: Vec<(String, Child)> = {
+            let mut procs = self.handle.shared.procs();
+            let master = procs.master.take().map(|c| ("master".to_string(), c));
+            let agents: Vec<(String, Child)> = procs
+                .agents
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, c)| Some((node_name(i), c.take()?)))
+                .collect();
+            master.into_iter().chain(agents).collect()
+        };
+        match self.handle.shared.config.stop {
+            Stop::Kill => {
+                for (_, c) in &mut children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            Stop::Term(limit) => {
+                for (_, c) in &children {
+                    terminate(c);
+                }
+                for (name, mut child) in children {
+                    let deadline = Instant::now() + limit;
+                    loop {
+                        match child.try_wait() {
+                            Ok(Some(_)) => break,
+                            Ok(None) if Instant::now() < deadline => {
+                                std::thread::sleep(Duration::from_millis(20))
+                            }
+                            _ => {
+                                eprintln!("{}: {name} did not stop in time; killing it", program());
+                                let _ = child.kill();
+                                let _ = child.wait();
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.handle.dir) {
+            eprintln!(
+                "{}: cannot remove {}: {e}",
+                program(),
+                self.handle.dir.display()
+            );
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// SIGTERM to `child`.
+fn terminate(child: &Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+}
+
+/// This program's name, for the few lines the launcher prints itself.
+fn program() -> String {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "oncilla-cluster".into())
+}
+
+/// Starts daemon `name` with `args`, logging to `DIR/NAME.log`.
+fn spawn(config: &Config, dir: &Path, name: &str, args: &[String]) -> Result<Child, ClusterError> {
+    let log_path = dir.join(format!("{name}.log"));
+    // Appended: a restarted daemon's log follows its predecessor's.
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|source| ClusterError::io(&log_path, source))?;
+    let mut cmd = match &config.daemon {
+        Daemon::Binary(path) => Command::new(path),
+        Daemon::ReExec(arg) => {
+            let mut cmd = Command::new(std::env::current_exe().map_err(ClusterError::OwnExe)?);
+            cmd.arg(arg);
+            cmd
+        }
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    if !config.inherit_oncilla_env {
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ONCILLA_") {
+                cmd.env_remove(k);
+            }
+        }
+    }
+    for (k, v) in &config.env {
+        cmd.env(k, v);
+    }
+    if config.keep {
+        // Its own process group: a later Ctrl-C in this shell leaves it running.
+        cmd.process_group(0);
+    } else {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
+        // no memory of the parent; it makes the daemon get SIGTERM if the
+        // thread that started it dies without cleaning up, so no process is
+        // left behind.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().map_err(|source| ClusterError::Spawn {
+        name: name.to_string(),
+        source,
+    })
+}
+
+/// A loopback port free right now, below the kernel's ephemeral range
+/// (32768 and up by default), so that no outgoing connection (another
+/// test's, say) takes it as its source port before the daemon binds it.
+fn free_port() -> Result<u16, ClusterError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 131;
+    (0..2000u64)
+        .map(|i| 20000 + u16::try_from((seed + i * 17) % 12000).unwrap_or(0))
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .ok_or(ClusterError::NoPort)
+}
+
+/// The last `lines` lines of a log.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

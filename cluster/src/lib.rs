@@ -1,0 +1,32 @@
+//! `oncilla-cluster`: the one local-cluster launcher of the workspace, and
+//! the blocking master client the programs that drive a cluster share.
+//!
+//! - [`Cluster`] ([`launcher`]) starts a master and agents as separate
+//!   `oncillad` processes on loopback, in a private directory (token,
+//!   sockets, logs), waits (bounded) until they are up, kills, stops and
+//!   restarts single daemons, and stops everything and removes the
+//!   directory when dropped. [`Config`] says which program runs the
+//!   daemons and how ([`Daemon`]): the integration tests run the built
+//!   `oncillad` binary; `ocmctl` re-executes itself with its hidden
+//!   `oncillad` first argument, so `cargo run -p ocmctl -- demo` needs no
+//!   other build and never runs a stale daemon binary.
+//! - [`run`] ([`work`]) is a cluster for the length of one piece of work on
+//!   its own thread, torn down on return, Ctrl-C and SIGTERM (`ocmctl demo`,
+//!   `ocmctl run`, the benchmarks).
+//! - [`Master`] and [`Conn`] ([`master`]) reach any cluster's master from
+//!   plain threads.
+//!
+//! It never touches a cluster or a process it did not start, and knows no
+//! test framework: what only tests need stays in `tests/tests/support/`.
+
+pub mod config;
+pub mod error;
+pub mod launcher;
+pub mod master;
+pub mod work;
+
+pub use config::{Config, Daemon, Stop};
+pub use error::ClusterError;
+pub use launcher::{node_name, Cluster, Handle};
+pub use master::{Conn, Master, MasterError};
+pub use work::run;

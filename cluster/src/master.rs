@@ -1,0 +1,158 @@
+//! A blocking client of one cluster's `Master` service, for programs that
+//! drive a cluster from plain threads (`ocmctl`, the benchmarks, the
+//! launcher's readiness waits), and the command-line flags that say how to
+//! reach it ([`Conn`]). It owns the connection and its runtime; it never
+//! interprets what the master answers.
+
+use std::path::PathBuf;
+
+use oncilla_proto::auth::{Token, TokenError};
+use oncilla_proto::client::{self, AddrError, MasterClient};
+use oncilla_proto::pb;
+
+/// Why a call to the master failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MasterError {
+    /// The address cannot be dialed.
+    #[error(transparent)]
+    Addr(#[from] AddrError),
+    /// The call failed (unreachable master included); shown as its message.
+    #[error("{}", .0.message())]
+    Rpc(tonic::Status),
+    /// The client's runtime could not start.
+    #[error("cannot start runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// How to reach the master (flags of `ocmctl` and `ocmctl bench`).
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct Conn {
+    /// Master gRPC address.
+    #[arg(
+        long,
+        env = "ONCILLA_MASTER",
+        default_value = "127.0.0.1:7070",
+        value_name = "HOST:PORT"
+    )]
+    pub master: String,
+    /// Cluster token.
+    #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the cluster token.
+    #[arg(long, env = "ONCILLA_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
+}
+
+impl Conn {
+    /// The token from `--token`, `--token-file` or their variables.
+    ///
+    /// # Errors
+    /// None given, or one that cannot be read or is malformed.
+    pub fn token(&self) -> Result<Token, TokenError> {
+        Token::resolve(self.token.as_deref(), self.token_file.as_deref())
+    }
+}
+
+/// A master connection with its own single-threaded runtime.
+pub struct Master {
+    addr: String,
+    client: MasterClient,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Master {
+    /// A lazy connection to `addr`: nothing is dialed until the first call.
+    ///
+    /// # Errors
+    /// A bad address or a runtime that cannot start.
+    pub fn connect(addr: &str, token: &Token) -> Result<Self, MasterError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(MasterError::Runtime)?;
+        let client = {
+            let _guard = rt.enter();
+            MasterClient::new(client::lazy(addr, token)?)
+        };
+        Ok(Self {
+            addr: addr.to_string(),
+            client,
+            rt,
+        })
+    }
+
+    fn call<T, F, Fut>(&self, f: F) -> Result<T, MasterError>
+    where
+        F: FnOnce(MasterClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.rt
+            .block_on(f(self.client.clone()))
+            .map(tonic::Response::into_inner)
+            .map_err(|s| MasterError::Rpc(client::unreachable("master", &self.addr, s)))
+    }
+
+    /// Every node the master knows.
+    ///
+    /// # Errors
+    /// The call fails.
+    pub fn nodes(&self) -> Result<Vec<pb::NodeStatus>, MasterError> {
+        self.node_list().map(|r| r.nodes)
+    }
+
+    /// Nodes, and how long the master still waits for agents to re-register.
+    ///
+    /// # Errors
+    /// The call fails.
+    pub fn node_list(&self) -> Result<pb::NodeList, MasterError> {
+        self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })
+    }
+
+    /// Every allocation in the table.
+    ///
+    /// # Errors
+    /// The call fails.
+    pub fn allocations(&self) -> Result<Vec<pb::Allocation>, MasterError> {
+        self.call(|mut c| async move { c.list_allocations(pb::ListAllocationsRequest {}).await })
+            .map(|r| r.allocations)
+    }
+
+    /// One allocation.
+    ///
+    /// # Errors
+    /// The call fails (an unknown allocation included).
+    pub fn allocation(&self, alloc: &pb::AllocRef) -> Result<pb::Allocation, MasterError> {
+        let req = pb::GetAllocationRequest {
+            alloc: Some(alloc.clone()),
+        };
+        self.call(|mut c| async move { c.get_allocation(req).await })
+    }
+
+    /// A persistent allocation (it outlives this process).
+    ///
+    /// # Errors
+    /// The call fails.
+    pub fn allocate(&self, spec: pb::AllocSpec) -> Result<pb::Allocation, MasterError> {
+        let req = pb::AllocateRequest {
+            spec: Some(spec),
+            origin_node: String::new(),
+            requester: None,
+        };
+        self.call(|mut c| async move { c.allocate(req).await })
+    }
+
+    /// Frees an allocation (`force`: even while processes are attached).
+    ///
+    /// # Errors
+    /// The call fails.
+    pub fn free(&self, alloc: &pb::AllocRef, force: bool) -> Result<(), MasterError> {
+        let req = pb::FreeRequest {
+            alloc: Some(alloc.clone()),
+            session_id: String::new(),
+            force,
+        };
+        self.call(|mut c| async move { c.free(req).await })
+            .map(|_| ())
+    }
+}
