@@ -12,8 +12,8 @@ use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::Token;
 use oncilla_proto::pb;
 
-use crate::master::Master;
 use crate::CliError;
+use oncilla_cluster::Master;
 
 /// Bytes staged in memory at a time.
 const STAGE: u64 = 64 << 20;
@@ -33,7 +33,7 @@ pub fn put(
         path: file.display().to_string(),
         source,
     };
-    let desc = master.descriptor(alloc)?;
+    let desc = crate::master::descriptor(master, alloc)?;
     let mut f = File::open(file).map_err(io_err)?;
     let total = f.metadata().map_err(io_err)?.len();
     desc.check_range(offset, total)?;
@@ -65,7 +65,7 @@ pub fn get(
     len: Option<u64>,
     output: Option<&Path>,
 ) -> Result<(), CliError> {
-    let desc = master.descriptor(alloc)?;
+    let desc = crate::master::descriptor(master, alloc)?;
     let total = len.unwrap_or_else(|| desc.size.saturating_sub(offset));
     desc.check_range(offset, total)?;
     let name = output.map_or_else(|| "stdout".to_string(), |p| p.display().to_string());

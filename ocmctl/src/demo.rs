@@ -14,9 +14,11 @@ use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_proto::auth::Token;
 
-use crate::cluster;
-use crate::master::{self, Master};
-use crate::table::Table;
+use oncilla_bench::report::{gib_per_s, pattern};
+use oncilla_bench::table::Table;
+use oncilla_cluster::{node_name, Config, Master};
+
+use crate::master;
 use crate::CliError;
 
 /// Options of `ocmctl demo`.
@@ -58,12 +60,15 @@ pub fn run(args: &Args) -> Result<(), CliError> {
 
     let capacities = vec![capacity; args.agents];
     let (size, keep) = (size, args.keep);
-    cluster::run(&capacities, keep, move |c| {
+    let config = Config::new(crate::daemon(), &capacities)
+        .dir_prefix("oncilla-demo")
+        .keep(keep);
+    oncilla_cluster::run(config, move |c| {
         Plan {
             master: c.master_addr.clone(),
             socket: c.socket(0),
             token: c.token.clone(),
-            nodes: (0..c.agents).map(cluster::node_name).collect(),
+            nodes: (0..c.agents).map(node_name).collect(),
             size,
             keep,
         }
@@ -146,7 +151,7 @@ impl Plan {
                 what.into(),
                 HumanBytes(self.size).to_string(),
                 format!("{:.3}", took.as_secs_f64()),
-                format!("{:.2}", crate::bench::gib_per_s(self.size, took)),
+                format!("{:.2}", gib_per_s(self.size, took)),
             ]);
         }
         let fabrics: Vec<String> = alloc
@@ -175,17 +180,4 @@ impl Plan {
         println!("\nfreed allocation {id}; stopping the cluster");
         Ok(())
     }
-}
-
-/// Deterministic, position-dependent bytes, so a misplaced chunk shows.
-pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len + 8);
-    let mut i = 0u64;
-    while v.len() < len {
-        let x = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        v.extend_from_slice(&x.to_le_bytes());
-        i += 1;
-    }
-    v.truncate(len);
-    v
 }

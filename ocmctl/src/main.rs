@@ -1,29 +1,24 @@
 //! `ocmctl`: inspect and drive an Oncilla cluster, and run a local demo
-//! cluster. Each subcommand's work lives in its own module; this file parses
-//! flags and maps errors to one line on stderr and a non-zero exit.
+//! cluster. Each subcommand's work lives in its own module; `ocmctl bench`
+//! fronts the `oncilla-bench` crate, and local clusters come from
+//! `oncilla-cluster`, whose daemons are this binary re-executed with the
+//! hidden first argument [`DAEMON_ARG`]. This file parses flags and maps
+//! errors to one line on stderr and a non-zero exit.
 
-mod bench;
-mod cluster;
-mod copybench;
 mod data;
 mod demo;
 mod master;
-mod placement;
-mod procbench;
-mod rawtcp;
 mod runwith;
-mod soak;
-mod table;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use oncilla_bench::{Bench, BenchError};
+use oncilla_cluster::{ClusterError, Conn, Daemon, Master, MasterError};
 use oncilla_model::size::parse_size;
-use oncilla_proto::auth::{Token, TokenError};
+use oncilla_proto::auth::TokenError;
 use oncilla_proto::pb;
-
-use master::Master;
 
 /// Inspect and drive an Oncilla cluster.
 #[derive(Debug, Parser)]
@@ -34,37 +29,16 @@ struct Cli {
     cmd: Cmd,
 }
 
-/// How to reach the master.
-#[derive(Debug, clap::Args)]
-#[deny(missing_docs)]
-pub(crate) struct Conn {
-    /// Master gRPC address.
-    #[arg(
-        long,
-        env = "ONCILLA_MASTER",
-        default_value = "127.0.0.1:7070",
-        value_name = "HOST:PORT"
-    )]
-    pub(crate) master: String,
-    /// Cluster token.
-    #[arg(long, env = "ONCILLA_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// File holding the cluster token.
-    #[arg(long, env = "ONCILLA_TOKEN_FILE", value_name = "PATH")]
-    token_file: Option<PathBuf>,
+/// The master `conn` names.
+fn connect(conn: &Conn) -> Result<Master, CliError> {
+    Ok(Master::connect(&conn.master, &conn.token()?)?)
 }
 
-impl Conn {
-    pub(crate) fn token(&self) -> Result<Token, CliError> {
-        Ok(Token::resolve(
-            self.token.as_deref(),
-            self.token_file.as_deref(),
-        )?)
-    }
-
-    fn master(&self) -> Result<Master, CliError> {
-        Master::connect(&self.master, &self.token()?)
-    }
+/// How local clusters run their daemons: this binary, re-executed with the
+/// hidden [`DAEMON_ARG`] (never a separately built `oncillad`, which could
+/// be stale beside a fresh `cargo run -p ocmctl`).
+pub(crate) fn daemon() -> Daemon {
+    Daemon::ReExec(DAEMON_ARG.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -174,7 +148,7 @@ enum Cmd {
     Run(runwith::Args),
     /// Measure the cluster (prints tables; see docs/benchmarks.md).
     #[command(subcommand)]
-    Bench(bench::Bench),
+    Bench(Bench),
 }
 
 /// `--policy` values.
@@ -245,9 +219,11 @@ pub enum CliError {
     #[error(transparent)]
     Token(#[from] TokenError),
     #[error(transparent)]
-    Addr(#[from] oncilla_proto::client::AddrError),
-    #[error("{}", .0.message())]
-    Rpc(tonic::Status),
+    Master(#[from] MasterError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Bench(#[from] BenchError),
     #[error(transparent)]
     Data(#[from] liboncilla::Error),
     #[error(transparent)]
@@ -282,27 +258,20 @@ fn main() -> ExitCode {
     }
 }
 
-pub(crate) fn print_json(v: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
-}
-
 fn run(cmd: Cmd) -> Result<(), CliError> {
     match cmd {
         Cmd::Nodes { conn, json } => {
-            let nodes = conn.master()?.node_list()?;
+            let nodes = connect(&conn)?.node_list()?;
             if json {
-                print_json(&master::nodes_json(&nodes));
+                oncilla_bench::report::print_json(&master::nodes_json(&nodes));
             } else {
                 print!("{}", master::nodes_table(&nodes));
             }
         }
         Cmd::Allocs { conn, json } => {
-            let allocs = conn.master()?.allocations()?;
+            let allocs = connect(&conn)?.allocations()?;
             if json {
-                print_json(&serde_json::Value::Array(
+                oncilla_bench::report::print_json(&serde_json::Value::Array(
                     allocs.iter().map(master::alloc_json).collect(),
                 ));
             } else {
@@ -310,9 +279,9 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             }
         }
         Cmd::Show { alloc, conn, json } => {
-            let a = conn.master()?.allocation(&master::alloc_ref(&alloc))?;
+            let a = connect(&conn)?.allocation(&master::alloc_ref(&alloc))?;
             if json {
-                print_json(&master::alloc_json(&a));
+                oncilla_bench::report::print_json(&master::alloc_json(&a));
             } else {
                 print!("{}", master::alloc_detail(&a));
             }
@@ -340,15 +309,15 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
                     }
                 }
             }
-            let a = conn.master()?.allocate(spec)?;
+            let a = connect(&conn)?.allocate(spec)?;
             if json {
-                print_json(&master::alloc_json(&a));
+                oncilla_bench::report::print_json(&master::alloc_json(&a));
             } else {
                 println!("{}", a.id);
             }
         }
         Cmd::Free { alloc, force, conn } => {
-            conn.master()?.free(&master::alloc_ref(&alloc), force)?;
+            connect(&conn)?.free(&master::alloc_ref(&alloc), force)?;
         }
         Cmd::Put {
             alloc,
@@ -358,7 +327,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         } => {
             let token = conn.token()?;
             data::put(
-                &conn.master()?,
+                &connect(&conn)?,
                 token,
                 &master::alloc_ref(&alloc),
                 &file,
@@ -375,7 +344,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             let token = conn.token()?;
             let target = master::alloc_ref(&alloc);
             data::get(
-                &conn.master()?,
+                &connect(&conn)?,
                 token,
                 &target,
                 offset,
@@ -385,12 +354,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         }
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Run(args) => runwith::run(&args)?,
-        Cmd::Bench(bench::Bench::Alloc(args)) => bench::alloc(&args)?,
-        Cmd::Bench(bench::Bench::Copy(args)) => copybench::copy(&args)?,
-        Cmd::Bench(bench::Bench::Placement(args)) => placement::run(&args)?,
-        Cmd::Bench(bench::Bench::RawServer(args)) => copybench::raw_server(&args)?,
-        Cmd::Bench(bench::Bench::CopyWorker(args)) => procbench::worker(&args)?,
-        Cmd::Bench(bench::Bench::Soak(args)) => soak::run(&args)?,
+        Cmd::Bench(bench) => oncilla_bench::run(&bench, &daemon())?,
     }
     Ok(())
 }

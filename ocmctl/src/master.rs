@@ -1,100 +1,21 @@
-//! ocmctl's connection to the master, and how wire records are shown
-//! (tables and JSON). Every subcommand goes through here.
+//! How ocmctl shows the master's wire records (tables and JSON), and the
+//! descriptor `put`/`get` copy through; the connection itself is
+//! `oncilla_cluster::Master`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use liboncilla::Descriptor;
+use oncilla_bench::table::Table;
+use oncilla_cluster::Master;
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::auth::Token;
-use oncilla_proto::client::{self, MasterClient};
 use oncilla_proto::pb::{self, MemKind, NodeState};
 use serde_json::{json, Value};
 
-use crate::table::Table;
 use crate::CliError;
 
-/// A master connection for one ocmctl run.
-pub struct Master {
-    addr: String,
-    client: MasterClient,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Master {
-    /// # Errors
-    /// A bad address or a runtime that cannot start.
-    pub fn connect(addr: &str, token: &Token) -> Result<Self, CliError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CliError::Other(format!("cannot start runtime: {e}")))?;
-        let client = {
-            let _guard = rt.enter();
-            MasterClient::new(client::lazy(addr, token)?)
-        };
-        Ok(Self {
-            addr: addr.to_string(),
-            client,
-            rt,
-        })
-    }
-
-    fn call<T, F, Fut>(&self, f: F) -> Result<T, CliError>
-    where
-        F: FnOnce(MasterClient) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.rt
-            .block_on(f(self.client.clone()))
-            .map(tonic::Response::into_inner)
-            .map_err(|s| CliError::Rpc(client::unreachable("master", &self.addr, s)))
-    }
-
-    pub fn nodes(&self) -> Result<Vec<pb::NodeStatus>, CliError> {
-        self.node_list().map(|r| r.nodes)
-    }
-
-    /// Nodes, and how long the master still waits for agents to re-register.
-    pub fn node_list(&self) -> Result<pb::NodeList, CliError> {
-        self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })
-    }
-
-    pub fn allocations(&self) -> Result<Vec<pb::Allocation>, CliError> {
-        self.call(|mut c| async move { c.list_allocations(pb::ListAllocationsRequest {}).await })
-            .map(|r| r.allocations)
-    }
-
-    pub fn allocation(&self, alloc: &pb::AllocRef) -> Result<pb::Allocation, CliError> {
-        let req = pb::GetAllocationRequest {
-            alloc: Some(alloc.clone()),
-        };
-        self.call(|mut c| async move { c.get_allocation(req).await })
-    }
-
-    /// A validated descriptor for the data path.
-    pub fn descriptor(&self, alloc: &pb::AllocRef) -> Result<Descriptor, CliError> {
-        Ok(Descriptor::from_wire(self.allocation(alloc)?)?)
-    }
-
-    /// A persistent allocation (it outlives this process).
-    pub fn allocate(&self, spec: pb::AllocSpec) -> Result<pb::Allocation, CliError> {
-        let req = pb::AllocateRequest {
-            spec: Some(spec),
-            origin_node: String::new(),
-            requester: None,
-        };
-        self.call(|mut c| async move { c.allocate(req).await })
-    }
-
-    pub fn free(&self, alloc: &pb::AllocRef, force: bool) -> Result<(), CliError> {
-        let req = pb::FreeRequest {
-            alloc: Some(alloc.clone()),
-            session_id: String::new(),
-            force,
-        };
-        self.call(|mut c| async move { c.free(req).await })
-            .map(|_| ())
-    }
+/// A validated descriptor for the data path.
+pub fn descriptor(master: &Master, alloc: &pb::AllocRef) -> Result<Descriptor, CliError> {
+    Ok(Descriptor::from_wire(master.allocation(alloc)?)?)
 }
 
 /// An allocation named on the command line: digits are an id, anything

@@ -5,11 +5,12 @@
 //! cluster down. The examples are run this way.
 //!
 //! It owns nothing but the child's lifetime; the cluster is
-//! [`crate::cluster`]'s.
+//! `oncilla_cluster`'s.
 
 use std::ffi::OsString;
 use std::process::Command;
 
+use oncilla_cluster::Config;
 use oncilla_model::size::parse_size;
 
 use crate::CliError;
@@ -42,12 +43,13 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         parse_size(&args.capacity).map_err(|e| CliError::Other(format!("--capacity: {e}")))?;
     let command = args.command.clone();
     let capacities = vec![capacity; args.agents];
-    crate::cluster::run(&capacities, false, move |h| {
+    let config = Config::new(crate::daemon(), &capacities).dir_prefix("oncilla-demo");
+    oncilla_cluster::run(config, move |h| {
         let (program, rest) = command
             .split_first()
             .ok_or_else(|| CliError::Other("no program given after --".into()))?;
         // Written (mode 0600) by the cluster when it started.
-        let token_file = h.dir.join("token");
+        let token_file = h.token_file();
         let status = Command::new(program)
             .args(rest)
             .env("ONCILLA_SOCKET", h.socket(0))

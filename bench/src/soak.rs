@@ -21,11 +21,10 @@ use liboncilla::{AllocSpec, Allocation, Error, Kind, Oncilla, Options, Policy};
 use oncilla_model::size::{parse_size, HumanBytes};
 use rand::{Rng, SeedableRng};
 
-use crate::bench::Probe;
-use crate::cluster::{self, Handle};
-use crate::master::Master;
+use crate::probe::Probe;
 use crate::table::Table;
-use crate::CliError;
+use crate::BenchError;
+use oncilla_cluster::{node_name, Daemon, Handle, Master};
 
 /// Allocations a client keeps at once.
 const MAX_LIVE: usize = 4;
@@ -100,30 +99,30 @@ struct Live {
 /// # Errors
 /// Bad options, a cluster that does not start, an agent that does not come
 /// back, and any corrupted byte or leak.
-pub fn run(args: &SoakArgs) -> Result<(), CliError> {
+pub fn run(args: &SoakArgs, daemon: &Daemon) -> Result<(), BenchError> {
     if args.agents < 2 || args.clients == 0 || args.seconds == 0 {
-        return Err(CliError::Other(
+        return Err(BenchError::Failed(
             "need --agents >= 2, --clients >= 1 and --seconds >= 1".into(),
         ));
     }
     let capacity =
-        parse_size(&args.capacity).map_err(|e| CliError::Other(format!("--capacity: {e}")))?;
+        parse_size(&args.capacity).map_err(|e| BenchError::Usage(format!("--capacity: {e}")))?;
     let max_size =
-        parse_size(&args.max_size).map_err(|e| CliError::Other(format!("--max-size: {e}")))?;
+        parse_size(&args.max_size).map_err(|e| BenchError::Usage(format!("--max-size: {e}")))?;
     if max_size < 4096 || max_size > capacity / 8 {
-        return Err(CliError::Other(format!(
+        return Err(BenchError::Failed(format!(
             "--max-size must be between 4 KiB and an eighth of --capacity ({})",
             HumanBytes(capacity / 8)
         )));
     }
     let caps = vec![capacity; args.agents];
     let (seconds, clients, restarts) = (args.seconds, args.clients, args.restarts);
-    let report = cluster::run(&caps, false, move |h| {
+    let report = oncilla_cluster::run(crate::local(daemon, &caps), move |h| {
         soak(h, seconds, clients, restarts, max_size)
     })?;
     print!("{}", report.text);
     if report.corrupted > 0 || report.leaked > 0 {
-        return Err(CliError::Other(format!(
+        return Err(BenchError::Verify(format!(
             "soak failed: {} corrupted bytes, {} leaked",
             report.corrupted, report.leaked
         )));
@@ -143,7 +142,7 @@ fn soak(
     clients: usize,
     restarts: usize,
     max_size: u64,
-) -> Result<Report, CliError> {
+) -> Result<Report, BenchError> {
     let victim = h.agents - 1;
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -157,11 +156,11 @@ fn soak(
             let opts = Options::new(h.socket(i % victim), h.token.clone());
             let (stats, stop) = (Arc::clone(&stats), Arc::clone(&stop));
             let seed = rand::random::<u64>();
-            let nodes: Vec<String> = (0..h.agents).map(cluster::node_name).collect();
+            let nodes: Vec<String> = (0..h.agents).map(node_name).collect();
             std::thread::Builder::new()
                 .name(format!("soak-client-{i}"))
                 .spawn(move || client(opts, &nodes, &stats, &stop, max_size, seed))
-                .map_err(|e| CliError::Other(format!("cannot start a client thread: {e}")))
+                .map_err(|e| BenchError::Failed(format!("cannot start a client thread: {e}")))
         })
         .collect::<Result<_, _>>()?;
 
@@ -194,10 +193,10 @@ fn soak(
     }
     let ran = started.elapsed();
     if let Some(e) = restart_error {
-        return Err(e);
+        return Err(e.into());
     }
     if let Some(e) = client_errors.first() {
-        return Err(CliError::Other(format!("a client could not run: {e}")));
+        return Err(BenchError::Failed(format!("a client could not run: {e}")));
     }
     eprintln!("  clients done; waiting for the cluster to settle");
     let leftover = settle(h)?;
@@ -365,7 +364,7 @@ impl Leftover {
 
 /// Waits (bounded) until the master lists nothing and every agent holds
 /// nothing and scrubs nothing; returns what is left then.
-fn settle(h: &Handle) -> Result<Leftover, CliError> {
+fn settle(h: &Handle) -> Result<Leftover, BenchError> {
     let master = Master::connect(&h.master_addr, &h.token)?;
     // Agents keep their addresses (restarts included): one probe serves.
     let probe = Probe::new(&master.nodes()?, &h.token)?;

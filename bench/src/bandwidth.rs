@@ -9,10 +9,10 @@ use std::time::Instant;
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 
-use crate::bench::{gib_per_s, pct};
-use crate::cluster;
+use crate::report::{gib_per_s, pct};
 use crate::table::Table;
-use crate::CliError;
+use crate::BenchError;
+use oncilla_cluster::Daemon;
 
 /// Options of `ocmctl bench placement`.
 #[derive(Debug, clap::Args)]
@@ -35,22 +35,25 @@ pub struct PlacementArgs {
 /// # Errors
 /// Bad options, a cluster that does not start, failed copies, and data
 /// that does not read back.
-pub fn run(args: &PlacementArgs) -> Result<(), CliError> {
-    let size = parse_size(&args.size).map_err(|e| CliError::Other(format!("--size: {e}")))?;
-    let stripe = parse_size(&args.stripe).map_err(|e| CliError::Other(format!("--stripe: {e}")))?;
+pub fn run(args: &PlacementArgs, daemon: &Daemon) -> Result<(), BenchError> {
+    let size = parse_size(&args.size).map_err(|e| BenchError::Usage(format!("--size: {e}")))?;
+    let stripe =
+        parse_size(&args.stripe).map_err(|e| BenchError::Usage(format!("--stripe: {e}")))?;
     if size == 0 || size > 8 << 30 {
-        return Err(CliError::Other(
+        return Err(BenchError::Failed(
             "--size must be between 1 byte and 8GiB".into(),
         ));
     }
     if !(1..=100).contains(&args.repeat) {
-        return Err(CliError::Other("--repeat must be between 1 and 100".into()));
+        return Err(BenchError::Usage(
+            "--repeat must be between 1 and 100".into(),
+        ));
     }
-    let len = usize::try_from(size).map_err(|_| CliError::Other("--size too large".into()))?;
+    let len = usize::try_from(size).map_err(|_| BenchError::Usage("--size too large".into()))?;
     // Room for the case's allocation plus page rounding on every agent.
     let capacity = size + (64 << 20);
     let repeat = args.repeat;
-    cluster::run(&[capacity; 4], false, move |c| {
+    oncilla_cluster::run(crate::local(daemon, &[capacity; 4]), move |c| {
         let ocm = Oncilla::connect_with(Options::new(c.socket(0), c.token.clone()))?;
         let remote = ["node-1", "node-2", "node-3"];
         let cases = [
@@ -66,7 +69,7 @@ pub fn run(args: &PlacementArgs) -> Result<(), CliError> {
             ),
             ("same node", AllocSpec::new(size, Kind::LocalHost)),
         ];
-        let src = crate::demo::pattern(len, 7);
+        let src = crate::report::pattern(len, 7);
         let mut dst = vec![0xA5u8; len];
         let mut t = Table::new(&["CASE", "FABRIC", "EXTENTS", "WRITE GiB/s", "READ GiB/s"]);
         for (what, spec) in cases {
@@ -83,7 +86,9 @@ pub fn run(args: &PlacementArgs) -> Result<(), CliError> {
                 r.push(gib_per_s(size, started.elapsed()));
             }
             if dst != src {
-                return Err(CliError::Other(format!("{what}: data did not read back")));
+                return Err(BenchError::Verify(format!(
+                    "{what}: data did not read back"
+                )));
             }
             t.row(vec![
                 what.into(),

@@ -12,8 +12,8 @@
 //!
 //! It serves benchmarks only: the server holds no data and checks nothing
 //! but the header, and never runs inside a daemon. Its buffer is a plain
-//! heap buffer, or (`ServerMemory::Slab`) a pool slab made exactly as an
-//! agent makes them, to tell what pool memory costs from what Oncilla's own
+//! heap buffer, or (`ServerMemory::Slab`) memory made exactly as an agent
+//! makes a pool slab ([`crate::pages`]), to tell what pool memory costs from what Oncilla's own
 //! code costs.
 
 use std::io::{Read, Write};
@@ -21,9 +21,10 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use oncilla_proto::wire::sock::{self, RecvBuf};
-use oncillad::pool::Slab;
 
-use crate::CliError;
+use crate::pages::SharedPages;
+
+use crate::BenchError;
 
 const HEADER: usize = 16;
 /// The server's buffer: reads are served from it, writes land in it.
@@ -46,7 +47,7 @@ pub enum ServerMemory {
 /// One connection's buffer.
 enum Buffer {
     Heap(Vec<u8>),
-    Slab(Slab),
+    Slab(SharedPages),
 }
 
 impl Buffer {
@@ -54,11 +55,10 @@ impl Buffer {
     fn new(memory: ServerMemory) -> std::io::Result<Self> {
         let mut buffer = match memory {
             ServerMemory::Anon => Self::Heap(vec![0u8; SERVER_BUF]),
-            ServerMemory::Slab => {
-                Self::Slab(Slab::create(0, SERVER_BUF as u64, false).map_err(|e| {
-                    std::io::Error::other(format!("cannot make a pool slab: {e:?}"))
-                })?)
-            }
+            ServerMemory::Slab => Self::Slab(
+                SharedPages::new(SERVER_BUF)
+                    .map_err(|e| std::io::Error::other(format!("cannot make a pool slab: {e}")))?,
+            ),
         };
         buffer.bytes().fill(0x5A);
         Ok(buffer)
@@ -67,10 +67,7 @@ impl Buffer {
     fn bytes(&mut self) -> &mut [u8] {
         match self {
             Self::Heap(v) => v,
-            // SAFETY: the slab is a live mapping of SERVER_BUF bytes that
-            // this connection alone owns and that no other reference
-            // aliases; the slice borrows `self`, which keeps it mapped.
-            Self::Slab(s) => unsafe { std::slice::from_raw_parts_mut(s.base(), SERVER_BUF) },
+            Self::Slab(s) => s.bytes(),
         }
     }
 }
@@ -96,17 +93,17 @@ pub fn serve(listener: TcpListener, memory: ServerMemory) {
 ///
 /// # Errors
 /// The port cannot be bound.
-pub fn spawn_local(memory: ServerMemory) -> Result<String, CliError> {
+pub fn spawn_local(memory: ServerMemory) -> Result<String, BenchError> {
     let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| CliError::Other(format!("raw TCP baseline: cannot bind: {e}")))?;
+        .map_err(|e| BenchError::Failed(format!("raw TCP baseline: cannot bind: {e}")))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| CliError::Other(format!("raw TCP baseline: {e}")))?
+        .map_err(|e| BenchError::Failed(format!("raw TCP baseline: {e}")))?
         .to_string();
     std::thread::Builder::new()
         .name("raw-tcp-accept".into())
         .spawn(move || serve(listener, memory))
-        .map_err(|e| CliError::Other(format!("raw TCP baseline: cannot start: {e}")))?;
+        .map_err(|e| BenchError::Failed(format!("raw TCP baseline: cannot start: {e}")))?;
     Ok(addr)
 }
 
@@ -161,9 +158,9 @@ impl RawClient {
     ///
     /// # Errors
     /// The server cannot be reached.
-    pub fn connect(addr: &str, streams: usize) -> Result<Self, CliError> {
+    pub fn connect(addr: &str, streams: usize) -> Result<Self, BenchError> {
         let fail = |e: std::io::Error| {
-            CliError::Other(format!(
+            BenchError::Failed(format!(
                 "raw TCP baseline at {addr}: {e} (start one with `ocmctl bench raw-server`)"
             ))
         };
@@ -172,7 +169,7 @@ impl RawClient {
             .map_err(fail)?
             .next()
             .ok_or_else(|| {
-                CliError::Other(format!("raw TCP baseline: {addr} resolves to nothing"))
+                BenchError::Failed(format!("raw TCP baseline: {addr} resolves to nothing"))
             })?;
         let mut conns = Vec::with_capacity(streams);
         for _ in 0..streams.max(1) {
@@ -190,7 +187,7 @@ impl RawClient {
     ///
     /// # Errors
     /// I/O errors.
-    pub fn read(&mut self, dst: &mut [u8]) -> Result<(), CliError> {
+    pub fn read(&mut self, dst: &mut [u8]) -> Result<(), BenchError> {
         let per = dst.len().div_ceil(self.conns.len()).max(1);
         let parts: Vec<_> = dst.chunks_mut(per).zip(self.conns.iter_mut()).collect();
         run_parts(parts, |(part, conn)| {
@@ -205,7 +202,7 @@ impl RawClient {
     ///
     /// # Errors
     /// I/O errors.
-    pub fn write(&mut self, src: &[u8]) -> Result<(), CliError> {
+    pub fn write(&mut self, src: &[u8]) -> Result<(), BenchError> {
         let per = src.len().div_ceil(self.conns.len()).max(1);
         let parts: Vec<_> = src.chunks(per).zip(self.conns.iter_mut()).collect();
         run_parts(parts, |(part, conn)| {
@@ -229,8 +226,8 @@ fn header(op: u8, len: usize) -> [u8; HEADER] {
 fn run_parts<P: Send>(
     parts: Vec<P>,
     f: impl Fn(P) -> std::io::Result<()> + Sync,
-) -> Result<(), CliError> {
-    let fail = |e: std::io::Error| CliError::Other(format!("raw TCP baseline: {e}"));
+) -> Result<(), BenchError> {
+    let fail = |e: std::io::Error| BenchError::Failed(format!("raw TCP baseline: {e}"));
     if parts.len() == 1 {
         return parts.into_iter().try_for_each(&f).map_err(fail);
     }

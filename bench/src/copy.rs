@@ -14,12 +14,12 @@ use liboncilla::{AllocSpec, Batch, Fabric, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 use serde::Serialize;
 
-use crate::bench::{pct, sizes_or, Probe};
-use crate::cluster;
-use crate::master::Master;
+use crate::probe::Probe;
 use crate::rawtcp::{self, RawClient};
+use crate::report::{pct, sizes_or};
 use crate::table::Table;
-use crate::CliError;
+use crate::BenchError;
+use oncilla_cluster::{Daemon, Master};
 
 /// Sizes measured unless `--size` is given.
 const SIZES: [u64; 8] = [
@@ -80,7 +80,7 @@ pub struct CopyArgs {
     #[arg(long, default_value = "auto")]
     fabric: String,
     #[command(flatten)]
-    conn: crate::Conn,
+    conn: oncilla_cluster::Conn,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -103,9 +103,9 @@ pub struct RawServerArgs {
 ///
 /// # Errors
 /// The address cannot be bound.
-pub fn raw_server(args: &RawServerArgs) -> Result<(), CliError> {
+pub fn raw_server(args: &RawServerArgs) -> Result<(), BenchError> {
     let listener = std::net::TcpListener::bind(&args.listen)
-        .map_err(|e| CliError::Other(format!("cannot listen on {}: {e}", args.listen)))?;
+        .map_err(|e| BenchError::Failed(format!("cannot listen on {}: {e}", args.listen)))?;
     eprintln!("raw TCP baseline listening on {}", args.listen);
     rawtcp::serve(listener, args.memory);
     Ok(())
@@ -195,7 +195,7 @@ struct Report {
 /// # Errors
 /// Bad options, a cluster that does not start, failed copies, and data
 /// that does not read back.
-pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
+pub fn run(args: &CopyArgs, daemon: &Daemon) -> Result<(), BenchError> {
     let plan = plan(args)?;
     let largest = plan.sizes.iter().copied().max().unwrap_or(0);
     let need =
@@ -212,7 +212,7 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
             // node-0 serves the benchmark's session; node-1 holds the bytes.
             let capacities = [64 << 20, need + (64 << 20)];
             let raw = rawtcp::spawn_local(args.raw_memory)?;
-            cluster::run(&capacities, false, move |c| {
+            oncilla_cluster::run(crate::local(daemon, &capacities), move |c| {
                 let master = Master::connect(&c.master_addr, &c.token)?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());
                 opts.fabric = plan.fabric;
@@ -222,30 +222,30 @@ pub fn copy(args: &CopyArgs) -> Result<(), CliError> {
     }
 }
 
-fn plan(args: &CopyArgs) -> Result<Plan, CliError> {
+fn plan(args: &CopyArgs) -> Result<Plan, BenchError> {
     let sizes = sizes_or(&args.sizes, &SIZES)?;
     if sizes.iter().any(|&s| s == 0 || s > 4 << 30) {
-        return Err(CliError::Other(
+        return Err(BenchError::Failed(
             "--size must be between 1 byte and 4GiB".into(),
         ));
     }
-    let list = |v: &[usize], what: &str| -> Result<Vec<usize>, CliError> {
+    let list = |v: &[usize], what: &str| -> Result<Vec<usize>, BenchError> {
         let v = if v.is_empty() {
             vec![1, 2, 4]
         } else {
             v.to_vec()
         };
         if v.iter().any(|&n| !(1..=64).contains(&n)) {
-            return Err(CliError::Other(format!(
+            return Err(BenchError::Failed(format!(
                 "--{what} must be between 1 and 64"
             )));
         }
         Ok(v)
     };
     let clients_size = parse_size(&args.clients_size)
-        .map_err(|e| CliError::Other(format!("--clients-size: {e}")))?;
+        .map_err(|e| BenchError::Usage(format!("--clients-size: {e}")))?;
     if clients_size == 0 || clients_size > 1 << 30 {
-        return Err(CliError::Other(
+        return Err(BenchError::Failed(
             "--clients-size must be between 1 byte and 1GiB".into(),
         ));
     }
@@ -265,7 +265,7 @@ fn measure(
     target: Option<String>,
     raw_addr: &str,
     plan: &Plan,
-) -> Result<(), CliError> {
+) -> Result<(), BenchError> {
     let nodes = master.nodes()?;
     let probe = Probe::new(&nodes, &opts.token)?;
     let first = Oncilla::connect_with(opts.clone())?;
@@ -277,14 +277,16 @@ fn measure(
             .filter(|i| i.name != first.node())
             .max_by_key(|i| i.capacity)
             .map(|i| i.name.clone())
-            .ok_or_else(|| CliError::Other("no node other than the local one to copy to".into()))?,
+            .ok_or_else(|| {
+                BenchError::Failed("no node other than the local one to copy to".into())
+            })?,
     };
     let agent = probe
         .index_of(&nodes, &target)
-        .ok_or_else(|| CliError::Other(format!("no node named {target}")))?;
+        .ok_or_else(|| BenchError::Failed(format!("no node named {target}")))?;
     drop(first);
     let agent_cpu =
-        || -> Result<u64, CliError> { Ok(probe.statuses()?.get(agent).map_or(0, |s| s.cpu_ns)) };
+        || -> Result<u64, BenchError> { Ok(probe.statuses()?.get(agent).map_or(0, |s| s.cpu_ns)) };
     let say = |s: String| {
         if !plan.json {
             eprintln!("{s}");
@@ -293,7 +295,7 @@ fn measure(
 
     let largest = plan.sizes.iter().copied().max().unwrap_or(1);
     let len = to_usize(largest)?;
-    let src = crate::demo::pattern(len, 3);
+    let src = crate::report::pattern(len, 3);
     let mut dst = vec![0u8; len];
     let mut raw_dst = vec![0u8; len];
     let mut points = Vec::new();
@@ -319,14 +321,14 @@ fn measure(
                         Op::Read => raw.read(&mut raw_dst[..n]),
                     },
                     || match op {
-                        Op::Write => a.copy_in(0, &src[..n]).map_err(CliError::from),
-                        Op::Read => a.copy_out(0, &mut dst[..n]).map_err(CliError::from),
+                        Op::Write => a.copy_in(0, &src[..n]).map_err(BenchError::from),
+                        Op::Read => a.copy_out(0, &mut dst[..n]).map_err(BenchError::from),
                     },
                 )?;
                 let moved = (iterations + 1) * size;
                 let cpu1 = agent_cpu()?;
                 if op == Op::Read && dst[..n] != src[..n] {
-                    return Err(CliError::Other(format!(
+                    return Err(BenchError::Verify(format!(
                         "{} read did not return what was written",
                         HumanBytes(size)
                     )));
@@ -403,8 +405,8 @@ fn measure(
         batch,
     };
     if plan.json {
-        crate::print_json(
-            &serde_json::to_value(&report).map_err(|e| CliError::Other(e.to_string()))?,
+        crate::report::print_json(
+            &serde_json::to_value(&report).map_err(|e| BenchError::Failed(e.to_string()))?,
         );
     } else {
         print!("{}", render(&report));
@@ -417,9 +419,9 @@ fn measure(
 /// untimed warm-up each; microseconds.
 fn sample(
     iterations: u64,
-    mut raw: impl FnMut() -> Result<(), CliError>,
-    mut ours: impl FnMut() -> Result<(), CliError>,
-) -> Result<(Vec<f64>, Vec<f64>), CliError> {
+    mut raw: impl FnMut() -> Result<(), BenchError>,
+    mut ours: impl FnMut() -> Result<(), BenchError>,
+) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
     raw()?;
     ours()?;
     let n = to_usize(iterations)?;
@@ -452,7 +454,7 @@ fn concurrent(
     clients: usize,
     size: u64,
     op: Op,
-) -> Result<(f64, u64), CliError> {
+) -> Result<(f64, u64), BenchError> {
     let mut sessions = Vec::new();
     for _ in 0..clients {
         let ocm = Oncilla::connect_with(opts.clone().streams(1))?;
@@ -474,7 +476,7 @@ fn concurrent(
 
 /// The raw baseline of [`concurrent`]: `clients` connections, each moving
 /// its own copies at the same time.
-fn concurrent_raw(addr: &str, clients: usize, size: u64, op: Op) -> Result<f64, CliError> {
+fn concurrent_raw(addr: &str, clients: usize, size: u64, op: Op) -> Result<f64, BenchError> {
     let mut conns = (0..clients)
         .map(|_| RawClient::connect(addr, 1))
         .collect::<Result<Vec<_>, _>>()?;
@@ -492,8 +494,8 @@ fn concurrent_raw(addr: &str, clients: usize, size: u64, op: Op) -> Result<f64, 
 fn at_once<W: Send>(
     workers: &mut [W],
     size: u64,
-    copy: impl Fn(&mut W, &mut [u8]) -> Result<(), CliError> + Sync,
-) -> Result<(f64, u64), CliError> {
+    copy: impl Fn(&mut W, &mut [u8]) -> Result<(), BenchError> + Sync,
+) -> Result<(f64, u64), BenchError> {
     let n = to_usize(size)?;
     let rounds = rounds(size, workers.len());
     let mut bufs: Vec<Vec<u8>> = workers.iter().map(|_| vec![0x33u8; n]).collect();
@@ -507,7 +509,7 @@ fn at_once<W: Send>(
             .collect();
         handles.into_iter().try_for_each(|h| {
             h.join()
-                .unwrap_or_else(|_| Err(CliError::Other("copy thread panicked".into())))
+                .unwrap_or_else(|_| Err(BenchError::Failed("copy thread panicked".into())))
         })
     })?;
     let moved = size * rounds * workers.len() as u64;
@@ -523,7 +525,7 @@ fn rounds(size: u64, clients: usize) -> u64 {
 }
 
 /// [`BATCH_OPS`] small reads one at a time, then as one batch.
-fn batch(opts: &Options, target: &str) -> Result<BatchResult, CliError> {
+fn batch(opts: &Options, target: &str) -> Result<BatchResult, BenchError> {
     let ocm = Oncilla::connect_with(opts.clone())?;
     let total = (BATCH_OPS * BATCH_OP_SIZE) as u64;
     let a = ocm.alloc_with(&AllocSpec::new(total, Kind::RemoteHost).on_nodes([target]))?;
@@ -631,6 +633,7 @@ fn cpu_per_gib(ns: u64, bytes: u64) -> f64 {
     (ns as f64 / 1e9) / (bytes as f64 / f64::from(1u32 << 30)).max(1e-12)
 }
 
-fn to_usize(v: u64) -> Result<usize, CliError> {
-    usize::try_from(v).map_err(|_| CliError::Other(format!("{v} bytes do not fit in memory here")))
+fn to_usize(v: u64) -> Result<usize, BenchError> {
+    usize::try_from(v)
+        .map_err(|_| BenchError::Failed(format!("{v} bytes do not fit in memory here")))
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 
-use crate::CliError;
+use crate::BenchError;
 
 /// How long a worker may take to get ready, and to finish its copies.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -54,15 +54,16 @@ pub struct WorkerArgs {
 ///
 /// # Errors
 /// The session, the allocation or a copy fails, or the parent goes away.
-pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
+pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
     let token = oncilla_proto::auth::Token::new(&args.token)?;
     let mut opts = Options::new(args.socket.clone(), token).streams(1);
     opts.fabric = liboncilla::Fabric::parse(&args.fabric)?;
     let ocm = Oncilla::connect_with(opts)?;
     let a =
         ocm.alloc_with(&AllocSpec::new(args.size, Kind::RemoteHost).on_nodes([&args.target]))?;
-    let n = usize::try_from(args.size)
-        .map_err(|_| CliError::Other(format!("{} bytes do not fit in memory here", args.size)))?;
+    let n = usize::try_from(args.size).map_err(|_| {
+        BenchError::Failed(format!("{} bytes do not fit in memory here", args.size))
+    })?;
     let mut buf = vec![0x5au8; n];
     let write = args.op == "write";
     // One untimed copy each, so connections exist before the clock starts.
@@ -73,7 +74,9 @@ pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).map_err(pipe)?;
     if line.trim() != "go" {
-        return Err(CliError::Other("copy-worker: the parent went away".into()));
+        return Err(BenchError::Failed(
+            "copy-worker: the parent went away".into(),
+        ));
     }
     for _ in 0..args.rounds {
         if write {
@@ -102,9 +105,9 @@ impl Worker {
         size: u64,
         rounds: u64,
         write: bool,
-    ) -> Result<Self, CliError> {
+    ) -> Result<Self, BenchError> {
         let exe = std::env::current_exe().map_err(|e| {
-            CliError::Other(format!("cannot find this program to start workers: {e}"))
+            BenchError::Failed(format!("cannot find this program to start workers: {e}"))
         })?;
         let mut child = Command::new(exe)
             .args(["bench", "copy-worker", "--socket"])
@@ -118,11 +121,11 @@ impl Worker {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| CliError::Other(format!("cannot start a copy worker: {e}")))?;
+            .map_err(|e| BenchError::Failed(format!("cannot start a copy worker: {e}")))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(CliError::Other("copy worker has no pipes".into()));
+            return Err(BenchError::Failed("copy worker has no pipes".into()));
         };
         Ok(Self {
             child,
@@ -132,10 +135,15 @@ impl Worker {
     }
 
     /// The next line the worker says, within `limit` of `since`.
-    fn expect(&mut self, since: Instant, limit: Duration, what: &str) -> Result<String, CliError> {
+    fn expect(
+        &mut self,
+        since: Instant,
+        limit: Duration,
+        what: &str,
+    ) -> Result<String, BenchError> {
         let left = limit.saturating_sub(since.elapsed());
         self.lines.recv_timeout(left).map_err(|_| {
-            CliError::Other(format!(
+            BenchError::Failed(format!(
                 "copy worker {} did not say {what} within {}s (its errors are above)",
                 self.child.id(),
                 limit.as_secs()
@@ -181,7 +189,7 @@ pub fn at_once(
     size: u64,
     rounds: u64,
     write: bool,
-) -> Result<(f64, u64), CliError> {
+) -> Result<(f64, u64), BenchError> {
     let mut workers = (0..processes)
         .map(|_| Worker::start(opts, target, size, rounds, write))
         .collect::<Result<Vec<_>, _>>()?;
@@ -189,7 +197,7 @@ pub fn at_once(
     for w in &mut workers {
         let line = w.expect(since, READY_TIMEOUT, "ready")?;
         if line != "ready" {
-            return Err(CliError::Other(format!(
+            return Err(BenchError::Failed(format!(
                 "copy worker said {line:?}, not ready"
             )));
         }
@@ -205,20 +213,22 @@ pub fn at_once(
         moved += line
             .strip_prefix("done ")
             .and_then(|n| n.parse::<u64>().ok())
-            .ok_or_else(|| CliError::Other(format!("copy worker said {line:?}, not done")))?;
+            .ok_or_else(|| BenchError::Failed(format!("copy worker said {line:?}, not done")))?;
     }
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     for mut w in workers {
         let status = w.child.wait().map_err(pipe)?;
         if !status.success() {
-            return Err(CliError::Other(format!("copy worker ended with {status}")));
+            return Err(BenchError::Failed(format!(
+                "copy worker ended with {status}"
+            )));
         }
     }
     Ok((moved as f64 / secs / 1e9, moved))
 }
 
-fn pipe(source: std::io::Error) -> CliError {
-    CliError::Io {
+fn pipe(source: std::io::Error) -> BenchError {
+    BenchError::Io {
         path: "copy worker pipe".into(),
         source,
     }

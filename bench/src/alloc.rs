@@ -9,9 +9,9 @@
 //!   returned, so each sample sees a clean pool; how long that scrubbing
 //!   took is reported too, since it is the cost that moved off the request
 //!   path.
-//! - `copy` ([`crate::copybench`]): copy latency and bandwidth beside raw
+//! - `copy` ([`crate::copy`]): copy latency and bandwidth beside raw
 //!   TCP.
-//! - `placement` ([`crate::placement`]): copy bandwidth by where the bytes
+//! - `placement` ([`crate::bandwidth`]): copy bandwidth by where the bytes
 //!   live.
 
 use std::path::PathBuf;
@@ -20,19 +20,16 @@ use std::time::{Duration, Instant};
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_proto::auth::Token;
-use oncilla_proto::client::{self, AgentClient};
-use oncilla_proto::pb;
 use serde_json::json;
 
-use crate::cluster;
-use crate::master::Master;
+use crate::probe::Probe;
+use crate::report::{pct, sizes_or};
 use crate::table::Table;
-use crate::CliError;
+use crate::BenchError;
+use oncilla_cluster::{node_name, Daemon, Master};
 
 /// Sizes measured unless `--size` is given.
 const SIZES: [u64; 6] = [64, 4 << 10, 1 << 20, 64 << 20, 1 << 30, 4 << 30];
-/// Longest wait for the scrubber after one free.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Unrecorded allocations before each size's samples.
 const WARMUP: usize = 3;
 
@@ -44,34 +41,6 @@ const PAPER_ALLOC_EXTOLL: [(u64, f64); 1] = [(4 << 30, 95.0)];
 /// Its daemon messaging overhead per allocation, and its free, in ms.
 const PAPER_OVERHEAD_MS: f64 = 1.18;
 const PAPER_FREE_MS: f64 = 1.5;
-
-/// Benchmarks.
-#[derive(Debug, clap::Subcommand)]
-pub enum Bench {
-    /// Latency of allocating and freeing remote memory, by size.
-    Alloc(AllocArgs),
-    /// Copy latency and bandwidth to a remote node by size, direction and
-    /// connections, beside raw TCP over the same path; clients at once; a
-    /// batch against one copy at a time.
-    Copy(crate::copybench::CopyArgs),
-    /// Copy bandwidth by placement: one remote node, three striped,
-    /// same-node shared memory, and a plain memcpy.
-    Placement(crate::placement::PlacementArgs),
-    /// Serve the raw TCP baseline that `bench copy --raw` measures against
-    /// (run it beside the target agent).
-    RawServer(crate::copybench::RawServerArgs),
-    /// One of the processes `bench copy` starts to copy at once (internal).
-    #[command(hide = true)]
-    CopyWorker(crate::procbench::WorkerArgs),
-    /// Several clients allocate, copy, verify and free at random while one
-    /// agent is killed and restarted; counts corrupted bytes and leaks.
-    Soak(crate::soak::SoakArgs),
-}
-
-/// Bytes per `d`, in GiB/s.
-pub(crate) fn gib_per_s(bytes: u64, d: Duration) -> f64 {
-    bytes as f64 / d.as_secs_f64().max(1e-9) / f64::from(1u32 << 30)
-}
 
 /// Options of `ocmctl bench alloc`.
 #[derive(Debug, clap::Args)]
@@ -95,7 +64,7 @@ pub struct AllocArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     #[command(flatten)]
-    conn: crate::Conn,
+    conn: oncilla_cluster::Conn,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -113,15 +82,15 @@ struct Target {
 ///
 /// # Errors
 /// Bad options, a cluster that does not start, and any failed alloc or free.
-pub fn alloc(args: &AllocArgs) -> Result<(), CliError> {
+pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
     if args.iterations == 0 || args.iterations > 100_000 {
-        return Err(CliError::Other(
+        return Err(BenchError::Failed(
             "--iterations must be between 1 and 100000".into(),
         ));
     }
     let sizes = sizes_or(&args.sizes, &SIZES)?;
     if sizes.contains(&0) {
-        return Err(CliError::Other("--size must be at least 1 byte".into()));
+        return Err(BenchError::Usage("--size must be at least 1 byte".into()));
     }
     let (iterations, json) = (args.iterations, args.json);
     match &args.socket {
@@ -135,19 +104,21 @@ pub fn alloc(args: &AllocArgs) -> Result<(), CliError> {
         }
         None => {
             if !(1..=15).contains(&args.agents) {
-                return Err(CliError::Other("--agents must be between 1 and 15".into()));
+                return Err(BenchError::Usage(
+                    "--agents must be between 1 and 15".into(),
+                ));
             }
             let capacity = parse_size(&args.capacity)
-                .map_err(|e| CliError::Other(format!("--capacity: {e}")))?;
+                .map_err(|e| BenchError::Usage(format!("--capacity: {e}")))?;
             // node-0 is the benchmark's own agent: it only serves the session.
             let mut capacities = vec![64 << 20];
             capacities.extend(std::iter::repeat_n(capacity, args.agents));
-            cluster::run(&capacities, false, move |c| {
+            oncilla_cluster::run(crate::local(daemon, &capacities), move |c| {
                 // Pool start-up as each agent logged it; on stderr with
                 // --json so stdout stays one document.
                 for i in 0..c.agents {
-                    if let Some(line) = pool_ready_line(&c.log(i)) {
-                        let line = format!("{}: {line}", cluster::node_name(i));
+                    if let Some(line) = pool_ready_line(&c.log(&node_name(i))) {
+                        let line = format!("{}: {line}", node_name(i));
                         if json {
                             eprintln!("{line}");
                         } else {
@@ -178,7 +149,7 @@ struct Row {
     extents: usize,
 }
 
-fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(), CliError> {
+fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(), BenchError> {
     let master = Master::connect(&t.master, &t.token)?;
     let ocm = Oncilla::connect_with(Options::new(t.socket.clone(), t.token.clone()))?;
     let nodes = master.nodes()?;
@@ -191,7 +162,9 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         .filter(|i| i.name != ocm.node())
         .map(|i| (i.name.clone(), i.capacity))
         .max_by_key(|(_, capacity)| *capacity)
-        .ok_or_else(|| CliError::Other("no node other than the local one to allocate on".into()))?;
+        .ok_or_else(|| {
+            BenchError::Failed("no node other than the local one to allocate on".into())
+        })?;
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     for &size in sizes {
@@ -231,7 +204,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         rows.push(row);
     }
     if json {
-        crate::print_json(&json!({
+        crate::report::print_json(&json!({
             "iterations": iterations,
             "rows": rows.iter().map(|r| json!({
                 "size": r.size,
@@ -311,113 +284,10 @@ fn ms(us: f64) -> String {
     format!("{:.3} ms", us / 1000.0)
 }
 
-/// The `p`th percentile (nearest rank) of `samples`.
-pub(crate) fn pct(samples: &[f64], p: f64) -> f64 {
-    if samples.is_empty() {
-        return 0.0;
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
-    s[rank.clamp(1, s.len()) - 1]
-}
-
-/// The `--size` values given, parsed, or `default` when there are none.
-pub(crate) fn sizes_or(given: &[String], default: &[u64]) -> Result<Vec<u64>, CliError> {
-    if given.is_empty() {
-        return Ok(default.to_vec());
-    }
-    given
-        .iter()
-        .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--size {s}: {e}"))))
-        .collect()
-}
-
 /// The pool usage line an agent logged at start, if found.
 fn pool_ready_line(log: &std::path::Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     let line = text.lines().find(|l| l.contains("pool ready"))?;
     // Drop the timestamp, level and target; keep the message and fields.
     line.find("pool ready").map(|at| line[at..].to_string())
-}
-
-/// Asks every agent directly what it holds and how much it is still
-/// scrubbing.
-pub(crate) struct Probe {
-    agents: Vec<(String, AgentClient)>,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Probe {
-    pub(crate) fn new(nodes: &[pb::NodeStatus], token: &Token) -> Result<Self, CliError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CliError::Other(format!("cannot start runtime: {e}")))?;
-        let mut agents = Vec::new();
-        for n in nodes.iter().filter_map(|n| n.info.as_ref()) {
-            let _guard = rt.enter();
-            agents.push((
-                n.agent_addr.clone(),
-                AgentClient::new(client::lazy(&n.agent_addr, token)?),
-            ));
-        }
-        Ok(Self { agents, rt })
-    }
-
-    /// Where `name` is among the agents [`Probe::statuses`] answers for.
-    pub(crate) fn index_of(&self, nodes: &[pb::NodeStatus], name: &str) -> Option<usize> {
-        nodes
-            .iter()
-            .filter_map(|n| n.info.as_ref())
-            .position(|i| i.name == name)
-    }
-
-    /// Every agent's own account of itself.
-    pub(crate) fn statuses(&self) -> Result<Vec<pb::AgentStatus>, CliError> {
-        self.agents
-            .iter()
-            .map(|(addr, c)| {
-                self.rt
-                    .block_on(c.clone().status(pb::StatusRequest {}))
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| CliError::Rpc(client::unreachable("agent", addr, s)))
-            })
-            .collect()
-    }
-
-    /// Waits until no agent is scrubbing; returns how long that took.
-    pub(crate) fn settle(&self) -> Result<Duration, CliError> {
-        let started = Instant::now();
-        loop {
-            let busy = self
-                .statuses()?
-                .iter()
-                .any(|s| s.pool.is_some_and(|p| p.scrubbing > 0));
-            if !busy {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > SETTLE_TIMEOUT {
-                return Err(CliError::Other(format!(
-                    "agents still scrubbing after {}s",
-                    SETTLE_TIMEOUT.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let s: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(pct(&s, 50.0), 50.0);
-        assert_eq!(pct(&s, 99.0), 99.0);
-        assert_eq!(pct(&[3.0], 99.0), 3.0);
-        assert_eq!(pct(&[], 50.0), 0.0);
-    }
 }

@@ -1,0 +1,82 @@
+//! `oncilla-bench`: the programs that measure an Oncilla cluster and print
+//! tables, fronted by `ocmctl bench` (same subcommands, flags and output).
+//! They measure; they assert nothing but that bytes read back (and, for the
+//! soak, that nothing is corrupted or leaked).
+//!
+//! - `alloc` ([`alloc`]): alloc and free latency by size, beside the
+//!   original Oncilla's published figures.
+//! - `copy` ([`copy`]): copy latency and bandwidth beside the raw TCP
+//!   baseline ([`rawtcp`]); clients at once as threads and as processes
+//!   ([`procbench`]); a batch against one copy at a time.
+//! - `placement` ([`bandwidth`]): copy bandwidth by where the bytes live.
+//! - `raw-server` ([`rawtcp`]): the raw TCP baseline's server.
+//! - `soak` ([`soak`]): fault injection with verification.
+//!
+//! Local clusters come from [`oncilla_cluster`], started with the
+//! [`Daemon`] the caller passes (`ocmctl` re-executes itself). `copy`
+//! starts its worker processes as `<this program> bench copy-worker`, so
+//! the program that fronts this crate must route that subcommand to
+//! [`procbench::worker`] (as [`run`] does). Shared pieces (tables,
+//! percentiles, patterns, the agent probe) sit in [`table`], [`report`] and
+//! [`probe`], below every benchmark: no benchmark imports another's
+//! internals except `copy` using [`rawtcp`] and [`procbench`].
+
+pub mod alloc;
+pub mod bandwidth;
+pub mod copy;
+pub mod error;
+pub mod pages;
+pub mod probe;
+pub mod procbench;
+pub mod rawtcp;
+pub mod report;
+pub mod soak;
+pub mod table;
+
+pub use error::BenchError;
+use oncilla_cluster::{Config, Daemon};
+
+/// Benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub enum Bench {
+    /// Latency of allocating and freeing remote memory, by size.
+    Alloc(alloc::AllocArgs),
+    /// Copy latency and bandwidth to a remote node by size, direction and
+    /// connections, beside raw TCP over the same path; clients at once; a
+    /// batch against one copy at a time.
+    Copy(copy::CopyArgs),
+    /// Copy bandwidth by placement: one remote node, three striped,
+    /// same-node shared memory, and a plain memcpy.
+    Placement(bandwidth::PlacementArgs),
+    /// Serve the raw TCP baseline that `bench copy --raw` measures against
+    /// (run it beside the target agent).
+    RawServer(copy::RawServerArgs),
+    /// One of the processes `bench copy` starts to copy at once (internal).
+    #[command(hide = true)]
+    CopyWorker(procbench::WorkerArgs),
+    /// Several clients allocate, copy, verify and free at random while one
+    /// agent is killed and restarted; counts corrupted bytes and leaks.
+    Soak(soak::SoakArgs),
+}
+
+/// Runs one benchmark; local clusters run their daemons with `daemon`.
+///
+/// # Errors
+/// Whatever the benchmark reports (bad options, a cluster that does not
+/// start, failed copies, data that does not read back, corruption, leaks).
+pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
+    match bench {
+        Bench::Alloc(args) => alloc::run(args, daemon),
+        Bench::Copy(args) => copy::run(args, daemon),
+        Bench::Placement(args) => bandwidth::run(args, daemon),
+        Bench::RawServer(args) => copy::raw_server(args),
+        Bench::CopyWorker(args) => procbench::worker(args),
+        Bench::Soak(args) => soak::run(args, daemon),
+    }
+}
+
+/// A local cluster of `capacities` (bytes per agent) as `ocmctl` starts
+/// them.
+pub(crate) fn local(daemon: &Daemon, capacities: &[u64]) -> Config {
+    Config::new(daemon.clone(), capacities).dir_prefix("oncilla-demo")
+}

@@ -1,0 +1,82 @@
+//! Asks every agent of a cluster directly what it holds and how much it is
+//! still scrubbing (the `Agent.Status` call), so benchmarks can wait for a
+//! clean pool between samples and read agents' CPU time. It reads; it never
+//! changes an agent.
+
+use std::time::{Duration, Instant};
+
+use oncilla_proto::auth::Token;
+use oncilla_proto::client::{self, AgentClient};
+use oncilla_proto::pb;
+
+use crate::BenchError;
+
+/// Longest wait for the scrubber after one free.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Asks every agent directly what it holds and how much it is still
+/// scrubbing.
+pub(crate) struct Probe {
+    agents: Vec<(String, AgentClient)>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Probe {
+    pub(crate) fn new(nodes: &[pb::NodeStatus], token: &Token) -> Result<Self, BenchError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::Failed(format!("cannot start runtime: {e}")))?;
+        let mut agents = Vec::new();
+        for n in nodes.iter().filter_map(|n| n.info.as_ref()) {
+            let _guard = rt.enter();
+            agents.push((
+                n.agent_addr.clone(),
+                AgentClient::new(client::lazy(&n.agent_addr, token)?),
+            ));
+        }
+        Ok(Self { agents, rt })
+    }
+
+    /// Where `name` is among the agents [`Probe::statuses`] answers for.
+    pub(crate) fn index_of(&self, nodes: &[pb::NodeStatus], name: &str) -> Option<usize> {
+        nodes
+            .iter()
+            .filter_map(|n| n.info.as_ref())
+            .position(|i| i.name == name)
+    }
+
+    /// Every agent's own account of itself.
+    pub(crate) fn statuses(&self) -> Result<Vec<pb::AgentStatus>, BenchError> {
+        self.agents
+            .iter()
+            .map(|(addr, c)| {
+                self.rt
+                    .block_on(c.clone().status(pb::StatusRequest {}))
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| BenchError::Rpc(client::unreachable("agent", addr, s)))
+            })
+            .collect()
+    }
+
+    /// Waits until no agent is scrubbing; returns how long that took.
+    pub(crate) fn settle(&self) -> Result<Duration, BenchError> {
+        let started = Instant::now();
+        loop {
+            let busy = self
+                .statuses()?
+                .iter()
+                .any(|s| s.pool.is_some_and(|p| p.scrubbing > 0));
+            if !busy {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > SETTLE_TIMEOUT {
+                return Err(BenchError::Failed(format!(
+                    "agents still scrubbing after {}s",
+                    SETTLE_TIMEOUT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Numbers and bytes every benchmark shares: percentiles, bandwidth,
+//! `--size` lists, deterministic patterns and JSON printing. It measures
+//! nothing and talks to no cluster.
+
+use std::time::Duration;
+
+use oncilla_model::size::parse_size;
+
+use crate::BenchError;
+
+/// Bytes per `d`, in GiB/s.
+pub fn gib_per_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64().max(1e-9) / f64::from(1u32 << 30)
+}
+
+/// The `p`th percentile (nearest rank) of `samples`.
+pub fn pct(samples: &[f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// The `--size` values given, parsed, or `default` when there are none.
+///
+/// # Errors
+/// A size that does not parse.
+pub fn sizes_or(given: &[String], default: &[u64]) -> Result<Vec<u64>, BenchError> {
+    if given.is_empty() {
+        return Ok(default.to_vec());
+    }
+    given
+        .iter()
+        .map(|s| parse_size(s).map_err(|e| BenchError::Usage(format!("--size {s}: {e}"))))
+        .collect()
+}
+
+/// Deterministic, position-dependent bytes, so a misplaced chunk shows.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    let mut i = 0u64;
+    while v.len() < len {
+        let x = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        v.extend_from_slice(&x.to_le_bytes());
+        i += 1;
+    }
+    v.truncate(len);
+    v
+}
+
+/// Prints `v` as pretty JSON on stdout.
+pub fn print_json(v: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(pct(&s, 50.0), 50.0);
+        assert_eq!(pct(&s, 99.0), 99.0);
+        assert_eq!(pct(&[3.0], 99.0), 3.0);
+        assert_eq!(pct(&[], 50.0), 0.0);
+    }
+}
