@@ -1,18 +1,11 @@
-//! `ocmctl bench`: programs that measure the cluster and print tables. They
-//! measure; they assert nothing.
-//!
-//! - `alloc`: how long `alloc` and `free` of remote memory take, by size,
-//!   next to the original Oncilla's published figures. It drives a cluster
-//!   the way an application does (liboncilla through the local agent, which
-//!   asks the master, which reserves on a remote agent). Between samples it
-//!   waits, untimed, until every agent has scrubbed what the last free
-//!   returned, so each sample sees a clean pool; how long that scrubbing
-//!   took is reported too, since it is the cost that moved off the request
-//!   path.
-//! - `copy` ([`crate::copy`]): copy latency and bandwidth beside raw
-//!   TCP.
-//! - `placement` ([`crate::bandwidth`]): copy bandwidth by where the bytes
-//!   live.
+//! `ocmctl bench alloc`: how long `alloc` and `free` of remote memory take,
+//! by size, next to the original Oncilla's published figures. It drives a cluster
+//! the way an application does (liboncilla through the local agent, which
+//! asks the master, which reserves on a remote agent). Between samples it
+//! waits, untimed, until every agent has scrubbed what the last free
+//! returned, so each sample sees a clean pool; how long that scrubbing
+//! took is reported too, since it is the cost that moved off the request
+//! path. It measures; it asserts nothing.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
