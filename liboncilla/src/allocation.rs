@@ -10,20 +10,21 @@ use std::sync::Arc;
 use oncilla_cuda::{DeviceMem, Gpu};
 use oncilla_proto::pb;
 
+use crate::client::Client;
 use crate::descriptor::{Descriptor, Kind};
 use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
 use crate::route::{self, Route};
-use crate::session::Oncilla;
 use crate::spec::Fabric;
 
 /// An allocation. Dropping it frees it, or, for a persistent (or named)
 /// allocation, detaches this process from it; call [`Allocation::free`] to
 /// free it and see the result.
 pub struct Allocation {
-    pub(crate) ocm: Oncilla,
+    /// The session: kept alive as long as the handle.
+    client: Arc<Client>,
     /// Shared with batches in flight, which keep it (and the mapping)
     /// alive until they end.
     pub(crate) desc: Arc<Descriptor>,
@@ -54,12 +55,12 @@ impl Allocation {
     /// # Errors
     /// A malformed allocation, a preference that cannot reach an extent
     /// ([`Error::InvalidArgument`]), mapping and device-memory failures.
-    pub(crate) fn open(ocm: &Oncilla, wire: pb::Allocation, fabric: Fabric) -> Result<Self> {
+    pub(crate) fn open(client: &Arc<Client>, wire: pb::Allocation, fabric: Fabric) -> Result<Self> {
         let desc = Descriptor::from_wire(wire)?;
-        let data = &ocm.inner.data;
-        let me = ocm.node();
+        let data = &client.data;
+        let me = client.node.as_str();
         let mut alloc = Allocation {
-            ocm: ocm.clone(),
+            client: Arc::clone(client),
             routes: Arc::from([]),
             desc: Arc::new(desc),
             local: None,
@@ -102,8 +103,8 @@ impl Allocation {
         alloc.routes = routes.into();
         if !local.is_empty() {
             let mapping = Mapping::open(
-                &ocm.inner.socket,
-                &ocm.inner.token,
+                &client.socket,
+                &client.token,
                 alloc.desc.id,
                 &alloc.desc.key,
                 &local,
@@ -141,10 +142,7 @@ impl Allocation {
 
     /// True when any byte lives on another node.
     pub fn is_remote(&self) -> bool {
-        self.desc
-            .extents
-            .iter()
-            .any(|e| e.node != self.ocm.inner.node)
+        self.desc.extents.iter().any(|e| e.node != self.client.node)
     }
 
     /// The name, for a named allocation.
@@ -154,7 +152,7 @@ impl Allocation {
 
     /// The fabric this process uses for each extent, in extent order.
     pub fn fabrics(&self) -> Vec<Fabric> {
-        let data = &self.ocm.inner.data;
+        let data = &self.client.data;
         self.desc
             .extents
             .iter()
@@ -175,7 +173,7 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.write(offset, src)?);
         }
-        self.ocm.inner.data.run([Transfer {
+        self.client.data.run([Transfer {
             target: self.target(),
             offset,
             buf: IoBuf::Write(src),
@@ -191,7 +189,7 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        self.ocm.inner.data.run([Transfer {
+        self.client.data.run([Transfer {
             target: self.target(),
             offset,
             buf: IoBuf::Read(dst),
@@ -255,7 +253,7 @@ impl Allocation {
         self.done = true;
         self.local = None;
         self.device = None;
-        self.ocm.free_id(self.desc.id, force)
+        self.client.free_id(self.desc.id, force)
     }
 }
 
@@ -267,9 +265,9 @@ impl Drop for Allocation {
             return;
         }
         let outcome = if self.desc.owner.is_none() {
-            self.ocm.detach_id(self.desc.id)
+            self.client.detach_id(self.desc.id)
         } else {
-            self.ocm.free_id(self.desc.id, false)
+            self.client.free_id(self.desc.id, false)
         };
         match outcome {
             // Freed by someone else already: nothing left to do.

@@ -1,5 +1,5 @@
 //! Batches: copies submitted together and run in the background, with no
-//! order among them ([`Oncilla::submit`]). Each copy owns its buffer and
+//! order among them ([`crate::Oncilla::submit`]). Each copy owns its buffer and
 //! keeps its allocation's descriptor, routes and mapping alive until the
 //! batch ends. Copies into device memory of this process run here; the
 //! rest go to the data path in one run.
@@ -9,15 +9,15 @@ use std::sync::Arc;
 use oncilla_cuda::DeviceMem;
 
 use crate::allocation::Allocation;
+use crate::client::Client;
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
 use crate::route::Route;
-use crate::session::Oncilla;
 
-/// Copies to run together in the background ([`Oncilla::submit`]). Each
+/// Copies to run together in the background ([`crate::Oncilla::submit`]). Each
 /// owns its buffer: a write's source, or the buffer a read fills; all come
 /// back from [`Pending::wait`] in the order they were added.
 #[derive(Default)]
@@ -73,66 +73,63 @@ impl Batch {
     }
 }
 
-impl Oncilla {
-    /// Starts every copy of `batch` in the background and returns at once;
-    /// the copies run in parallel (nodes at once, each over several
-    /// connections, pipelined), with no order among them. Wait for them
-    /// with [`Pending::wait`] or poll with [`Pending::is_done`].
-    pub fn submit(&self, batch: Batch) -> Pending {
-        let data = Arc::clone(&self.inner.data);
-        let task = self.inner.rt.spawn_blocking(move || {
-            let mut ops = batch.ops;
-            // Device memory of this process: copied here, the rest by the
-            // data path, which reaches only cluster-held memory.
-            let mut first_error = None;
-            for op in ops.iter_mut() {
-                let Some(mem) = &op.device else { continue };
-                // DeviceMem checks bounds (its size is the allocation's).
-                let moved = if op.write {
-                    mem.write(op.offset, &op.buf)
-                } else {
-                    mem.read(op.offset, &mut op.buf)
-                };
-                if let Err(e) = moved {
-                    first_error.get_or_insert(e.into());
-                }
-            }
-            let outcome =
-                data.run(
-                    ops.iter_mut()
-                        .filter(|op| op.device.is_none())
-                        .map(|op| Transfer {
-                            target: Target {
-                                desc: &op.desc,
-                                routes: &op.routes,
-                                local: op.local.as_deref(),
-                            },
-                            offset: op.offset,
-                            buf: if op.write {
-                                IoBuf::Write(&op.buf)
-                            } else {
-                                IoBuf::Read(&mut op.buf)
-                            },
-                        }),
-                );
-            let outcome = match first_error {
-                Some(e) => Err(e),
-                None => outcome,
+/// Starts every copy of `batch` in the background on `client`'s runtime
+/// ([`crate::Oncilla::submit`]).
+pub(crate) fn submit(client: &Arc<Client>, batch: Batch) -> Pending {
+    let data = Arc::clone(&client.data);
+    let task = client.rt.spawn_blocking(move || {
+        let mut ops = batch.ops;
+        // Device memory of this process: copied here, the rest by the
+        // data path, which reaches only cluster-held memory.
+        let mut first_error = None;
+        for op in ops.iter_mut() {
+            let Some(mem) = &op.device else { continue };
+            // DeviceMem checks bounds (its size is the allocation's).
+            let moved = if op.write {
+                mem.write(op.offset, &op.buf)
+            } else {
+                mem.read(op.offset, &mut op.buf)
             };
-            let buffers = ops.into_iter().map(|op| op.buf).collect();
-            (outcome, buffers)
-        });
-        Pending {
-            ocm: self.clone(),
-            task,
+            if let Err(e) = moved {
+                first_error.get_or_insert(e.into());
+            }
         }
+        let outcome =
+            data.run(
+                ops.iter_mut()
+                    .filter(|op| op.device.is_none())
+                    .map(|op| Transfer {
+                        target: Target {
+                            desc: &op.desc,
+                            routes: &op.routes,
+                            local: op.local.as_deref(),
+                        },
+                        offset: op.offset,
+                        buf: if op.write {
+                            IoBuf::Write(&op.buf)
+                        } else {
+                            IoBuf::Read(&mut op.buf)
+                        },
+                    }),
+            );
+        let outcome = match first_error {
+            Some(e) => Err(e),
+            None => outcome,
+        };
+        let buffers = ops.into_iter().map(|op| op.buf).collect();
+        (outcome, buffers)
+    });
+    Pending {
+        client: Arc::clone(client),
+        task,
     }
 }
 
 /// A submitted [`Batch`]. Dropping it does not cancel the copies; they run
 /// to their end and their buffers are dropped.
 pub struct Pending {
-    ocm: Oncilla,
+    /// Keeps the session (and its runtime) alive while the copies run.
+    client: Arc<Client>,
     task: tokio::task::JoinHandle<(Result<()>, Vec<Vec<u8>>)>,
 }
 
@@ -150,8 +147,7 @@ impl Pending {
     /// (the other copies still ran to their end).
     pub fn wait(self) -> Result<Vec<Vec<u8>>> {
         let (outcome, buffers) = self
-            .ocm
-            .inner
+            .client
             .rt
             .block_on(self.task)
             .map_err(|e| Error::Internal(format!("batch task failed: {e}")))?;

@@ -4,14 +4,10 @@
 //! on the device, by GPUDirect RDMA, through this GPU's page-locked staging
 //! ring, or through a host buffer.
 //!
-//! It owns the staging rings (one per GPU, made on first use, kept). It
-//! never chooses a fabric: a direct copy is planned only where every piece
+//! The staging rings are the session's ([`crate::staging`]). It never
+//! chooses a fabric: a direct copy is planned only where every piece
 //! of the range is routed over verbs ([`crate::route`]).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
-use oncilla_cuda::pinned::PinnedRing;
 use oncilla_cuda::{pipeline, DeviceMem};
 
 use crate::allocation::Allocation;
@@ -19,13 +15,8 @@ use crate::error::{Error, Result};
 use crate::fabric::verbs::plan::DevicePiece;
 use crate::fabric::verbs::DeviceOutcome;
 use crate::fabric::{find_or_push, remote_at, DataPath, Peer};
-use crate::options::OptionError;
 use crate::route::Hop;
-use crate::session::Oncilla;
-
-/// Buffers in a staging ring: the network fills one while the device
-/// drains another and a third waits, so neither side idles on a hiccup.
-const STAGING_SLOTS: usize = 3;
+use crate::staging::Staging;
 
 /// How a copy between two allocations runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,135 +61,83 @@ impl DevicePlan {
     }
 }
 
-/// The staging rings of a session, by GPU index.
-pub(crate) struct Staging {
-    /// Bytes per buffer (`ONCILLA_GPU_STAGING`), or why the setting was refused.
-    len: std::result::Result<usize, OptionError>,
-    /// A copy holds its device's ring for its duration.
-    rings: Mutex<HashMap<u32, PinnedRing>>,
-}
-
-impl Staging {
-    pub(crate) fn new(len: std::result::Result<usize, OptionError>) -> Self {
-        Self {
-            len,
-            rings: Mutex::new(HashMap::new()),
+/// Copies `len` bytes between two allocations of any kinds, as
+/// [`crate::Oncilla::copy`] describes; `data` and `staging` are the session's.
+pub(crate) fn copy(
+    data: &DataPath,
+    staging: &Staging,
+    dst: &Allocation,
+    dst_offset: u64,
+    src: &Allocation,
+    src_offset: u64,
+    len: u64,
+) -> Result<()> {
+    dst.desc.check_range(dst_offset, len)?;
+    src.desc.check_range(src_offset, len)?;
+    let side = |a: &Allocation, offset: u64, other: &Allocation| Side {
+        device: a.device.is_some(),
+        // Asked only when the other side is on a device here.
+        all_verbs: other.device.is_some() && all_verbs(data, a, offset, len),
+    };
+    let plan = DevicePlan::of(side(src, src_offset, dst), side(dst, dst_offset, src));
+    match (plan, &src.device, &dst.device) {
+        (DevicePlan::OnDevice, Some(s), Some(d)) => {
+            Ok(d.copy_from(dst_offset, s, src_offset, len)?)
         }
-    }
-
-    /// Runs `f` with the staging ring of `mem`'s device, made on first use.
-    fn with<T>(&self, mem: &DeviceMem, f: impl FnOnce(&mut PinnedRing) -> Result<T>) -> Result<T> {
-        let index = mem.gpu().index();
-        // A panic inside `f` leaves the ring drained or dropped: still usable.
-        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        let ring = match rings.entry(index) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let len = self
-                    .len
-                    .clone()
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                v.insert(PinnedRing::new(mem.gpu(), STAGING_SLOTS, len)?)
+        (DevicePlan::Direct { .. }, None, Some(d)) => {
+            match direct(data, src, src_offset, d, dst_offset, len, true)? {
+                DeviceOutcome::Moved => Ok(()),
+                DeviceOutcome::Refused(_) => stage_in(staging, src, src_offset, d, dst_offset, len),
             }
-        };
-        f(ring)
-    }
-}
-
-impl Oncilla {
-    /// Copies `len` bytes from one allocation to another, of any kinds.
-    ///
-    /// - GPU memory of this process on both sides: on the device (peer to
-    ///   peer between two GPUs).
-    /// - Between GPU memory of this process and memory that verbs reaches
-    ///   (with the `verbs` feature, where the HCA can register device
-    ///   memory: nvidia-peermem or dma-buf): by RDMA straight to or from the
-    ///   device, no staging (GPUDirect RDMA).
-    /// - Otherwise into GPU memory of this process: through this GPU's
-    ///   page-locked staging ring, the fabric filling one buffer while the
-    ///   previous one goes to the device on a CUDA stream.
-    /// - Out of GPU memory of this process: the same ring the other way.
-    /// - Otherwise (host memory, or GPU memory an agent holds) through a
-    ///   local buffer, chunk by chunk.
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`] for either range; fabric and GPU failures.
-    pub fn copy(
-        &self,
-        dst: &Allocation,
-        dst_offset: u64,
-        src: &Allocation,
-        src_offset: u64,
-        len: u64,
-    ) -> Result<()> {
-        dst.desc.check_range(dst_offset, len)?;
-        src.desc.check_range(src_offset, len)?;
-        let data = &self.inner.data;
-        let side = |a: &Allocation, offset: u64, other: &Allocation| Side {
-            device: a.device.is_some(),
-            // Asked only when the other side is on a device here.
-            all_verbs: other.device.is_some() && all_verbs(data, a, offset, len),
-        };
-        let plan = DevicePlan::of(side(src, src_offset, dst), side(dst, dst_offset, src));
-        match (plan, &src.device, &dst.device) {
-            (DevicePlan::OnDevice, Some(s), Some(d)) => {
-                Ok(d.copy_from(dst_offset, s, src_offset, len)?)
-            }
-            (DevicePlan::Direct { .. }, None, Some(d)) => {
-                match direct(data, src, src_offset, d, dst_offset, len, true)? {
-                    DeviceOutcome::Moved => Ok(()),
-                    DeviceOutcome::Refused(_) => self.stage_in(src, src_offset, d, dst_offset, len),
+        }
+        (DevicePlan::Staged { .. }, None, Some(d)) => {
+            stage_in(staging, src, src_offset, d, dst_offset, len)
+        }
+        (DevicePlan::Direct { .. }, Some(s), None) => {
+            match direct(data, dst, dst_offset, s, src_offset, len, false)? {
+                DeviceOutcome::Moved => Ok(()),
+                DeviceOutcome::Refused(_) => {
+                    stage_out(staging, s, src_offset, dst, dst_offset, len)
                 }
             }
-            (DevicePlan::Staged { .. }, None, Some(d)) => {
-                self.stage_in(src, src_offset, d, dst_offset, len)
-            }
-            (DevicePlan::Direct { .. }, Some(s), None) => {
-                match direct(data, dst, dst_offset, s, src_offset, len, false)? {
-                    DeviceOutcome::Moved => Ok(()),
-                    DeviceOutcome::Refused(_) => {
-                        self.stage_out(s, src_offset, dst, dst_offset, len)
-                    }
-                }
-            }
-            (DevicePlan::Staged { .. }, Some(s), None) => {
-                self.stage_out(s, src_offset, dst, dst_offset, len)
-            }
-            _ => through_host(dst, dst_offset, src, src_offset, len),
         }
+        (DevicePlan::Staged { .. }, Some(s), None) => {
+            stage_out(staging, s, src_offset, dst, dst_offset, len)
+        }
+        _ => through_host(dst, dst_offset, src, src_offset, len),
     }
+}
 
-    fn stage_in(
-        &self,
-        src: &Allocation,
-        src_offset: u64,
-        d: &DeviceMem,
-        dst_offset: u64,
-        len: u64,
-    ) -> Result<()> {
-        self.inner.staging.with(d, |ring| {
-            pipeline::stream_in(&mut ring.upload(d, dst_offset), len, |c, buf| {
-                src.copy_out(src_offset + c.offset, buf)
-            })
-        })?;
-        Ok(())
-    }
+fn stage_in(
+    staging: &Staging,
+    src: &Allocation,
+    src_offset: u64,
+    d: &DeviceMem,
+    dst_offset: u64,
+    len: u64,
+) -> Result<()> {
+    staging.with(d, |ring| {
+        pipeline::stream_in(&mut ring.upload(d, dst_offset), len, |c, buf| {
+            src.copy_out(src_offset + c.offset, buf)
+        })
+    })?;
+    Ok(())
+}
 
-    fn stage_out(
-        &self,
-        s: &DeviceMem,
-        src_offset: u64,
-        dst: &Allocation,
-        dst_offset: u64,
-        len: u64,
-    ) -> Result<()> {
-        self.inner.staging.with(s, |ring| {
-            pipeline::stream_out(&mut ring.download(s, src_offset), len, |c, bytes| {
-                dst.copy_in(dst_offset + c.offset, bytes)
-            })
-        })?;
-        Ok(())
-    }
+fn stage_out(
+    staging: &Staging,
+    s: &DeviceMem,
+    src_offset: u64,
+    dst: &Allocation,
+    dst_offset: u64,
+    len: u64,
+) -> Result<()> {
+    staging.with(s, |ring| {
+        pipeline::stream_out(&mut ring.download(s, src_offset), len, |c, bytes| {
+            dst.copy_in(dst_offset + c.offset, bytes)
+        })
+    })?;
+    Ok(())
 }
 
 /// Whether every piece of `[offset, offset + len)` of `a` goes over verbs

@@ -32,17 +32,20 @@
 
 //!
 //! # Layout
-//! [`Options`] reads every `ONCILLA_*` setting; the session (`session`)
-//! makes and attaches allocations; opening one (`allocation`) decides once
+//! [`Options`] reads every `ONCILLA_*` setting; the session (`session`, on
+//! the runtime and control channel of `client`) makes and attaches
+//! allocations; opening one (`allocation`) decides once
 //! how each extent is reached (`route`: mapped memory, TCP or verbs); the
 //! data path (`fabric`, private) runs the pieces through the transport of
 //! each route; `device` plans copies that touch GPU memory of this process
 //! (on the device, GPUDirect RDMA, or staged) and `batch` runs copies in
 //! the background. [`Operator`] copies by descriptor without a session.
 
+mod affinity;
 mod allocation;
 mod batch;
 pub mod capi;
+mod client;
 mod descriptor;
 mod device;
 mod error;
@@ -52,7 +55,9 @@ mod options;
 mod route;
 mod session;
 mod spec;
+mod staging;
 
+pub use affinity::{Affinity, AffinityError};
 pub use allocation::Allocation;
 pub use batch::{Batch, Pending};
 pub use descriptor::{Descriptor, Extent};

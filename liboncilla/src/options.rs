@@ -12,6 +12,7 @@ use std::time::Duration;
 use oncilla_model::Fabric;
 use oncilla_proto::auth::Token;
 
+use crate::affinity::Affinity;
 use crate::error::{Error, Result};
 
 /// Connections per node one copy uses unless configured otherwise.
@@ -63,7 +64,7 @@ pub struct RdmaOptions {
     /// Idle time before a queue pair closes (`ONCILLA_RDMA_IDLE_S`).
     pub idle: Duration,
     /// Where progress threads run (`ONCILLA_RDMA_AFFINITY`).
-    pub affinity: crate::fabric::verbs::Affinity,
+    pub affinity: Affinity,
     /// Values that were not accepted.
     pub invalid: Vec<OptionError>,
 }
@@ -75,7 +76,7 @@ impl Default for RdmaOptions {
             chunk: None,
             window: None,
             idle: RDMA_IDLE_DEFAULT,
-            affinity: crate::fabric::verbs::Affinity::None,
+            affinity: Affinity::None,
             invalid: Vec::new(),
         }
     }
@@ -196,7 +197,7 @@ impl RdmaOptions {
             me.idle = idle;
         }
         if let Some(v) = var("ONCILLA_RDMA_AFFINITY") {
-            match crate::fabric::verbs::Affinity::parse(&v) {
+            match Affinity::parse(&v) {
                 Ok(a) => me.affinity = a,
                 Err(_) => me.invalid.push(OptionError {
                     var: "ONCILLA_RDMA_AFFINITY",
@@ -282,7 +283,7 @@ mod tests {
         assert_eq!(o.rdma.chunk, Some(65536));
         assert_eq!(o.rdma.window, Some(16));
         assert_eq!(o.rdma.idle, Duration::from_secs(5));
-        assert_eq!(o.rdma.affinity, crate::fabric::verbs::Affinity::Core(2));
+        assert_eq!(o.rdma.affinity, Affinity::Core(2));
         assert!(o.rdma.invalid.is_empty());
     }
 

@@ -34,8 +34,6 @@ use std::path::Path;
 
 use oncilla_model::alloc::RdmaRegion;
 use oncilla_model::node::RdmaPort;
-use oncilla_proto::convert::rdma::EndpointError;
-use oncilla_proto::pb;
 use oncilla_rdma::discover::Port;
 use oncilla_rdma::{self as rdma, Probe, RdmaError};
 
@@ -74,6 +72,16 @@ pub struct Held {
     _qp: rdma::verbs::Qp,
 }
 
+/// The agent's end of a new queue pair, as the client needs it.
+#[derive(Debug, Clone)]
+pub struct Paired {
+    /// The agent's queue pair, in RTS towards the client.
+    pub endpoint: rdma::qp::Endpoint,
+    /// The device and port it lives on.
+    pub device: String,
+    pub port: u32,
+}
+
 /// Why the agent could not make a queue pair or a registration. The gRPC
 /// edge turns it into a status (see each variant).
 #[derive(Debug, thiserror::Error)]
@@ -81,13 +89,6 @@ pub enum VerbsError {
     /// This node has no verbs fabric now (`FAILED_PRECONDITION`).
     #[error("verbs fabric unavailable on this node: {0}")]
     Unavailable(String),
-    /// A `ConnectVerbs` request without the client's endpoint
-    /// (`INVALID_ARGUMENT`).
-    #[error("no client endpoint")]
-    NoClientEndpoint,
-    /// The client's endpoint does not decode (`INVALID_ARGUMENT`).
-    #[error(transparent)]
-    Endpoint(#[from] EndpointError),
     /// The two endpoints cannot pair, or the HCA refused the transitions
     /// towards the client (`INVALID_ARGUMENT`).
     #[error(transparent)]
@@ -412,47 +413,45 @@ impl Rdma {
         })
     }
 
-    /// Makes the agent's end of a queue pair towards the client's, on port
-    /// `req.port_index` modulo the opened ports.
+    /// Makes the agent's end of a queue pair towards `client`, on port
+    /// `port_index` modulo the opened ports.
     ///
     /// # Errors
     /// [`VerbsError::Unavailable`] with the reason when this node has no
-    /// verbs; [`VerbsError::NoClientEndpoint`], [`VerbsError::Endpoint`] or
-    /// [`VerbsError::Pair`] for an endpoint that cannot pair;
+    /// verbs; [`VerbsError::Pair`] for an endpoint that cannot pair;
     /// [`VerbsError::Hca`] when the HCA refuses.
     pub fn connect(
         &self,
-        req: &pb::ConnectVerbsRequest,
-    ) -> Result<(pb::ConnectVerbsReply, Held), VerbsError> {
+        client: &rdma::qp::Endpoint,
+        port_index: u32,
+    ) -> Result<(Paired, Held), VerbsError> {
         if let Some(why) = self.unavailable() {
             return Err(VerbsError::Unavailable(why));
         }
-        self.connect_on(req)
+        self.connect_on(client, port_index)
     }
 
     #[cfg(feature = "verbs")]
     fn connect_on(
         &self,
-        req: &pb::ConnectVerbsRequest,
-    ) -> Result<(pb::ConnectVerbsReply, Held), VerbsError> {
-        let client = req.client.as_ref().ok_or(VerbsError::NoClientEndpoint)?;
-        let client = rdma::qp::Endpoint::try_from(client)?;
+        client: &rdma::qp::Endpoint,
+        port_index: u32,
+    ) -> Result<(Paired, Held), VerbsError> {
         let live = self.live();
-        let Some((port, dev)) = live.get(req.port_index as usize % live.len().max(1)) else {
+        let Some((port, dev)) = live.get(port_index as usize % live.len().max(1)) else {
             return Err(VerbsError::Unavailable(
                 "every opened RDMA port went away".into(),
             ));
         };
         let mut qp = rdma::verbs::Qp::new(dev, QP_DEPTH).map_err(VerbsError::Hca)?;
-        qp.connect(&client).map_err(VerbsError::Pair)?;
-        let reply = pb::ConnectVerbsReply {
-            agent: Some(pb::QpEndpoint::from(&qp.endpoint())),
+        qp.connect(client).map_err(VerbsError::Pair)?;
+        let paired = Paired {
+            endpoint: qp.endpoint(),
             device: dev.port.device.clone(),
             port: dev.port.port,
-            incarnation: 0,
         };
         Ok((
-            reply,
+            paired,
             Held {
                 port: *port,
                 _qp: qp,
@@ -463,8 +462,9 @@ impl Rdma {
     #[cfg(not(feature = "verbs"))]
     fn connect_on(
         &self,
-        _req: &pb::ConnectVerbsRequest,
-    ) -> Result<(pb::ConnectVerbsReply, Held), VerbsError> {
+        _client: &rdma::qp::Endpoint,
+        _port_index: u32,
+    ) -> Result<(Paired, Held), VerbsError> {
         Err(VerbsError::Unavailable(
             "this build has no verbs support".into(),
         ))
@@ -572,6 +572,25 @@ mod tests {
     use crate::pool::{HugePages, PoolSpec};
 
     #[test]
+    fn a_port_reports_its_gid_count() {
+        let p = Port {
+            device: "mlx5_0".into(),
+            port: 1,
+            link_layer: "InfiniBand".into(),
+            state: "ACTIVE".into(),
+            lid: 0x1a,
+            gids: vec![(0, String::new())],
+            numa_node: 1,
+            rate: "100 Gb/sec (4X EDR)".into(),
+            active_mtu: 4096,
+        };
+        let w = port_info(&p);
+        assert_eq!(w.gids, 1);
+        assert_eq!((w.device.as_str(), w.port, w.lid), ("mlx5_0", 1, 0x1a));
+        assert_eq!(w.active_mtu, 4096);
+    }
+
+    #[test]
     fn no_devices_means_a_reason_and_a_refusal() {
         let pool = Pool::new(PoolSpec::new(4 * 4096, HugePages::Off)).unwrap();
         let r = Rdma::start_at(Path::new("/nonexistent/infiniband"), &[], &pool);
@@ -579,10 +598,15 @@ mod tests {
         let (ports, note) = r.report();
         assert!(ports.is_empty());
         assert!(note.contains("no RDMA"), "{note}");
-        let err = r
-            .connect(&pb::ConnectVerbsRequest::default())
-            .err()
-            .unwrap();
+        let client = rdma::qp::Endpoint {
+            qp_num: 7,
+            lid: 0,
+            gid: [0; 16],
+            psn: 0,
+            mtu: 1024,
+            roce: true,
+        };
+        let err = r.connect(&client, 0).err().unwrap();
         assert!(matches!(err, VerbsError::Unavailable(_)), "{err:?}");
         assert!(err.to_string().contains("unavailable"), "{err}");
     }

@@ -101,12 +101,24 @@ impl agent_server::Agent for AgentService {
     ) -> Result<Response<ConnectVerbsStream>, Status> {
         let rdma = Arc::clone(self.agent.rdma());
         let r = req.into_inner();
+        let client = r
+            .client
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("no client endpoint"))?;
+        let client = oncilla_rdma::qp::Endpoint::try_from(client)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let port_index = r.port_index;
         // Creating and connecting a queue pair are blocking verbs calls.
-        let (mut reply, held) = tokio::task::spawn_blocking(move || rdma.connect(&r))
+        let (paired, held) = tokio::task::spawn_blocking(move || rdma.connect(&client, port_index))
             .await
             .map_err(|e| Status::internal(format!("connect task failed: {e}")))?
             .map_err(verbs_status)?;
-        reply.incarnation = self.agent.incarnation();
+        let reply = pb::ConnectVerbsReply {
+            agent: Some(pb::QpEndpoint::from(&paired.endpoint)),
+            device: paired.device,
+            port: paired.port,
+            incarnation: self.agent.incarnation(),
+        };
         tracing::info!(device = %reply.device, port = reply.port, "verbs queue pair connected");
         let rdma = Arc::clone(self.agent.rdma());
         let stream = futures_util::stream::unfold(
@@ -133,14 +145,14 @@ impl agent_server::Agent for AgentService {
 }
 
 /// The status of a refused `ConnectVerbs`: no verbs here is
-/// `FAILED_PRECONDITION`, an endpoint that cannot pair `INVALID_ARGUMENT`,
+/// `FAILED_PRECONDITION`, endpoints that cannot pair `INVALID_ARGUMENT`,
 /// an HCA that cannot make the pair `INTERNAL`.
 fn verbs_status(e: crate::fabric::verbs::VerbsError) -> Status {
     use crate::fabric::verbs::VerbsError as E;
     let msg = e.to_string();
     match e {
         E::Unavailable(_) | E::GpuUnavailable(_) => Status::failed_precondition(msg),
-        E::NoClientEndpoint | E::Endpoint(_) | E::Pair(_) => Status::invalid_argument(msg),
+        E::Pair(_) => Status::invalid_argument(msg),
         E::Hca(_) | E::Register(_) | E::RegisterGpu { .. } => Status::internal(msg),
     }
 }

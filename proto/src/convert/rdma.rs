@@ -1,9 +1,8 @@
 //! Wire forms of the RDMA layer's types (`oncilla-rdma`): a queue pair's
-//! endpoint (`Agent.ConnectVerbs`) and a port as `NodeInfo` reports it.
+//! endpoint (`Agent.ConnectVerbs`).
 //! The RDMA crate knows nothing of protobuf; this is the one place its
 //! types meet the schema. Pure conversions, no device needed.
 
-use oncilla_rdma::discover::Port;
 use oncilla_rdma::qp::Endpoint;
 
 use crate::pb;
@@ -55,22 +54,6 @@ impl TryFrom<&pb::QpEndpoint> for Endpoint {
     }
 }
 
-impl From<&Port> for pb::RdmaPort {
-    fn from(p: &Port) -> Self {
-        pb::RdmaPort {
-            device: p.device.clone(),
-            port: p.port,
-            link_layer: p.link_layer.clone(),
-            state: p.state.clone(),
-            active_mtu: p.active_mtu,
-            gids: u32::try_from(p.gids.len()).unwrap_or(u32::MAX),
-            numa_node: p.numa_node,
-            lid: p.lid,
-            rate: p.rate.clone(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,24 +80,5 @@ mod tests {
         w.gid.clear();
         w.lid = 1 << 20;
         assert!(Endpoint::try_from(&w).is_err());
-    }
-
-    #[test]
-    fn a_port_reports_its_gid_count() {
-        let p = Port {
-            device: "mlx5_0".into(),
-            port: 1,
-            link_layer: "InfiniBand".into(),
-            state: "ACTIVE".into(),
-            lid: 0x1a,
-            gids: vec![(0, String::new())],
-            numa_node: 1,
-            rate: "100 Gb/sec (4X EDR)".into(),
-            active_mtu: 4096,
-        };
-        let w = pb::RdmaPort::from(&p);
-        assert_eq!(w.gids, 1);
-        assert_eq!((w.device.as_str(), w.port, w.lid), ("mlx5_0", 1, 0x1a));
-        assert_eq!(w.active_mtu, 4096);
     }
 }

@@ -31,7 +31,7 @@ use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
 use super::failure::{settle, Failed, Place};
 use super::plan::{self, DevicePiece, Piece, Queue, Remote, Tuning};
 use super::regcache::{CacheError, RegCache, Register};
-use super::{Affinity, AffinityError};
+use crate::affinity::{pin_current_thread, Affinity, AffinityError};
 use crate::error::{Error, Result};
 use crate::fabric::tcp::IoBuf;
 
@@ -357,7 +357,7 @@ impl VerbsFabric {
     ) -> std::result::Result<(), Failed> {
         match &self.pins[dev] {
             Ok(None) => {}
-            Ok(Some(cpus)) => super::pin_current_thread(cpus).map_err(|e| at.fabric(e))?,
+            Ok(Some(cpus)) => pin_current_thread(cpus).map_err(|e| at.fabric(e))?,
             Err(e) => return Err(at.fabric(e).into()),
         }
         let slot = self.slot(at.addr, dev);

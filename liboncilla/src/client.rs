@@ -1,0 +1,174 @@
+//! The session's machinery below the public API: the library's runtime,
+//! the control channel to the local agent over its Unix socket (opening
+//! the session stream, alloc, attach, free, detach as wire calls), and what
+//! every copy of the session shares (the data path, the staging rings).
+//!
+//! Allocations, device copies and batches hold it; it knows none of them,
+//! and it never moves a byte of an allocation.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use oncilla_proto::auth::{AttachToken, Token};
+use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
+use oncilla_proto::pb;
+use tokio::net::UnixStream;
+use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Endpoint, Uri};
+
+use crate::error::{Error, Result};
+use crate::fabric::DataPath;
+use crate::options::Options;
+use crate::spec::{AllocSpec, Fabric};
+use crate::staging::Staging;
+
+/// One session with the local agent. Shared (`Arc`) by the [`crate::Oncilla`]
+/// handles, the allocations and the batches of the session, so the session
+/// lasts as long as any of them.
+pub(crate) struct Client {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) socket: PathBuf,
+    pub(crate) token: Token,
+    /// The session's fabric preference (`ONCILLA_FABRIC`).
+    pub(crate) fabric: Fabric,
+    session: SessionClient,
+    pub(crate) session_id: String,
+    pub(crate) node: String,
+    /// Shared with batches running in the background.
+    pub(crate) data: Arc<DataPath>,
+    /// Page-locked staging rings for device copies, one per GPU.
+    pub(crate) staging: Staging,
+}
+
+impl Client {
+    /// Connects to the agent at `opts.socket` and opens a session.
+    ///
+    /// # Errors
+    /// [`Error::AgentUnreachable`], [`Error::PermissionDenied`] for a wrong token.
+    pub(crate) fn connect(opts: Options) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("oncilla-client")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start runtime: {e}")))?;
+        let socket = opts.socket.clone();
+        let unreachable = |reason: String| Error::AgentUnreachable {
+            path: socket.display().to_string(),
+            reason,
+        };
+        let (session, session_id, node) = rt.block_on(async {
+            let channel = uds_channel(&opts.socket)
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
+            let mut client = SessionClient::new(InterceptedService::new(
+                channel,
+                AttachToken::new(&opts.token),
+            ));
+            let open = pb::OpenRequest {
+                pid: std::process::id(),
+                program: program_name(),
+            };
+            let mut stream = client.open(open).await.map_err(Error::from)?.into_inner();
+            let first = tokio::time::timeout(CALL_TIMEOUT, stream.next())
+                .await
+                .map_err(|_| unreachable("no answer to session open".into()))?
+                .ok_or_else(|| unreachable("session closed at once".into()))?
+                .map_err(Error::from)?;
+            // Hold the stream for the life of the runtime: its end is how
+            // the agent learns that this process is gone.
+            tokio::spawn(async move {
+                while let Some(event) = stream.next().await {
+                    if let Err(e) = event {
+                        tracing::warn!(error = %e.message(), "session with the local agent ended");
+                        break;
+                    }
+                }
+            });
+            Ok::<_, Error>((client, first.session_id, first.node))
+        })?;
+        tracing::debug!(session = %session_id, node = %node, "session opened");
+        Ok(Self {
+            rt,
+            socket: opts.socket,
+            token: opts.token.clone(),
+            fabric: opts.fabric,
+            session,
+            session_id,
+            node,
+            data: Arc::new(DataPath::new(opts.token, opts.streams, &opts.rdma)),
+            staging: Staging::new(opts.gpu_staging),
+        })
+    }
+
+    /// Asks the master (through the agent) for an allocation as `spec` says.
+    pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<pb::Allocation> {
+        let req = pb::AllocRequest {
+            session_id: self.session_id.clone(),
+            spec: Some(spec.to_wire(self.fabric)),
+        };
+        let mut client = self.session.clone();
+        Ok(self.rt.block_on(client.alloc(req))?.into_inner())
+    }
+
+    /// Attaches a persistent allocation by id or name.
+    pub(crate) fn attach(&self, alloc: pb::AllocRef) -> Result<pb::Allocation> {
+        let req = pb::AttachRequest {
+            session_id: self.session_id.clone(),
+            alloc: Some(alloc),
+        };
+        let mut client = self.session.clone();
+        Ok(self.rt.block_on(client.attach(req))?.into_inner())
+    }
+
+    pub(crate) fn free_id(&self, id: u64, force: bool) -> Result<()> {
+        let req = pb::FreeRequest {
+            alloc: Some(pb::AllocRef {
+                id,
+                name: String::new(),
+            }),
+            session_id: self.session_id.clone(),
+            force,
+        };
+        let mut client = self.session.clone();
+        self.rt.block_on(client.free(req))?;
+        Ok(())
+    }
+
+    pub(crate) fn detach_id(&self, id: u64) -> Result<()> {
+        let req = pb::DetachRequest {
+            session_id: self.session_id.clone(),
+            id,
+        };
+        let mut client = self.session.clone();
+        self.rt.block_on(client.detach(req))?;
+        Ok(())
+    }
+}
+
+async fn uds_channel(
+    path: &Path,
+) -> std::result::Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    // The URI is required by the API and ignored: the connector dials the socket.
+    Endpoint::from_static("http://oncillad.local")
+        .connect_timeout(oncilla_proto::client::CONNECT_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        }))
+        .await
+}
+
+fn program_name() -> String {
+    std::env::args()
+        .next()
+        .as_deref()
+        .map(Path::new)
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
