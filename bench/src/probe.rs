@@ -32,7 +32,7 @@ impl Probe {
             let _guard = rt.enter();
             agents.push((
                 n.agent_addr.clone(),
-                AgentClient::new(client::lazy(&n.agent_addr, token)?),
+                client::agent(client::lazy(&n.agent_addr, token)?),
             ));
         }
         Ok(Self { agents, rt })

@@ -19,6 +19,9 @@ pub enum MasterError {
     /// The call failed (unreachable master included); shown as its message.
     #[error("{}", .0.message())]
     Rpc(tonic::Status),
+    /// A page of allocations pointed back instead of forward.
+    #[error("the master paged allocations out of order: after {after} it named {next} next")]
+    Paging { after: u64, next: u64 },
     /// The client's runtime could not start.
     #[error("cannot start runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -73,7 +76,7 @@ impl Master {
             .map_err(MasterError::Runtime)?;
         let client = {
             let _guard = rt.enter();
-            MasterClient::new(client::lazy(addr, token)?)
+            client::master(client::lazy(addr, token)?)
         };
         Ok(Self {
             addr: addr.to_string(),
@@ -109,13 +112,27 @@ impl Master {
         self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })
     }
 
-    /// Every allocation in the table.
+    /// Every allocation in the table, page by page (each page a message of
+    /// bounded size, however large the table).
     ///
     /// # Errors
-    /// The call fails.
+    /// A call fails, or the master answers pages out of order.
     pub fn allocations(&self) -> Result<Vec<pb::Allocation>, MasterError> {
-        self.call(|mut c| async move { c.list_allocations(pb::ListAllocationsRequest {}).await })
-            .map(|r| r.allocations)
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.call(|mut c| async move {
+                c.list_allocations(pb::ListAllocationsRequest { after })
+                    .await
+            })?;
+            all.extend(page.allocations);
+            match page.next_after {
+                0 => return Ok(all),
+                // Ids only grow, so this ends after at most one call per id.
+                next if next > after => after = next,
+                next => return Err(MasterError::Paging { after, next }),
+            }
+        }
     }
 
     /// One allocation.

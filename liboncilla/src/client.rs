@@ -63,7 +63,7 @@ impl Client {
             let channel = uds_channel(&opts.socket)
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
-            let mut client = SessionClient::new(InterceptedService::new(
+            let mut client = oncilla_proto::client::session(InterceptedService::new(
                 channel,
                 AttachToken::new(&opts.token),
             ));

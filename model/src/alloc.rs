@@ -14,6 +14,14 @@ pub const MAX_ALLOCATION: u64 = 1 << 50;
 pub const KEY_LEN: usize = 16;
 /// Longest allocation name.
 pub const MAX_NAME: usize = 128;
+/// Largest allocation id (2^53 - 1: exact wherever ids travel as JSON
+/// numbers). Ids count up from 1 and are never reused; the master refuses
+/// to allocate past this rather than wrap.
+pub const MAX_ID: u64 = (1 << 53) - 1;
+/// Most extents one allocation may have (a 256 MiB allocation striped in
+/// 4 KiB pieces). Every message that carries allocations is sized for it
+/// (`oncilla_proto::client::MAX_MESSAGE`), and lists page by it.
+pub const MAX_EXTENTS: usize = 1 << 16;
 
 /// A request the model refuses, said so a person can fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,6 +32,10 @@ pub enum Invalid {
     Name(String),
     #[error("name an allocation by id or name")]
     NoRef,
+    #[error("allocation id {0} is above the limit of {MAX_ID}")]
+    Id(u64),
+    #[error("{0} extents; an allocation has at most {MAX_EXTENTS} (use a larger stripe)")]
+    Extents(usize),
     #[error("memory kind not given (local or remote host, local or remote GPU)")]
     NoKind,
     #[error("local GPU memory lives in the asking process and ends with it: it cannot be named or persistent, and only a session can ask for it (use remote-gpu)")]
@@ -125,9 +137,11 @@ impl AllocRef {
     /// The id when it is not 0, else the name.
     ///
     /// # Errors
-    /// [`Invalid::NoRef`] when both are empty.
+    /// [`Invalid::NoRef`] when both are empty, [`Invalid::Id`] above
+    /// [`MAX_ID`].
     pub fn new(id: u64, name: String) -> Result<Self, Invalid> {
         match (id, name.is_empty()) {
+            (id, _) if id > MAX_ID => Err(Invalid::Id(id)),
             (0, true) => Err(Invalid::NoRef),
             (0, false) => Ok(Self::Name(name)),
             (id, _) => Ok(Self::Id(id)),
@@ -272,6 +286,14 @@ mod tests {
         assert_eq!(AllocRef::new(3, "x".into()), Ok(AllocRef::Id(3)));
         assert_eq!(AllocRef::new(0, String::new()), Err(Invalid::NoRef));
         assert_eq!(AllocRef::new(0, "t".into()), Ok(AllocRef::Name("t".into())));
+        assert_eq!(
+            AllocRef::new(MAX_ID, String::new()),
+            Ok(AllocRef::Id(MAX_ID))
+        );
+        assert_eq!(
+            AllocRef::new(u64::MAX, String::new()),
+            Err(Invalid::Id(u64::MAX))
+        );
     }
 
     #[test]

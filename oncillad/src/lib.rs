@@ -22,9 +22,6 @@ use std::time::Instant;
 use clap::Parser;
 use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::CheckToken;
-use oncilla_proto::pb::{
-    agent_server::AgentServer, master_server::MasterServer, session_server::SessionServer,
-};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -137,7 +134,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 watcher.tick();
             }
         });
-        MasterServer::with_interceptor(grpc::master::MasterService::new(core), check.clone())
+        grpc::master::MasterService::new(core).server(check.clone())
     }));
 
     let mut unix = None;
@@ -249,15 +246,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         if agent.rdma().available() {
             tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
         }
-        router = router.add_service(AgentServer::with_interceptor(
-            grpc::agent::AgentService::new(Arc::clone(&agent)),
-            check.clone(),
-        ));
+        router = router
+            .add_service(grpc::agent::AgentService::new(Arc::clone(&agent)).server(check.clone()));
         let listener = bind_unix(&agent_cfg.socket)?;
-        let session = SessionServer::with_interceptor(
-            grpc::session::SessionService::new(agent, master),
-            check.clone(),
-        );
+        let session = grpc::session::SessionService::new(agent, master).server(check.clone());
         let mut rx = stop_rx.clone();
         unix = Some((
             agent_cfg.socket.clone(),

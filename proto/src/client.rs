@@ -14,11 +14,44 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Time allowed for any unary call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Largest gRPC message any component sends or accepts: room for a page
+/// of allocations (`ListAllocations`, `Register`), which the senders cut to
+/// at most [`PAGE_EXTENTS`] extents plus one allocation of the largest size
+/// ([`oncilla_model::alloc::MAX_EXTENTS`] extents, each about 100 bytes
+/// with two RDMA ports).
+pub const MAX_MESSAGE: usize = 64 << 20;
+/// Extents a page of allocations carries before it is cut (one allocation
+/// always fits, however many it has).
+pub const PAGE_EXTENTS: usize = oncilla_model::alloc::MAX_EXTENTS;
+/// Allocations a page carries at most (small ones cost a few hundred bytes).
+pub const PAGE_ALLOCATIONS: usize = 4096;
+
 /// A channel with the token attached to every call.
 pub type AuthChannel = InterceptedService<Channel, AttachToken>;
 pub type MasterClient = pb::master_client::MasterClient<AuthChannel>;
 pub type AgentClient = pb::agent_client::AgentClient<AuthChannel>;
 pub type SessionClient = pb::session_client::SessionClient<AuthChannel>;
+
+/// A master client that sends and accepts messages up to [`MAX_MESSAGE`].
+pub fn master(channel: AuthChannel) -> MasterClient {
+    MasterClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
+
+/// An agent client that sends and accepts messages up to [`MAX_MESSAGE`].
+pub fn agent(channel: AuthChannel) -> AgentClient {
+    AgentClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
+
+/// A session client that sends and accepts messages up to [`MAX_MESSAGE`].
+pub fn session(channel: AuthChannel) -> SessionClient {
+    SessionClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
 
 /// An address that cannot be dialled.
 #[derive(Debug, thiserror::Error)]

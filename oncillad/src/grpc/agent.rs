@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
+use oncilla_proto::auth::CheckToken;
+use oncilla_proto::pb::agent_server::AgentServer;
 use oncilla_proto::pb::{self, agent_server};
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use oncilla_model::cluster::{Reservation, Reserved};
@@ -17,6 +20,17 @@ pub struct AgentService {
 impl AgentService {
     pub fn new(agent: Arc<Agent>) -> Self {
         Self { agent }
+    }
+
+    /// The service as the server mounts it: every call authenticated
+    /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
+    pub fn server(self, check: CheckToken) -> InterceptedService<AgentServer<Self>, CheckToken> {
+        InterceptedService::new(
+            AgentServer::new(self)
+                .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
+                .max_encoding_message_size(oncilla_proto::client::MAX_MESSAGE),
+            check,
+        )
     }
 }
 

@@ -50,7 +50,7 @@ impl GrpcAgentLink {
         }
         let channel =
             client::lazy(addr, &self.token).map_err(|e| LinkError::Unreachable(e.to_string()))?;
-        let c = AgentClient::new(channel);
+        let c = client::agent(channel);
         self.clients.insert(addr.to_string(), c.clone());
         Ok(c)
     }
@@ -93,7 +93,7 @@ impl MasterLink {
     pub fn new(addr: &str, token: &Token) -> Result<Self, client::AddrError> {
         Ok(Self {
             addr: addr.to_string(),
-            client: MasterClient::new(client::lazy(addr, token)?),
+            client: client::master(client::lazy(addr, token)?),
         })
     }
 
@@ -126,14 +126,28 @@ impl MasterLink {
 }
 
 impl MasterPort for MasterLink {
+    /// Registers in as many calls as the held allocations need (see
+    /// [`pages`]): the master takes each part as it comes.
     async fn register(&self, req: Registration) -> Result<Registered, LinkError> {
-        let r = self
-            .client
-            .clone()
-            .register(pb::RegisterRequest::from(req))
-            .await;
-        r.map(|r| r.into_inner().into())
-            .map_err(|s| failed("master", &self.addr, s))
+        let mut whole = pb::RegisterRequest::from(req);
+        let held = std::mem::take(&mut whole.held);
+        let mut release = Vec::new();
+        let mut last = None;
+        for part in pages(held) {
+            let call = pb::RegisterRequest {
+                held: part,
+                ..whole.clone()
+            };
+            let r = self.client.clone().register(call).await;
+            let reply = r
+                .map(tonic::Response::into_inner)
+                .map_err(|s| failed("master", &self.addr, s))?;
+            release.extend_from_slice(&reply.release);
+            last = Some(reply);
+        }
+        let mut reply: Registered = last.unwrap_or_default().into();
+        reply.release = release;
+        Ok(reply)
     }
 
     async fn heartbeat(&self, req: Heartbeat) -> Result<HeartbeatReply, LinkError> {
@@ -144,5 +158,69 @@ impl MasterPort for MasterLink {
             .await;
         r.map(|r| r.into_inner().into())
             .map_err(|s| failed("master", &self.addr, s))
+    }
+}
+
+/// Allocation records cut into pages of at most
+/// [`client::PAGE_ALLOCATIONS`] records and [`client::PAGE_EXTENTS`]
+/// extents (a record with more extents than that is a page alone), so no
+/// message outgrows [`client::MAX_MESSAGE`]. Always at least one page.
+fn pages(held: Vec<pb::Allocation>) -> Vec<Vec<pb::Allocation>> {
+    let mut pages = Vec::new();
+    let mut page = Vec::new();
+    let mut extents = 0;
+    for a in held {
+        let n = a.extents.len();
+        if !page.is_empty()
+            && (page.len() >= client::PAGE_ALLOCATIONS || extents + n > client::PAGE_EXTENTS)
+        {
+            pages.push(std::mem::take(&mut page));
+            extents = 0;
+        }
+        extents += n;
+        page.push(a);
+    }
+    pages.push(page);
+    pages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64, extents: usize) -> pb::Allocation {
+        pb::Allocation {
+            id,
+            extents: vec![pb::Extent::default(); extents],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn registrations_are_cut_into_bounded_pages_in_order() {
+        assert_eq!(
+            pages(Vec::new()),
+            vec![Vec::new()],
+            "one call even when empty"
+        );
+        let big = client::PAGE_EXTENTS;
+        let held = vec![
+            record(1, 10),
+            record(2, big - 10),
+            record(3, 1),
+            record(4, big + 5),
+        ];
+        let cut = pages(held);
+        let ids: Vec<Vec<u64>> = cut
+            .iter()
+            .map(|p| p.iter().map(|a| a.id).collect())
+            .collect();
+        assert_eq!(ids, vec![vec![1, 2], vec![3], vec![4]]);
+        let many: Vec<_> = (1..=client::PAGE_ALLOCATIONS as u64 + 1)
+            .map(|i| record(i, 1))
+            .collect();
+        let cut = pages(many);
+        assert_eq!(cut.len(), 2);
+        assert_eq!(cut[1].len(), 1);
     }
 }

@@ -5,8 +5,12 @@ use std::sync::Arc;
 
 use oncilla_model::alloc::AllocSpec;
 use oncilla_model::cluster::{AllocateRequest, Registration};
+use oncilla_proto::auth::CheckToken;
+use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, WireError};
+use oncilla_proto::pb::master_server::MasterServer;
 use oncilla_proto::pb::{self, master_server};
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::{checked, reply};
@@ -21,6 +25,17 @@ pub struct MasterService {
 impl MasterService {
     pub fn new(core: Arc<Master<GrpcAgentLink>>) -> Self {
         Self { core }
+    }
+
+    /// The service as the server mounts it: every call authenticated
+    /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
+    pub fn server(self, check: CheckToken) -> InterceptedService<MasterServer<Self>, CheckToken> {
+        InterceptedService::new(
+            MasterServer::new(self)
+                .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
+                .max_encoding_message_size(oncilla_proto::client::MAX_MESSAGE),
+            check,
+        )
     }
 }
 
@@ -106,15 +121,20 @@ impl master_server::Master for MasterService {
 
     async fn list_allocations(
         &self,
-        _req: Request<pb::ListAllocationsRequest>,
+        req: Request<pb::ListAllocationsRequest>,
     ) -> Result<Response<pb::AllocationList>, Status> {
+        let after = req.into_inner().after;
+        let (page, more) =
+            self.core
+                .allocations_page(after, client::PAGE_ALLOCATIONS, client::PAGE_EXTENTS);
+        let next_after = if more {
+            page.last().map_or(0, |a| a.id)
+        } else {
+            0
+        };
         Ok(Response::new(pb::AllocationList {
-            allocations: self
-                .core
-                .allocations()
-                .into_iter()
-                .map(Into::into)
-                .collect(),
+            allocations: page.into_iter().map(Into::into).collect(),
+            next_after,
         }))
     }
 

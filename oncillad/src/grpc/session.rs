@@ -7,9 +7,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use oncilla_proto::auth::CheckToken;
+use oncilla_proto::pb::session_server::SessionServer;
 use oncilla_proto::pb::{self, session_server};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::agent::Agent;
@@ -23,6 +26,17 @@ pub struct SessionService {
 impl SessionService {
     pub fn new(agent: Arc<Agent>, master: MasterLink) -> Self {
         Self { agent, master }
+    }
+
+    /// The service as the server mounts it: every call authenticated
+    /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
+    pub fn server(self, check: CheckToken) -> InterceptedService<SessionServer<Self>, CheckToken> {
+        InterceptedService::new(
+            SessionServer::new(self)
+                .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
+                .max_encoding_message_size(oncilla_proto::client::MAX_MESSAGE),
+            check,
+        )
     }
 
     /// The process behind an open session, as the master records it.

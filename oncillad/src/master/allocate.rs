@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use futures_util::future::join_all;
-use oncilla_model::alloc::{Allocation, Extent, KEY_LEN};
+use oncilla_model::alloc::{Allocation, Extent, Invalid, KEY_LEN, MAX_EXTENTS, MAX_ID};
 use oncilla_model::cluster::{AllocateRequest, Piece, Range, Reservation, Reserved};
 use oncilla_model::fabric::{self, Memory, Rdma};
 use oncilla_model::{Fabric, Kind};
@@ -64,6 +64,13 @@ impl<L: AgentLink> Master<L> {
                 .iter()
                 .map(|p| creator_fabric(&st, p, spec.kind, &origin_node, spec.fabric))
                 .collect::<Result<Vec<_>, _>>()?;
+            if st.next_id > MAX_ID {
+                // Never wraps: an id is never used twice.
+                return Err(CoreError::CapacityExhausted {
+                    requested: spec.size,
+                    detail: format!("allocation ids are used up (the last is {MAX_ID})"),
+                });
+            }
             let targets = hold(&mut st, plan)?;
             let id = self.take_id(&mut st);
             alloc.id = id;
@@ -137,6 +144,18 @@ impl<L: AgentLink> Master<L> {
                 }));
         }
         alloc.extents.sort_by_key(|e| e.alloc_offset);
+        if alloc.extents.len() > MAX_EXTENTS {
+            // The pools were too fragmented to give the planned ranges in
+            // few enough pieces: no message could carry the record.
+            let extents = alloc.extents.len();
+            tracing::warn!(
+                alloc_id = id,
+                extents,
+                "reserved in too many pieces; rolling back"
+            );
+            self.rollback(id, &spec.name, &targets).await;
+            return Err(Invalid::Extents(extents).into());
+        }
         alloc.access_key = key.to_vec();
         tracing::info!(
             alloc_id = id,
@@ -163,10 +182,12 @@ impl<L: AgentLink> Master<L> {
         self.view(&st, id)
     }
 
-    /// A fresh id, marked as being reserved.
+    /// A fresh id (the caller checked it is at most [`MAX_ID`]), never
+    /// used before by this master or any allocation an agent reported to
+    /// it, marked as being reserved.
     fn take_id(&self, st: &mut State) -> u64 {
         let id = st.next_id;
-        st.next_id += 1;
+        st.next_id = id.saturating_add(1);
         st.reserving.insert(id);
         id
     }

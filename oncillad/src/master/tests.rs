@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncilla_model::alloc::{
-    AllocRef, AllocSpec, Allocation, Health, Invalid, NodeShare, Owner, Placement, KEY_LEN,
+    AllocRef, AllocSpec, Allocation, Health, Invalid, NodeShare, Owner, Placement, KEY_LEN, MAX_ID,
 };
 use oncilla_model::cluster::{
     AllocateRequest, Heartbeat, Piece, Registration, Reservation, Reserved, SessionReport,
@@ -526,4 +526,26 @@ async fn an_agent_that_restarted_loses_its_extents() {
     let b_used = m.nodes().iter().find(|n| n.info.name == "b").unwrap().used;
     assert_eq!(b_used, 0);
     m.free(&by_id(a.id), "", false).await.unwrap();
+}
+
+#[tokio::test]
+async fn ids_stop_at_the_ceiling_instead_of_wrapping() {
+    let m = master(FakeLink::default()).await;
+    let first = m.allocate(remote(100, &["a"], None)).await.unwrap();
+    // An agent reports an allocation with the highest id there may be
+    // (the edge refuses anything above it).
+    let mut last = first.clone();
+    last.id = MAX_ID;
+    last.name.clear();
+    let r = report("a", &[last], vec![], 0);
+    m.register(r).await.unwrap();
+    let err = m.allocate(remote(100, &["a"], None)).await.unwrap_err();
+    assert!(
+        matches!(err, CoreError::CapacityExhausted { .. }) && err.to_string().contains("ids"),
+        "{err}"
+    );
+    // Nothing was held for the refused allocation: ids already given stay
+    // usable and freeable.
+    m.free(&by_id(first.id), "", false).await.unwrap();
+    m.free(&by_id(MAX_ID), "", false).await.unwrap();
 }

@@ -36,6 +36,18 @@ impl<L: AgentLink> Master<L> {
 
     /// Every allocation, by id, with attachments and health.
     pub fn allocations(&self) -> Vec<Allocation> {
+        self.allocations_page(0, usize::MAX, usize::MAX).0
+    }
+
+    /// Allocations with ids above `after`, in id order, with attachments
+    /// and health: as many as fit in `max_allocations` and `max_extents`
+    /// extents (always at least one), and whether more follow.
+    pub fn allocations_page(
+        &self,
+        after: u64,
+        max_allocations: usize,
+        max_extents: usize,
+    ) -> (Vec<Allocation>, bool) {
         let st = self.lock();
         // Attachments indexed once, not a scan of every session per allocation.
         let mut attached: BTreeMap<u64, Vec<Owner>> = BTreeMap::new();
@@ -44,13 +56,20 @@ impl<L: AgentLink> Master<L> {
                 attached.entry(*id).or_default().push(s.who.clone());
             }
         }
-        st.allocs
-            .values()
-            .map(|rec| {
-                let who = attached.remove(&rec.alloc.id).unwrap_or_default();
-                self.render(&st, rec, who)
-            })
-            .collect()
+        let mut page = Vec::new();
+        let mut extents: usize = 0;
+        for rec in st.allocs.range(after.saturating_add(1)..).map(|(_, r)| r) {
+            let n = rec.alloc.extents.len();
+            if !page.is_empty()
+                && (page.len() >= max_allocations || extents.saturating_add(n) > max_extents)
+            {
+                return (page, true);
+            }
+            extents += n;
+            let who = attached.remove(&rec.alloc.id).unwrap_or_default();
+            page.push(self.render(&st, rec, who));
+        }
+        (page, false)
     }
 
     /// One allocation, by id or name.

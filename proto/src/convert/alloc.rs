@@ -2,7 +2,7 @@
 
 use oncilla_model::alloc::{
     AllocRef, AllocSpec, Allocation, Extent, Health, Invalid, NodeShare, Owner, Placement,
-    RdmaRegion, KEY_LEN,
+    RdmaRegion, KEY_LEN, MAX_EXTENTS, MAX_ID,
 };
 
 use super::{fabric, fabric_wire, kind, kind_wire, policy, policy_wire, WireError};
@@ -209,6 +209,12 @@ impl TryFrom<pb::Allocation> for Allocation {
     fn try_from(a: pb::Allocation) -> Result<Self, WireError> {
         if !a.access_key.is_empty() && a.access_key.len() != KEY_LEN {
             return Err(Invalid::KeyLength(a.access_key.len()).into());
+        }
+        if a.id > MAX_ID {
+            return Err(Invalid::Id(a.id).into());
+        }
+        if a.extents.len() > MAX_EXTENTS {
+            return Err(Invalid::Extents(a.extents.len()).into());
         }
         Ok(Self {
             id: a.id,

@@ -442,7 +442,7 @@ impl VerbsFabric {
         let _in_rt = rt.enter();
         let channel = oncilla_proto::client::lazy(agent_addr, &self.token)
             .map_err(|e| unreachable(e.to_string()))?;
-        let mut client = pb::agent_client::AgentClient::new(channel);
+        let mut client = oncilla_proto::client::agent(channel);
         let (mut stream, reply) = rt
             .block_on(async {
                 tokio::time::timeout(CONNECT_TIMEOUT, async {

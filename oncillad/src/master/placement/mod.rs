@@ -7,7 +7,7 @@
 //! turn). It never reserves anything itself; the master does that with the
 //! plan this returns.
 
-use oncilla_model::alloc::Placement;
+use oncilla_model::alloc::{Placement, MAX_EXTENTS};
 use oncilla_model::size::HumanBytes;
 use oncilla_model::{Kind, Policy};
 
@@ -17,8 +17,6 @@ use oncilla_model::size::round_up;
 /// Stripe units are whole multiples of this, so every stripe starts on a
 /// base page of the allocation.
 pub const STRIPE_ALIGN: u64 = 4096;
-/// Most ranges one allocation may be cut into.
-pub const MAX_RANGES: u64 = 1 << 16;
 
 /// A node as placement sees it.
 #[derive(Debug, Clone)]
@@ -107,13 +105,16 @@ pub fn plan(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Core
             HumanBytes(STRIPE_ALIGN)
         )));
     }
-    if p.stripe != 0 && req.size.div_ceil(p.stripe) > MAX_RANGES {
+    if p.stripe != 0 && req.size.div_ceil(p.stripe) > MAX_EXTENTS as u64 {
         return Err(CoreError::InvalidArgument(format!(
             "stripe unit {} cuts {} into {} pieces; use a unit of at least {}",
             HumanBytes(p.stripe),
             HumanBytes(req.size),
             req.size.div_ceil(p.stripe),
-            HumanBytes(round_up(req.size.div_ceil(MAX_RANGES), STRIPE_ALIGN))
+            HumanBytes(round_up(
+                req.size.div_ceil(MAX_EXTENTS as u64),
+                STRIPE_ALIGN
+            ))
         )));
     }
     if p.stripe != 0 && p.nodes.is_empty() && policy != Policy::Spread {
