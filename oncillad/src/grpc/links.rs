@@ -19,7 +19,8 @@ use crate::agent::MasterPort;
 use crate::error::LinkError;
 use crate::master::AgentLink;
 
-/// Deadline of a release (shorter than other calls: see `release`).
+/// Deadline of a release and of an identity probe (shorter than other
+/// calls: see `release` and `identify`).
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A failed call to the peer `what` at `addr`, as the core sees it.
@@ -75,6 +76,19 @@ impl AgentLink for GrpcAgentLink {
             .await
             .map(|r| r.into_inner().pool.map(Into::into))
             .map_err(|s| failed("agent", addr, s))
+    }
+
+    async fn identify(&self, addr: &str) -> Result<(String, u64), LinkError> {
+        let mut c = self.client(addr)?;
+        let mut req = tonic::Request::new(pb::StatusRequest {});
+        req.set_timeout(RELEASE_TIMEOUT);
+        let status = c
+            .status(req)
+            .await
+            .map_err(|s| failed("agent", addr, s))?
+            .into_inner();
+        let name = status.node.map(|n| n.name).unwrap_or_default();
+        Ok((name, status.incarnation))
     }
 }
 

@@ -53,6 +53,11 @@ pub trait AgentLink: Send + Sync + 'static {
         addr: &str,
         alloc_id: u64,
     ) -> impl Future<Output = Result<Option<PoolUsage>, LinkError>> + Send;
+    /// Who answers at `addr` now: its node name and incarnation, within a
+    /// short deadline (it decides whether a registration may take over a
+    /// name that is in use).
+    fn identify(&self, addr: &str)
+        -> impl Future<Output = Result<(String, u64), LinkError>> + Send;
 }
 
 /// The master core.

@@ -45,6 +45,7 @@ impl<L: AgentLink> Master<L> {
             return Err(CoreError::InvalidArgument("a node needs capacity".into()));
         }
         let name = info.name.clone();
+        self.check_incumbent(&name, req.incarnation).await?;
         let (release, dead) = {
             let mut st = self.lock();
             self.reconcile(&mut st, info, &req)
@@ -61,6 +62,37 @@ impl<L: AgentLink> Master<L> {
         .inspect(|r| {
             tracing::info!(node = %name, released = r.release.len(), dead_sessions = dead.len(), "node registered");
         })
+    }
+
+    /// Refuses a registration that would take over the name of a node whose
+    /// agent is alive: when the name is known under another incarnation,
+    /// the address it was registered from is asked who answers there. A
+    /// restarted agent (the old one is gone, or the same address now
+    /// answers with the new incarnation) passes; a second agent under the
+    /// same name, or a forged registration, does not.
+    ///
+    /// # Errors
+    /// [`CoreError::PermissionDenied`], naming the live agent.
+    async fn check_incumbent(&self, name: &str, incarnation: u64) -> Result<(), CoreError> {
+        let incumbent = {
+            let st = self.lock();
+            st.nodes
+                .get(name)
+                .filter(|n| n.incarnation != incarnation)
+                .map(|n| (n.info.agent_addr.clone(), n.incarnation))
+        };
+        let Some((addr, known)) = incumbent else {
+            return Ok(());
+        };
+        match self.link.identify(&addr).await {
+            Ok((who, now)) if who == name && now == known => {
+                tracing::warn!(node = %name, agent = %addr, "refused a registration for a node whose agent is alive");
+                Err(CoreError::PermissionDenied(format!(
+                    "node {name} is registered and its agent at {addr} is alive; another agent cannot take its name"
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Everything [`Self::register`] decides under the lock; returns what
@@ -128,6 +160,16 @@ impl<L: AgentLink> Master<L> {
                 } else if !rec.alloc.extents.iter().any(|e| e.node == name) {
                     rec.alloc.extents.extend(record.extents.iter().cloned());
                     rec.alloc.extents.sort_by_key(|e| e.alloc_offset);
+                } else if rec
+                    .alloc
+                    .extents
+                    .iter()
+                    .filter(|e| e.node == name)
+                    .eq(record.extents.iter())
+                {
+                    // The node holds these very extents: not lost, whatever
+                    // a registration under another incarnation claimed.
+                    rec.lost.remove(&name);
                 }
                 continue;
             }

@@ -22,6 +22,8 @@ struct FakeLink {
     reserved: Arc<AtomicU64>,
     released: Arc<AtomicU64>,
     fail_on: Option<&'static str>,
+    /// Who answers at an agent address (`identify`); nobody by default.
+    alive: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>>,
 }
 
 impl AgentLink for FakeLink {
@@ -56,6 +58,13 @@ impl AgentLink for FakeLink {
     async fn release(&self, _addr: &str, _id: u64) -> Result<Option<PoolUsage>, LinkError> {
         self.released.fetch_add(1, Ordering::SeqCst);
         Ok(None)
+    }
+    async fn identify(&self, addr: &str) -> Result<(String, u64), LinkError> {
+        let alive = self.alive.lock().unwrap_or_else(|e| e.into_inner());
+        alive
+            .get(addr)
+            .cloned()
+            .ok_or_else(|| LinkError::Unreachable(format!("nothing at {addr}")))
     }
 }
 
@@ -548,4 +557,42 @@ async fn ids_stop_at_the_ceiling_instead_of_wrapping() {
     // usable and freeable.
     m.free(&by_id(first.id), "", false).await.unwrap();
     m.free(&by_id(MAX_ID), "", false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_live_node_keeps_its_name_and_its_allocations() {
+    let link = FakeLink::default();
+    let m = master(link.clone()).await;
+    let a = m.allocate(remote(10_000, &["a", "b"], None)).await.unwrap();
+    // b's agent is alive at its address, with its incarnation.
+    link.alive
+        .lock()
+        .unwrap()
+        .insert("b:1".into(), ("b".into(), 1));
+    let mut forged = join("b", 1 << 40);
+    forged.node.agent_addr = "evil:1".into();
+    forged.node.data_addr = "evil:2".into();
+    forged.incarnation = 666;
+    let err = m.register(forged.clone()).await.unwrap_err();
+    assert!(matches!(err, CoreError::PermissionDenied(_)), "{err}");
+    assert!(err.to_string().contains("alive"), "{err}");
+    let b = m.nodes().into_iter().find(|n| n.info.name == "b").unwrap();
+    assert_eq!(
+        (b.info.agent_addr.as_str(), b.info.capacity),
+        ("b:1", 1 << 20)
+    );
+    assert_eq!(m.allocation(&by_id(a.id)).unwrap().health, Health::Healthy);
+
+    // Were b's agent silent, a registration under another incarnation
+    // takes the name (a restart) and b's extents are lost ...
+    link.alive.lock().unwrap().clear();
+    m.register(forged).await.unwrap();
+    assert_eq!(m.allocation(&by_id(a.id)).unwrap().health, Health::Lost);
+    // ... until the agent that really holds them registers again with
+    // them: then they are not lost.
+    let mut real = report("b", &[m.allocation(&by_id(a.id)).unwrap()], vec![], 0);
+    real.master_incarnation = m.incarnation();
+    m.register(real).await.unwrap();
+    assert_eq!(m.allocation(&by_id(a.id)).unwrap().health, Health::Healthy);
+    m.free(&by_id(a.id), "", false).await.unwrap();
 }

@@ -1,0 +1,204 @@
+//! Attacks on the master, on a real loopback cluster: tables of the
+//! largest allocations list and survive a master restart, a forged
+//! registration cannot take a live node's name, and ids a peer makes up
+//! never wrap the master's counter. Each test
+//! performs the push, checks the outcome is a clear answer (never a
+//! cluster that cannot recover), then that the cluster still serves a
+//! normal allocation, copy and free. Every wait is bounded.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use liboncilla::{AllocSpec, Kind, Policy};
+use oncilla_proto::{client, pb};
+use serde_json::Value;
+use support::Cluster;
+
+/// Sends `req` as `Master.Register` with the cluster token, as any token
+/// holder can; returns the status code and message of a refusal.
+fn register(c: &Cluster, req: pb::RegisterRequest) -> Result<(), (tonic::Code, String)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let h = c.handle();
+    rt.block_on(async {
+        let mut m = client::master(client::lazy(&h.master_addr, &h.token).unwrap());
+        m.register(req)
+            .await
+            .map(|_| ())
+            .map_err(|s| (s.code(), s.message().to_string()))
+    })
+}
+
+fn ocmctl_json(c: &Cluster, args: &[&str]) -> Value {
+    let out = c.ocmctl(args);
+    assert!(
+        out.status.success(),
+        "ocmctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A normal allocation, copy and free still work.
+fn still_serves(c: &Cluster) {
+    let ocm = c.client(0);
+    let a = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    a.copy_in(0, &data).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    a.copy_out(0, &mut back).unwrap();
+    assert!(back == data);
+    a.free().unwrap();
+}
+
+/// Three allocations of the most extents one may have (256 MiB in 4 KiB
+/// stripes over two agents: 65,536 extents each, ~4 MB of descriptor
+/// apiece). Before, listing them failed ("decoded message length too
+/// large") and, after a master restart, each agent's registration (5.4 MB)
+/// was refused forever: no node, nothing could be allocated or freed.
+#[test]
+fn the_largest_allocations_list_and_survive_a_master_restart() {
+    let mut c = Cluster::start_sized(&["16MiB", "400MiB", "400MiB"], Duration::from_secs(120));
+    let ocm = c.client(0);
+    let started = Instant::now();
+    let big: Vec<_> = (0..3)
+        .map(|_| {
+            ocm.alloc_with(
+                &AllocSpec::new(256 << 20, Kind::RemoteHost)
+                    .policy(Policy::Spread)
+                    .on_nodes(["node-1", "node-2"])
+                    .stripe(4096),
+            )
+            .unwrap()
+        })
+        .collect();
+    println!(
+        "3 allocations of 65,536 extents made in {:?}",
+        started.elapsed()
+    );
+    for a in &big {
+        assert_eq!(a.descriptor().extents.len(), 1 << 16);
+    }
+    // One more extent than that is refused, with the reason.
+    let err = ocm
+        .alloc_with(
+            &AllocSpec::new((256 << 20) + 4096, Kind::RemoteHost)
+                .policy(Policy::Spread)
+                .stripe(4096),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("use a unit of at least"), "{err}");
+
+    let listed = ocmctl_json(&c, &["allocs", "--json"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 3, "every allocation is listed");
+    let extents: usize = listed
+        .iter()
+        .map(|a| a["extents"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(extents, 3 << 16);
+    let ids: Vec<u64> = listed.iter().map(|a| a["id"].as_u64().unwrap()).collect();
+    let mut want: Vec<u64> = big.iter().map(|a| a.id()).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want, "in id order, none twice");
+
+    // The master restarts: each agent registers 98,304 extents again.
+    c.kill_master();
+    c.start_master();
+    c.wait_nodes_up(3);
+    let after = ocmctl_json(&c, &["allocs", "--json"]);
+    assert_eq!(after.as_array().unwrap().len(), 3, "the table is rebuilt");
+    let data = vec![7u8; 1 << 20];
+    big[2].copy_in(100 << 20, &data).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    big[2].copy_out(100 << 20, &mut back).unwrap();
+    assert!(back == data);
+    for a in big {
+        a.free().unwrap();
+    }
+    still_serves(&c);
+}
+
+/// Before, a forged `Register` for node-1 under a new incarnation
+/// repointed it at other addresses with 1 TiB and left its allocation
+/// lost for good, even after the real agent registered again.
+#[test]
+fn a_forged_registration_cannot_take_a_live_nodes_name() {
+    let c = Cluster::start(2, "32MiB");
+    let ocm = c.client(0);
+    let a = ocm
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
+    a.copy_in(0, b"kept").unwrap();
+    let real = c.node("node-1").unwrap();
+    let forged = pb::RegisterRequest {
+        node: Some(pb::NodeInfo {
+            name: "node-1".into(),
+            agent_addr: "127.0.0.1:9".into(),
+            data_addr: "127.0.0.1:9".into(),
+            capacity: 1 << 40,
+            ..Default::default()
+        }),
+        incarnation: 0x0bad_cafe,
+        ..Default::default()
+    };
+    let (code, msg) = register(&c, forged).unwrap_err();
+    assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+    assert!(msg.contains("node-1") && msg.contains("alive"), "{msg}");
+    let now = c.node("node-1").unwrap();
+    assert_eq!(now["agent_addr"], real["agent_addr"]);
+    assert_eq!(now["capacity"], real["capacity"]);
+    let shown = ocmctl_json(&c, &["show", &a.id().to_string(), "--json"]);
+    assert_eq!(shown["health"], "healthy", "{shown}");
+    let mut back = [0u8; 4];
+    a.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"kept");
+    a.free().unwrap();
+    still_serves(&c);
+}
+
+/// Before, a `Register` carrying allocation id 2^64 - 1 wrapped the id
+/// counter: new allocations got ids 2^64 - 1, 0, 1 (reused; 0 could not
+/// be freed or shown).
+#[test]
+fn made_up_ids_never_wrap_the_counter() {
+    let c = Cluster::start(2, "32MiB");
+    let before = c.client(0).alloc(4096, Kind::RemoteHost).unwrap();
+    let record = |id| pb::Allocation {
+        id,
+        size: 4096,
+        kind: pb::MemKind::RemoteHost as i32,
+        ..Default::default()
+    };
+    let ghost = |id| pb::RegisterRequest {
+        node: Some(pb::NodeInfo {
+            name: "ghost".into(),
+            agent_addr: "127.0.0.1:9".into(),
+            data_addr: "127.0.0.1:9".into(),
+            capacity: 1 << 20,
+            ..Default::default()
+        }),
+        incarnation: 7,
+        master_incarnation: 1,
+        held: vec![record(id)],
+        ..Default::default()
+    };
+    let (code, msg) = register(&c, ghost(u64::MAX)).unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
+    assert!(msg.contains("above the limit"), "{msg}");
+    let after = c.client(0).alloc(4096, Kind::RemoteHost).unwrap();
+    assert!(
+        after.id() > before.id(),
+        "{} after {}",
+        after.id(),
+        before.id()
+    );
+    after.free().unwrap();
+    before.free().unwrap();
+    still_serves(&c);
+}
