@@ -35,9 +35,10 @@ impl<L: AgentLink> Master<L> {
             let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
             if let Some(owner) = &rec.alloc.owner {
                 if !session.is_empty() && owner.session_id != session {
+                    // Never the owner's session id: it names the session
+                    // to whoever can present it.
                     return Err(CoreError::PermissionDenied(format!(
-                        "allocation {id} belongs to another session ({})",
-                        owner.session_id
+                        "allocation {id} belongs to another session"
                     )));
                 }
             }

@@ -251,10 +251,15 @@ async fn sessions_own_their_allocations() {
     let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
     let _other = m.allocate(remote(100, &[], owner("s2"))).await.unwrap();
     let persistent = m.allocate(remote(100, &[], None)).await.unwrap();
-    assert!(matches!(
-        m.free(&by_id(mine.id), "s2", false).await,
-        Err(CoreError::PermissionDenied(_))
-    ));
+    let refused = m.free(&by_id(mine.id), "s2", false).await.unwrap_err();
+    assert!(
+        matches!(refused, CoreError::PermissionDenied(_)),
+        "{refused}"
+    );
+    assert!(
+        !refused.to_string().contains("s1"),
+        "the owner's session id is not told: {refused}"
+    );
     assert_eq!(m.end_session("s1").await, 1);
     let left: Vec<u64> = m.allocations().iter().map(|a| a.id).collect();
     assert_eq!(left.len(), 2);

@@ -81,6 +81,10 @@ pub enum PoolError {
     Scrubber(#[source] std::io::Error),
     #[error("cannot create a pool memfd: {0}")]
     Memfd(#[source] nix::Error),
+    #[error(
+        "cannot seal a pool slab's size (memfd sealing, Linux 3.17+; 4.16+ with huge pages): {0}"
+    )]
+    Seal(#[source] nix::Error),
     #[error("cannot size a pool slab to {}: {source}", HumanBytes(*.len))]
     Truncate {
         len: u64,
@@ -438,6 +442,7 @@ fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<Vec<Slab>, PoolEr
         let slab = Slab::create(start, this, huge).map_err(|e| match e {
             SlabError::Memfd(e) => PoolError::Memfd(e),
             SlabError::Truncate(source) => PoolError::Truncate { len: this, source },
+            SlabError::Seal(source) => PoolError::Seal(source),
             SlabError::Map(source) => PoolError::Map { len, source },
             SlabError::Lock(source) => PoolError::Lock {
                 len,

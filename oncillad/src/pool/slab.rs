@@ -5,6 +5,11 @@
 //! processes (its fd), so this module exposes exactly its fd, base address
 //! and length. It never hands out parts of itself (the free list does that)
 //! and never zeroes memory after creation (the scrubber does).
+//!
+//! The memfd is sealed against shrinking and growing before anyone else
+//! sees it: a process it is shared with can map it but never truncate it,
+//! so no access of the agent's to pool memory can fault (SIGBUS) because
+//! of what a client did to the file.
 
 use std::ffi::CString;
 use std::num::NonZeroUsize;
@@ -21,6 +26,7 @@ pub enum SlabError {
     Truncate(nix::Error),
     Map(nix::Error),
     Lock(nix::Error),
+    Seal(nix::Error),
 }
 
 /// A locked, pre-faulted, memfd-backed mapping.
@@ -44,13 +50,25 @@ impl Slab {
     pub fn create(start: u64, len: u64, huge: bool) -> Result<Self, SlabError> {
         let name = CString::new(format!("oncilla-slab-{start:x}"))
             .map_err(|_| SlabError::Memfd(nix::Error::EINVAL))?;
-        let mut flags = MFdFlags::MFD_CLOEXEC;
+        let mut flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
         if huge {
             flags |= MFdFlags::MFD_HUGETLB;
         }
         let fd = memfd_create(name.as_c_str(), flags).map_err(SlabError::Memfd)?;
         let off = i64::try_from(len).map_err(|_| SlabError::Truncate(nix::Error::EFBIG))?;
         nix::unistd::ftruncate(&fd, off).map_err(SlabError::Truncate)?;
+        // Its size is final: shared with clients later, it must never
+        // shrink under the agent (or grow), and the seals themselves are
+        // final too.
+        nix::fcntl::fcntl(
+            &fd,
+            nix::fcntl::FcntlArg::F_ADD_SEALS(
+                nix::fcntl::SealFlag::F_SEAL_SHRINK
+                    | nix::fcntl::SealFlag::F_SEAL_GROW
+                    | nix::fcntl::SealFlag::F_SEAL_SEAL,
+            ),
+        )
+        .map_err(SlabError::Seal)?;
         let size = usize::try_from(len)
             .ok()
             .and_then(NonZeroUsize::new)
@@ -112,6 +130,31 @@ impl Drop for Slab {
         // pool drops slabs only when no extent refers to them.
         if let Err(e) = unsafe { munmap(self.base.cast(), len) } {
             tracing::error!(error = %e, "cannot unmap slab");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whoever_gets_the_fd_cannot_resize_it() {
+        let slab = Slab::create(0, 4 << 12, false).unwrap();
+        // What a client that received the fd would try.
+        let fd = slab.fd().try_clone_to_owned().unwrap();
+        assert_eq!(nix::unistd::ftruncate(&fd, 0), Err(nix::Error::EPERM));
+        assert_eq!(nix::unistd::ftruncate(&fd, 1 << 30), Err(nix::Error::EPERM));
+        let seals = nix::fcntl::fcntl(
+            &fd,
+            nix::fcntl::FcntlArg::F_ADD_SEALS(nix::fcntl::SealFlag::empty()),
+        );
+        assert_eq!(seals, Err(nix::Error::EPERM), "the seals are final");
+        // The whole slab is still there for the agent.
+        // SAFETY: the slab's own mapping, 4 pages long; nothing else uses it.
+        unsafe {
+            slab.base().add((4 << 12) - 1).write(7);
+            assert_eq!(slab.base().add((4 << 12) - 1).read(), 7);
         }
     }
 }
