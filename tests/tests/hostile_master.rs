@@ -17,21 +17,30 @@ use oncilla_proto::{client, pb};
 use serde_json::Value;
 use support::Cluster;
 
-/// Sends `req` as `Master.Register` with the cluster token, as any token
-/// holder can; returns the status code and message of a refusal.
-fn register(c: &Cluster, req: pb::RegisterRequest) -> Result<(), (tonic::Code, String)> {
+/// Runs `call` on a raw master client with the cluster token, as any
+/// token holder can; returns the status code and message of a refusal.
+fn raw<F, Fut, T>(c: &Cluster, call: F) -> Result<T, (tonic::Code, String)>
+where
+    F: FnOnce(client::MasterClient) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let h = c.handle();
     rt.block_on(async {
-        let mut m = client::master(client::lazy(&h.master_addr, &h.token).unwrap());
-        m.register(req)
+        let m = client::master(client::lazy(&h.master_addr, &h.token).unwrap());
+        call(m)
             .await
-            .map(|_| ())
+            .map(tonic::Response::into_inner)
             .map_err(|s| (s.code(), s.message().to_string()))
     })
+}
+
+/// `Master.Register` sent raw.
+fn register(c: &Cluster, req: pb::RegisterRequest) -> Result<(), (tonic::Code, String)> {
+    raw(c, |mut m| async move { m.register(req).await }).map(|_| ())
 }
 
 fn ocmctl_json(c: &Cluster, args: &[&str]) -> Value {
@@ -200,5 +209,41 @@ fn made_up_ids_never_wrap_the_counter() {
     );
     after.free().unwrap();
     before.free().unwrap();
+    still_serves(&c);
+}
+
+/// Before, enum values no build knows (policy 99, fabric 77, kind 9) were
+/// taken as the defaults and the allocation was made.
+#[test]
+fn unknown_enum_values_are_refused_at_the_edge() {
+    let c = Cluster::start(2, "32MiB");
+    let spec = |kind: i32, policy: i32, fabric: i32| pb::AllocateRequest {
+        spec: Some(pb::AllocSpec {
+            size: 4096,
+            kind,
+            placement: Some(pb::Placement {
+                policy,
+                ..Default::default()
+            }),
+            fabric,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let remote = pb::MemKind::RemoteHost as i32;
+    for (req, what) in [
+        (spec(remote, 99, 0), "unknown placement policy 99"),
+        (spec(remote, 0, 77), "unknown fabric 77"),
+        (spec(9, 0, 0), "unknown memory kind 9"),
+    ] {
+        let (code, msg) = raw(&c, |mut m| async move { m.allocate(req).await }).unwrap_err();
+        assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
+        assert!(msg.contains(what), "{msg} (wanted {what:?})");
+    }
+    let listed = ocmctl_json(&c, &["allocs", "--json"]);
+    assert!(
+        listed.as_array().unwrap().is_empty(),
+        "nothing was made: {listed}"
+    );
     still_serves(&c);
 }
