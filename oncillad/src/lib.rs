@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod fabric;
 pub mod grpc;
+pub mod listen;
 pub mod master;
 pub mod memory;
 pub mod pool;
@@ -25,7 +26,6 @@ use oncilla_proto::auth::CheckToken;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use config::{Cli, Config};
@@ -115,7 +115,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(|source| bind_error("gRPC", config.listen, source))?;
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let mut router = Server::builder().add_optional_service(config.master.then(|| {
+    let mut router = limited(Server::builder()).add_optional_service(config.master.then(|| {
         let link = grpc::links::GrpcAgentLink::new(config.token.clone());
         let core = Arc::new(master::Master::new(link, config.liveness));
         tracing::info!(
@@ -254,7 +254,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         unix = Some((
             agent_cfg.socket.clone(),
             tokio::spawn(
-                Server::builder()
+                limited(Server::builder())
                     .add_service(session)
                     .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
                         let _ = rx.changed().await;
@@ -274,15 +274,12 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let _ = stop_tx.send(true);
     });
     let mut rx = stop_rx.clone();
+    // Connection count, preface deadline, accept backoff and no Nagle:
+    // see `listen::incoming`.
     let served = router
-        // No Nagle: a reply split over several writes must not wait for the
-        // peer's delayed ACK (40 ms stalls in the alloc/free tail).
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            async move {
-                let _ = rx.changed().await;
-            },
-        )
+        .serve_with_incoming_shutdown(listen::incoming::Incoming::new(grpc_listener), async move {
+            let _ = rx.changed().await;
+        })
         .await;
     if let Some((path, task)) = unix {
         let _ = task.await;
@@ -293,6 +290,33 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         }
     }
     served.map_err(Into::into)
+}
+
+/// Most requests one gRPC connection has in service at once (more wait).
+pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 64;
+/// Most HTTP/2 streams one gRPC connection may open at once.
+pub const GRPC_MAX_STREAMS: u32 = 128;
+/// A gRPC request whose answer (a unary reply, or a stream's first
+/// message) takes longer than this fails with `Cancelled`; no call here
+/// legitimately takes near it.
+pub const GRPC_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// HTTP/2 pings on a quiet gRPC connection this often...
+pub const GRPC_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+/// ...and a peer that does not answer one within this is dropped.
+pub const GRPC_KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Largest header block a gRPC request may carry.
+pub const GRPC_MAX_HEADER_LIST: u32 = 64 << 10;
+
+/// The limits every gRPC server here runs with (the TCP port's connection
+/// limits are in [`listen::incoming`]).
+fn limited(builder: Server) -> Server {
+    builder
+        .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
+        .max_concurrent_streams(GRPC_MAX_STREAMS)
+        .timeout(GRPC_REQUEST_TIMEOUT)
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
+        .http2_max_header_list_size(GRPC_MAX_HEADER_LIST)
 }
 
 /// How often the agent looks whether its RDMA devices are still there.

@@ -6,43 +6,133 @@ pub mod shm;
 pub mod tcp;
 pub mod verbs;
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{self, Request, Status, Welcome};
 
 use crate::memory::held::{Held, HeldTable};
 
-/// Reads a client's hello and answers it. `Ok(true)` when the client may
-/// go on; `Ok(false)` when it was refused (and told why).
+/// Reads a client's hello and answers it, all of it by `until` (a whole
+/// handshake deadline: a peer that drips bytes is cut when it passes, not
+/// when one read waits too long). The token is checked first, so a peer
+/// without it learns nothing but the refusal (not even the version spoken
+/// here); then the version; then `room` takes the connection's place among
+/// authenticated ones or says why there is none. `Ok(Some(place))` when
+/// the client may go on; `Ok(None)` when it was refused (and told why).
 ///
 /// # Errors
-/// Malformed or failed I/O.
-pub(crate) fn accept(
-    stream: &mut (impl Read + Write),
+/// Malformed or failed I/O; `TimedOut` past the deadline.
+pub(crate) fn accept<S: Timed, P>(
+    stream: &mut S,
     token: &Token,
-) -> Result<bool, wire::WireError> {
-    let (version, presented) = wire::read_hello(stream)?;
+    until: Instant,
+    room: impl FnOnce() -> Result<P, &'static str>,
+) -> Result<Option<P>, wire::WireError> {
+    let mut stream = Within { stream, until };
+    let (version, presented) = wire::read_hello(&mut stream)?;
+    if !token.matches(&presented) {
+        tracing::warn!("data connection with wrong token");
+        wire::write_welcome(
+            &mut stream,
+            Welcome::Denied,
+            "permission denied: wrong cluster token",
+        )?;
+        return Ok(None);
+    }
     if version != wire::VERSION {
         let msg = format!(
             "data protocol version {version} not supported (this agent speaks {})",
             wire::VERSION
         );
-        wire::write_welcome(stream, Welcome::BadVersion, &msg)?;
-        return Ok(false);
+        wire::write_welcome(&mut stream, Welcome::BadVersion, &msg)?;
+        return Ok(None);
     }
-    if !token.matches(&presented) {
-        tracing::warn!("data connection with wrong token");
-        wire::write_welcome(
-            stream,
-            Welcome::Denied,
-            "permission denied: wrong cluster token",
-        )?;
-        return Ok(false);
+    match room() {
+        Ok(place) => {
+            wire::write_welcome(&mut stream, Welcome::Ok, "")?;
+            Ok(Some(place))
+        }
+        Err(why) => {
+            wire::write_welcome(&mut stream, Welcome::Denied, why)?;
+            Ok(None)
+        }
     }
-    wire::write_welcome(stream, Welcome::Ok, "")?;
-    Ok(true)
+}
+
+/// A blocking socket whose reads and writes can be given timeouts.
+pub(crate) trait Timed: Read + Write {
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    fn write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Timed for TcpStream {
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+    fn write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_write_timeout(t)
+    }
+}
+
+impl Timed for UnixStream {
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+    fn write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_write_timeout(t)
+    }
+}
+
+/// A socket whose every read and write must finish by `until`: each call
+/// gets what is left of the time as its timeout, and none starts after it.
+/// For handshakes and other rare exchanges (two `setsockopt` per call),
+/// never for the data path.
+pub(crate) struct Within<'a, S> {
+    pub stream: &'a mut S,
+    pub until: Instant,
+}
+
+impl<S> Within<'_, S> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+        } else {
+            Ok(left)
+        }
+    }
+}
+
+/// A socket timeout shows as `WouldBlock`; say what it is.
+fn late(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
+    } else {
+        e
+    }
+}
+
+impl<S: Timed> Read for Within<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.read_timeout(Some(self.left()?))?;
+        self.stream.read(buf).map_err(late)
+    }
+}
+
+impl<S: Timed> Write for Within<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write_timeout(Some(self.left()?))?;
+        self.stream.write(buf).map_err(late)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
 }
 
 /// A request that passed every check: the allocation's entry (held for the
@@ -88,5 +178,95 @@ pub(crate) fn authorize(table: &HeldTable, req: &Request) -> Result<Authorized, 
                 req.alloc_id
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token() -> Token {
+        Token::new("0123456789abcdef0123456789abcdef").unwrap()
+    }
+
+    fn hello(version: u16, tok: &[u8]) -> Vec<u8> {
+        let mut b = wire::MAGIC.to_vec();
+        b.extend_from_slice(&version.to_le_bytes());
+        b.extend_from_slice(&u16::try_from(tok.len()).unwrap().to_le_bytes());
+        b.extend_from_slice(tok);
+        b
+    }
+
+    fn answer(bytes: &[u8]) -> (Result<Option<()>, wire::WireError>, Welcome, String) {
+        let (mut server, mut client) = UnixStream::pair().unwrap();
+        client.write_all(bytes).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        let got = accept(&mut server, &token(), until, || Ok::<_, &str>(()));
+        let (code, msg) = wire::read_welcome(&mut client).unwrap();
+        (got, code, msg)
+    }
+
+    #[test]
+    fn the_token_is_checked_before_anything_else_is_said() {
+        // A wrong version with a wrong token learns only the refusal.
+        let (got, code, msg) = answer(&hello(99, b"wrong"));
+        assert!(matches!(got, Ok(None)));
+        assert_eq!(code, Welcome::Denied);
+        assert_eq!(msg, "permission denied: wrong cluster token");
+        assert!(!msg.contains(&wire::VERSION.to_string()));
+        // With the token, the version mismatch is explained.
+        let (got, code, msg) = answer(&hello(99, token().as_bytes()));
+        assert!(matches!(got, Ok(None)));
+        assert_eq!(code, Welcome::BadVersion);
+        assert!(msg.contains("version 99 not supported"), "{msg}");
+        let (got, code, _) = answer(&hello(wire::VERSION, token().as_bytes()));
+        assert!(matches!(got, Ok(Some(()))));
+        assert_eq!(code, Welcome::Ok);
+    }
+
+    #[test]
+    fn a_full_house_is_refused_after_the_token() {
+        let (mut server, mut client) = UnixStream::pair().unwrap();
+        client
+            .write_all(&hello(wire::VERSION, token().as_bytes()))
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        let got = accept(&mut server, &token(), until, || {
+            Err::<(), _>("too many data connections")
+        });
+        assert!(matches!(got, Ok(None)));
+        let (code, msg) = wire::read_welcome(&mut client).unwrap();
+        assert_eq!(
+            (code, msg.as_str()),
+            (Welcome::Denied, "too many data connections")
+        );
+    }
+
+    #[test]
+    fn the_whole_hello_has_one_deadline() {
+        // A peer that sends part of its hello and then drips nothing more
+        // is cut at the deadline, however the reads are split.
+        let (mut server, mut client) = UnixStream::pair().unwrap();
+        let bytes = hello(wire::VERSION, token().as_bytes());
+        let dripper = std::thread::spawn(move || {
+            for b in bytes.iter().take(6) {
+                if client.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let started = Instant::now();
+        let until = started + Duration::from_millis(300);
+        let got = accept(&mut server, &token(), until, || Ok::<_, &str>(()));
+        let took = started.elapsed();
+        assert!(
+            matches!(&got, Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),
+            "{:?}",
+            got.map(|p| p.is_some())
+        );
+        assert!(took < Duration::from_millis(1500), "cut after {took:?}");
+        dripper.join().unwrap();
     }
 }

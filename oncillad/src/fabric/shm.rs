@@ -10,6 +10,12 @@
 //! refused request gets the usual status and message and ends the
 //! connection.
 //!
+//! Limits: a connection that has not been granted an extent yet holds a
+//! place in a small budget ([`MAX_MAP_PENDING`], oldest evicted first) and
+//! must finish its hello and first request within [`REQUEST_DEADLINE`];
+//! at most [`MAX_MAP_CONNECTIONS`] are served at once, so threads stay
+//! bounded; accept errors back off.
+//!
 //! The connection is the process's lease (see [`crate::memory::lease`]):
 //! it is served on its own thread, the agent holds the granted extents
 //! until the process closes it, and writes one byte on it when the
@@ -21,32 +27,56 @@
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::{self, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN};
 
+use super::Within;
+use crate::listen::{AcceptBackoff, Pending, Place, Ticket};
 use crate::memory::held::{Held, HeldTable};
 use crate::memory::lease::Leases;
 
-const TIMEOUT: Duration = Duration::from_secs(10);
+/// Most map connections (leases, and connections on their way to one)
+/// at once; each is served by its own thread.
+pub const MAX_MAP_CONNECTIONS: usize = 1024;
+/// Most map connections not yet granted an extent, apart from
+/// [`MAX_MAP_CONNECTIONS`]; a new one past it evicts the oldest (see
+/// [`Pending`]).
+pub const MAX_MAP_PENDING: usize = 64;
+/// The hello and the first request, up to the first grant, must be done
+/// within this; so must each later request once its first byte is in.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// Most extents one connection may ask for.
 const MAX_REQUESTS: usize = 1 << 16;
 
 /// Serves mapping requests until the listener fails; each connection (a
 /// lease) on its own thread, for as long as the process keeps it open.
 pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token: Token) {
-    for stream in listener.incoming() {
-        let stream = match stream {
-            Ok(s) => s,
+    let live = Arc::new(AtomicUsize::new(0));
+    let pending = Pending::new(MAX_MAP_PENDING, MAX_MAP_PENDING);
+    let mut backoff = AcceptBackoff::new("map");
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "map accept failed");
+                std::thread::sleep(backoff.failed(&e));
+                continue;
+            }
+        };
+        let ticket = match pending.admit(&stream, None) {
+            Ok(t) => t,
+            Err(e) => {
+                drop(stream);
+                std::thread::sleep(backoff.failed(&e));
                 continue;
             }
         };
         let (held, leases, token) = (Arc::clone(&held), Arc::clone(&leases), token.clone());
+        let live = Arc::clone(&live);
         let spawned = std::thread::Builder::new()
             .name("oncilla-lease".into())
             .spawn(move || {
@@ -55,12 +85,13 @@ pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token
                     registered: None,
                     holding: Vec::new(),
                 };
-                if let Err(e) = serve_one(stream, &held, &token, &mut lease) {
+                if let Err(e) = serve_one(stream, &held, &token, &mut lease, ticket, &live) {
                     tracing::debug!(error = %e, "map connection ended");
                 }
             });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot start a lease thread");
+        match spawned {
+            Ok(_) => backoff.ok(),
+            Err(e) => std::thread::sleep(backoff.failed(&e)),
         }
     }
 }
@@ -86,15 +117,31 @@ fn serve_one(
     held: &HeldTable,
     token: &Token,
     lease: &mut Lease,
+    ticket: Ticket,
+    live: &AtomicUsize,
 ) -> Result<(), wire::WireError> {
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    stream.set_write_timeout(Some(TIMEOUT))?;
-    if !super::accept(&mut stream, token)? {
+    let until = Instant::now() + REQUEST_DEADLINE;
+    let Some(_place) = super::accept(&mut stream, token, until, || {
+        Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections")
+    })?
+    else {
         return Ok(());
-    }
+    };
+    stream.set_write_timeout(Some(REQUEST_DEADLINE))?;
+    let mut ticket = Some(ticket);
     for _ in 0..MAX_REQUESTS {
         let mut head = [0u8; REQUEST_LEN];
-        match stream.read_exact(&mut head) {
+        let got = if lease.registered.is_none() {
+            // Before the first grant, everything by the one deadline.
+            Within {
+                stream: &mut stream,
+                until,
+            }
+            .read_exact(&mut head)
+        } else {
+            next_request(&mut stream, &mut head)
+        };
+        match got {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.into()),
@@ -142,8 +189,9 @@ fn serve_one(
                 if lease.registered.is_none() {
                     let id = lease.leases.add(req.alloc_id, &stream)?;
                     lease.registered = Some((req.alloc_id, id));
-                    // From here the connection lives as long as the mapping.
-                    stream.set_read_timeout(None)?;
+                    // From here the connection lives as long as the
+                    // mapping, outside the budget for newcomers.
+                    drop(ticket.take());
                 }
                 lease.holding.push(ok.held);
                 let reply = Reply {
@@ -183,4 +231,19 @@ fn serve_one(
         }
     }
     Ok(())
+}
+
+/// A lease's next request: it may be long in coming (the connection lives
+/// as long as the mapping), but once its first byte is in, the rest must
+/// follow within [`REQUEST_DEADLINE`].
+fn next_request(stream: &mut UnixStream, head: &mut [u8; REQUEST_LEN]) -> std::io::Result<()> {
+    stream.set_read_timeout(None)?;
+    if stream.read(&mut head[..1])? == 0 {
+        return Err(ErrorKind::UnexpectedEof.into());
+    }
+    Within {
+        stream,
+        until: Instant::now() + REQUEST_DEADLINE,
+    }
+    .read_exact(&mut head[1..])
 }

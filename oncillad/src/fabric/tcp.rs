@@ -15,6 +15,14 @@
 //! moves through a per-connection bounce buffer, one driver copy per 4 MiB
 //! piece; local GPU memory of another process is refused with the reason.
 //!
+//! Limits against peers that stall: the hello must be done within
+//! [`HANDSHAKE_DEADLINE`] and waits in a small budget of its own
+//! ([`MAX_PENDING`], apart from the [`MAX_CONNECTIONS`] authenticated
+//! ones); after it, a reply or payload that makes no progress for
+//! [`STALL_DEADLINE`] ends the connection (socket timeouts set once, no
+//! cost per request), so a peer that never reads cannot keep a freed
+//! allocation's memory out of the pool; accept errors back off.
+//!
 //! It owns the wire handshake, the per-request checks (allocation known,
 //! access key, bounds) and the copies. It never changes which allocations
 //! exist; it only reads the held table. A write is acknowledged only after
@@ -23,21 +31,36 @@
 
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, REQUEST_LEN};
+use oncilla_proto::wire::{self, Op, Reply, Request, Status, REQUEST_LEN};
 
 use oncilla_cuda::DeviceMem;
 
+use crate::listen::{AcceptBackoff, Pending, Place, Ticket};
 use crate::memory::held::{Backing, HeldTable};
 
-/// Most data connections served at once.
+/// Most authenticated data connections served at once.
 pub const MAX_CONNECTIONS: usize = 1024;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most data connections still in their handshake, apart from
+/// [`MAX_CONNECTIONS`]: a new one past it evicts the oldest (see
+/// [`Pending`]), so strangers can never crowd out a client.
+pub const MAX_PENDING: usize = 64;
+/// Of [`MAX_PENDING`], most from one address.
+pub const MAX_PENDING_PER_PEER: usize = 32;
+/// The whole hello, from accept to welcome, must fit in this.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// A reply or payload that makes no progress for this long ends its
+/// connection (and lets go of the allocation it was reading or writing).
+/// Set once per connection as the socket's send and receive timeouts.
+pub const STALL_DEADLINE: Duration = Duration::from_secs(10);
+/// An authenticated connection idle this long between requests is closed
+/// (clients replace a pooled connection that turns out closed).
+pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
 /// Bytes a connection asks the kernel for when it reads a request header:
 /// room for the header, a small write's payload and further pipelined
 /// headers, so small requests cost one `recv`. Larger payloads go straight
@@ -47,11 +70,22 @@ const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 /// Accepts data connections until the listener fails.
 pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
     let live = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        let stream = match stream {
+    let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
+    let mut backoff = AcceptBackoff::new("data");
+    loop {
+        let (stream, peer) = match listener.accept() {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "data accept failed");
+                std::thread::sleep(backoff.failed(&e));
+                continue;
+            }
+        };
+        let ticket = match pending.admit(&stream, Some(peer.ip())) {
+            Ok(t) => t,
+            Err(e) => {
+                // Out of descriptors: this connection goes, and we wait.
+                drop(stream);
+                std::thread::sleep(backoff.failed(&e));
                 continue;
             }
         };
@@ -60,31 +94,17 @@ pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
         let live = Arc::clone(&live);
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
-            .spawn(move || {
-                let peer = stream
-                    .peer_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default();
-                let n = live.fetch_add(1, Ordering::SeqCst);
-                let result = if n >= MAX_CONNECTIONS {
-                    reject(stream, "too many data connections")
-                } else {
-                    Connection::new(stream, held).run(&token)
-                };
-                live.fetch_sub(1, Ordering::SeqCst);
-                match result {
+            .spawn(
+                move || match Connection::new(stream, held).run(&token, ticket, &live) {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
                     Err(e) => tracing::debug!(%peer, error = %e, "data connection ended"),
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start data connection thread");
+                },
+            );
+        match spawned {
+            Ok(_) => backoff.ok(),
+            Err(e) => std::thread::sleep(backoff.failed(&e)),
         }
     }
-}
-
-fn reject(mut stream: TcpStream, why: &str) -> Result<(), wire::WireError> {
-    wire::write_welcome(&mut stream, Welcome::Denied, why)
 }
 
 struct Connection {
@@ -108,13 +128,27 @@ impl Connection {
         }
     }
 
-    fn run(mut self, token: &Token) -> Result<(), wire::WireError> {
-        self.stream.set_nodelay(true)?;
-        self.stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        if !super::accept(&mut self.stream, token)? {
+    fn run(
+        mut self,
+        token: &Token,
+        ticket: Ticket,
+        live: &AtomicUsize,
+    ) -> Result<(), wire::WireError> {
+        let until = Instant::now() + HANDSHAKE_DEADLINE;
+        let place = super::accept(&mut self.stream, token, until, || {
+            Place::take(live, MAX_CONNECTIONS, "too many data connections")
+        });
+        drop(ticket);
+        let Some(_place) = place? else {
             return Ok(());
-        }
-        self.stream.set_read_timeout(None)?;
+        };
+        self.stream.set_nodelay(true)?;
+        // Once per connection: a reply the peer does not read, or a header
+        // or payload it does not finish, makes no progress for this long
+        // and ends the connection.
+        self.stream.set_read_timeout(Some(STALL_DEADLINE))?;
+        self.stream.set_write_timeout(Some(STALL_DEADLINE))?;
+        let mut idle = Duration::ZERO;
         loop {
             // Ask for a header and whatever small payload or further
             // pipelined headers came with it: one system call per small
@@ -122,8 +156,17 @@ impl Connection {
             let head = match self.recv.header::<REQUEST_LEN>(&self.stream, RECV_AHEAD) {
                 Ok(h) => h,
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) if timed_out(&e) && self.recv.buffered() == 0 => {
+                    // Idle between requests (nothing of a header yet).
+                    idle += STALL_DEADLINE;
+                    if idle >= IDLE_LIMIT {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             };
+            idle = Duration::ZERO;
             let req = match Request::decode(&head) {
                 Ok(r) => r,
                 Err(e) => {
@@ -294,4 +337,12 @@ impl Connection {
         sock::send(&self.stream, &head, bytes)?;
         Ok(())
     }
+}
+
+/// What a socket timeout looks like from a blocking call.
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }

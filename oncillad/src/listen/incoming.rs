@@ -1,0 +1,183 @@
+//! The gRPC port's stream of connections, in place of tonic's
+//! `TcpIncoming` (which retries a failing `accept` at once, forever): at
+//! most [`MAX_GRPC_CONNECTIONS`] open at once (more are closed as they
+//! arrive), a connection must send the HTTP/2 client preface within
+//! [`PREFACE_DEADLINE`] and holds a place in a small [`Pending`] budget
+//! until it has, and accept errors back off ([`AcceptBackoff`]).
+//!
+//! Authentication stays with the services' interceptors; this module only
+//! decides which connections exist. It never parses HTTP/2 beyond counting
+//! the preface's bytes.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::{AcceptBackoff, Pending, Ticket};
+
+/// Most gRPC connections open at once.
+pub const MAX_GRPC_CONNECTIONS: usize = 4096;
+/// Most gRPC connections that have not yet sent their preface.
+pub const MAX_GRPC_PENDING: usize = 64;
+/// Of those, most from one address.
+pub const MAX_GRPC_PENDING_PER_PEER: usize = 32;
+/// How long a new connection has to send the HTTP/2 client preface.
+pub const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
+/// Length of the HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// Accepted gRPC connections, limited as the module doc says.
+pub struct Incoming {
+    listener: TcpListener,
+    open: Arc<Semaphore>,
+    pending: Arc<Pending>,
+    backoff: AcceptBackoff,
+    pause: Option<Pin<Box<Sleep>>>,
+    full: AcceptBackoff,
+}
+
+impl Incoming {
+    /// Connections from `listener`.
+    pub fn new(listener: TcpListener) -> Self {
+        Self {
+            listener,
+            open: Arc::new(Semaphore::new(MAX_GRPC_CONNECTIONS)),
+            pending: Pending::new(MAX_GRPC_PENDING, MAX_GRPC_PENDING_PER_PEER),
+            backoff: AcceptBackoff::new("gRPC"),
+            pause: None,
+            full: AcceptBackoff::new("gRPC (connection limit)"),
+        }
+    }
+
+    fn take(&mut self, stream: TcpStream, peer: std::net::SocketAddr) -> io::Result<Guarded> {
+        let Ok(permit) = Arc::clone(&self.open).try_acquire_owned() else {
+            return Err(io::Error::other(format!(
+                "too many gRPC connections ({MAX_GRPC_CONNECTIONS} open)"
+            )));
+        };
+        let ticket = self.pending.admit(&stream, Some(peer.ip()))?;
+        // No Nagle: a reply split over several writes must not wait for the
+        // peer's delayed ACK (40 ms stalls in the alloc/free tail).
+        stream.set_nodelay(true)?;
+        Ok(Guarded {
+            io: stream,
+            preface: Some((ticket, 0, Box::pin(tokio::time::sleep(PREFACE_DEADLINE)))),
+            _permit: permit,
+        })
+    }
+}
+
+impl tokio_stream::Stream for Incoming {
+    type Item = io::Result<Guarded>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(pause) = self.pause.as_mut() {
+                ready!(pause.as_mut().poll(cx));
+                self.pause = None;
+            }
+            let (stream, peer) = match ready!(self.listener.poll_accept(cx)) {
+                Ok(s) => s,
+                Err(e) => {
+                    let pause = self.backoff.failed(&e);
+                    if !pause.is_zero() {
+                        self.pause = Some(Box::pin(tokio::time::sleep(pause)));
+                    }
+                    continue;
+                }
+            };
+            self.backoff.ok();
+            match self.take(stream, peer) {
+                Ok(conn) => return Poll::Ready(Some(Ok(conn))),
+                Err(e) => {
+                    // Dropped here; out of descriptors pauses like accept.
+                    let pause = self.full.failed(&e);
+                    if !pause.is_zero() {
+                        self.pause = Some(Box::pin(tokio::time::sleep(pause)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One accepted gRPC connection with its places in the limits.
+pub struct Guarded {
+    io: TcpStream,
+    /// Until the preface is in: the pending place, bytes seen, the deadline.
+    preface: Option<(Ticket, usize, Pin<Box<Sleep>>)>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connected for Guarded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let Some((_, seen, deadline)) = this.preface.as_mut() else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        if deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no HTTP/2 preface within the deadline",
+            )));
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        *seen += buf.filled().len() - before;
+        if *seen >= PREFACE_LEN {
+            this.preface = None;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,171 @@
+//! The budget for connections still in their handshake: at most `max` of
+//! them at once and at most `per_peer` from one address. A new connection
+//! over either limit evicts the oldest one it competes with (same peer
+//! first), so idle or dripping strangers can fill the budget but never
+//! lock out a client that speaks at once: its hello arrives long before
+//! the budget turns over.
+//!
+//! Eviction is a `shutdown(2)` of the socket through a duplicate of its
+//! descriptor kept here: the thread or task serving it sees end-of-file and
+//! ends by itself. It never closes the serving side's descriptor, never
+//! reads or writes, and knows nothing of protocols.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Connections that have not authenticated yet (see the module doc).
+pub struct Pending {
+    slots: Mutex<Slots>,
+    max: usize,
+    per_peer: usize,
+    evicted: AtomicU64,
+}
+
+#[derive(Default)]
+struct Slots {
+    next: u64,
+    list: VecDeque<Entry>,
+}
+
+struct Entry {
+    id: u64,
+    peer: Option<IpAddr>,
+    /// A duplicate of the connection's descriptor, for eviction.
+    fd: OwnedFd,
+}
+
+/// A connection's place in the budget; dropping it (the connection
+/// authenticated or ended) gives the place back.
+pub struct Ticket {
+    pending: Arc<Pending>,
+    id: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut slots = self.pending.lock();
+        if let Some(i) = slots.list.iter().position(|e| e.id == self.id) {
+            slots.list.remove(i);
+        }
+    }
+}
+
+impl Pending {
+    /// A budget of `max` connections, `per_peer` from one address (both at
+    /// least 1).
+    pub fn new(max: usize, per_peer: usize) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Mutex::new(Slots::default()),
+            max: max.max(1),
+            per_peer: per_peer.clamp(1, max.max(1)),
+            evicted: AtomicU64::new(0),
+        })
+    }
+
+    /// Takes a place for the connection `sock` from `peer` (`None`: all
+    /// connections count as one peer, as on a Unix socket), evicting the
+    /// oldest competing connection when the budget is full.
+    ///
+    /// # Errors
+    /// The descriptor cannot be duplicated (out of descriptors): the caller
+    /// should drop the connection and back off.
+    pub fn admit(self: &Arc<Self>, sock: impl AsFd, peer: Option<IpAddr>) -> io::Result<Ticket> {
+        let fd = sock.as_fd().try_clone_to_owned()?;
+        let mut slots = self.lock();
+        let same = slots.list.iter().filter(|e| e.peer == peer).count();
+        let victim = if same >= self.per_peer {
+            slots.list.iter().position(|e| e.peer == peer)
+        } else if slots.list.len() >= self.max {
+            Some(0)
+        } else {
+            None
+        };
+        if let Some(old) = victim.and_then(|i| slots.list.remove(i)) {
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+            // An error means the socket is already shut or gone: nothing to do.
+            let _ =
+                nix::sys::socket::shutdown(old.fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        }
+        let id = slots.next;
+        slots.next += 1;
+        slots.list.push_back(Entry { id, peer, fd });
+        Ok(Ticket {
+            pending: Arc::clone(self),
+            id,
+        })
+    }
+
+    /// Connections holding a place now.
+    pub fn len(&self) -> usize {
+        self.lock().list.len()
+    }
+
+    /// Whether no connection holds a place.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Connections evicted so far.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        // The list holds only descriptors; a panic elsewhere cannot leave it inconsistent.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    fn pair() -> (UnixStream, UnixStream) {
+        UnixStream::pair().unwrap()
+    }
+
+    #[test]
+    fn a_full_budget_evicts_the_oldest_and_frees_places_on_drop() {
+        let pending = Pending::new(2, 2);
+        let (a, mut a_peer) = pair();
+        let (b, _b_peer) = pair();
+        let (c, _c_peer) = pair();
+        let ta = pending.admit(&a, None).unwrap();
+        let tb = pending.admit(&b, None).unwrap();
+        assert_eq!(pending.len(), 2);
+        let _tc = pending.admit(&c, None).unwrap();
+        assert_eq!(pending.len(), 2);
+        assert_eq!(pending.evicted(), 1);
+        // The oldest was shut down: its peer sees end-of-file.
+        let mut buf = [0u8; 1];
+        assert_eq!(a_peer.read(&mut buf).unwrap(), 0);
+        drop(ta); // already evicted: nothing to remove
+        drop(tb);
+        assert_eq!(pending.len(), 1);
+    }
+
+    #[test]
+    fn one_peer_evicts_only_its_own_connections() {
+        let pending = Pending::new(8, 2);
+        let ip = |n: u8| Some(IpAddr::from([10, 0, 0, n]));
+        let socks: Vec<_> = (0..4).map(|_| pair()).collect();
+        let _other = pending.admit(&socks[0].0, ip(2)).unwrap();
+        let _t: Vec<_> = socks[1..]
+            .iter()
+            .map(|(s, _)| pending.admit(s, ip(1)).unwrap())
+            .collect();
+        assert_eq!(pending.len(), 3, "peer 1 keeps at most 2 places");
+        assert_eq!(pending.evicted(), 1);
+        let mut buf = [0u8; 1];
+        socks[0].1.set_nonblocking(true).unwrap();
+        let still_open =
+            matches!((&socks[0].1).read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        assert!(still_open, "another peer's connection was evicted");
+    }
+}
