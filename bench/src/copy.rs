@@ -267,7 +267,12 @@ fn measure(
     plan: &Plan,
 ) -> Result<(), BenchError> {
     let nodes = master.nodes()?;
-    let probe = Probe::new(&nodes, &opts.token)?;
+    let token = opts.token.as_ref().ok_or_else(|| {
+        BenchError::Usage(
+            "the copy benchmark needs the cluster token (it asks agents for their CPU time)".into(),
+        )
+    })?;
+    let probe = Probe::new(&nodes, token)?;
     let first = Oncilla::connect_with(opts.clone())?;
     let target = match target {
         Some(t) => t,

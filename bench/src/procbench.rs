@@ -116,7 +116,7 @@ impl Worker {
             .args(["--rounds", &rounds.to_string()])
             .args(["--op", if write { "write" } else { "read" }])
             .args(["--fabric", &opts.fabric.to_string()])
-            .env("ONCILLA_TOKEN", opts.token.as_str())
+            .envs(opts.token.as_ref().map(|t| ("ONCILLA_TOKEN", t.as_str())))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -9,14 +9,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use hyper_util::rt::TokioIo;
-use oncilla_proto::auth::{AttachToken, Token};
 use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
+use oncilla_proto::credential::{AttachCredential, Credential};
 use oncilla_proto::pb;
-use tokio::net::UnixStream;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Endpoint, Uri};
 
 use crate::error::{Error, Result};
 use crate::fabric::DataPath;
@@ -30,7 +27,9 @@ use crate::staging::Staging;
 pub(crate) struct Client {
     pub(crate) rt: tokio::runtime::Runtime,
     pub(crate) socket: PathBuf,
-    pub(crate) token: Token,
+    /// The session's credential (from the agent at open): what its copies
+    /// present to agents; the cluster token is never needed after open.
+    pub(crate) credential: Credential,
     /// The session's fabric preference (`ONCILLA_FABRIC`).
     pub(crate) fabric: Fabric,
     session: SessionClient,
@@ -46,7 +45,8 @@ impl Client {
     /// Connects to the agent at `opts.socket` and opens a session.
     ///
     /// # Errors
-    /// [`Error::AgentUnreachable`], [`Error::PermissionDenied`] for a wrong token.
+    /// [`Error::AgentUnreachable`], [`Error::PermissionDenied`] for a wrong token
+    /// (an application without one is admitted by the socket's permissions).
     pub(crate) fn connect(opts: Options) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -59,13 +59,19 @@ impl Client {
             path: socket.display().to_string(),
             reason,
         };
-        let (session, session_id, node) = rt.block_on(async {
-            let channel = uds_channel(&opts.socket)
+        let (session, session_id, node, credential) = rt.block_on(async {
+            let channel = oncilla_proto::client::unix(&opts.socket)
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
+            let present = opts
+                .token
+                .as_ref()
+                .map_or_else(AttachCredential::none, |t| {
+                    AttachCredential::new(&Credential::member(t))
+                });
             let mut client = oncilla_proto::client::session(InterceptedService::new(
-                channel,
-                AttachToken::new(&opts.token),
+                channel.clone(),
+                present,
             ));
             let open = pb::OpenRequest {
                 pid: std::process::id(),
@@ -87,18 +93,28 @@ impl Client {
                     }
                 }
             });
-            Ok::<_, Error>((client, first.session_id, first.node))
+            let credential = Credential::parse_session(&first.credential).map_err(|e| {
+                Error::Internal(format!(
+                    "the agent gave no usable session credential ({e}): is it older than this library?"
+                ))
+            })?;
+            // Every later call acts as this session, and only as it.
+            let session = oncilla_proto::client::session(InterceptedService::new(
+                channel,
+                AttachCredential::new(&credential),
+            ));
+            Ok::<_, Error>((session, first.session_id, first.node, credential))
         })?;
         tracing::debug!(session = %session_id, node = %node, "session opened");
         Ok(Self {
             rt,
             socket: opts.socket,
-            token: opts.token.clone(),
+            credential: credential.clone(),
             fabric: opts.fabric,
             session,
             session_id,
             node,
-            data: Arc::new(DataPath::new(opts.token, opts.streams, &opts.rdma)),
+            data: Arc::new(DataPath::new(credential, opts.streams, &opts.rdma)),
             staging: Staging::new(opts.gpu_staging),
         })
     }
@@ -146,21 +162,6 @@ impl Client {
         self.rt.block_on(client.detach(req))?;
         Ok(())
     }
-}
-
-async fn uds_channel(
-    path: &Path,
-) -> std::result::Result<tonic::transport::Channel, tonic::transport::Error> {
-    let path = path.to_path_buf();
-    // The URI is required by the API and ignored: the connector dials the socket.
-    Endpoint::from_static("http://oncillad.local")
-        .connect_timeout(oncilla_proto::client::CONNECT_TIMEOUT)
-        .timeout(CALL_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        }))
-        .await
 }
 
 fn program_name() -> String {

@@ -9,6 +9,7 @@
 
 use oncilla_model::Fabric;
 use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Credential;
 
 use crate::descriptor::Descriptor;
 use crate::error::Result;
@@ -29,7 +30,7 @@ impl Operator {
     pub fn new(token: Token) -> Self {
         Self {
             data: DataPath::new(
-                token,
+                Credential::member(&token),
                 DEFAULT_STREAMS,
                 &RdmaOptions::from_vars(|k| std::env::var(k).ok()),
             ),

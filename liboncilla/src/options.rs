@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use oncilla_model::Fabric;
-use oncilla_proto::auth::Token;
+use oncilla_proto::auth::{Token, TokenError};
 
 use crate::affinity::Affinity;
 use crate::error::{Error, Result};
@@ -36,7 +36,10 @@ pub struct OptionError {
 pub struct Options {
     /// The agent's Unix socket.
     pub socket: PathBuf,
-    pub token: Token,
+    /// The cluster token, when this process has one (operators, tools);
+    /// applications need none: their agent admits them by its socket's
+    /// permissions and gives the session a credential of its own.
+    pub token: Option<Token>,
     /// Fabric preference for every allocation of the session.
     pub fabric: Fabric,
     /// Most TCP connections one copy uses per node (each moves at least
@@ -128,10 +131,14 @@ impl Options {
             None => DEFAULT_STREAMS,
         };
         let token_file = var("ONCILLA_TOKEN_FILE");
-        let token = Token::resolve(
+        let token = match Token::resolve(
             var("ONCILLA_TOKEN").as_deref(),
             token_file.as_deref().map(Path::new),
-        )?;
+        ) {
+            Ok(t) => Some(t),
+            Err(TokenError::Missing) => None,
+            Err(e) => return Err(e.into()),
+        };
         Ok(Self {
             socket,
             token,
@@ -147,8 +154,18 @@ impl Options {
     /// still come from the environment.
     pub fn new(socket: impl Into<PathBuf>, token: Token) -> Self {
         Self {
+            token: Some(token),
+            ..Self::without_token(socket)
+        }
+    }
+
+    /// The agent at `socket`, as an application without the cluster token
+    /// (the session's own credential opens its copies); otherwise as
+    /// [`Options::new`].
+    pub fn without_token(socket: impl Into<PathBuf>) -> Self {
+        Self {
             socket: socket.into(),
-            token,
+            token: None,
             fabric: Fabric::Auto,
             streams: DEFAULT_STREAMS,
             gpu_staging: gpu_staging(&env),
@@ -246,16 +263,18 @@ mod tests {
     }
 
     #[test]
-    fn defaults_need_only_a_token() {
+    fn defaults_need_nothing_and_a_token_is_optional() {
         let o = Options::from_vars(vars(&[("ONCILLA_TOKEN", "t0k")])).unwrap();
         assert_eq!(o.socket, PathBuf::from(oncilla_proto::DEFAULT_SOCKET));
-        assert_eq!(o.token.as_str(), "t0k");
+        assert_eq!(o.token.as_ref().map(Token::as_str), Some("t0k"));
         assert_eq!(o.fabric, Fabric::Auto);
         assert_eq!(o.streams, DEFAULT_STREAMS);
         assert_eq!(o.gpu_staging, Ok(STAGING_DEFAULT));
         assert_eq!(o.rdma, RdmaOptions::default());
+        // An application needs no token; a token given must be valid.
+        assert_eq!(Options::from_vars(vars(&[])).unwrap().token, None);
         assert!(matches!(
-            Options::from_vars(vars(&[])),
+            Options::from_vars(vars(&[("ONCILLA_TOKEN", "has space")])),
             Err(Error::Token(_))
         ));
     }

@@ -23,6 +23,7 @@ use std::time::Instant;
 use clap::Parser;
 use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::CheckToken;
+use oncilla_proto::credential::Authenticate;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -246,10 +247,13 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         if agent.rdma().available() {
             tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
         }
-        router = router
-            .add_service(grpc::agent::AgentService::new(Arc::clone(&agent)).server(check.clone()));
+        router = router.add_service(
+            grpc::agent::AgentService::new(Arc::clone(&agent))
+                .server(Authenticate::new(config.token.clone())),
+        );
         let listener = bind_unix(&agent_cfg.socket)?;
-        let session = grpc::session::SessionService::new(agent, master).server(check.clone());
+        let session = grpc::session::SessionService::new(agent, master, config.token.clone())
+            .server(Authenticate::local(config.token.clone()));
         let mut rx = stop_rx.clone();
         unix = Some((
             agent_cfg.socket.clone(),

@@ -6,7 +6,8 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::auth::{AttachToken, Token};
+use crate::auth::Token;
+use crate::credential::{AttachCredential, Credential};
 use crate::pb;
 
 /// Time allowed to establish a connection.
@@ -26,8 +27,9 @@ pub const PAGE_EXTENTS: usize = oncilla_model::alloc::MAX_EXTENTS;
 /// Allocations a page carries at most (small ones cost a few hundred bytes).
 pub const PAGE_ALLOCATIONS: usize = 4096;
 
-/// A channel with the token attached to every call.
-pub type AuthChannel = InterceptedService<Channel, AttachToken>;
+/// A channel with a credential (the token, or a session's) presented on
+/// every call.
+pub type AuthChannel = InterceptedService<Channel, AttachCredential>;
 pub type MasterClient = pb::master_client::MasterClient<AuthChannel>;
 pub type AgentClient = pb::agent_client::AgentClient<AuthChannel>;
 pub type SessionClient = pb::session_client::SessionClient<AuthChannel>;
@@ -84,13 +86,47 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, AddrError> {
         })
 }
 
+/// A channel to an agent's Unix socket at `path` (its `Session` service),
+/// with the project's timeouts.
+///
+/// # Errors
+/// The socket cannot be reached.
+pub async fn unix(path: &std::path::Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    // The URI is required by the API and ignored: the connector dials the socket.
+    Endpoint::from_static("http://oncillad.local")
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+}
+
 /// A channel to `addr` that connects on first use and reconnects after failures.
 ///
 /// # Errors
 /// [`AddrError`].
 pub fn lazy(addr: &str, token: &Token) -> Result<AuthChannel, AddrError> {
+    lazy_as(addr, &Credential::member(token))
+}
+
+/// A channel to `addr` like [`lazy`], presenting `credential` (an
+/// application session's, on `Agent.ConnectVerbs`).
+///
+/// # Errors
+/// [`AddrError`].
+pub fn lazy_as(addr: &str, credential: &Credential) -> Result<AuthChannel, AddrError> {
     let channel = endpoint(addr)?.connect_lazy();
-    Ok(InterceptedService::new(channel, AttachToken::new(token)))
+    Ok(InterceptedService::new(
+        channel,
+        AttachCredential::new(credential),
+    ))
 }
 
 /// Wraps a transport failure as "`what` unreachable at `addr`", leaving every

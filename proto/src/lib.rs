@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod client;
 pub mod convert;
+pub mod credential;
 pub mod status;
 pub mod wire;
 

@@ -15,7 +15,7 @@ pub(crate) mod verbs;
 use std::io::{Read, Write};
 
 use oncilla_model::fabric::Rdma;
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Credential;
 use oncilla_proto::wire::{Op, Request};
 
 use crate::descriptor::{Descriptor, Extent};
@@ -100,12 +100,13 @@ enum Job<'s, 'a> {
 }
 
 impl DataPath {
-    /// A data path that authenticates with `token`, uses up to `streams`
-    /// connections per node for one copy, and verbs as `rdma` says.
-    pub fn new(token: Token, streams: usize, rdma: &RdmaOptions) -> Self {
+    /// A data path that authenticates with `credential` (a session's, or
+    /// the cluster token), uses up to `streams` connections per node for
+    /// one copy, and verbs as `rdma` says.
+    pub fn new(credential: Credential, streams: usize, rdma: &RdmaOptions) -> Self {
         Self {
-            verbs: Verbs::new(token.clone(), rdma),
-            tcp: TcpFabric::new(token),
+            verbs: Verbs::new(credential.clone(), rdma),
+            tcp: TcpFabric::new(credential),
             streams: streams.max(1),
         }
     }
@@ -462,14 +463,14 @@ fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()> {
 /// `fail` turns a transport problem into the caller's error.
 ///
 /// # Errors
-/// [`Error::PermissionDenied`] when the agent refuses the token, else `fail(..)`.
+/// [`Error::PermissionDenied`] when the agent refuses the credential, else `fail(..)`.
 pub(crate) fn greet(
     stream: &mut (impl Read + Write),
-    token: &Token,
+    credential: &Credential,
     fail: impl Fn(String) -> Error,
 ) -> Result<()> {
     use oncilla_proto::wire::{self, Welcome};
-    wire::write_hello(stream, token.as_bytes()).map_err(|e| fail(e.to_string()))?;
+    wire::write_hello(stream, credential.as_bytes()).map_err(|e| fail(e.to_string()))?;
     let (code, msg) = wire::read_welcome(stream).map_err(|e| fail(e.to_string()))?;
     match code {
         Welcome::Ok => Ok(()),

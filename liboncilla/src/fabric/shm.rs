@@ -21,7 +21,7 @@ use std::time::Duration;
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use nix::sys::stat::fstat;
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Credential;
 use oncilla_proto::wire::{
     self, MapGrant, Op, Reply, Request, Status, GRANT_LEN, KEY_LEN, REPLY_LEN,
 };
@@ -79,7 +79,7 @@ impl Mapping {
     /// [`Error::NotFound`], and mapping failures.
     pub fn open(
         socket: &Path,
-        token: &Token,
+        credential: &Credential,
         id: u64,
         key: &[u8; KEY_LEN],
         extents: &[&Extent],
@@ -96,7 +96,7 @@ impl Mapping {
         stream
             .set_write_timeout(Some(TIMEOUT))
             .map_err(|e| fail(e.to_string()))?;
-        super::greet(&mut stream, token, fail)?;
+        super::greet(&mut stream, credential, fail)?;
 
         // Pool extents to map, each once (striped extents share them):
         // (slab inode, grant, fd), and per allocation extent which one.

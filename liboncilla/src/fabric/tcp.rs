@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Credential;
 use oncilla_proto::wire::sock::{self, RecvBuf};
 use oncilla_proto::wire::{self, Reply, Request, Status, REPLY_LEN};
 
@@ -89,14 +89,14 @@ struct Conn {
 
 /// Connections to agents, reused across copies.
 pub struct TcpFabric {
-    token: Token,
+    credential: Credential,
     idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl TcpFabric {
-    pub fn new(token: Token) -> Self {
+    pub fn new(credential: Credential) -> Self {
         Self {
-            token,
+            credential,
             idle: Mutex::new(HashMap::new()),
         }
     }
@@ -169,7 +169,7 @@ impl TcpFabric {
         stream
             .set_write_timeout(Some(IO_TIMEOUT))
             .map_err(|e| peer.unreachable(e.to_string()))?;
-        super::greet(&mut stream, &self.token, |m| peer.unreachable(m))?;
+        super::greet(&mut stream, &self.credential, |m| peer.unreachable(m))?;
         Ok(Conn {
             stream,
             recv: RecvBuf::new(RECV_CAP),

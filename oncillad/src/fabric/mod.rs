@@ -35,7 +35,9 @@ pub(crate) fn accept<S: Timed, P>(
 ) -> Result<Option<P>, wire::WireError> {
     let mut stream = Within { stream, until };
     let (version, presented) = wire::read_hello(&mut stream)?;
-    if !token.matches(&presented) {
+    // The cluster token (nodes, operators) or an application session's
+    // credential; either way the requests still need each allocation's key.
+    if oncilla_proto::credential::authenticate(token, &presented).is_none() {
         tracing::warn!("data connection with wrong token");
         wire::write_welcome(
             &mut stream,

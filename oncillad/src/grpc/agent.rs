@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use oncilla_proto::auth::CheckToken;
+use oncilla_proto::credential::{self, Authenticate, Principal};
 use oncilla_proto::pb::agent_server::AgentServer;
 use oncilla_proto::pb::{self, agent_server};
 use tonic::service::interceptor::InterceptedService;
@@ -23,8 +23,11 @@ impl AgentService {
     }
 
     /// The service as the server mounts it: every call authenticated
-    /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
-    pub fn server(self, check: CheckToken) -> InterceptedService<AgentServer<Self>, CheckToken> {
+    /// (`check`: members, or sessions where a call allows them), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
+    pub fn server(
+        self,
+        check: Authenticate,
+    ) -> InterceptedService<AgentServer<Self>, Authenticate> {
         InterceptedService::new(
             AgentServer::new(self)
                 .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
@@ -47,6 +50,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
+        members_only(&req, "reserving pool memory")?;
         let r: Reservation = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the scrubber: keep it off the executor.
@@ -77,6 +81,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
+        members_only(&req, "releasing pool memory")?;
         let id = req.into_inner().alloc_id;
         // The extents go to the scrubber once the last in-flight copy using
         // them is done; nothing here waits for that. Device memory is freed
@@ -93,8 +98,9 @@ impl agent_server::Agent for AgentService {
 
     async fn status(
         &self,
-        _req: Request<pb::StatusRequest>,
+        req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::AgentStatus>, Status> {
+        members_only(&req, "an agent's status")?;
         Ok(Response::new(pb::AgentStatus {
             node: Some(self.agent.info().into()),
             pool: Some(self.agent.usage().into()),
@@ -168,5 +174,16 @@ fn verbs_status(e: crate::fabric::verbs::VerbsError) -> Status {
         E::Unavailable(_) | E::GpuUnavailable(_) => Status::failed_precondition(msg),
         E::Pair(_) => Status::invalid_argument(msg),
         E::Hca(_) | E::Register(_) | E::RegisterGpu { .. } => Status::internal(msg),
+    }
+}
+
+/// Refuses `req` unless a cluster member (the master, an operator) made
+/// it: an application session may only connect RDMA queue pairs here.
+fn members_only<T>(req: &Request<T>, what: &str) -> Result<(), Status> {
+    match credential::principal(req) {
+        Some(Principal::Member) => Ok(()),
+        _ => Err(Status::permission_denied(format!(
+            "{what} needs the cluster token (nodes and operators); a session credential does not reach it"
+        ))),
     }
 }

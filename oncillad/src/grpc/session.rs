@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use oncilla_proto::auth::CheckToken;
+use oncilla_proto::credential::{self, Authenticate, Principal};
 use oncilla_proto::pb::session_server::SessionServer;
 use oncilla_proto::pb::{self, session_server};
 use tokio::sync::mpsc;
@@ -21,16 +21,25 @@ use crate::grpc::links::MasterLink;
 pub struct SessionService {
     agent: Arc<Agent>,
     master: MasterLink,
+    /// Makes each session's credential.
+    token: oncilla_proto::auth::Token,
 }
 
 impl SessionService {
-    pub fn new(agent: Arc<Agent>, master: MasterLink) -> Self {
-        Self { agent, master }
+    pub fn new(agent: Arc<Agent>, master: MasterLink, token: oncilla_proto::auth::Token) -> Self {
+        Self {
+            agent,
+            master,
+            token,
+        }
     }
 
     /// The service as the server mounts it: every call authenticated
-    /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
-    pub fn server(self, check: CheckToken) -> InterceptedService<SessionServer<Self>, CheckToken> {
+    /// (`check`: members, or sessions where a call allows them), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
+    pub fn server(
+        self,
+        check: Authenticate,
+    ) -> InterceptedService<SessionServer<Self>, Authenticate> {
         InterceptedService::new(
             SessionServer::new(self)
                 .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
@@ -85,6 +94,9 @@ impl session_server::Session for SessionService {
         let first = pb::SessionEvent {
             session_id: info.id.clone(),
             node: self.agent.node().name.clone(),
+            credential: credential::Credential::session(&self.token, &info.id)
+                .as_str()
+                .to_string(),
         };
         tx.try_send(Ok(first))
             .map_err(|_| Status::internal("cannot queue the session event"))?;
@@ -103,6 +115,7 @@ impl session_server::Session for SessionService {
         &self,
         req: Request<pb::AllocRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
         let forwarded = pb::AllocateRequest {
             spec: r.spec,
@@ -119,6 +132,7 @@ impl session_server::Session for SessionService {
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
         self.agent.session(&r.session_id)?;
         let (session, id) = (r.session_id.clone(), r.alloc.as_ref().map_or(0, |a| a.id));
@@ -132,6 +146,7 @@ impl session_server::Session for SessionService {
         &self,
         req: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
         let forwarded = pb::MasterAttachRequest {
             alloc: r.alloc,
@@ -147,11 +162,27 @@ impl session_server::Session for SessionService {
         &self,
         req: Request<pb::DetachRequest>,
     ) -> Result<Response<pb::DetachReply>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
         self.agent.session(&r.session_id)?;
         let (session, id) = (r.session_id.clone(), r.id);
         self.master.detach(r).await?;
         self.agent.note_attached(&session, id, false);
         Ok(Response::new(pb::DetachReply {}))
+    }
+}
+
+/// Refuses a call for `session_id` unless its caller is that session (it
+/// presents the credential the agent gave it at open) or a cluster member.
+fn acting_for<T>(req: &Request<T>, session_id: &str) -> Result<(), Status> {
+    match credential::principal(req) {
+        Some(Principal::Member) => Ok(()),
+        Some(Principal::Session(id)) if id == session_id => Ok(()),
+        Some(Principal::Session(_)) => Err(Status::permission_denied(
+            "this session's credential cannot act for another session",
+        )),
+        None => Err(Status::permission_denied(
+            "present the session credential this agent gave at open (or the cluster token)",
+        )),
     }
 }

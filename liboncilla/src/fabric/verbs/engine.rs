@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Credential;
 use oncilla_proto::pb;
 use oncilla_rdma::verbs::{Device, Mr, Qp};
 use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
@@ -74,7 +74,7 @@ pub struct VerbsFabric {
     probe: Probe,
     /// Why this host cannot use verbs at all; `None` when it can.
     host: Option<Arc<str>>,
-    token: Token,
+    credential: Credential,
     /// Runs `ConnectVerbs` calls; `None` when it could not start (then
     /// `host` says so).
     rt: Option<tokio::runtime::Runtime>,
@@ -99,7 +99,7 @@ impl VerbsFabric {
     /// active port). Never fails: [`VerbsFabric::reachable`] says why it
     /// cannot be used.
     pub fn new(
-        token: Token,
+        credential: Credential,
         wanted: &[String],
         tuning: Tuning,
         idle: Duration,
@@ -144,7 +144,7 @@ impl VerbsFabric {
                 .as_ref()
                 .map(|why| format!("this host: {why}").into()),
             probe,
-            token,
+            credential,
             rt,
             conns: Mutex::new(HashMap::new()),
             nodes: Mutex::new(HashMap::new()),
@@ -440,7 +440,7 @@ impl VerbsFabric {
         // The lazy channel spawns its connection task on the current
         // runtime: callers are plain threads, so enter ours first.
         let _in_rt = rt.enter();
-        let channel = oncilla_proto::client::lazy(agent_addr, &self.token)
+        let channel = oncilla_proto::client::lazy_as(agent_addr, &self.credential)
             .map_err(|e| unreachable(e.to_string()))?;
         let mut client = oncilla_proto::client::agent(channel);
         let (mut stream, reply) = rt

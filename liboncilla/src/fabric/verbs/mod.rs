@@ -26,7 +26,7 @@ use engine::VerbsFabric;
 use std::sync::Arc;
 
 use oncilla_model::fabric::Rdma;
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Credential;
 
 use crate::error::{Error, Result};
 use crate::fabric::tcp::IoBuf;
@@ -54,7 +54,7 @@ pub(crate) enum DeviceOutcome {
 impl Verbs {
     /// Opens the ports `opts` selects; bad settings leave verbs off with
     /// them as the reason. Never fails.
-    pub(crate) fn new(token: Token, opts: &RdmaOptions) -> Self {
+    pub(crate) fn new(credential: Credential, opts: &RdmaOptions) -> Self {
         #[cfg(feature = "verbs")]
         {
             if !opts.invalid.is_empty() {
@@ -70,7 +70,7 @@ impl Verbs {
                 tuning.window = w;
             }
             Verbs::On(Box::new(VerbsFabric::new(
-                token,
+                credential,
                 &opts.devices,
                 tuning,
                 opts.idle,
@@ -79,7 +79,7 @@ impl Verbs {
         }
         #[cfg(not(feature = "verbs"))]
         {
-            let _ = (token, opts);
+            let _ = (credential, opts);
             Verbs::Off(
                 "this build has no verbs support (rebuild with `cargo build --features verbs`)"
                     .into(),

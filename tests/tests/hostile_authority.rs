@@ -1,0 +1,220 @@
+//! Least authority, on a real loopback cluster: an application holds no
+//! cluster token, only the credential its agent gave its session, and that
+//! credential reaches its own session's calls and data connections and
+//! nothing else. Each test performs the attack with raw gRPC or a raw data
+//! connection, checks the refusal, then that the cluster still serves.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::Write as _;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use liboncilla::{AllocSpec, Kind, Oncilla, Options};
+use oncilla_proto::credential::{AttachCredential, Credential};
+use oncilla_proto::{client, pb, wire};
+use support::Cluster;
+use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
+
+/// A raw session on agent 0's Unix socket opened without any token, as an
+/// application would: (session id, the credential the agent gave it).
+struct RawSession {
+    rt: tokio::runtime::Runtime,
+    id: String,
+    credential: Credential,
+    // The open stream: the session lives as long as it does.
+    _stream: tonic::Streaming<pb::SessionEvent>,
+}
+
+fn open_raw(c: &Cluster) -> RawSession {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let socket = c.socket(0);
+    let (id, credential, stream) = rt.block_on(async {
+        let channel = client::unix(&socket).await.unwrap();
+        let mut s = client::session(InterceptedService::new(channel, AttachCredential::none()));
+        let mut stream = s
+            .open(pb::OpenRequest {
+                pid: std::process::id(),
+                program: "attacker".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = stream.next().await.unwrap().unwrap();
+        let cred = Credential::parse_session(&first.credential).unwrap();
+        (first.session_id, cred, stream)
+    });
+    RawSession {
+        rt,
+        id,
+        credential,
+        _stream: stream,
+    }
+}
+
+/// The code and message of a refused call.
+fn refused<T>(r: Result<tonic::Response<T>, tonic::Status>) -> (tonic::Code, String) {
+    match r {
+        Ok(_) => panic!("the call was accepted"),
+        Err(s) => (s.code(), s.message().to_string()),
+    }
+}
+
+fn still_serves(c: &Cluster) {
+    let ocm = c.client(0);
+    let a = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    a.copy_in(0, &[5u8; 1 << 20]).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    a.copy_out(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 5));
+    a.free().unwrap();
+}
+
+/// An application with no token allocates, copies (same-node mapping and
+/// TCP to another node) and frees.
+#[test]
+fn an_application_needs_no_cluster_token() {
+    let c = Cluster::start(2, "32MiB");
+    let ocm = Oncilla::connect_with(Options::without_token(c.socket(0))).unwrap();
+    for spec in [
+        AllocSpec::new(1 << 20, Kind::LocalHost),
+        AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]),
+    ] {
+        let a = ocm.alloc_with(&spec).unwrap();
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 241) as u8).collect();
+        a.copy_in(0, &data).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(back == data);
+        a.free().unwrap();
+    }
+}
+
+/// Before, every application held the cluster token, so it could list
+/// every allocation's access key, free anything by id, register as a node
+/// and reserve pool memory. A session credential reaches none of that.
+#[test]
+fn a_session_credential_reaches_only_its_own_session() {
+    let c = Cluster::start(2, "32MiB");
+    let victim = c.client(0);
+    let theirs = victim
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
+    theirs.copy_in(0, b"victim's bytes").unwrap();
+    let me = open_raw(&c);
+    let h = c.handle();
+    let node1 = c.node("node-1").unwrap();
+    let agent1 = node1["agent_addr"].as_str().unwrap().to_string();
+
+    me.rt.block_on(async {
+        // The master: no member, no call.
+        let mut m = client::master(client::lazy_as(&h.master_addr, &me.credential).unwrap());
+        let (code, msg) = refused(
+            m.list_allocations(pb::ListAllocationsRequest { after: 0 })
+                .await,
+        );
+        assert_eq!(code, tonic::Code::Unauthenticated, "{msg}");
+        let (code, msg) = refused(
+            m.get_allocation(pb::GetAllocationRequest {
+                alloc: Some(pb::AllocRef {
+                    id: theirs.id(),
+                    name: String::new(),
+                }),
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::Unauthenticated, "{msg}");
+        let (code, msg) = refused(
+            m.free(pb::FreeRequest {
+                alloc: Some(pb::AllocRef {
+                    id: theirs.id(),
+                    name: String::new(),
+                }),
+                ..Default::default()
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::Unauthenticated, "{msg}");
+        let (code, msg) = refused(
+            m.register(pb::RegisterRequest {
+                node: Some(pb::NodeInfo {
+                    name: "rogue".into(),
+                    agent_addr: "127.0.0.1:9".into(),
+                    data_addr: "127.0.0.1:9".into(),
+                    capacity: 1 << 40,
+                    ..Default::default()
+                }),
+                incarnation: 1,
+                ..Default::default()
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::Unauthenticated, "{msg}");
+
+        // An agent: queue pairs only (ConnectVerbs), never its pool.
+        let mut a = client::agent(client::lazy_as(&agent1, &me.credential).unwrap());
+        let (code, msg) = refused(
+            a.release(pb::ReleaseRequest {
+                alloc_id: theirs.id(),
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+        assert!(msg.contains("cluster token"), "{msg}");
+        let (code, msg) = refused(a.status(pb::StatusRequest {}).await);
+        assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+
+        // Its own agent: its own session only.
+        let channel = client::unix(&c.socket(0)).await.unwrap();
+        let mut s = client::session(InterceptedService::new(
+            channel.clone(),
+            AttachCredential::new(&me.credential),
+        ));
+        let (code, msg) = refused(
+            s.free(pb::FreeRequest {
+                alloc: Some(pb::AllocRef {
+                    id: theirs.id(),
+                    name: String::new(),
+                }),
+                session_id: victim.session_id().to_string(),
+                force: true,
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+        // Without its credential a caller of the socket acts for nobody.
+        let mut bare = client::session(InterceptedService::new(channel, AttachCredential::none()));
+        let (code, msg) = refused(
+            bare.alloc(pb::AllocRequest {
+                session_id: me.id.clone(),
+                spec: None,
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+    });
+
+    // A credential for another session id, or made up, opens no data port.
+    let forged = me.credential.as_str().replace(&me.id, victim.session_id());
+    let data1 = node1["data_addr"].as_str().unwrap();
+    for secret in [forged.as_str(), "session:x:00"] {
+        let mut conn = TcpStream::connect(data1).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        wire::write_hello(&mut conn, secret.as_bytes()).unwrap();
+        conn.flush().unwrap();
+        let (welcome, msg) = wire::read_welcome(&mut conn).unwrap();
+        assert_eq!(welcome, wire::Welcome::Denied, "{msg}");
+    }
+
+    let mut back = [0u8; 14];
+    theirs.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"victim's bytes");
+    theirs.free().unwrap();
+    still_serves(&c);
+}
