@@ -218,3 +218,55 @@ fn a_session_credential_reaches_only_its_own_session() {
     theirs.free().unwrap();
     still_serves(&c);
 }
+
+/// One request on a data connection opened with `secret`: the reply's
+/// status and message.
+fn ask(addr: &str, secret: &[u8], req: &wire::Request) -> (wire::Status, String) {
+    use std::io::Read as _;
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    wire::write_hello(&mut conn, secret).unwrap();
+    let (welcome, msg) = wire::read_welcome(&mut conn).unwrap();
+    assert_eq!(welcome, wire::Welcome::Ok, "{msg}");
+    conn.write_all(&req.encode()).unwrap();
+    let mut head = [0u8; wire::REPLY_LEN];
+    conn.read_exact(&mut head).unwrap();
+    let reply = wire::Reply::decode(&head).unwrap();
+    let mut body = vec![0u8; usize::try_from(reply.len).unwrap()];
+    conn.read_exact(&mut body).unwrap();
+    (reply.status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Before, a wrong key for a held allocation answered "bad key" and an
+/// unknown id "no such allocation", so anyone with a data connection could
+/// find which ids a node holds. Both now get the same answer.
+#[test]
+fn ids_cannot_be_probed_through_the_data_port() {
+    let c = Cluster::start(2, "32MiB");
+    let ocm = c.client(0);
+    let a = ocm
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap();
+    let me = open_raw(&c);
+    let node1 = c.node("node-1").unwrap();
+    let data1 = node1["data_addr"].as_str().unwrap();
+    let probe = |alloc_id| wire::Request {
+        op: wire::Op::Read,
+        alloc_id,
+        key: [0x5a; 16],
+        offset: 0,
+        len: 16,
+    };
+    let held = ask(data1, me.credential.as_bytes(), &probe(a.id()));
+    let absent = ask(data1, me.credential.as_bytes(), &probe(a.id() + 1000));
+    assert_eq!(held.0, wire::Status::NoSuchAllocation, "{}", held.1);
+    assert_eq!(
+        held.1.replace(&format!(": {} (", a.id()), ": ID ("),
+        absent.1.replace(&format!(": {} (", a.id() + 1000), ": ID ("),
+        "a wrong key and an unknown id answer alike"
+    );
+    let mut back = [0u8; 4];
+    a.copy_out(0, &mut back).unwrap();
+    a.free().unwrap();
+    still_serves(&c);
+}

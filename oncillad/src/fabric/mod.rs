@@ -154,13 +154,9 @@ pub(crate) fn authorize(table: &HeldTable, req: &Request) -> Result<Authorized, 
         return Err((Status::NoSuchAllocation, table.not_held(req.alloc_id)));
     };
     if !held.key_matches(&req.key) {
-        return Err((
-            Status::BadKey,
-            format!(
-                "permission denied: wrong access key for allocation {}",
-                req.alloc_id
-            ),
-        ));
+        // Answered exactly as an id held nowhere, so no one without the key
+        // can tell which ids exist here.
+        return Err((Status::NoSuchAllocation, table.not_held(req.alloc_id)));
     }
     match held.extent_for(req.offset, req.len) {
         Some(i) => {
