@@ -26,7 +26,6 @@ use oncilla_proto::auth::CheckToken;
 use oncilla_proto::credential::Authenticate;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 use config::{Cli, Config};
@@ -260,9 +259,12 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             tokio::spawn(
                 limited(Server::builder())
                     .add_service(session)
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                        let _ = rx.changed().await;
-                    }),
+                    .serve_with_incoming_shutdown(
+                        listen::incoming::Incoming::new(listener),
+                        async move {
+                            let _ = rx.changed().await;
+                        },
+                    ),
             ),
         ));
         tracing::info!(node = %config.name, data = %data_addr, socket = %agent_cfg.socket.display(), join = %agent_cfg.join, "agent role ready");

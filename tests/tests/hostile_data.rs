@@ -6,6 +6,7 @@
 //! harmless outcome, and then that the cluster still serves a normal
 //! alloc / copy_in / copy_out / free. Every loop is bounded in count and
 //! time.
+#![allow(clippy::unwrap_used)]
 
 mod support;
 
@@ -525,11 +526,18 @@ fn idle_map_socket_connections_keep_threads_bounded() {
 }
 
 #[test]
-fn idle_grpc_connections_do_not_stop_the_master() {
+fn idle_grpc_connections_do_not_stop_the_master_or_the_session_socket() {
     let n = hostile_budget(1000);
     let c = Cluster::start(1, "16MiB");
     let addr: SocketAddr = c.master_addr.parse().expect("master address");
     let hostile = idle_tcp(addr, n, Duration::from_secs(10));
+    // And the agent's session socket (a gRPC server too).
+    let idle_session: Vec<UnixStream> = (0..n / 2)
+        .map(|i| {
+            UnixStream::connect(c.socket(0))
+                .unwrap_or_else(|e| panic!("session connection {i}: {e}"))
+        })
+        .collect();
     let started = Instant::now();
     assert!(hostile.len() >= n / 2, "only {} opened", hostile.len());
     let out = c.ocmctl(&["nodes"]);
@@ -553,6 +561,11 @@ fn idle_grpc_connections_do_not_stop_the_master() {
     assert_eq!(
         open, 0,
         "idle gRPC connections still open past the preface deadline"
+    );
+    let open = idle_session.iter().filter(|s| !unix_closed(s)).count();
+    assert_eq!(
+        open, 0,
+        "idle session-socket connections still open past the preface deadline"
     );
     assert_eq!(c.nodes_up(), 1);
 }

@@ -1,6 +1,7 @@
-//! The gRPC port's stream of connections, in place of tonic's
-//! `TcpIncoming` (which retries a failing `accept` at once, forever): at
-//! most [`MAX_GRPC_CONNECTIONS`] open at once (more are closed as they
+//! The gRPC servers' streams of connections (the TCP port and the session
+//! Unix socket), in place of tonic's `TcpIncoming` and tokio's
+//! `UnixListenerStream` (which retry a failing `accept` at once, forever):
+//! at most [`MAX_GRPC_CONNECTIONS`] open at once (more are closed as they
 //! arrive), a connection must send the HTTP/2 client preface within
 //! [`PREFACE_DEADLINE`] and holds a place in a small [`Pending`] budget
 //! until it has, and accept errors back off ([`AcceptBackoff`]).
@@ -16,11 +17,14 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use std::net::IpAddr;
+use std::os::fd::AsFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 use super::{AcceptBackoff, Pending, Ticket};
 
@@ -35,9 +39,50 @@ pub const PREFACE_DEADLINE: Duration = Duration::from_secs(5);
 /// Length of the HTTP/2 client connection preface (RFC 9113 §3.4).
 const PREFACE_LEN: usize = 24;
 
+/// A listening socket [`Incoming`] can take connections from.
+pub trait Listen: Unpin {
+    /// One accepted connection.
+    type Io: AsyncRead + AsyncWrite + Connected + AsFd + Unpin + Send + 'static;
+    /// Names the listener in logs.
+    const NAME: &'static str;
+
+    /// Accepts a connection and the peer's address (`None`: peers are not
+    /// told apart, as on a Unix socket).
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(Self::Io, Option<IpAddr>)>>;
+
+    /// Sets up an accepted connection.
+    fn prepare(_io: &Self::Io) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Listen for TcpListener {
+    type Io = TcpStream;
+    const NAME: &'static str = "gRPC";
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, Option<IpAddr>)>> {
+        TcpListener::poll_accept(self, cx).map_ok(|(s, a)| (s, Some(a.ip())))
+    }
+
+    fn prepare(io: &TcpStream) -> io::Result<()> {
+        // No Nagle: a reply split over several writes must not wait for the
+        // peer's delayed ACK (40 ms stalls in the alloc/free tail).
+        io.set_nodelay(true)
+    }
+}
+
+impl Listen for UnixListener {
+    type Io = UnixStream;
+    const NAME: &'static str = "session socket";
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, Option<IpAddr>)>> {
+        UnixListener::poll_accept(self, cx).map_ok(|(s, _)| (s, None))
+    }
+}
+
 /// Accepted gRPC connections, limited as the module doc says.
-pub struct Incoming {
-    listener: TcpListener,
+pub struct Incoming<L: Listen = TcpListener> {
+    listener: L,
     open: Arc<Semaphore>,
     pending: Arc<Pending>,
     backoff: AcceptBackoff,
@@ -45,29 +90,27 @@ pub struct Incoming {
     full: AcceptBackoff,
 }
 
-impl Incoming {
+impl<L: Listen> Incoming<L> {
     /// Connections from `listener`.
-    pub fn new(listener: TcpListener) -> Self {
+    pub fn new(listener: L) -> Self {
         Self {
             listener,
             open: Arc::new(Semaphore::new(MAX_GRPC_CONNECTIONS)),
             pending: Pending::new(MAX_GRPC_PENDING, MAX_GRPC_PENDING_PER_PEER),
-            backoff: AcceptBackoff::new("gRPC"),
+            backoff: AcceptBackoff::new(L::NAME),
             pause: None,
-            full: AcceptBackoff::new("gRPC (connection limit)"),
+            full: AcceptBackoff::new(L::NAME),
         }
     }
 
-    fn take(&mut self, stream: TcpStream, peer: std::net::SocketAddr) -> io::Result<Guarded> {
+    fn take(&mut self, stream: L::Io, peer: Option<IpAddr>) -> io::Result<Guarded<L::Io>> {
         let Ok(permit) = Arc::clone(&self.open).try_acquire_owned() else {
             return Err(io::Error::other(format!(
                 "too many gRPC connections ({MAX_GRPC_CONNECTIONS} open)"
             )));
         };
-        let ticket = self.pending.admit(&stream, Some(peer.ip()))?;
-        // No Nagle: a reply split over several writes must not wait for the
-        // peer's delayed ACK (40 ms stalls in the alloc/free tail).
-        stream.set_nodelay(true)?;
+        let ticket = self.pending.admit(&stream, peer)?;
+        L::prepare(&stream)?;
         Ok(Guarded {
             io: stream,
             preface: Some((ticket, 0, Box::pin(tokio::time::sleep(PREFACE_DEADLINE)))),
@@ -76,8 +119,8 @@ impl Incoming {
     }
 }
 
-impl tokio_stream::Stream for Incoming {
-    type Item = io::Result<Guarded>;
+impl<L: Listen> tokio_stream::Stream for Incoming<L> {
+    type Item = io::Result<Guarded<L::Io>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
@@ -111,22 +154,22 @@ impl tokio_stream::Stream for Incoming {
 }
 
 /// One accepted gRPC connection with its places in the limits.
-pub struct Guarded {
-    io: TcpStream,
+pub struct Guarded<Io> {
+    io: Io,
     /// Until the preface is in: the pending place, bytes seen, the deadline.
     preface: Option<(Ticket, usize, Pin<Box<Sleep>>)>,
     _permit: OwnedSemaphorePermit,
 }
 
-impl Connected for Guarded {
-    type ConnectInfo = TcpConnectInfo;
+impl<Io: Connected> Connected for Guarded<Io> {
+    type ConnectInfo = Io::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()
     }
 }
 
-impl AsyncRead for Guarded {
+impl<Io: AsyncRead + Unpin> AsyncRead for Guarded<Io> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -152,7 +195,7 @@ impl AsyncRead for Guarded {
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<Io: AsyncWrite + Unpin> AsyncWrite for Guarded<Io> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
