@@ -165,6 +165,7 @@ impl Master {
     /// The call fails.
     pub fn free(&self, alloc: &pb::AllocRef, force: bool) -> Result<(), MasterError> {
         let req = pb::FreeRequest {
+            requester: None,
             alloc: Some(alloc.clone()),
             session_id: String::new(),
             force,

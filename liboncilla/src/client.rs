@@ -147,6 +147,7 @@ impl Client {
             }),
             session_id: self.session_id.clone(),
             force,
+            requester: None,
         };
         let mut client = self.session.clone();
         self.rt.block_on(client.free(req))?;

@@ -23,6 +23,9 @@ pub struct AllocSpec {
     pub name: Option<String>,
     /// Outlive this session until freed explicitly.
     pub persistent: bool,
+    /// Any user may attach it (a persistent allocation); otherwise only
+    /// processes of this process's user.
+    pub shared: bool,
     /// Overrides the session's fabric preference for this allocation.
     pub fabric: Option<Fabric>,
     /// GPU kinds: the device index on the node (unset: any with room).
@@ -40,6 +43,7 @@ impl AllocSpec {
             stripe: 0,
             name: None,
             persistent: false,
+            shared: false,
             fabric: None,
             gpu: None,
         }
@@ -89,6 +93,14 @@ impl AllocSpec {
         self
     }
 
+    /// Let processes of any user attach it (by default only those of this
+    /// process's user, and operators, may).
+    #[must_use]
+    pub fn shared(mut self) -> Self {
+        self.shared = true;
+        self
+    }
+
     /// GPU kinds: put it on device `index` (of this node for
     /// [`Kind::LocalGpu`], of the one named node for [`Kind::RemoteGpu`]).
     #[must_use]
@@ -124,6 +136,7 @@ impl AllocSpec {
             }),
             name: self.name.clone().unwrap_or_default(),
             persistent: self.persistent,
+            shared: self.shared,
             fabric: convert::fabric_wire(self.fabric.unwrap_or(default_fabric)),
         }
     }

@@ -94,6 +94,9 @@ pub struct AllocSpec {
     pub persistent: bool,
     /// The fabric the creator prefers.
     pub fabric: Fabric,
+    /// A persistent allocation any user may attach (otherwise only its
+    /// creator's user and operators).
+    pub shared: bool,
 }
 
 impl AllocSpec {
@@ -122,7 +125,16 @@ impl AllocSpec {
             name,
             persistent,
             fabric,
+            shared: false,
         })
+    }
+
+    /// Lets any user attach it (a persistent allocation; see
+    /// [`AllocSpec::shared`]).
+    #[must_use]
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
     }
 }
 
@@ -169,6 +181,8 @@ pub struct Owner {
     pub agent_incarnation: u64,
     /// The session's number within that start.
     pub session_seq: u64,
+    /// The process's user, as its agent's Unix socket saw it.
+    pub uid: Option<u32>,
 }
 
 impl std::fmt::Display for Owner {
@@ -238,6 +252,10 @@ pub struct Allocation {
     /// Derived by the master when shown.
     pub health: Health,
     pub health_notes: Vec<String>,
+    /// The user of the process that made it; `None` when an operator did.
+    pub user: Option<u32>,
+    /// Any user may attach it.
+    pub shared: bool,
 }
 
 impl Allocation {
@@ -257,6 +275,8 @@ impl Allocation {
             origin_node: String::new(),
             health: Health::Healthy,
             health_notes: Vec::new(),
+            user: None,
+            shared: false,
         }
     }
 

@@ -210,6 +210,8 @@ fn alloc_spec(
         name: name.unwrap_or_default(),
         persistent: true,
         fabric: pb::Fabric::Tcp as i32,
+        // An operator's allocation has no user: any process may attach it.
+        shared: false,
     })
 }
 

@@ -368,11 +368,15 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
         "persistent": a.owner.is_none(),
         "attached": a.attached.iter().map(|o| json!({
             "session_id": o.session_id, "node": o.node, "pid": o.pid, "program": o.program,
+            "uid": o.uid,
         })).collect::<Vec<_>>(),
         "owner": a.owner.as_ref().map(|o| json!({
             "session_id": o.session_id, "node": o.node, "pid": o.pid, "program": o.program,
+            "uid": o.uid,
         })),
         "created_unix_ms": a.created_unix_ms,
+        "user": a.user,
+        "shared": a.shared,
         "origin_node": (!a.origin_node.is_empty()).then_some(&a.origin_node),
         "health": health(a.health),
         "health_notes": a.health_notes,

@@ -158,6 +158,11 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let data_addr = data
             .local_addr()
             .map_err(|source| bind_error("data", agent_cfg.data_listen, source))?;
+        // A deeper accept queue than std's 128: a burst of connections (a
+        // flood's churn among them) must not drop a client's SYN into a 1 s
+        // retransmit.
+        nix::sys::socket::listen(&data, nix::sys::socket::Backlog::MAXCONN)
+            .map_err(|e| bind_error("data", data_addr, e.into()))?;
         let (gpu_devices, gpu_note) = match oncilla_cuda::gpus() {
             Ok(list) => {
                 for g in &list {

@@ -184,6 +184,7 @@ fn a_session_credential_reaches_only_its_own_session() {
                 }),
                 session_id: victim.session_id().to_string(),
                 force: true,
+                requester: None,
             })
             .await,
         );
@@ -262,11 +263,108 @@ fn ids_cannot_be_probed_through_the_data_port() {
     assert_eq!(held.0, wire::Status::NoSuchAllocation, "{}", held.1);
     assert_eq!(
         held.1.replace(&format!(": {} (", a.id()), ": ID ("),
-        absent.1.replace(&format!(": {} (", a.id() + 1000), ": ID ("),
+        absent
+            .1
+            .replace(&format!(": {} (", a.id() + 1000), ": ID ("),
         "a wrong key and an unknown id answer alike"
     );
     let mut back = [0u8; 4];
     a.copy_out(0, &mut back).unwrap();
     a.free().unwrap();
+    still_serves(&c);
+}
+
+const ROLE_ENV: &str = "ONCILLA_AUTHORITY_ROLE";
+/// The user the other process runs as (`nobody` on Debian).
+const OTHER_UID: u32 = 65534;
+
+/// The other user's process: attaches `private` (refused) and `open`
+/// (allowed, and reads what the owner wrote), tries to free `open`
+/// (refused), and allocates and frees its own.
+#[test]
+fn role() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return; // only meaningful as a child of the test below
+    };
+    assert_eq!(role, "other-user");
+    let socket = std::env::var("ONCILLA_SOCKET").unwrap();
+    let ocm = Oncilla::connect_with(Options::without_token(socket)).unwrap();
+    let err = ocm.attach("private").unwrap_err();
+    assert!(
+        matches!(&err, liboncilla::Error::PermissionDenied(m) if m.contains("private to the user")),
+        "{err}"
+    );
+    let open = ocm.attach("open").unwrap();
+    let mut back = [0u8; 6];
+    open.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"shared");
+    let err = open.free().unwrap_err();
+    assert!(
+        matches!(&err, liboncilla::Error::PermissionDenied(m) if m.contains("another user")),
+        "{err}"
+    );
+    let mine = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
+    mine.copy_in(0, b"mine").unwrap();
+    mine.free().unwrap();
+    println!("other-user ok");
+}
+
+/// Before, any process could attach any named allocation and free any
+/// persistent one. Now an allocation belongs to the user whose process
+/// made it (the agent asks the kernel: SO_PEERCRED); another user may
+/// attach it only when it was made shared, and never free it.
+#[test]
+fn another_users_process_reaches_only_shared_allocations() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        println!("skipped: needs root to run a process as another user");
+        return;
+    }
+    let c = Cluster::start(2, "32MiB");
+    let ocm = c.client(0);
+    let private = ocm
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).named("private"))
+        .unwrap();
+    private.copy_in(0, b"secret").unwrap();
+    let open = ocm
+        .alloc_with(
+            &AllocSpec::new(1 << 20, Kind::RemoteHost)
+                .named("open")
+                .shared(),
+        )
+        .unwrap();
+    open.copy_in(0, b"shared").unwrap();
+    // Let the other user reach agent 0's sockets (the operator's choice
+    // of who may use a node; the test's cluster is private to root).
+    let dir = c.socket(0).parent().unwrap().to_path_buf();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    for path in [
+        c.socket(0),
+        std::path::PathBuf::from(format!("{}.map", c.socket(0).display())),
+    ] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "role", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, "other-user")
+        .env("ONCILLA_SOCKET", c.socket(0))
+        .env_remove("ONCILLA_TOKEN")
+        .env_remove("ONCILLA_TOKEN_FILE")
+        .uid(OTHER_UID)
+        .gid(OTHER_UID)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("other-user ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut back = [0u8; 6];
+    private.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"secret");
+    private.free().unwrap();
+    open.free().unwrap();
     still_serves(&c);
 }

@@ -17,6 +17,9 @@ pub struct SessionInfo {
     pub id: String,
     pub pid: u32,
     pub program: String,
+    /// The process's user, as the Unix socket saw it (`None` where the
+    /// kernel did not say).
+    pub uid: Option<u32>,
     /// Order of opening within this agent incarnation.
     pub seq: u64,
     /// Persistent allocations the session is attached to.
@@ -24,14 +27,15 @@ pub struct SessionInfo {
 }
 
 impl Agent {
-    /// Registers a new local session.
-    pub fn open_session(&self, pid: u32, program: String) -> SessionInfo {
+    /// Registers a new local session of process `pid`, user `uid`.
+    pub fn open_session(&self, pid: u32, uid: Option<u32>, program: String) -> SessionInfo {
         let seq = self.next_session.fetch_add(1, Ordering::SeqCst);
         let id = format!("{}-{:016x}", self.node.name, rand::random::<u64>());
         let info = SessionInfo {
             id,
             pid,
             program,
+            uid,
             seq,
             attached: BTreeSet::new(),
         };
@@ -57,6 +61,7 @@ impl Agent {
             program: s.program.clone(),
             agent_incarnation: self.incarnation,
             session_seq: s.seq,
+            uid: s.uid,
         }
     }
 

@@ -82,7 +82,8 @@ impl master_server::Master for MasterService {
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         let r = req.into_inner();
         let target = alloc_ref(r.alloc).map_err(invalid)?;
-        self.core.free(&target, &r.session_id, r.force).await?;
+        let uid = r.requester.and_then(|o| o.uid);
+        self.core.free(&target, &r.session_id, uid, r.force).await?;
         Ok(Response::new(pb::FreeReply {}))
     }
 

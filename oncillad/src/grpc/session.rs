@@ -88,8 +88,20 @@ impl session_server::Session for SessionService {
     type OpenStream = SessionStream;
 
     async fn open(&self, req: Request<pb::OpenRequest>) -> Result<Response<SessionStream>, Status> {
+        // Who the kernel says is on the other end of the socket: its pid
+        // and user are trusted over what the request claims.
+        let peer = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred);
         let r = req.into_inner();
-        let info = self.agent.open_session(r.pid, r.program);
+        let pid = peer
+            .and_then(|c| c.pid())
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(r.pid);
+        let info = self
+            .agent
+            .open_session(pid, peer.map(|c| c.uid()), r.program);
         let (tx, rx) = mpsc::channel(1);
         let first = pb::SessionEvent {
             session_id: info.id.clone(),
@@ -133,8 +145,8 @@ impl session_server::Session for SessionService {
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         acting_for(&req, &req.get_ref().session_id)?;
-        let r = req.into_inner();
-        self.agent.session(&r.session_id)?;
+        let mut r = req.into_inner();
+        r.requester = Some(self.requester(&r.session_id)?);
         let (session, id) = (r.session_id.clone(), r.alloc.as_ref().map_or(0, |a| a.id));
         self.master.free(r).await?;
         self.agent.note_attached(&session, id, false);

@@ -34,6 +34,7 @@ impl<L: AgentLink> Master<L> {
             origin_node,
             requester,
         } = req;
+        let user = requester.as_ref().and_then(|r| r.uid);
         let (owner, creator) = match requester {
             Some(r) if persistent => (None, Some(r)),
             requester => (requester, None),
@@ -41,6 +42,8 @@ impl<L: AgentLink> Master<L> {
         // What every holder keeps, so a restarted master can rebuild it.
         let mut alloc = Allocation::new(0, spec.size, spec.kind);
         alloc.owner = owner;
+        alloc.user = user;
+        alloc.shared = spec.shared;
         alloc.created_unix_ms = unix_ms();
         alloc.name = spec.name.clone();
         alloc.placement = spec.placement.clone();

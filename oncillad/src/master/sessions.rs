@@ -12,20 +12,21 @@ use super::{AgentLink, Master};
 use crate::error::CoreError;
 
 impl<L: AgentLink> Master<L> {
-    /// Frees an allocation. `session` is the asking session, empty for
-    /// operators. A persistent allocation that other processes are attached
+    /// Frees an allocation. `session` is the asking session and `uid` its
+    /// process's user; `session` is empty for operators. A persistent allocation that other processes are attached
     /// to is freed only with `force`; they then get "no such allocation"
     /// from every copy.
     ///
     /// # Errors
     /// [`CoreError::NoSuchAllocation`] / [`CoreError::NoSuchName`];
     /// [`CoreError::PermissionDenied`] when a session frees another
-    /// session's allocation; [`CoreError::InUse`] without `force`;
+    /// session's allocation, or a persistent one another user made; [`CoreError::InUse`] without `force`;
     /// [`CoreError::Recovering`].
     pub async fn free(
         &self,
         target: &AllocRef,
         session: &str,
+        uid: Option<u32>,
         force: bool,
     ) -> Result<(), CoreError> {
         self.check_serving()?;
@@ -39,6 +40,12 @@ impl<L: AgentLink> Master<L> {
                     // to whoever can present it.
                     return Err(CoreError::PermissionDenied(format!(
                         "allocation {id} belongs to another session"
+                    )));
+                }
+            } else if let Some(user) = rec.alloc.user {
+                if !session.is_empty() && uid != Some(user) {
+                    return Err(CoreError::PermissionDenied(format!(
+                        "allocation {id} was made by another user (uid {user}); only that user or an operator may free it"
                     )));
                 }
             }
@@ -97,6 +104,13 @@ impl<L: AgentLink> Master<L> {
             return Err(CoreError::InvalidArgument(format!(
                 "allocation {id} belongs to {owner} and ends with it; only persistent allocations can be attached"
             )));
+        }
+        if let Some(user) = rec.alloc.user {
+            if !rec.alloc.shared && who.uid != Some(user) {
+                return Err(CoreError::PermissionDenied(format!(
+                    "allocation {id} is private to the user that made it (uid {user}); it can be made shared when allocated"
+                )));
+            }
         }
         st.attach_session(who, id);
         let alloc = self.view(&st, id)?;

@@ -156,10 +156,10 @@ async fn allocate_free_accounting() {
     assert_eq!(a.access_key.len(), KEY_LEN);
     let used: u64 = m.nodes().iter().map(|n| n.used).sum();
     assert_eq!(used, 8192 + 4096);
-    m.free(&by_id(a.id), "", false).await.unwrap();
+    m.free(&by_id(a.id), "", None, false).await.unwrap();
     assert!(m.nodes().iter().all(|n| n.used == 0));
     assert!(matches!(
-        m.free(&by_id(a.id), "", false).await,
+        m.free(&by_id(a.id), "", None, false).await,
         Err(CoreError::NoSuchAllocation(_))
     ));
 }
@@ -180,7 +180,7 @@ async fn striped_footprint_is_counted_once_per_node() {
     assert_eq!(nodes, ["a", "b", "a", "b", "a", "b"]);
     // a: 3 pages; b: 2 pages + 10 bytes -> 3 pages.
     assert_eq!(m.nodes().iter().map(|n| n.used).sum::<u64>(), 6 * 4096);
-    m.free(&by_id(a.id), "", false).await.unwrap();
+    m.free(&by_id(a.id), "", None, false).await.unwrap();
     assert!(m.nodes().iter().all(|n| n.used == 0));
 }
 
@@ -239,7 +239,7 @@ async fn gpu_memory_is_counted_per_device_including_reservations_in_flight() {
         m.nodes().iter().all(|n| n.used == 0),
         "GPU bytes are not host pool bytes"
     );
-    m.free(&by_id(first.id), "", false).await.unwrap();
+    m.free(&by_id(first.id), "", None, false).await.unwrap();
     m.allocate(gpu(600 << 10)).await.unwrap();
     let err = m.allocate(gpu(600 << 10)).await.unwrap_err();
     assert!(matches!(err, CoreError::CapacityExhausted { .. }), "{err}");
@@ -251,7 +251,10 @@ async fn sessions_own_their_allocations() {
     let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
     let _other = m.allocate(remote(100, &[], owner("s2"))).await.unwrap();
     let persistent = m.allocate(remote(100, &[], None)).await.unwrap();
-    let refused = m.free(&by_id(mine.id), "s2", false).await.unwrap_err();
+    let refused = m
+        .free(&by_id(mine.id), "s2", None, false)
+        .await
+        .unwrap_err();
     assert!(
         matches!(refused, CoreError::PermissionDenied(_)),
         "{refused}"
@@ -288,7 +291,10 @@ async fn named_allocations_attach_and_refuse_free_while_attached() {
     assert_eq!(b.id, a.id);
     assert_eq!(b.attached.len(), 2);
     // s1 cannot free it while s2 is attached; force can.
-    let err = m.free(&by_name("table"), "s1", false).await.unwrap_err();
+    let err = m
+        .free(&by_name("table"), "s1", None, false)
+        .await
+        .unwrap_err();
     assert!(matches!(err, CoreError::InUse { .. }), "{err}");
     m.detach(a.id, "s2").unwrap();
     assert_eq!(
@@ -298,7 +304,7 @@ async fn named_allocations_attach_and_refuse_free_while_attached() {
     );
     assert!(m.allocation(&by_name("table")).unwrap().attached.is_empty());
     m.attach(&by_id(a.id), owner("s3").unwrap()).unwrap();
-    m.free(&by_name("table"), "", true).await.unwrap();
+    m.free(&by_name("table"), "", None, true).await.unwrap();
     assert!(matches!(
         m.allocation(&by_name("table")),
         Err(CoreError::NoSuchName(_))
@@ -518,7 +524,7 @@ async fn a_restarted_master_rebuilds_the_table_from_reports() {
     let next = m.allocate(remote(1, &[], None)).await.unwrap();
     assert!(next.id > orphan.id);
     // Freed while b was away: b's late report is released, not adopted.
-    m.free(&by_id(owned.id), "", false).await.unwrap();
+    m.free(&by_id(owned.id), "", None, false).await.unwrap();
     let again = m.register(report("b", &before, vec![], 0)).await.unwrap();
     assert!(again.release.contains(&owned.id), "{:?}", again.release);
 }
@@ -539,7 +545,7 @@ async fn an_agent_that_restarted_loses_its_extents() {
     );
     let b_used = m.nodes().iter().find(|n| n.info.name == "b").unwrap().used;
     assert_eq!(b_used, 0);
-    m.free(&by_id(a.id), "", false).await.unwrap();
+    m.free(&by_id(a.id), "", None, false).await.unwrap();
 }
 
 #[tokio::test]
@@ -560,8 +566,8 @@ async fn ids_stop_at_the_ceiling_instead_of_wrapping() {
     );
     // Nothing was held for the refused allocation: ids already given stay
     // usable and freeable.
-    m.free(&by_id(first.id), "", false).await.unwrap();
-    m.free(&by_id(MAX_ID), "", false).await.unwrap();
+    m.free(&by_id(first.id), "", None, false).await.unwrap();
+    m.free(&by_id(MAX_ID), "", None, false).await.unwrap();
 }
 
 #[tokio::test]
@@ -599,5 +605,55 @@ async fn a_live_node_keeps_its_name_and_its_allocations() {
     real.master_incarnation = m.incarnation();
     m.register(real).await.unwrap();
     assert_eq!(m.allocation(&by_id(a.id)).unwrap().health, Health::Healthy);
-    m.free(&by_id(a.id), "", false).await.unwrap();
+    m.free(&by_id(a.id), "", None, false).await.unwrap();
+}
+
+/// A process of user `uid` in session `s`.
+fn user(s: &str, uid: u32) -> Owner {
+    Owner {
+        session_id: s.into(),
+        uid: Some(uid),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn named_allocations_belong_to_their_user_unless_shared() {
+    let m = master(FakeLink::default()).await;
+    let named = |name: &str, shared: bool| {
+        let mut s = spec(100, &["a"]);
+        s.name = name.into();
+        AllocateRequest {
+            spec: s.shared(shared),
+            origin_node: "a".into(),
+            requester: Some(user("alice-1", 1000)),
+        }
+    };
+    let private = m.allocate(named("private", false)).await.unwrap();
+    let open = m.allocate(named("open", true)).await.unwrap();
+    assert_eq!((private.user, private.shared), (Some(1000), false));
+    // Another user may attach only the shared one.
+    let err = m
+        .attach(&by_name("private"), user("bob-1", 1001))
+        .unwrap_err();
+    assert!(matches!(err, CoreError::PermissionDenied(_)), "{err}");
+    assert!(err.to_string().contains("private to the user"), "{err}");
+    m.attach(&by_name("open"), user("bob-1", 1001)).unwrap();
+    // The same user, in another session, may attach it.
+    m.attach(&by_name("private"), user("alice-2", 1000))
+        .unwrap();
+    m.detach(private.id, "alice-2").unwrap();
+    // Only its user (or an operator) may free it, shared or not.
+    for id in [private.id, open.id] {
+        let err = m
+            .free(&by_id(id), "bob-1", Some(1001), true)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CoreError::PermissionDenied(_)), "{err}");
+    }
+    m.free(&by_id(private.id), "alice-2", Some(1000), true)
+        .await
+        .unwrap();
+    m.free(&by_id(open.id), "", None, true).await.unwrap();
+    assert!(m.allocations().is_empty());
 }

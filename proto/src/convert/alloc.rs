@@ -60,7 +60,8 @@ impl TryFrom<pb::AllocSpec> for AllocSpec {
             s.name,
             s.persistent,
             fabric(s.fabric)?,
-        )?)
+        )?
+        .shared(s.shared))
     }
 }
 
@@ -73,6 +74,7 @@ impl From<AllocSpec> for pb::AllocSpec {
             name: s.name,
             persistent: s.persistent,
             fabric: fabric_wire(s.fabric),
+            shared: s.shared,
         }
     }
 }
@@ -114,6 +116,7 @@ impl From<pb::Owner> for Owner {
             program: o.program,
             agent_incarnation: o.agent_incarnation,
             session_seq: o.session_seq,
+            uid: o.uid,
         }
     }
 }
@@ -127,6 +130,7 @@ impl From<Owner> for pb::Owner {
             program: o.program,
             agent_incarnation: o.agent_incarnation,
             session_seq: o.session_seq,
+            uid: o.uid,
         }
     }
 }
@@ -238,6 +242,8 @@ impl TryFrom<pb::Allocation> for Allocation {
             origin_node: a.origin_node,
             health: health(a.health)?,
             health_notes: a.health_notes,
+            user: a.user,
+            shared: a.shared,
         })
     }
 }
@@ -258,6 +264,8 @@ impl From<Allocation> for pb::Allocation {
             origin_node: a.origin_node,
             health: health_wire(a.health),
             health_notes: a.health_notes,
+            user: a.user,
+            shared: a.shared,
         }
     }
 }
