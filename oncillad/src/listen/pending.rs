@@ -1,9 +1,10 @@
 //! The budget for connections still in their handshake: at most `max` of
 //! them at once and at most `per_peer` from one address. A new connection
 //! over either limit evicts the oldest one it competes with (same peer
-//! first), so idle or dripping strangers can fill the budget but never
-//! lock out a client that speaks at once: its hello arrives long before
-//! the budget turns over.
+//! first) that has nothing waiting to be read (or, when all have, the
+//! oldest), so idle or dripping strangers can fill the budget but never
+//! lock out a client that speaks at once: its hello is waiting in the
+//! socket before its thread gets to it, and that spares it.
 //!
 //! Eviction is a `shutdown(2)` of the socket through a duplicate of its
 //! descriptor kept here: the thread or task serving it sees end-of-file and
@@ -77,10 +78,14 @@ impl Pending {
         let fd = sock.as_fd().try_clone_to_owned()?;
         let mut slots = self.lock();
         let same = slots.list.iter().filter(|e| e.peer == peer).count();
-        let victim = if same >= self.per_peer {
-            slots.list.iter().position(|e| e.peer == peer)
-        } else if slots.list.len() >= self.max {
-            Some(0)
+        let competes = |e: &Entry| same < self.per_peer || e.peer == peer;
+        let victim = if same >= self.per_peer || slots.list.len() >= self.max {
+            // Only when full, so a scan (one `recv` peek per entry) is rare.
+            let silent = slots
+                .list
+                .iter()
+                .position(|e| competes(e) && !has_bytes_waiting(&e.fd));
+            silent.or_else(|| slots.list.iter().position(competes))
         } else {
             None
         };
@@ -120,6 +125,17 @@ impl Pending {
     }
 }
 
+/// Whether the peer has sent bytes its connection's server has not read
+/// yet (a client's hello that its thread has not got to).
+fn has_bytes_waiting(fd: &OwnedFd) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0u8; 1];
+    matches!(
+        recv(fd.as_raw_fd(), &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        Ok(n) if n > 0
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +164,29 @@ mod tests {
         drop(ta); // already evicted: nothing to remove
         drop(tb);
         assert_eq!(pending.len(), 1);
+    }
+
+    #[test]
+    fn a_connection_that_has_spoken_is_spared() {
+        let pending = Pending::new(2, 2);
+        let (a, mut a_peer) = pair();
+        let (b, mut b_peer) = pair();
+        let (c, _c_peer) = pair();
+        let _ta = pending.admit(&a, None).unwrap();
+        let _tb = pending.admit(&b, None).unwrap();
+        // The oldest has its hello waiting: the silent one goes instead.
+        std::io::Write::write_all(&mut a_peer, b"OCLD").unwrap();
+        let _tc = pending.admit(&c, None).unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            b_peer.read(&mut buf).unwrap(),
+            0,
+            "the silent one was evicted"
+        );
+        a_peer.set_nonblocking(true).unwrap();
+        let a_open =
+            matches!(a_peer.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        assert!(a_open, "the one that spoke was evicted");
     }
 
     #[test]
