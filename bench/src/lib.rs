@@ -11,6 +11,8 @@
 //! - `placement` ([`bandwidth`]): copy bandwidth by where the bytes live.
 //! - `raw-server` ([`rawtcp`]): the raw TCP baseline's server.
 //! - `soak` ([`soak`]): fault injection with verification.
+//! - `flood` ([`flood`]): copy latency while hostile connections are held
+//!   open against the data port (loopback, its own cluster).
 //!
 //! Local clusters come from [`oncilla_cluster`], started with the
 //! [`Daemon`] the caller passes (`ocmctl` re-executes itself). `copy`
@@ -25,6 +27,7 @@ pub mod alloc;
 pub mod bandwidth;
 pub mod copy;
 pub mod error;
+pub mod flood;
 pub mod pages;
 pub mod probe;
 pub mod procbench;
@@ -57,6 +60,10 @@ pub enum Bench {
     /// Several clients allocate, copy, verify and free at random while one
     /// agent is killed and restarted; counts corrupted bytes and leaks.
     Soak(soak::SoakArgs),
+    /// Copy latency (p50/p99 of 4 KiB and 1 MiB copies, and of a new
+    /// connection's first copy) while idle and dripping hostile connections
+    /// are held open against the data port; a local cluster on loopback.
+    Flood(flood::FloodArgs),
 }
 
 /// Runs one benchmark; local clusters run their daemons with `daemon`.
@@ -72,6 +79,7 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::RawServer(args) => copy::raw_server(args),
         Bench::CopyWorker(args) => procbench::worker(args),
         Bench::Soak(args) => soak::run(args, daemon),
+        Bench::Flood(args) => flood::run(args, daemon),
     }
 }
 
