@@ -204,7 +204,8 @@ fn idle_and_dripping_strangers_never_block_a_copy() {
         idle.len()
     );
     // Drippers: a valid hello's first bytes, one a second.
-    let mut drip = idle_tcp(addr, 100, Duration::from_secs(5));
+    let drip_n = hostile_budget(idle_n + 1100) - idle_n;
+    let mut drip = idle_tcp(addr, drip_n, Duration::from_secs(10));
     let mut hello = Vec::new();
     wire::write_hello(&mut hello, b"not-the-token").unwrap();
     let drip_step = |drip: &mut [TcpStream], k: usize| {
@@ -222,6 +223,11 @@ fn idle_and_dripping_strangers_never_block_a_copy() {
         normal_copy(&c, "node-1", 1 << 20, round);
         drip_step(&mut drip, usize::from(round) + 1);
     }
+    eprintln!(
+        "{} idle and {} dripping data connections open: {peak_threads} agent threads",
+        idle.len(),
+        drip.len()
+    );
     assert!(
         peak_threads < 64 + MAX_PENDING + 64,
         "{} idle connections made {peak_threads} agent threads",
@@ -464,10 +470,18 @@ fn a_reader_that_never_reads_cannot_pin_freed_memory() {
         "the stalled read completed ({} bytes) instead of being cut",
         rest.len()
     );
-    // The master and the agent agree: what it lists free is what it gives.
-    let node = c.node("node-1").expect("node-1 listed");
-    assert_eq!(node["state"], "up");
     a.free().unwrap();
+    // The master and the agent agree: once the free is scrubbed, what the
+    // master lists free is what the agent's pool can give, all of it.
+    let mut last = serde_json::Value::Null;
+    let agree = Cluster::eventually(Duration::from_secs(5), || {
+        last = c.node("node-1").unwrap_or_default();
+        last["free"] == last["largest_free"] && last["free"] == last["capacity"]
+    });
+    assert!(
+        agree,
+        "master and agent disagree about node-1's free memory: {last}"
+    );
     normal_copy(&c, "node-1", 1 << 20, 5);
 }
 
@@ -485,7 +499,9 @@ fn idle_map_socket_connections_keep_threads_bounded() {
         }
     }
     let started = Instant::now();
-    let bound = baseline + MAX_PENDING + 16;
+    // Pending connections' threads, plus evicted ones not yet gone (a
+    // busy machine schedules their exit late); 2,000 before the limits.
+    let bound = baseline + 2 * MAX_PENDING + 32;
     let peak = (0..5)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(100));
@@ -493,6 +509,7 @@ fn idle_map_socket_connections_keep_threads_bounded() {
         })
         .max()
         .unwrap_or(0);
+    eprintln!("{n} idle map connections: at most {peak} agent threads (baseline {baseline})");
     assert!(
         peak <= bound,
         "{n} idle map connections made {peak} agent threads (baseline {baseline})"
