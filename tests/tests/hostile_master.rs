@@ -53,18 +53,6 @@ fn ocmctl_json(c: &Cluster, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// A normal allocation, copy and free still work.
-fn still_serves(c: &Cluster) {
-    let ocm = c.client(0);
-    let a = ocm.alloc(1 << 20, Kind::RemoteHost).unwrap();
-    let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    a.copy_in(0, &data).unwrap();
-    let mut back = vec![0u8; 1 << 20];
-    a.copy_out(0, &mut back).unwrap();
-    assert!(back == data);
-    a.free().unwrap();
-}
-
 /// Three allocations of the most extents one may have (256 MiB in 4 KiB
 /// stripes over two agents: 65,536 extents each, ~4 MB of descriptor
 /// apiece). Before, listing them failed ("decoded message length too
@@ -130,7 +118,7 @@ fn the_largest_allocations_list_and_survive_a_master_restart() {
     for a in big {
         a.free().unwrap();
     }
-    still_serves(&c);
+    c.still_serves();
 }
 
 /// Before, a forged `Register` for node-1 under a new incarnation
@@ -168,7 +156,7 @@ fn a_forged_registration_cannot_take_a_live_nodes_name() {
     a.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"kept");
     a.free().unwrap();
-    still_serves(&c);
+    c.still_serves();
 }
 
 /// Before, a `Register` carrying allocation id 2^64 - 1 wrapped the id
@@ -209,7 +197,7 @@ fn made_up_ids_never_wrap_the_counter() {
     );
     after.free().unwrap();
     before.free().unwrap();
-    still_serves(&c);
+    c.still_serves();
 }
 
 /// Before, enum values no build knows (policy 99, fabric 77, kind 9) were
@@ -245,5 +233,5 @@ fn unknown_enum_values_are_refused_at_the_edge() {
         listed.as_array().unwrap().is_empty(),
         "nothing was made: {listed}"
     );
-    still_serves(&c);
+    c.still_serves();
 }

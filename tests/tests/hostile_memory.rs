@@ -13,21 +13,6 @@ use std::time::Duration;
 use liboncilla::Kind;
 use support::Cluster;
 
-/// A normal allocation, copy and free still work on node-0 (local) and on
-/// another node.
-fn still_serves(c: &Cluster) {
-    let ocm = c.client(0);
-    for kind in [Kind::LocalHost, Kind::RemoteHost] {
-        let a = ocm.alloc(1 << 20, kind).unwrap();
-        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-        a.copy_in(0, &data).unwrap();
-        let mut back = vec![0u8; 1 << 20];
-        a.copy_out(0, &mut back).unwrap();
-        assert!(back == data);
-        a.free().unwrap();
-    }
-}
-
 /// The file behind the mapping that holds `ptr` in this process, opened
 /// read-write through /proc/self/map_files (as a client that kept the fd
 /// it was sent could use it); `None` where the kernel does not allow it.
@@ -85,7 +70,7 @@ fn truncating_the_shared_memory_cannot_crash_the_agent() {
     keep.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"other tenant");
     keep.free().unwrap();
-    still_serves(&c);
+    c.still_serves();
 }
 
 /// EPERM, which a sealed memfd answers to a resize.

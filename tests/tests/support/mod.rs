@@ -164,6 +164,24 @@ impl Cluster {
             .expect("connect to agent")
     }
 
+    /// Asserts the cluster still serves after an attack: a session through
+    /// agent 0 allocates 1 MiB of local and of remote host memory, copies
+    /// a pattern in and back out of each, and frees them.
+    pub fn still_serves(&self) {
+        let ocm = self.client(0);
+        for kind in [liboncilla::Kind::LocalHost, liboncilla::Kind::RemoteHost] {
+            let a = ocm
+                .alloc(1 << 20, kind)
+                .unwrap_or_else(|e| panic!("{kind:?} allocation after the attack: {e}"));
+            let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+            a.copy_in(0, &data).expect("copy_in after the attack");
+            let mut back = vec![0u8; 1 << 20];
+            a.copy_out(0, &mut back).expect("copy_out after the attack");
+            assert!(back == data, "{kind:?} bytes came back different");
+            a.free().expect("free after the attack");
+        }
+    }
+
     /// Runs ocmctl against this cluster.
     pub fn ocmctl(&self, args: &[&str]) -> Output {
         Command::new(bin("ocmctl"))
