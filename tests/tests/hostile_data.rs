@@ -254,6 +254,7 @@ fn idle_and_dripping_strangers_never_block_a_copy() {
     );
     drop((idle, drip));
     normal_copy(&c, "node-1", 1 << 20, 9);
+    c.still_serves();
 }
 
 #[test]
@@ -273,6 +274,7 @@ fn a_wrong_token_learns_nothing_but_the_refusal() {
     assert_eq!(code, Welcome::Denied);
     assert_eq!(msg, "permission denied: wrong cluster token");
     normal_copy(&c, "node-0", 4096, 3);
+    c.still_serves();
 }
 
 /// An extra agent started by this test (not by the harness) with its own
@@ -403,6 +405,7 @@ fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
         log()
     );
     normal_copy(&c, "node-x", 1 << 20, 4);
+    c.still_serves();
 }
 
 #[test]
@@ -483,6 +486,7 @@ fn a_reader_that_never_reads_cannot_pin_freed_memory() {
         "master and agent disagree about node-1's free memory: {last}"
     );
     normal_copy(&c, "node-1", 1 << 20, 5);
+    c.still_serves();
 }
 
 #[test]
@@ -540,6 +544,7 @@ fn idle_map_socket_connections_keep_threads_bounded() {
     let a = ocm.alloc(4096, Kind::LocalHost).expect("alloc after");
     a.copy_in(0, &[1u8; 4096]).unwrap();
     a.free().unwrap();
+    c.still_serves();
 }
 
 #[test]
@@ -585,4 +590,5 @@ fn idle_grpc_connections_do_not_stop_the_master_or_the_session_socket() {
         "idle session-socket connections still open past the preface deadline"
     );
     assert_eq!(c.nodes_up(), 1);
+    c.still_serves();
 }
