@@ -325,6 +325,37 @@ fn start_limited_agent(
 }
 
 #[test]
+fn idle_authenticated_connections_cannot_hold_every_seat() {
+    // The agent's cap on authenticated data connections
+    // (`fabric::tcp::MAX_CONNECTIONS`).
+    const MAX_CONNECTIONS: usize = 1024;
+    let n = hostile_budget(MAX_CONNECTIONS);
+    let c = Cluster::start(2, "16MiB");
+    let addr = data_addr(&c, "node-1");
+    // A holder of valid credentials fills every seat and never sends a
+    // request.
+    let held: Vec<TcpStream> = (0..n).map(|_| raw_data_client(&c, addr)).collect();
+    // Seats younger than a second are kept; after that an idle one gives way.
+    std::thread::sleep(Duration::from_millis(1100));
+    normal_copy(&c, "node-1", 4096, 7);
+    normal_copy(&c, "node-1", 1 << 20, 8);
+    let closed = held.iter().filter(|s| tcp_closed(s)).count();
+    eprintln!("{n} idle authenticated connections: {closed} gave their seat to the client");
+    if n >= MAX_CONNECTIONS {
+        assert!(
+            closed >= 1,
+            "no idle connection gave way, yet the copies passed"
+        );
+    }
+    assert!(
+        closed <= 8,
+        "{closed} idle connections were closed for two copies: eviction is too eager"
+    );
+    drop(held);
+    c.still_serves();
+}
+
+#[test]
 fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
     raise_nofile(16_384);
     let c = Cluster::start(1, "16MiB");

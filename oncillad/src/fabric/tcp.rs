@@ -18,7 +18,8 @@
 //! Limits against peers that stall: the hello must be done within
 //! [`HANDSHAKE_DEADLINE`] and waits in a small budget of its own
 //! ([`MAX_PENDING`], apart from the [`MAX_CONNECTIONS`] authenticated
-//! ones); after it, a reply or payload that makes no progress for
+//! ones, where a newcomer takes the seat of a connection idle between
+//! requests before it is refused); after it, a reply or payload that makes no progress for
 //! [`STALL_DEADLINE`] ends the connection (socket timeouts set once, no
 //! cost per request), so a peer that never reads cannot keep a freed
 //! allocation's memory out of the pool; accept errors back off.
@@ -31,7 +32,7 @@
 
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::AtomicUsize;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,10 +42,12 @@ use oncilla_proto::wire::{self, Op, Reply, Request, Status, REQUEST_LEN};
 
 use oncilla_cuda::DeviceMem;
 
-use crate::listen::{AcceptBackoff, Pending, Place, Ticket};
+use crate::listen::{AcceptBackoff, Pending, Seats, Ticket};
 use crate::memory::held::{Backing, HeldTable};
 
-/// Most authenticated data connections served at once.
+/// Most authenticated data connections served at once; past it a newcomer
+/// takes the seat of one idle between requests (see [`Seats`]), and is
+/// refused only when all are in use.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Most data connections still in their handshake, apart from
 /// [`MAX_CONNECTIONS`]: a new one past it evicts the oldest (see
@@ -69,7 +72,7 @@ const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
 /// Accepts data connections until the listener fails.
 pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
-    let live = Arc::new(AtomicUsize::new(0));
+    let seats = Seats::new(MAX_CONNECTIONS);
     let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
     let mut backoff = AcceptBackoff::new("data");
     loop {
@@ -91,11 +94,11 @@ pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
         };
         let held = Arc::clone(&held);
         let token = token.clone();
-        let live = Arc::clone(&live);
+        let seats = Arc::clone(&seats);
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(
-                move || match Connection::new(stream, held).run(&token, ticket, &live) {
+                move || match Connection::new(stream, held).run(&token, ticket, &seats) {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
                     Err(e) => tracing::debug!(%peer, error = %e, "data connection ended"),
                 },
@@ -132,14 +135,15 @@ impl Connection {
         mut self,
         token: &Token,
         ticket: Ticket,
-        live: &AtomicUsize,
+        seats: &Arc<Seats>,
     ) -> Result<(), wire::WireError> {
         let until = Instant::now() + HANDSHAKE_DEADLINE;
-        let place = super::accept(&mut self.stream, token, until, || {
-            Place::take(live, MAX_CONNECTIONS, "too many data connections")
+        let dup = self.stream.as_fd().try_clone_to_owned()?;
+        let seat = super::accept(&mut self.stream, token, until, || {
+            seats.take(dup, "too many data connections")
         });
         drop(ticket);
-        let Some(_place) = place? else {
+        let Some(mut seat) = seat? else {
             return Ok(());
         };
         self.stream.set_nodelay(true)?;
@@ -167,6 +171,7 @@ impl Connection {
                 Err(e) => return Err(e.into()),
             };
             idle = Duration::ZERO;
+            seat.begin();
             let req = match Request::decode(&head) {
                 Ok(r) => r,
                 Err(e) => {
@@ -176,6 +181,7 @@ impl Connection {
                 }
             };
             self.serve_one(&req)?;
+            seat.end();
         }
     }
 

@@ -3,8 +3,8 @@
 //! connections that have not authenticated yet ([`pending`]), accept loops
 //! that back off instead of spinning when the process runs out of file
 //! descriptors or memory ([`backoff`]), and the gRPC port's connection
-//! stream with both ([`incoming`]); and the count of authenticated
-//! connections ([`Place`]).
+//! stream with both ([`incoming`]); and the authenticated connections,
+//! counted ([`Place`]) or seated with idle ones giving way ([`seats`]).
 //!
 //! It decides only whether a connection may exist and for how long before
 //! it proves itself; it never reads a request, never checks a token and
@@ -13,9 +13,11 @@
 pub mod backoff;
 pub mod incoming;
 pub mod pending;
+pub mod seats;
 
 pub use backoff::AcceptBackoff;
 pub use pending::{Pending, Ticket};
+pub use seats::{Seat, Seats};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -127,7 +127,7 @@ impl Pending {
 
 /// Whether the peer has sent bytes its connection's server has not read
 /// yet (a client's hello that its thread has not got to).
-fn has_bytes_waiting(fd: &OwnedFd) -> bool {
+pub(crate) fn has_bytes_waiting(fd: &OwnedFd) -> bool {
     use nix::sys::socket::{recv, MsgFlags};
     let mut byte = [0u8; 1];
     matches!(
