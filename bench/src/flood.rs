@@ -31,9 +31,6 @@ const MAX_HOSTILE: usize = 4000;
 const PHASE_LIMIT: Duration = Duration::from_secs(30);
 /// How often the flooders re-open what the agent closed, and drip.
 const FLOOD_TICK: Duration = Duration::from_millis(250);
-/// Fresh sessions per scenario, each timing its first copy (a new data
-/// connection, so a new handshake through the flood).
-const FRESH: usize = 10;
 /// Untimed copies per size before a scenario's samples.
 const WARMUP: usize = 20;
 
@@ -50,6 +47,10 @@ pub struct FloodArgs {
     /// Copies per size, direction and scenario.
     #[arg(long, default_value_t = 200)]
     iterations: usize,
+    /// Fresh sessions per scenario, each timing its first copy (a new data
+    /// connection, so a new handshake through the flood).
+    #[arg(long, default_value_t = 10)]
+    fresh: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -65,13 +66,19 @@ pub fn run(args: &FloodArgs, daemon: &Daemon) -> Result<(), BenchError> {
             "--idle and --drip must be at most {MAX_HOSTILE}"
         )));
     }
+    if !(1..=1000).contains(&args.fresh) {
+        return Err(BenchError::Usage(
+            "--fresh must be between 1 and 1000".into(),
+        ));
+    }
     if !(1..=10_000).contains(&args.iterations) {
         return Err(BenchError::Usage(
             "--iterations must be between 1 and 10000".into(),
         ));
     }
     raise_nofile((args.idle + args.drip) as u64 * 2 + 1024);
-    let (idle, drip, iterations, json) = (args.idle, args.drip, args.iterations, args.json);
+    let (idle, drip, iterations, fresh, json) =
+        (args.idle, args.drip, args.iterations, args.fresh, args.json);
     oncilla_cluster::run(crate::local(daemon, &[64 << 20, 64 << 20]), move |c| {
         let master = Master::connect(&c.master_addr, &c.token)?;
         let target = master
@@ -103,7 +110,7 @@ pub fn run(args: &FloodArgs, daemon: &Daemon) -> Result<(), BenchError> {
                 eprint!("measuring with {name} hostile connections ...");
             }
             let flood = Flood::start(addr, n_idle, n_drip);
-            let row = measure(&socket, &c.token, iterations, name, &flood);
+            let row = measure(&socket, &c.token, (iterations, fresh), name, &flood);
             flood.stop();
             if !json {
                 eprintln!(" done");
@@ -125,12 +132,14 @@ struct Row {
     /// First copy of a fresh session (connect and handshake included).
     fresh: Vec<f64>,
     fresh_failed: usize,
+    /// The first failure's message, if any copy failed.
+    first_error: Option<String>,
 }
 
 fn measure(
     socket: &std::path::Path,
     token: &Token,
-    iterations: usize,
+    (iterations, fresh): (usize, usize),
     scenario: &'static str,
     flood: &Flood,
 ) -> Result<Row, BenchError> {
@@ -143,6 +152,7 @@ fn measure(
         sizes: Vec::new(),
         fresh: Vec::new(),
         fresh_failed: 0,
+        first_error: None,
     };
     let mut open_samples = Vec::new();
     for size in SIZES {
@@ -164,14 +174,18 @@ fn measure(
             }
             open_samples.push(flood.open());
             let t = Instant::now();
-            if a.copy_in(0, &data).is_err() {
+            if let Err(e) = a.copy_in(0, &data) {
                 failed += 1;
+                row.first_error
+                    .get_or_insert_with(|| format!("copy_in: {e}"));
                 continue;
             }
             w.push(micros(t.elapsed()));
             let t = Instant::now();
-            if a.copy_out(0, &mut back).is_err() {
+            if let Err(e) = a.copy_out(0, &mut back) {
                 failed += 1;
+                row.first_error
+                    .get_or_insert_with(|| format!("copy_out: {e}"));
                 continue;
             }
             r.push(micros(t.elapsed()));
@@ -185,7 +199,7 @@ fn measure(
         a.free()?;
         row.sizes.push((size, w, r, failed));
     }
-    for _ in 0..FRESH {
+    for _ in 0..fresh {
         let outcome = connect().map_err(BenchError::from).and_then(|fresh| {
             let spec = AllocSpec::new(4096, Kind::RemoteHost)
                 .on_nodes(["node-1"])
@@ -200,7 +214,11 @@ fn measure(
         });
         match outcome {
             Ok(took) => row.fresh.push(micros(took)),
-            Err(_) => row.fresh_failed += 1,
+            Err(e) => {
+                row.fresh_failed += 1;
+                row.first_error
+                    .get_or_insert_with(|| format!("new connection: {e}"));
+            }
         }
     }
     row.hostile = if open_samples.is_empty() {
@@ -228,6 +246,7 @@ fn print(rows: &[Row], json: bool) {
                     "fresh_p50_us": pct(&r.fresh, 50.0),
                     "fresh_p99_us": pct(&r.fresh, 99.0),
                     "fresh_failed": r.fresh_failed,
+                    "first_error": r.first_error,
                 })
             })
             .collect();
@@ -258,6 +277,11 @@ fn print(rows: &[Row], json: bool) {
         ]);
     }
     print!("{}", t.render());
+    for r in rows {
+        if let Some(e) = &r.first_error {
+            println!("{}: first failure: {e}", r.scenario);
+        }
+    }
 }
 
 fn micros(d: Duration) -> f64 {

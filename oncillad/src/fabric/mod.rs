@@ -22,7 +22,9 @@ use crate::memory::held::{Held, HeldTable};
 /// when one read waits too long). The token is checked first, so a peer
 /// without it learns nothing but the refusal (not even the version spoken
 /// here); then the version; then `room` takes the connection's place among
-/// authenticated ones or says why there is none. `Ok(Some(place))` when
+/// authenticated ones or says why there is none. `heard` is called as soon
+/// as the whole hello is in (the connection has spoken: see
+/// [`crate::listen::Ticket::heard`]). `Ok(Some(place))` when
 /// the client may go on; `Ok(None)` when it was refused (and told why).
 ///
 /// # Errors
@@ -31,10 +33,12 @@ pub(crate) fn accept<S: Timed, P>(
     stream: &mut S,
     token: &Token,
     until: Instant,
+    heard: impl FnOnce(),
     room: impl FnOnce() -> Result<P, &'static str>,
 ) -> Result<Option<P>, wire::WireError> {
     let mut stream = Within { stream, until };
     let (version, presented) = wire::read_hello(&mut stream)?;
+    heard();
     // The cluster token (nodes, operators) or an application session's
     // credential; either way the requests still need each allocation's key.
     if oncilla_proto::credential::authenticate(token, &presented).is_none() {
@@ -199,7 +203,7 @@ mod tests {
         let (mut server, mut client) = UnixStream::pair().unwrap();
         client.write_all(bytes).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        let got = accept(&mut server, &token(), until, || Ok::<_, &str>(()));
+        let got = accept(&mut server, &token(), until, || {}, || Ok::<_, &str>(()));
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
         (got, code, msg)
     }
@@ -229,9 +233,13 @@ mod tests {
             .write_all(&hello(wire::VERSION, token().as_bytes()))
             .unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        let got = accept(&mut server, &token(), until, || {
-            Err::<(), _>("too many data connections")
-        });
+        let got = accept(
+            &mut server,
+            &token(),
+            until,
+            || {},
+            || Err::<(), _>("too many data connections"),
+        );
         assert!(matches!(got, Ok(None)));
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
         assert_eq!(
@@ -257,7 +265,7 @@ mod tests {
         });
         let started = Instant::now();
         let until = started + Duration::from_millis(300);
-        let got = accept(&mut server, &token(), until, || Ok::<_, &str>(()));
+        let got = accept(&mut server, &token(), until, || {}, || Ok::<_, &str>(()));
         let took = started.elapsed();
         assert!(
             matches!(&got, Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),

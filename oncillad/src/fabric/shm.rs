@@ -121,9 +121,13 @@ fn serve_one(
     live: &AtomicUsize,
 ) -> Result<(), wire::WireError> {
     let until = Instant::now() + REQUEST_DEADLINE;
-    let Some(_place) = super::accept(&mut stream, token, until, || {
-        Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections")
-    })?
+    let Some(_place) = super::accept(
+        &mut stream,
+        token,
+        until,
+        || ticket.heard(),
+        || Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections"),
+    )?
     else {
         return Ok(());
     };

@@ -139,9 +139,13 @@ impl Connection {
     ) -> Result<(), wire::WireError> {
         let until = Instant::now() + HANDSHAKE_DEADLINE;
         let dup = self.stream.as_fd().try_clone_to_owned()?;
-        let seat = super::accept(&mut self.stream, token, until, || {
-            seats.take(dup, "too many data connections")
-        });
+        let seat = super::accept(
+            &mut self.stream,
+            token,
+            until,
+            || ticket.heard(),
+            || seats.take(dup, "too many data connections"),
+        );
         drop(ticket);
         let Some(mut seat) = seat? else {
             return Ok(());

@@ -1,10 +1,10 @@
 //! The budget for connections still in their handshake: at most `max` of
 //! them at once and at most `per_peer` from one address. A new connection
 //! over either limit evicts the oldest one it competes with (same peer
-//! first) that has nothing waiting to be read (or, when all have, the
-//! oldest), so idle or dripping strangers can fill the budget but never
-//! lock out a client that speaks at once: its hello is waiting in the
-//! socket before its thread gets to it, and that spares it.
+//! first) that has not spoken (its whole hello neither read by its server
+//! nor waiting in the socket), else the oldest whose hello its server has
+//! not finished reading, else the oldest; so idle or dripping strangers can
+//! fill the budget but never lock out a client that speaks at once.
 //!
 //! Eviction is a `shutdown(2)` of the socket through a duplicate of its
 //! descriptor kept here: the thread or task serving it sees end-of-file and
@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Connections that have not authenticated yet (see the module doc).
@@ -35,6 +35,8 @@ struct Slots {
 struct Entry {
     id: u64,
     peer: Option<IpAddr>,
+    /// Set once the connection's whole hello is in.
+    heard: Arc<AtomicBool>,
     /// A duplicate of the connection's descriptor, for eviction.
     fd: OwnedFd,
 }
@@ -44,6 +46,15 @@ struct Entry {
 pub struct Ticket {
     pending: Arc<Pending>,
     id: u64,
+    heard: Arc<AtomicBool>,
+}
+
+impl Ticket {
+    /// The connection's whole hello is in: from now it is evicted only
+    /// when every competitor has spoken too (its server is checking it).
+    pub fn heard(&self) {
+        self.heard.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Ticket {
@@ -81,11 +92,14 @@ impl Pending {
         let competes = |e: &Entry| same < self.per_peer || e.peer == peer;
         let victim = if same >= self.per_peer || slots.list.len() >= self.max {
             // Only when full, so a scan (one `recv` peek per entry) is rare.
-            let silent = slots
-                .list
-                .iter()
-                .position(|e| competes(e) && !has_bytes_waiting(&e.fd));
-            silent.or_else(|| slots.list.iter().position(competes))
+            // The oldest that has not spoken; else the oldest whose hello is
+            // not complete (a dripper's byte may be waiting); else the oldest.
+            let unheard = |e: &Entry| competes(e) && !e.heard.load(Ordering::Relaxed);
+            let list = &slots.list;
+            list.iter()
+                .position(|e| unheard(e) && !has_bytes_waiting(&e.fd))
+                .or_else(|| list.iter().position(unheard))
+                .or_else(|| list.iter().position(competes))
         } else {
             None
         };
@@ -97,10 +111,17 @@ impl Pending {
         }
         let id = slots.next;
         slots.next += 1;
-        slots.list.push_back(Entry { id, peer, fd });
+        let heard = Arc::new(AtomicBool::new(false));
+        slots.list.push_back(Entry {
+            id,
+            peer,
+            heard: Arc::clone(&heard),
+            fd,
+        });
         Ok(Ticket {
             pending: Arc::clone(self),
             id,
+            heard,
         })
     }
 
@@ -187,6 +208,29 @@ mod tests {
         let a_open =
             matches!(a_peer.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
         assert!(a_open, "the one that spoke was evicted");
+    }
+
+    #[test]
+    fn a_connection_whose_hello_was_read_is_spared() {
+        let pending = Pending::new(2, 2);
+        let (a, mut a_peer) = pair();
+        let (b, mut b_peer) = pair();
+        let (c, _c_peer) = pair();
+        let ta = pending.admit(&a, None).unwrap();
+        let _tb = pending.admit(&b, None).unwrap();
+        // Nothing waits in `a`'s socket, but its server has read its hello.
+        ta.heard();
+        let _tc = pending.admit(&c, None).unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            b_peer.read(&mut buf).unwrap(),
+            0,
+            "the silent one was evicted"
+        );
+        a_peer.set_nonblocking(true).unwrap();
+        let a_open =
+            matches!(a_peer.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        assert!(a_open, "the one that was heard was evicted");
     }
 
     #[test]
