@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 // What an allocation's bytes are (values as in the original Oncilla).
+// Calls take them as `int`: any other value is `OCM_E_INVALID`.
 typedef enum ocm_kind_t {
   // Not a kind: what `ocm_kind` answers for a bad handle.
   OCM_KIND_INVALID = 0,
@@ -22,24 +23,6 @@ typedef enum ocm_kind_t {
   // Device memory of a GPU held by an agent anywhere in the cluster.
   OCM_REMOTE_GPU = 4,
 } ocm_kind_t;
-
-// How the master places an allocation that names no nodes.
-typedef enum ocm_policy_t {
-  // This node if it holds it all, else the emptiest nodes.
-  OCM_POLICY_LOCAL_FIRST = 0,
-  // An equal share on every live node with room.
-  OCM_POLICY_SPREAD = 1,
-  // As few nodes as possible.
-  OCM_POLICY_PACK = 2,
-} ocm_policy_t;
-
-// How this process moves bytes (a hint; `AUTO` picks the best reachable).
-typedef enum ocm_fabric_t {
-  OCM_FABRIC_AUTO = 0,
-  OCM_FABRIC_TCP = 1,
-  OCM_FABRIC_SHM = 2,
-  OCM_FABRIC_VERBS = 3,
-} ocm_fabric_t;
 
 // Status codes: every call that can fail returns one (0 is success), and
 // `ocm_last_error` repeats the calling thread's last one. The values are
@@ -78,6 +61,26 @@ typedef enum ocm_status_t {
   OCM_E_INTERNAL = 15,
 } ocm_status_t;
 
+// How the master places an allocation that names no nodes (an `int` in
+// `ocm_params_t`: any other value is `OCM_E_INVALID`).
+typedef enum ocm_policy_t {
+  // This node if it holds it all, else the emptiest nodes.
+  OCM_POLICY_LOCAL_FIRST = 0,
+  // An equal share on every live node with room.
+  OCM_POLICY_SPREAD = 1,
+  // As few nodes as possible.
+  OCM_POLICY_PACK = 2,
+} ocm_policy_t;
+
+// How this process moves bytes (a hint; `AUTO` picks the best reachable;
+// an `int` in `ocm_params_t`: any other value is `OCM_E_INVALID`).
+typedef enum ocm_fabric_t {
+  OCM_FABRIC_AUTO = 0,
+  OCM_FABRIC_TCP = 1,
+  OCM_FABRIC_SHM = 2,
+  OCM_FABRIC_VERBS = 3,
+} ocm_fabric_t;
+
 // An allocation: an opaque handle, valid from `ocm_alloc`/`ocm_attach`
 // until `ocm_free`.
 typedef struct ocm_allocation ocm_allocation;
@@ -89,22 +92,26 @@ typedef struct ocm_allocation *ocm_alloc_t;
 // `ocm_params_default(size, kind)` and change what you need.
 typedef struct ocm_params_t {
   uint64_t size;
-  enum ocm_kind_t kind;
-  // Used when `n_nodes` is 0.
-  enum ocm_policy_t policy;
+  // An `ocm_kind_t` value.
+  int kind;
+  // An `ocm_policy_t` value, used when `n_nodes` is 0.
+  int policy;
   // `n_nodes` node names to place the allocation on (transparent
   // placement); NULL with `n_nodes` 0 for the policy's choice.
   const char *const *nodes;
   // NULL for equal shares, else `n_nodes` weights (each at least 1).
   const uint32_t *weights;
+  // At most 65,536 (`OCM_E_INVALID` above).
   size_t n_nodes;
   // Stripe unit in bytes over the chosen nodes; 0 for contiguous shares.
   uint64_t stripe;
   // A name other processes can `ocm_attach`; NULL for none.
   const char *name;
-  // Outlives this process until freed explicitly (needs a name).
-  bool persistent;
-  enum ocm_fabric_t fabric;
+  // 1: outlives this process until freed explicitly (needs a name);
+  // 0: does not. Any other value is `OCM_E_INVALID`.
+  uint8_t persistent;
+  // An `ocm_fabric_t` value.
+  int fabric;
   // GPU kinds: the device index, or -1 for any.
   int32_t gpu;
 } ocm_params_t;
@@ -125,18 +132,22 @@ int ocm_tini(void);
 
 // `size` bytes of `kind`, placed by the default policy. NULL on failure
 // (see `ocm_last_error`).
-ocm_alloc_t ocm_alloc(uint64_t size, enum ocm_kind_t kind);
+ocm_alloc_t ocm_alloc(uint64_t size, int kind);
 
 // The parameters `ocm_alloc_ex` starts from: the default policy, no
 // nodes, no stripe, no name, not persistent, automatic fabric, any GPU.
-struct ocm_params_t ocm_params_default(uint64_t size, enum ocm_kind_t kind);
+// `kind` is kept as given (`ocm_alloc_ex` checks it).
+struct ocm_params_t ocm_params_default(uint64_t size, int kind);
 
-// An allocation as `params` describes it. NULL on failure.
+// An allocation as `params` describes it. NULL on failure; a NULL or
+// misaligned `params`, `nodes` or `weights`, more than 65,536
+// nodes, or an unknown kind, policy, fabric or `persistent` value is
+// `OCM_E_INVALID`.
 //
 // # Safety
-// `params` is NULL or points at an `ocm_params_t` whose `nodes` (and
-// `weights`, unless NULL) hold `n_nodes` entries and whose strings are
-// NUL-terminated, all readable for the call.
+// `params` is NULL, misaligned, or points at an `ocm_params_t` whose
+// `nodes` (and `weights`, unless NULL) hold `n_nodes` entries and whose
+// strings are NUL-terminated, all readable for the call.
 ocm_alloc_t ocm_alloc_ex(const struct ocm_params_t *params);
 
 // The named allocation `name`, made by any process on any node. NULL on
@@ -191,7 +202,7 @@ uint64_t ocm_remote_sz(ocm_alloc_t a);
 // The kind of `a` (`OCM_KIND_INVALID` for a bad handle).
 enum ocm_kind_t ocm_kind(ocm_alloc_t a);
 
-// What a status code means, as a static string.
+// What a status code means, as a static string (any `code` is fine).
 const char *ocm_strerror(int code);
 
 // The status of this thread's last call (0 when it succeeded).

@@ -4,8 +4,12 @@
 //!
 //! Handles are tokens, never pointers to Rust memory: each names an entry
 //! of a process-wide table, so a NULL, forged or freed handle is answered
-//! with `OCM_E_BAD_HANDLE` instead of undefined behaviour. Every entry
-//! point catches panics (`OCM_E_INTERNAL`); none crosses into C. Every
+//! with `OCM_E_BAD_HANDLE` instead of undefined behaviour. Kinds, policies,
+//! fabrics and flags cross the ABI as plain integers (a C enum or `bool`
+//! may hold any value; a Rust one may not) and are checked here: an
+//! unknown value is `OCM_E_INVALID`, as are NULL or misaligned pointers
+//! to checked arguments. Every entry point catches panics
+//! (`OCM_E_INTERNAL`); none crosses into C. Every
 //! call may run concurrently with every other on any thread, except that
 //! `ocm_init` and `ocm_tini` must not race each other; a handle freed while
 //! another thread copies with it stays valid until that copy returns.
@@ -66,6 +70,7 @@ pub enum ocm_status_t {
 use ocm_status_t::*;
 
 /// What an allocation's bytes are (values as in the original Oncilla).
+/// Calls take them as `int`: any other value is `OCM_E_INVALID`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ocm_kind_t {
@@ -81,7 +86,8 @@ pub enum ocm_kind_t {
     OCM_REMOTE_GPU = 4,
 }
 
-/// How the master places an allocation that names no nodes.
+/// How the master places an allocation that names no nodes (an `int` in
+/// `ocm_params_t`: any other value is `OCM_E_INVALID`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ocm_policy_t {
@@ -93,7 +99,8 @@ pub enum ocm_policy_t {
     OCM_POLICY_PACK = 2,
 }
 
-/// How this process moves bytes (a hint; `AUTO` picks the best reachable).
+/// How this process moves bytes (a hint; `AUTO` picks the best reachable;
+/// an `int` in `ocm_params_t`: any other value is `OCM_E_INVALID`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ocm_fabric_t {
@@ -118,22 +125,26 @@ pub type ocm_alloc_t = *mut ocm_allocation;
 #[derive(Debug, Clone, Copy)]
 pub struct ocm_params_t {
     pub size: u64,
-    pub kind: ocm_kind_t,
-    /// Used when `n_nodes` is 0.
-    pub policy: ocm_policy_t,
+    /// An `ocm_kind_t` value.
+    pub kind: c_int,
+    /// An `ocm_policy_t` value, used when `n_nodes` is 0.
+    pub policy: c_int,
     /// `n_nodes` node names to place the allocation on (transparent
     /// placement); NULL with `n_nodes` 0 for the policy's choice.
     pub nodes: *const *const c_char,
     /// NULL for equal shares, else `n_nodes` weights (each at least 1).
     pub weights: *const u32,
+    /// At most 65,536 (`OCM_E_INVALID` above).
     pub n_nodes: usize,
     /// Stripe unit in bytes over the chosen nodes; 0 for contiguous shares.
     pub stripe: u64,
     /// A name other processes can `ocm_attach`; NULL for none.
     pub name: *const c_char,
-    /// Outlives this process until freed explicitly (needs a name).
-    pub persistent: bool,
-    pub fabric: ocm_fabric_t,
+    /// 1: outlives this process until freed explicitly (needs a name);
+    /// 0: does not. Any other value is `OCM_E_INVALID`.
+    pub persistent: u8,
+    /// An `ocm_fabric_t` value.
+    pub fabric: c_int,
     /// GPU kinds: the device index, or -1 for any.
     pub gpu: i32,
 }
@@ -197,36 +208,45 @@ fn invalid(msg: impl Into<String>) -> Fail {
 
 fn remember(code: ocm_status_t, msg: String) {
     let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST.with(|l| *l.borrow_mut() = (code, msg));
+    // A call from a thread's exit (its storage gone) keeps no last error.
+    let _ = LAST.try_with(|l| *l.borrow_mut() = (code, msg));
 }
 
-/// Runs `f` at the boundary: its failure (or panic) is recorded for
-/// `ocm_last_error` and turned into `on_error`.
-fn guard<T>(on_error: T, f: impl FnOnce() -> Result<T, Fail>) -> T {
+/// Runs `f` at the boundary: its outcome (a failure, a panic, or success)
+/// is recorded for `ocm_last_error`; a failure answers its code.
+fn outcome<T>(f: impl FnOnce() -> Result<T, Fail>) -> Result<T, ocm_status_t> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => {
             remember(OCM_OK, String::new());
-            v
+            Ok(v)
         }
         Ok(Err(Fail(code, msg))) => {
             remember(code, msg);
-            on_error
+            Err(code)
         }
         Err(_) => {
             remember(OCM_E_INTERNAL, "internal error: panic in liboncilla".into());
-            on_error
+            Err(OCM_E_INTERNAL)
         }
     }
 }
 
-/// [`guard`] for calls that answer a status (the one just recorded).
+/// [`outcome`] for calls that answer a value: `on_error` on failure.
+fn guard<T>(on_error: T, f: impl FnOnce() -> Result<T, Fail>) -> T {
+    outcome(f).unwrap_or(on_error)
+}
+
+/// [`outcome`] for calls that answer a status.
 fn status(f: impl FnOnce() -> Result<(), Fail>) -> c_int {
-    guard((), f);
-    last_code()
+    match outcome(f) {
+        Ok(()) => OCM_OK as c_int,
+        Err(code) => code as c_int,
+    }
 }
 
 fn last_code() -> c_int {
-    LAST.with(|l| l.borrow().0 as c_int)
+    LAST.try_with(|l| l.borrow().0 as c_int)
+        .unwrap_or(OCM_E_INTERNAL as c_int)
 }
 
 fn not_initialized() -> Fail {
@@ -290,14 +310,81 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-fn kind_from(k: ocm_kind_t) -> Result<Kind, Fail> {
+/// The most node names `ocm_params_t` may carry (an allocation has at
+/// most this many extents, so never more nodes).
+const OCM_MAX_NODES: usize = 1 << 16;
+
+/// The kind `k` names (an `ocm_kind_t` value).
+fn kind_from(k: c_int) -> Result<Kind, Fail> {
+    use ocm_kind_t::*;
     match k {
-        ocm_kind_t::OCM_LOCAL_HOST => Ok(Kind::LocalHost),
-        ocm_kind_t::OCM_REMOTE_HOST => Ok(Kind::RemoteHost),
-        ocm_kind_t::OCM_LOCAL_GPU => Ok(Kind::LocalGpu),
-        ocm_kind_t::OCM_REMOTE_GPU => Ok(Kind::RemoteGpu),
-        ocm_kind_t::OCM_KIND_INVALID => Err(invalid("kind OCM_KIND_INVALID is not a kind")),
+        k if k == OCM_LOCAL_HOST as c_int => Ok(Kind::LocalHost),
+        k if k == OCM_REMOTE_HOST as c_int => Ok(Kind::RemoteHost),
+        k if k == OCM_LOCAL_GPU as c_int => Ok(Kind::LocalGpu),
+        k if k == OCM_REMOTE_GPU as c_int => Ok(Kind::RemoteGpu),
+        k => Err(invalid(format!(
+            "kind {k} is not a kind (OCM_LOCAL_HOST 1, OCM_REMOTE_HOST 2, OCM_LOCAL_GPU 3, OCM_REMOTE_GPU 4)"
+        ))),
     }
+}
+
+/// The policy `p` names (an `ocm_policy_t` value).
+fn policy_from(p: c_int) -> Result<Policy, Fail> {
+    use ocm_policy_t::*;
+    match p {
+        p if p == OCM_POLICY_LOCAL_FIRST as c_int => Ok(Policy::LocalFirst),
+        p if p == OCM_POLICY_SPREAD as c_int => Ok(Policy::Spread),
+        p if p == OCM_POLICY_PACK as c_int => Ok(Policy::Pack),
+        p => Err(invalid(format!(
+            "policy {p} is not a policy (OCM_POLICY_LOCAL_FIRST 0, OCM_POLICY_SPREAD 1, OCM_POLICY_PACK 2)"
+        ))),
+    }
+}
+
+/// The fabric `f` names (an `ocm_fabric_t` value).
+fn fabric_from(f: c_int) -> Result<Fabric, Fail> {
+    use ocm_fabric_t::*;
+    match f {
+        f if f == OCM_FABRIC_AUTO as c_int => Ok(Fabric::Auto),
+        f if f == OCM_FABRIC_TCP as c_int => Ok(Fabric::Tcp),
+        f if f == OCM_FABRIC_SHM as c_int => Ok(Fabric::Shm),
+        f if f == OCM_FABRIC_VERBS as c_int => Ok(Fabric::Verbs),
+        f => Err(invalid(format!(
+            "fabric {f} is not a fabric (OCM_FABRIC_AUTO 0, OCM_FABRIC_TCP 1, OCM_FABRIC_SHM 2, OCM_FABRIC_VERBS 3)"
+        ))),
+    }
+}
+
+/// A C truth value that must be 0 or 1.
+fn flag(v: u8, what: &str) -> Result<bool, Fail> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(invalid(format!("{what} is {v}, not 0 or 1"))),
+    }
+}
+
+/// Refuses a NULL or misaligned pointer to `T`.
+fn aligned<T>(p: *const T, what: &str) -> Result<(), Fail> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    if !p.is_aligned() {
+        return Err(invalid(format!(
+            "{what} ({p:p}) is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    Ok(())
+}
+
+/// A buffer length the caller's memory can hold (`from_raw_parts` needs
+/// at most `isize::MAX` bytes).
+fn buffer_len(len: u64) -> Result<usize, Fail> {
+    usize::try_from(len)
+        .ok()
+        .filter(|&l| isize::try_from(l).is_ok())
+        .ok_or_else(|| invalid(format!("len {len} does not fit in memory")))
 }
 
 /// Connects this process to its node's agent (`ONCILLA_SOCKET`, token
@@ -333,7 +420,7 @@ pub extern "C" fn ocm_tini() -> c_int {
 /// `size` bytes of `kind`, placed by the default policy. NULL on failure
 /// (see `ocm_last_error`).
 #[no_mangle]
-pub extern "C" fn ocm_alloc(size: u64, kind: ocm_kind_t) -> ocm_alloc_t {
+pub extern "C" fn ocm_alloc(size: u64, kind: c_int) -> ocm_alloc_t {
     guard(std::ptr::null_mut(), || {
         let kind = kind_from(kind)?;
         file(session()?.alloc(size, kind)?)
@@ -342,55 +429,66 @@ pub extern "C" fn ocm_alloc(size: u64, kind: ocm_kind_t) -> ocm_alloc_t {
 
 /// The parameters `ocm_alloc_ex` starts from: the default policy, no
 /// nodes, no stripe, no name, not persistent, automatic fabric, any GPU.
+/// `kind` is kept as given (`ocm_alloc_ex` checks it).
 #[no_mangle]
-pub extern "C" fn ocm_params_default(size: u64, kind: ocm_kind_t) -> ocm_params_t {
-    ocm_params_t {
+pub extern "C" fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
+    let params = ocm_params_t {
         size,
         kind,
-        policy: ocm_policy_t::OCM_POLICY_LOCAL_FIRST,
+        policy: ocm_policy_t::OCM_POLICY_LOCAL_FIRST as c_int,
         nodes: std::ptr::null(),
         weights: std::ptr::null(),
         n_nodes: 0,
         stripe: 0,
         name: std::ptr::null(),
-        persistent: false,
-        fabric: ocm_fabric_t::OCM_FABRIC_AUTO,
+        persistent: 0,
+        fabric: ocm_fabric_t::OCM_FABRIC_AUTO as c_int,
         gpu: -1,
-    }
+    };
+    // Nothing above can fail; the guard keeps the promise of every entry.
+    guard(params, || Ok(params))
 }
 
-/// An allocation as `params` describes it. NULL on failure.
+/// An allocation as `params` describes it. NULL on failure; a NULL or
+/// misaligned `params`, `nodes` or `weights`, more than 65,536
+/// nodes, or an unknown kind, policy, fabric or `persistent` value is
+/// `OCM_E_INVALID`.
 ///
 /// # Safety
-/// `params` is NULL or points at an `ocm_params_t` whose `nodes` (and
-/// `weights`, unless NULL) hold `n_nodes` entries and whose strings are
-/// NUL-terminated, all readable for the call.
+/// `params` is NULL, misaligned, or points at an `ocm_params_t` whose
+/// `nodes` (and `weights`, unless NULL) hold `n_nodes` entries and whose
+/// strings are NUL-terminated, all readable for the call.
 #[no_mangle]
 pub unsafe extern "C" fn ocm_alloc_ex(params: *const ocm_params_t) -> ocm_alloc_t {
     guard(std::ptr::null_mut(), || {
-        if params.is_null() {
-            return Err(invalid("params is NULL"));
-        }
-        // SAFETY: not NULL (checked), and readable per the caller.
+        aligned(params, "params")?;
+        // SAFETY: not NULL and aligned (checked), and readable per the caller.
         let p = unsafe { &*params };
         let mut spec = AllocSpec::new(p.size, kind_from(p.kind)?);
-        spec = spec.policy(match p.policy {
-            ocm_policy_t::OCM_POLICY_LOCAL_FIRST => Policy::LocalFirst,
-            ocm_policy_t::OCM_POLICY_SPREAD => Policy::Spread,
-            ocm_policy_t::OCM_POLICY_PACK => Policy::Pack,
-        });
+        spec = spec.policy(policy_from(p.policy)?);
+        let persistent = flag(p.persistent, "persistent")?;
+        let fabric = fabric_from(p.fabric)?;
+        if p.n_nodes > OCM_MAX_NODES {
+            return Err(invalid(format!(
+                "n_nodes {} is more than {OCM_MAX_NODES}",
+                p.n_nodes
+            )));
+        }
         if p.n_nodes > 0 {
-            if p.nodes.is_null() {
-                return Err(invalid("nodes is NULL but n_nodes is not 0"));
+            aligned(p.nodes, "nodes")?;
+            if !p.weights.is_null() {
+                aligned(p.weights, "weights")?;
             }
             let mut named = Vec::with_capacity(p.n_nodes);
             for i in 0..p.n_nodes {
-                // SAFETY: `nodes` holds `n_nodes` entries per the caller.
+                // SAFETY: `nodes` is aligned (checked) and holds `n_nodes`
+                // entries per the caller.
                 let node = unsafe { text(*p.nodes.add(i), "a node name")? };
                 let weight = if p.weights.is_null() {
                     1
                 } else {
-                    // SAFETY: `weights` holds `n_nodes` entries per the caller.
+                    // SAFETY: `weights` is aligned (checked) and holds
+                    // `n_nodes` entries per the caller.
                     unsafe { *p.weights.add(i) }
                 };
                 named.push((node.to_string(), weight));
@@ -404,15 +502,10 @@ pub unsafe extern "C" fn ocm_alloc_ex(params: *const ocm_params_t) -> ocm_alloc_
             // SAFETY: NUL-terminated per the caller.
             spec = spec.named(unsafe { text(p.name, "name")? });
         }
-        if p.persistent {
+        if persistent {
             spec = spec.persistent();
         }
-        spec = spec.fabric(match p.fabric {
-            ocm_fabric_t::OCM_FABRIC_AUTO => Fabric::Auto,
-            ocm_fabric_t::OCM_FABRIC_TCP => Fabric::Tcp,
-            ocm_fabric_t::OCM_FABRIC_SHM => Fabric::Shm,
-            ocm_fabric_t::OCM_FABRIC_VERBS => Fabric::Verbs,
-        });
+        spec = spec.fabric(fabric);
         if p.gpu >= 0 {
             spec = spec.gpu(p.gpu.unsigned_abs());
         }
@@ -481,14 +574,15 @@ pub unsafe extern "C" fn ocm_copy_in(
 ) -> c_int {
     status(|| {
         let h = handle(a)?;
-        let len = usize::try_from(len).map_err(|_| invalid("len does not fit in memory"))?;
+        let len = buffer_len(len)?;
         if src.is_null() && len > 0 {
             return Err(invalid("src is NULL"));
         }
         let bytes = if len == 0 {
             &[][..]
         } else {
-            // SAFETY: not NULL (checked) and `len` readable bytes per the caller.
+            // SAFETY: not NULL (checked), `len` readable bytes per the
+            // caller, at most isize::MAX (checked).
             unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) }
         };
         h.alloc.copy_in(offset, bytes)?;
@@ -510,7 +604,7 @@ pub unsafe extern "C" fn ocm_copy_out(
 ) -> c_int {
     status(|| {
         let h = handle(a)?;
-        let len = usize::try_from(len).map_err(|_| invalid("len does not fit in memory"))?;
+        let len = buffer_len(len)?;
         if dst.is_null() && len > 0 {
             return Err(invalid("dst is NULL"));
         }
@@ -518,7 +612,7 @@ pub unsafe extern "C" fn ocm_copy_out(
             &mut [][..]
         } else {
             // SAFETY: not NULL (checked), `len` writable bytes used by
-            // nothing else per the caller.
+            // nothing else per the caller, at most isize::MAX (checked).
             unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) }
         };
         h.alloc.copy_out(offset, bytes)?;
@@ -571,10 +665,16 @@ pub extern "C" fn ocm_kind(a: ocm_alloc_t) -> ocm_kind_t {
     })
 }
 
-/// What a status code means, as a static string.
+/// What a status code means, as a static string (any `code` is fine).
 #[no_mangle]
 pub extern "C" fn ocm_strerror(code: c_int) -> *const c_char {
-    let s: &'static CStr = match code {
+    // Under catch_unwind like every entry, though a match cannot panic; it
+    // leaves the thread's last error alone.
+    catch_unwind(|| strerror(code).as_ptr()).unwrap_or(c"internal error".as_ptr())
+}
+
+fn strerror(code: c_int) -> &'static CStr {
+    match code {
         0 => c"success",
         1 => c"invalid argument",
         2 => c"bad allocation handle (NULL, unknown or freed)",
@@ -592,19 +692,22 @@ pub extern "C" fn ocm_strerror(code: c_int) -> *const c_char {
         14 => c"no usable cluster token",
         15 => c"internal error",
         _ => c"unknown status code",
-    };
-    s.as_ptr()
+    }
 }
 
 /// The status of this thread's last call (0 when it succeeded).
 #[no_mangle]
 pub extern "C" fn ocm_last_error() -> c_int {
-    last_code()
+    catch_unwind(last_code).unwrap_or(OCM_E_INTERNAL as c_int)
 }
 
 /// The full message of this thread's last failure ("" after a success),
 /// valid until this thread's next call into liboncilla.
 #[no_mangle]
 pub extern "C" fn ocm_last_error_message() -> *const c_char {
-    LAST.with(|l| l.borrow().1.as_ptr())
+    // The thread's storage is gone only while the thread exits.
+    catch_unwind(|| LAST.try_with(|l| l.borrow().1.as_ptr()).ok())
+        .ok()
+        .flatten()
+        .unwrap_or(c"".as_ptr())
 }
