@@ -1,0 +1,143 @@
+//! Fuzzing (proptest, a bounded number of cases) of everything that parses
+//! bytes from a peer: the data handshake (hello, welcome), request and
+//! reply headers, map grants, and presented credentials. Each decoder must
+//! never panic on any input, and whatever it accepts must encode back to
+//! the same bytes (reserved bytes, which decoders ignore, as zero).
+
+#![allow(clippy::unwrap_used)]
+
+use oncilla_proto::auth::{Token, MAX_TOKEN_LEN};
+use oncilla_proto::credential::{authenticate, Credential, Principal};
+use oncilla_proto::wire::{self, MapGrant, Reply, Request, Welcome, WireError};
+use proptest::prelude::*;
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 2048,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any 48 bytes: a request header is accepted exactly when its op is
+    /// READ or WRITE, and then re-encodes to the same bytes (the seven
+    /// reserved bytes as zero).
+    #[test]
+    fn request_headers(bytes in prop::array::uniform32(any::<u8>()), tail in prop::array::uniform16(any::<u8>())) {
+        let mut b = [0u8; wire::REQUEST_LEN];
+        b[..32].copy_from_slice(&bytes);
+        b[32..].copy_from_slice(&tail);
+        match Request::decode(&b) {
+            Ok(r) => {
+                prop_assert!(b[0] == 1 || b[0] == 2);
+                let mut canonical = b;
+                canonical[1..8].fill(0);
+                prop_assert_eq!(r.encode(), canonical);
+                prop_assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+            }
+            Err(WireError::BadOp(op)) => prop_assert!(op == b[0] && op != 1 && op != 2),
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Any 16 bytes: a reply header is accepted exactly when its status is
+    /// known, and then re-encodes to the same bytes (reserved as zero).
+    #[test]
+    fn reply_headers(b in prop::array::uniform16(any::<u8>())) {
+        match Reply::decode(&b) {
+            Ok(r) => {
+                let mut canonical = b;
+                canonical[4..8].fill(0);
+                prop_assert_eq!(r.encode(), canonical);
+            }
+            Err(WireError::BadStatus(s)) => prop_assert!(s > 5),
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Any 32 bytes are a grant, and encode back to themselves.
+    #[test]
+    fn map_grants(b in prop::array::uniform32(any::<u8>())) {
+        prop_assert_eq!(MapGrant::decode(&b).encode(), b);
+    }
+
+    /// Any byte stream as a client hello: no panic; an accepted hello is
+    /// the magic, a version and at most MAX_TOKEN_LEN token bytes, and
+    /// writing it again gives the bytes read.
+    #[test]
+    fn hellos(bytes in prop::collection::vec(any::<u8>(), 0..64), magic in any::<bool>(), len in 0u16..2048) {
+        // Half the cases start like a real hello so the length and token
+        // paths are reached, not only the magic check.
+        let mut stream = Vec::new();
+        if magic {
+            stream.extend_from_slice(&wire::MAGIC);
+            stream.extend_from_slice(&wire::VERSION.to_le_bytes());
+            stream.extend_from_slice(&len.to_le_bytes());
+        }
+        stream.extend_from_slice(&bytes);
+        let mut r = stream.as_slice();
+        match wire::read_hello(&mut r) {
+            Ok((version, token)) => {
+                prop_assert!(token.len() <= MAX_TOKEN_LEN);
+                let consumed = stream.len() - r.len();
+                let mut again = Vec::new();
+                // Only the token goes through write_hello's own checks.
+                again.extend_from_slice(&wire::MAGIC);
+                again.extend_from_slice(&version.to_le_bytes());
+                again.extend_from_slice(&u16::try_from(token.len()).unwrap().to_le_bytes());
+                again.extend_from_slice(&token);
+                prop_assert_eq!(&again[..], &stream[..consumed]);
+                if version == wire::VERSION {
+                    let mut written = Vec::new();
+                    wire::write_hello(&mut written, &token).unwrap();
+                    prop_assert_eq!(&written[..], &stream[..consumed]);
+                }
+            }
+            Err(WireError::TokenTooLong) => prop_assert!(usize::from(len) > MAX_TOKEN_LEN || !magic),
+            Err(WireError::BadMagic | WireError::Io(_)) => {}
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Any byte stream as a server welcome: no panic; a known code with a
+    /// UTF-8 message writes back to the bytes read.
+    #[test]
+    fn welcomes(code in 0u8..4, msg in ".{0,40}", junk in prop::collection::vec(any::<u8>(), 0..40)) {
+        let mut stream = vec![code];
+        let m = msg.as_bytes();
+        stream.extend_from_slice(&u16::try_from(m.len()).unwrap().to_le_bytes());
+        stream.extend_from_slice(m);
+        let (w, text) = wire::read_welcome(&mut stream.as_slice()).unwrap();
+        prop_assert_eq!(&text, &msg);
+        if code <= 2 {
+            let mut again = Vec::new();
+            wire::write_welcome(&mut again, w, &text).unwrap();
+            prop_assert_eq!(again, stream);
+        } else {
+            prop_assert_eq!(w, Welcome::Denied);
+        }
+        // Raw junk: no panic.
+        let _ = wire::read_welcome(&mut junk.as_slice());
+    }
+
+    /// Presented secrets: arbitrary bytes are never taken for the token or
+    /// a session; a credential the token made is recognised, and one bit
+    /// flipped anywhere in it is not.
+    #[test]
+    fn credentials(junk in prop::collection::vec(any::<u8>(), 0..200), id in "[a-z0-9-]{1,40}", flip in any::<prop::sample::Index>()) {
+        let token = Token::new("fuzz-token-0123456789").unwrap();
+        prop_assert!(authenticate(&token, &junk).is_none() || junk == token.as_bytes());
+        if let Ok(text) = std::str::from_utf8(&junk) {
+            let _ = Credential::parse_session(text);
+        }
+        let cred = Credential::session(&token, &id);
+        prop_assert_eq!(authenticate(&token, cred.as_bytes()), Some(Principal::Session(id.clone())));
+        let mut forged = cred.as_bytes().to_vec();
+        let i = flip.index(forged.len());
+        forged[i] ^= 1;
+        let accepted = authenticate(&token, &forged);
+        prop_assert!(accepted.is_none() || accepted != Some(Principal::Session(id)));
+    }
+}
