@@ -6,6 +6,7 @@
 //! checks here (`AllocSpec::new`, `AllocRef::new`, `check_name`), never by
 //! trusting a peer. This module holds no policy about placement or fabrics.
 
+use crate::echo::echo;
 use crate::{Fabric, Kind, Policy};
 
 /// Largest single allocation accepted (1 PiB): anything above is a typo.
@@ -28,8 +29,14 @@ pub const MAX_EXTENTS: usize = 1 << 16;
 pub enum Invalid {
     #[error("size {0} is above the limit of {MAX_ALLOCATION} bytes")]
     TooLarge(u64),
-    #[error("bad name {0:?}: start with a letter; use letters, digits, '.', '_', '-'; at most 128 bytes")]
+    /// The name as [`echo`] quotes it.
+    #[error(
+        "bad name {0}: start with a letter; use letters, digits, '.', '_', '-'; at most 128 bytes"
+    )]
     Name(String),
+    /// The name as [`echo`] quotes it, and its length.
+    #[error("name {0} is too long: {1} bytes, at most {MAX_NAME}")]
+    NameTooLong(String, usize),
     #[error("name an allocation by id or name")]
     NoRef,
     #[error("allocation id {0} is above the limit of {MAX_ID}")]
@@ -49,17 +56,19 @@ pub enum Invalid {
 /// mistaken for an id), at most [`MAX_NAME`] bytes.
 ///
 /// # Errors
-/// [`Invalid::Name`].
+/// [`Invalid::NameTooLong`], [`Invalid::Name`] (quoting a bounded prefix).
 pub fn check_name(name: &str) -> Result<(), Invalid> {
-    let ok = name.len() <= MAX_NAME
-        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+    if name.len() > MAX_NAME {
+        return Err(Invalid::NameTooLong(echo(name), name.len()));
+    }
+    let ok = name.starts_with(|c: char| c.is_ascii_alphabetic())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
     if ok {
         Ok(())
     } else {
-        Err(Invalid::Name(name.to_string()))
+        Err(Invalid::Name(echo(name)))
     }
 }
 

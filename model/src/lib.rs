@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod cluster;
+pub mod echo;
 pub mod fabric;
 pub mod node;
 pub mod size;

@@ -3,6 +3,7 @@
 //! into gRPC statuses (`grpc::status`), so nothing here knows a transport.
 
 use oncilla_model::alloc::Invalid;
+use oncilla_model::echo::Echo;
 use oncilla_model::size::HumanBytes;
 
 use crate::pool::PoolError;
@@ -12,17 +13,17 @@ use crate::pool::PoolError;
 pub enum CoreError {
     #[error("no such allocation: {0}")]
     NoSuchAllocation(u64),
-    #[error("no allocation is named {0:?}")]
+    #[error("no allocation is named {}", Echo(.0))]
     NoSuchName(String),
-    #[error("the name {0:?} is taken by allocation {1}")]
+    #[error("the name {} is taken by allocation {}", Echo(.0), .1)]
     NameTaken(String, u64),
     #[error("allocation {id} is attached by {by}; detach them first or free with force")]
     InUse { id: u64, by: String },
     #[error("internal error: {0}")]
     Internal(String),
-    #[error("no such session: {0} (open a session first)")]
+    #[error("no such session: {} (open a session first)", Echo(.0))]
     NoSuchSession(String),
-    #[error("unknown node {name:?}; known nodes: {known}")]
+    #[error("unknown node {}; known nodes: {known}", Echo(name))]
     UnknownNode { name: String, known: String },
     #[error("node {0} is down")]
     NodeDown(String),

@@ -12,6 +12,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::process::Command;
 
 use liboncilla::capi::{self, ocm_params_t, ocm_status_t};
+use liboncilla::{AllocSpec, Kind};
+use oncilla_proto::{client, pb};
 use proptest::prelude::*;
 use support::Cluster;
 
@@ -234,4 +236,110 @@ fn abi_child() {
     assert_eq!(capi::ocm_tini(), 0, "{:?}", last());
     let _: *const c_char = capi::ocm_strerror(c_int::MIN);
     println!("abi child: every bad value refused, then served");
+}
+
+/// A raw call to the master with the cluster token: its code and message
+/// when refused.
+fn master_call<T, F, Fut>(c: &Cluster, call: F) -> Result<T, (tonic::Code, String)>
+where
+    F: FnOnce(oncilla_proto::client::MasterClient) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let m = client::master(client::lazy(&c.master_addr, &c.token).unwrap());
+        call(m)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| (s.code(), s.message().to_string()))
+    })
+}
+
+/// Asserts a refusal is `INVALID_ARGUMENT` with a short message that
+/// contains `needle`.
+#[track_caller]
+fn assert_bounded_refusal<T: std::fmt::Debug>(
+    what: &str,
+    r: Result<T, (tonic::Code, String)>,
+    needle: &str,
+) {
+    let (code, msg) = r.expect_err(what);
+    assert_eq!(code, tonic::Code::InvalidArgument, "{what}: {msg}");
+    assert!(msg.contains(needle), "{what}: {msg:?} lacks {needle:?}");
+    assert!(msg.len() < 1024, "{what}: a {}-byte message", msg.len());
+}
+
+/// A 100 kB allocation name (or node name) was echoed back whole and the
+/// client saw an HTTP/2 protocol error instead of the reason. Now the
+/// refusal is INVALID_ARGUMENT saying the name is too long, quoting only
+/// its start, and the cluster still serves.
+#[test]
+fn a_huge_name_is_refused_with_a_bounded_message() {
+    let c = Cluster::start(2, "32MiB");
+    let huge = "a".repeat(100_000);
+    let spec = |name: &str, node: &str| pb::AllocSpec {
+        size: 4096,
+        kind: pb::MemKind::RemoteHost as i32,
+        name: name.to_string(),
+        placement: Some(pb::Placement {
+            nodes: vec![pb::NodeShare {
+                node: node.to_string(),
+                weight: 1,
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let named = spec(&huge, "node-1");
+    let r = master_call(&c, |mut m| async move {
+        m.allocate(pb::AllocateRequest {
+            spec: Some(named),
+            ..Default::default()
+        })
+        .await
+    });
+    assert_bounded_refusal(
+        "allocate named 100 kB",
+        r,
+        "is too long: 100000 bytes, at most 128",
+    );
+
+    let on_huge_node = spec("", &huge);
+    let r = master_call(&c, |mut m| async move {
+        m.allocate(pb::AllocateRequest {
+            spec: Some(on_huge_node),
+            ..Default::default()
+        })
+        .await
+    });
+    assert_bounded_refusal("allocate on a 100 kB node name", r, "(100000 bytes)");
+
+    let by_name = pb::AllocRef {
+        id: 0,
+        name: huge.clone(),
+    };
+    let r = master_call(&c, |mut m| async move {
+        m.get_allocation(pb::GetAllocationRequest {
+            alloc: Some(by_name),
+        })
+        .await
+    });
+    // A name that cannot exist is simply not found, quoted bounded.
+    let (code, msg) = r.expect_err("show a 100 kB name");
+    assert_eq!(code, tonic::Code::NotFound, "{msg}");
+    assert!(msg.contains("(100000 bytes)"), "{msg}");
+    assert!(msg.len() < 1024, "a {}-byte message", msg.len());
+
+    // Through liboncilla, as an application would.
+    let ocm = c.client(0);
+    let e = ocm
+        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).named(huge.as_str()))
+        .expect_err("a 100 kB name");
+    let msg = e.to_string();
+    assert!(msg.contains("too long"), "{msg}");
+    assert!(msg.len() < 1024, "a {}-byte message", msg.len());
+    c.still_serves();
 }

@@ -2,6 +2,7 @@
 //! in the details where a caller acts on it (no GPU, a node down, an
 //! agent that failed), so clients never read message text.
 
+use oncilla_model::echo::clip;
 use oncilla_proto::status::{with_reason, Reason};
 use tonic::{Code, Status};
 
@@ -18,7 +19,7 @@ impl From<CoreError> for Status {
             CoreError::NameTaken(..) => Status::already_exists(msg),
             CoreError::InUse { .. } => Status::aborted(msg),
             CoreError::UnknownNode { name, .. } => {
-                with_reason(Code::InvalidArgument, msg, Reason::NodeDown, &name)
+                with_reason(Code::InvalidArgument, msg, Reason::NodeDown, clip(&name))
             }
             CoreError::InvalidArgument(_) | CoreError::Invalid(_) => Status::invalid_argument(msg),
             // A node that could not do its part (unreachable, or refused).
