@@ -31,6 +31,10 @@ pub enum TokenError {
         #[source]
         source: std::io::Error,
     },
+    #[error("token file {path} has mode {mode:04o}: group or others may read or write it; run `chmod 600 {path}`")]
+    Mode { path: String, mode: u32 },
+    #[error("token file {path} is owned by uid {owner}, not by this user (uid {me}) or root; run `chown {me} {path}` or use your own token file")]
+    Owner { path: String, owner: u32, me: u32 },
 }
 
 /// A cluster token. `Debug` never shows it.
@@ -62,10 +66,14 @@ impl Token {
     }
 
     /// Loads the token from an explicit value or, failing that, a file
-    /// (surrounding whitespace is trimmed).
+    /// (surrounding whitespace is trimmed). The file must be private, as
+    /// ssh asks of its keys: readable and writable only by its owner
+    /// (mode `0600` or stricter), who is this user or root.
     ///
     /// # Errors
-    /// [`TokenError::Missing`] when neither is given; file and validation errors.
+    /// [`TokenError::Missing`] when neither is given; [`TokenError::Mode`],
+    /// [`TokenError::Owner`] for a file others could read or change; file
+    /// and validation errors.
     pub fn resolve(value: Option<&str>, file: Option<&Path>) -> Result<Self, TokenError> {
         if let Some(v) = value {
             return Self::new(v);
@@ -73,10 +81,20 @@ impl Token {
         let Some(path) = file else {
             return Err(TokenError::Missing);
         };
-        let text = std::fs::read_to_string(path).map_err(|source| TokenError::File {
-            path: path.display().to_string(),
+        use std::os::unix::fs::MetadataExt;
+        let shown = || path.display().to_string();
+        let io = |source| TokenError::File {
+            path: shown(),
             source,
-        })?;
+        };
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        // The open file's own metadata: what is checked is what is read.
+        let meta = f.metadata().map_err(io)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        check_private(meta.mode(), meta.uid(), me, shown)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut f, &mut text).map_err(io)?;
         Self::new(text.trim())
     }
 
@@ -119,6 +137,28 @@ impl Token {
         MetadataValue::try_from(format!("Bearer {}", self.0))
             .unwrap_or_else(|_| MetadataValue::from_static(""))
     }
+}
+
+/// Refuses a token file (mode bits, owner uid) that group or others may
+/// read or write, or that belongs to someone other than `me` and root.
+fn check_private(
+    mode: u32,
+    owner: u32,
+    me: u32,
+    path: impl Fn() -> String,
+) -> Result<(), TokenError> {
+    let mode = mode & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(TokenError::Mode { path: path(), mode });
+    }
+    if owner != me && owner != 0 {
+        return Err(TokenError::Owner {
+            path: path(),
+            owner,
+            me,
+        });
+    }
+    Ok(())
 }
 
 /// Compares two secrets in time that depends only on their lengths.
@@ -187,6 +227,73 @@ mod tests {
             Token::resolve(None, None),
             Err(TokenError::Missing)
         ));
+    }
+
+    /// A token file at `mode`, in a fresh directory.
+    fn token_file(name: &str, mode: u32) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("oncilla-auth-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        std::fs::write(&path, "s3cr3t-token\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    #[test]
+    fn token_files_must_be_private() {
+        for mode in [0o600, 0o400, 0o700] {
+            let path = token_file(&format!("ok{mode:o}"), mode);
+            let t = Token::resolve(None, Some(&path)).unwrap();
+            assert_eq!(t.as_str(), "s3cr3t-token");
+            std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        }
+        for mode in [
+            0o644, 0o640, 0o604, 0o660, 0o666, 0o602, 0o620, 0o610, 0o601,
+        ] {
+            let path = token_file(&format!("bad{mode:o}"), mode);
+            let err = Token::resolve(None, Some(&path)).unwrap_err();
+            assert!(
+                matches!(err, TokenError::Mode { mode: m, .. } if m == mode),
+                "{mode:o}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert!(msg.contains(&format!("mode {mode:04o}")), "{msg}");
+            assert!(
+                msg.contains(&format!("chmod 600 {}", path.display())),
+                "{msg}"
+            );
+            std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn token_files_of_other_users_are_refused() {
+        let path = || "/etc/oncilla/token".to_string();
+        assert!(check_private(0o100600, 1000, 1000, path).is_ok());
+        // Root's files are trusted (a token installed by the administrator).
+        assert!(check_private(0o100400, 0, 1000, path).is_ok());
+        let err = check_private(0o100600, 1234, 1000, path).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TokenError::Owner {
+                    owner: 1234,
+                    me: 1000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("/etc/oncilla/token is owned by uid 1234"),
+            "{msg}"
+        );
+        // The mode is checked first, whoever owns the file.
+        let err = check_private(0o100644, 1234, 1000, path).unwrap_err();
+        assert!(matches!(err, TokenError::Mode { mode: 0o644, .. }), "{err}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod support;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use liboncilla::capi::{self, ocm_params_t, ocm_status_t};
 use liboncilla::{AllocSpec, Kind};
@@ -341,5 +342,91 @@ fn a_huge_name_is_refused_with_a_bounded_message() {
     let msg = e.to_string();
     assert!(msg.contains("too long"), "{msg}");
     assert!(msg.len() < 1024, "a {}-byte message", msg.len());
+    c.still_serves();
+}
+
+/// Runs `oncillad` with `args` (and a clean environment), expecting it to
+/// refuse to start: its exit status and stderr, or a panic when it is
+/// still running after 10 s (it is killed then).
+fn oncillad_refuses(args: &[&std::ffi::OsStr]) -> String {
+    let mut child = Command::new(support::bin("oncillad"))
+        .args(args)
+        .env_clear()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("oncillad {args:?} still runs after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        !status.success(),
+        "oncillad {args:?} exited with success:\n{err}"
+    );
+    err
+}
+
+/// A token file others can read (0644, or 0666) started the daemons
+/// silently. Now oncillad refuses to start, naming the file, its mode and
+/// the fix; with the file made private it starts.
+#[test]
+fn a_token_file_others_can_read_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::start(1, "16MiB");
+    let path = c.dir.join("loose-token");
+    std::fs::write(&path, c.token.as_str()).unwrap();
+    for mode in [0o644, 0o666, 0o640] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = oncillad_refuses(&[
+            "--master".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--token-file".as_ref(),
+            path.as_os_str(),
+        ]);
+        let shown = path.display().to_string();
+        assert!(
+            err.contains(&format!("token file {shown} has mode {mode:04o}")),
+            "{err}"
+        );
+        assert!(err.contains(&format!("chmod 600 {shown}")), "{err}");
+        // An agent (and so every node) refuses the same file.
+        let socket = c.dir.join("loose.sock");
+        let err = oncillad_refuses(&[
+            "--join".as_ref(),
+            c.master_addr.as_ref(),
+            "--name".as_ref(),
+            "loose".as_ref(),
+            "--capacity".as_ref(),
+            "4MiB".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--socket".as_ref(),
+            socket.as_os_str(),
+            "--token-file".as_ref(),
+            path.as_os_str(),
+        ]);
+        assert!(err.contains(&format!("has mode {mode:04o}")), "{err}");
+        assert!(!socket.exists(), "the refused agent made its socket");
+    }
+    // The cluster's own token file is 0600 (the launcher writes it so).
+    let mode = std::fs::metadata(c.token_file())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
     c.still_serves();
 }
