@@ -361,8 +361,10 @@ fn bind_error(what: &'static str, addr: SocketAddr, source: std::io::Error) -> D
     }
 }
 
-/// Binds the session socket: owner and group only, replacing a stale file
-/// but never a live agent's socket.
+/// Binds the session socket: owner and group only. What is at `path`
+/// already is replaced only when it is a socket nothing answers on (a
+/// stale one); a live agent's socket, a regular file, a directory, a
+/// symbolic link or anything else is left alone and refused.
 fn bind_unix(path: &Path) -> Result<UnixListener, DaemonError> {
     let err = |reason: String| DaemonError::Socket {
         path: path.display().to_string(),
@@ -376,11 +378,38 @@ fn bind_unix(path: &Path) -> Result<UnixListener, DaemonError> {
             ))
         })?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(err("another agent is listening on it".into()));
+    // The entry itself, not what a link points at.
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(format!("cannot inspect it: {e}"))),
+        Ok(meta) => {
+            use std::os::unix::fs::FileTypeExt;
+            let t = meta.file_type();
+            let what = if t.is_socket() {
+                None
+            } else if t.is_symlink() {
+                Some("a symbolic link")
+            } else if t.is_dir() {
+                Some("a directory")
+            } else if t.is_file() {
+                Some("a regular file")
+            } else {
+                Some("a device or FIFO")
+            };
+            if let Some(what) = what {
+                return Err(err(format!(
+                    "it is {what}, not a socket; refusing to replace it: remove it or pass --socket with another path"
+                )));
+            }
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(err(format!(
+                    "another agent is listening on {}",
+                    path.display()
+                )));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| err(format!("cannot remove stale socket: {e}")))?;
         }
-        std::fs::remove_file(path).map_err(|e| err(format!("cannot remove stale socket: {e}")))?;
     }
     let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))

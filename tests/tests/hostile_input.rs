@@ -9,6 +9,7 @@
 mod support;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -428,5 +429,91 @@ fn a_token_file_others_can_read_is_refused() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+    c.still_serves();
+}
+
+/// Arguments for one more agent `name` of `c` on `socket`, with the
+/// token file `token`.
+fn agent_args<'a>(
+    c: &'a Cluster,
+    name: &'a str,
+    socket: &'a Path,
+    token: &'a Path,
+) -> Vec<&'a std::ffi::OsStr> {
+    vec![
+        "--join".as_ref(),
+        c.master_addr.as_ref(),
+        "--name".as_ref(),
+        name.as_ref(),
+        "--capacity".as_ref(),
+        "4MiB".as_ref(),
+        "--listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--data-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+        "--token-file".as_ref(),
+        token.as_os_str(),
+    ]
+}
+
+/// `--socket` pointing at something that is not a stale socket was
+/// deleted before binding. Now a regular file, a directory, a symbolic
+/// link and a live agent's socket are refused, each left as it was; a
+/// stale socket (nothing answers) is replaced and the agent serves on it.
+#[test]
+fn bind_unix_replaces_only_a_stale_socket() {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let c = Cluster::start(1, "16MiB");
+    let token = std::path::PathBuf::from(c.token_file());
+    let file = c.dir.join("precious.txt");
+    std::fs::write(&file, "precious").unwrap();
+    let dir = c.dir.join("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("inside"), "kept").unwrap();
+    let link = c.dir.join("a-link");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    for (path, what) in [
+        (&file, "it is a regular file, not a socket"),
+        (&dir, "it is a directory, not a socket"),
+        (&link, "it is a symbolic link, not a socket"),
+    ] {
+        let err = oncillad_refuses(&agent_args(&c, "intruder", path, &token));
+        assert!(err.contains(what), "{}: {err}", path.display());
+        assert!(err.contains(&path.display().to_string()), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious");
+    assert_eq!(std::fs::read_to_string(dir.join("inside")).unwrap(), "kept");
+    assert_eq!(std::fs::read_link(&link).unwrap(), file);
+
+    let live = c.socket(0);
+    let err = oncillad_refuses(&agent_args(&c, "intruder", &live, &token));
+    assert!(
+        err.contains(&format!("another agent is listening on {}", live.display())),
+        "{err}"
+    );
+    assert!(
+        UnixStream::connect(&live).is_ok(),
+        "the live socket was touched"
+    );
+
+    // A stale socket: bound, then its listener gone.
+    let stale = c.dir.join("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    assert!(UnixStream::connect(&stale).is_err());
+    let mut agent = Command::new(support::bin("oncillad"))
+        .args(agent_args(&c, "stale", &stale, &token))
+        .env_clear()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = Cluster::eventually(Duration::from_secs(15), || {
+        UnixStream::connect(&stale).is_ok() && c.node("stale").is_some_and(|n| n["state"] == "up")
+    });
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(up, "the agent on a stale socket did not come up");
     c.still_serves();
 }
