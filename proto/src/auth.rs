@@ -37,9 +37,18 @@ pub enum TokenError {
     Owner { path: String, owner: u32, me: u32 },
 }
 
-/// A cluster token. `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
+/// A cluster token. `Debug` never shows it; `==` takes time that depends
+/// only on the lengths.
+#[derive(Clone)]
 pub struct Token(Arc<str>);
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        ct_eq(self.0.as_bytes(), other.0.as_bytes())
+    }
+}
+
+impl Eq for Token {}
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -161,9 +170,16 @@ fn check_private(
     Ok(())
 }
 
-/// Compares two secrets in time that depends only on their lengths.
+/// Compares two secrets in time that depends only on their lengths: every
+/// byte is looked at (`black_box` keeps the optimizer from stopping at the
+/// first difference). Every comparison of a token, credential or access
+/// key goes through here.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .fold(0u8, |acc, (x, y)| std::hint::black_box(acc | (x ^ y)))
+            == 0
 }
 
 /// Client-side interceptor that attaches the token to every call.
@@ -294,6 +310,18 @@ mod tests {
         // The mode is checked first, whoever owns the file.
         let err = check_private(0o100644, 1234, 1000, path).unwrap_err();
         assert!(matches!(err, TokenError::Mode { mode: 0o644, .. }), "{err}");
+    }
+
+    #[test]
+    fn secrets_compare_in_constant_time_and_correctly() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"abcd"));
+        assert!(ct_eq(b"", b""));
+        let t = Token::new("s3cr3t").unwrap();
+        assert_eq!(t, Token::new("s3cr3t").unwrap());
+        assert_ne!(t, Token::new("s3cr3u").unwrap());
+        assert_ne!(t, Token::new("s3cr3t-longer").unwrap());
     }
 
     #[test]

@@ -134,6 +134,10 @@ proptest! {
         }
         let cred = Credential::session(&token, &id);
         prop_assert_eq!(authenticate(&token, cred.as_bytes()), Some(Principal::Session(id.clone())));
+        // `==` on credentials (constant time) agrees with the bytes.
+        prop_assert!(Credential::session(&token, &id) == cred);
+        let other = Credential::session(&token, &(id.clone() + "x"));
+        prop_assert!(other != cred);
         let mut forged = cred.as_bytes().to_vec();
         let i = flip.index(forged.len());
         forged[i] ^= 1;
