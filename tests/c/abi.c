@@ -127,13 +127,28 @@ static int basic(void) {
   CHECK(ocm_remote_sz(NULL) == 0, "remote_sz(NULL)");
   CHECK(ocm_alloc(4096, (ocm_kind_t)0) == NULL && ocm_last_error() == OCM_E_INVALID, "bad kind");
   CHECK(ocm_alloc_ex(NULL) == NULL && ocm_last_error() == OCM_E_INVALID, "NULL params");
+  /* Values outside the enums (once SIGILL in the caller) and flags other than 0/1. */
+  CHECK(ocm_alloc(4096, 5) == NULL && ocm_last_error() == OCM_E_INVALID, "kind 5");
+  CHECK(ocm_alloc(4096, -1) == NULL && ocm_last_error() == OCM_E_INVALID, "kind -1");
+  {
+    ocm_params_t bad = ocm_params_default(4096, OCM_REMOTE_HOST);
+    bad.policy = 99;
+    CHECK(ocm_alloc_ex(&bad) == NULL && ocm_last_error() == OCM_E_INVALID, "policy 99");
+    bad = ocm_params_default(4096, OCM_REMOTE_HOST);
+    bad.fabric = 77;
+    CHECK(ocm_alloc_ex(&bad) == NULL && ocm_last_error() == OCM_E_INVALID, "fabric 77");
+    bad = ocm_params_default(4096, OCM_REMOTE_HOST);
+    bad.persistent = 2;
+    CHECK(ocm_alloc_ex(&bad) == NULL && ocm_last_error() == OCM_E_INVALID, "persistent 2");
+    CHECK(strstr(ocm_last_error_message(), "persistent is 2") != NULL, "message names it");
+  }
   CHECK(ocm_attach("no-such-name-here") == NULL && ocm_last_error() == OCM_E_NOT_FOUND,
         "attach unknown name");
   CHECK(ocm_alloc(1ull << 50, OCM_REMOTE_HOST) == NULL && ocm_last_error() == OCM_E_NO_MEMORY,
         "too large");
   for (int c = 0; c <= 15; c++) CHECK(strlen(ocm_strerror(c)) > 0, "strerror(%d)", c);
   CHECK(strcmp(ocm_strerror(99), "unknown status code") == 0, "strerror of unknown");
-  printf("ok bad input: NULL/forged handles, NULL buffers, bounds, kinds, names, size\n");
+  printf("ok bad input: NULL/forged handles, NULL buffers, bounds, kinds, policies, fabrics, flags, names, size\n");
 
   for (int i = 0; i < n; i++) CHECK(ocm_free(allocs[i]) == OCM_OK, "free");
   CHECK(ocm_copy_in(allocs[0], 0, data, 1) == OCM_E_BAD_HANDLE, "freed handle");

@@ -59,6 +59,9 @@ fn compile(dir: &Path, source: &str) -> PathBuf {
         .arg("-L")
         .arg(&lib_dir)
         .arg("-lliboncilla")
+        // DT_RPATH (not RUNPATH) wins over the LD_LIBRARY_PATH cargo sets,
+        // which may name a stale target/debug/libliboncilla.so first.
+        .arg("-Wl,--disable-new-dtags")
         .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e}"));
