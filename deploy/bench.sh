@@ -33,7 +33,8 @@ BW_ARGS=(--size 64KiB --size 1MiB --size 4MiB --size 16MiB --size 256MiB --size 
 ob_start() {
   local sns=$1 cns=$2 saddr=$3 caddr=$4 dir=$5 i
   mkdir -p "$dir"
-  head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/token"
+  # Private from its creation (oncillad refuses a token file others can read).
+  (umask 077 && head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/token")
   chmod 600 "$dir/token"
   : >"$dir/pids"
   ip netns exec "$sns" "$OBIN/oncillad" --master --join "$saddr:17070" --name node-1 \

@@ -30,7 +30,8 @@ up() {
   local n=${1:-3} cap=${2:-256MiB}
   [ -x "$BIN/oncillad" ] || { echo "no $BIN/oncillad: cargo build --release --workspace" >&2; exit 1; }
   mkdir -p "$DIR"
-  [ -f "$DIR/token" ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/token"
+  # Private from its creation (oncillad refuses a token file others can read).
+  [ -f "$DIR/token" ] || (umask 077 && head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/token")
   chmod 600 "$DIR/token"
   ip link add "$BR" type bridge 2>/dev/null || true
   ip link set "$BR" up
