@@ -159,12 +159,18 @@ impl AllocRef {
     ///
     /// # Errors
     /// [`Invalid::NoRef`] when both are empty, [`Invalid::Id`] above
-    /// [`MAX_ID`].
+    /// [`MAX_ID`], [`Invalid::Name`] / [`Invalid::NameTooLong`] for a name
+    /// no allocation can have.
     pub fn new(id: u64, name: String) -> Result<Self, Invalid> {
         match (id, name.is_empty()) {
             (id, _) if id > MAX_ID => Err(Invalid::Id(id)),
             (0, true) => Err(Invalid::NoRef),
-            (0, false) => Ok(Self::Name(name)),
+            (0, false) => {
+                // No allocation can have a name the naming rule refuses:
+                // looking one up is a mistake, said as such (and bounded).
+                check_name(&name)?;
+                Ok(Self::Name(name))
+            }
             (id, _) => Ok(Self::Id(id)),
         }
     }

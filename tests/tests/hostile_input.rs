@@ -329,10 +329,14 @@ fn a_huge_name_is_refused_with_a_bounded_message() {
         })
         .await
     });
-    // A name that cannot exist is simply not found, quoted bounded.
+    // A name no allocation can have is refused where it enters, quoted
+    // bounded.
     let (code, msg) = r.expect_err("show a 100 kB name");
-    assert_eq!(code, tonic::Code::NotFound, "{msg}");
-    assert!(msg.contains("(100000 bytes)"), "{msg}");
+    assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
+    assert!(
+        msg.contains("too long") && msg.contains("(100000 bytes)"),
+        "{msg}"
+    );
     assert!(msg.len() < 1024, "a {}-byte message", msg.len());
 
     // Through liboncilla, as an application would.
