@@ -21,8 +21,10 @@
 //! ones, where a newcomer takes the seat of a connection idle between
 //! requests before it is refused); after it, a reply or payload that makes no progress for
 //! [`STALL_DEADLINE`] ends the connection (socket timeouts set once, no
-//! cost per request), so a peer that never reads cannot keep a freed
-//! allocation's memory out of the pool; accept errors back off.
+//! cost per request), and one that trickles is cut at its whole deadline
+//! ([`MIN_RATE`]; checked only when a transfer comes back short), so a
+//! peer that never reads, or reads a byte now and then, cannot keep a
+//! freed allocation's memory out of the pool; accept errors back off.
 //!
 //! It owns the wire handshake, the per-request checks (allocation known,
 //! access key, bounds) and the copies. It never changes which allocations
@@ -61,6 +63,20 @@ pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 /// connection (and lets go of the allocation it was reading or writing).
 /// Set once per connection as the socket's send and receive timeouts.
 pub const STALL_DEADLINE: Duration = Duration::from_secs(10);
+/// The slowest a request's bytes may move once they start (1 MiB/s): a
+/// peer that reads or sends a little now and then restarts the socket's
+/// stall timeout each time, so every request also gets a whole deadline
+/// of [`STALL_DEADLINE`] plus its length at this rate.
+pub const MIN_RATE: u64 = 1 << 20;
+
+/// When a request of `len` bytes must be over (see [`MIN_RATE`]).
+fn deadline(len: usize) -> sock::Deadline {
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    sock::Deadline {
+        at: Instant::now() + STALL_DEADLINE + Duration::from_millis(len / (MIN_RATE / 1000)),
+        base: STALL_DEADLINE,
+    }
+}
 /// An authenticated connection idle this long between requests is closed
 /// (clients replace a pooled connection that turns out closed).
 pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
@@ -236,10 +252,11 @@ impl Connection {
                 }
                 .encode();
                 // The kernel copies the bytes out before `send` returns.
-                sock::send(&self.stream, &head, memory)?;
+                sock::send_by(&self.stream, &head, memory, deadline(len))?;
             }
             Op::Write => {
-                self.recv.read_into(&self.stream, memory)?;
+                self.recv
+                    .read_into_by(&self.stream, memory, deadline(len))?;
                 self.ack_write()?;
             }
         }

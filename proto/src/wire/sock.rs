@@ -12,7 +12,55 @@
 
 use std::io;
 use std::marker::PhantomData;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeVal;
+
+/// When a whole transfer must be over, whatever progress it makes: a peer
+/// that reads (or sends) a few bytes now and then restarts the socket's
+/// own timeout each time, so only this bounds how long it can hold the
+/// memory the transfer names. `base` is the socket's timeout to return to
+/// after a slow transfer shortened it.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    pub at: Instant,
+    pub base: Duration,
+}
+
+/// Which of the socket's timeouts a slow transfer shortens.
+#[derive(Clone, Copy)]
+enum Direction {
+    Send,
+    Receive,
+}
+
+/// On the slow path only (a `sendmsg` or `recv` that returned short):
+/// `TimedOut` once `deadline` has passed, else the socket's timeout for
+/// `dir` cut to the time left, so the next call cannot outlive it.
+fn shorten(fd: BorrowedFd<'_>, dir: Direction, deadline: &Deadline) -> io::Result<()> {
+    let left = deadline.at.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "transfer deadline passed: the peer is too slow",
+        ));
+    }
+    set_timeout(fd, dir, left.max(Duration::from_millis(1)))
+}
+
+fn set_timeout(fd: BorrowedFd<'_>, dir: Direction, t: Duration) -> io::Result<()> {
+    let tv = TimeVal::new(
+        i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+        i64::from(t.subsec_micros()),
+    );
+    match dir {
+        Direction::Send => setsockopt(&fd, sockopt::SendTimeout, &tv),
+        Direction::Receive => setsockopt(&fd, sockopt::ReceiveTimeout, &tv),
+    }
+    .map_err(io::Error::from)
+}
 
 /// Memory that others (threads of this process, other processes) may read
 /// or write while a transfer runs, pool memory above all: it is moved
@@ -89,7 +137,29 @@ impl<'a> From<Shared<'a>> for Payload<'a> {
 /// # Errors
 /// I/O errors; `WriteZero` when the kernel takes nothing.
 pub fn send<'a>(fd: impl AsFd, head: &[u8], body: impl Into<Payload<'a>>) -> io::Result<()> {
-    let (ptr, len) = match body.into() {
+    send_inner(fd.as_fd(), head, body.into(), None)
+}
+
+/// [`send`], all of it by `deadline` (see [`Deadline`]).
+///
+/// # Errors
+/// As [`send`]; `TimedOut` past the deadline.
+pub fn send_by<'a>(
+    fd: impl AsFd,
+    head: &[u8],
+    body: impl Into<Payload<'a>>,
+    deadline: Deadline,
+) -> io::Result<()> {
+    send_inner(fd.as_fd(), head, body.into(), Some(deadline))
+}
+
+fn send_inner(
+    fd: BorrowedFd<'_>,
+    head: &[u8],
+    body: Payload<'_>,
+    deadline: Option<Deadline>,
+) -> io::Result<()> {
+    let (ptr, len) = match body {
         Payload::Bytes(b) => (b.as_ptr(), b.len()),
         Payload::Shared(s) => (s.ptr.cast_const(), s.len),
     };
@@ -97,21 +167,35 @@ pub fn send<'a>(fd: impl AsFd, head: &[u8], body: impl Into<Payload<'a>>) -> io:
     // SAFETY: `head` and a `Bytes` body are borrowed for the whole call; a
     // `Shared` body's range stays mapped for its lifetime, which outlives
     // the call (its constructor's contract). The kernel only reads them.
-    unsafe { send_all(fd.as_fd().as_raw_fd(), &mut iov) }
+    unsafe { send_all(fd, &mut iov, deadline) }
 }
 
-/// Sends every byte described by `iov`, in order, with `MSG_NOSIGNAL`.
-/// `iov` is advanced in place as bytes go out.
+/// Sends every byte described by `iov`, in order, with `MSG_NOSIGNAL`, by
+/// `deadline` if there is one. `iov` is advanced in place as bytes go out.
 ///
 /// # Safety
 /// Every `iov_base..iov_base + iov_len` must stay readable until this returns.
-unsafe fn send_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
+unsafe fn send_all(
+    fd: BorrowedFd<'_>,
+    iov: &mut [libc::iovec],
+    deadline: Option<Deadline>,
+) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
     let mut first = 0;
+    let mut shortened = false;
+    let mut calls = 0u32;
     while first < iov.len() {
         if iov[first].iov_len == 0 {
             first += 1;
             continue;
         }
+        if let (true, Some(d)) = (calls > 0, &deadline) {
+            // The last call came back short (a slow reader): from here on
+            // no call may outlive the deadline.
+            shorten(fd, Direction::Send, d)?;
+            shortened = true;
+        }
+        calls += 1;
         let rest = &mut iov[first..];
         // SAFETY: a zeroed msghdr is valid (no name, no control data).
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -119,7 +203,7 @@ unsafe fn send_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
         msg.msg_iovlen = rest.len() as _;
         // SAFETY: `msg` points at `rest`, whose ranges the caller keeps
         // readable; the kernel only reads them.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        let n = unsafe { libc::sendmsg(raw, &msg, libc::MSG_NOSIGNAL) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -143,6 +227,9 @@ unsafe fn send_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
                 first += 1;
             }
         }
+    }
+    if let (true, Some(d)) = (shortened, deadline) {
+        set_timeout(fd, Direction::Send, d.base)?;
     }
     Ok(())
 }
@@ -222,7 +309,21 @@ impl RecvBuf {
         // SAFETY: `dst`'s range is writable and referenced by no Rust
         // reference for its lifetime, which outlives this call (its
         // constructor's contract).
-        unsafe { self.read_raw(fd.as_fd().as_raw_fd(), dst.ptr, dst.len) }
+        unsafe { self.read_raw(fd.as_fd(), dst.ptr, dst.len, None) }
+    }
+
+    /// [`RecvBuf::read_into`], all of it by `deadline` (see [`Deadline`]).
+    ///
+    /// # Errors
+    /// As [`RecvBuf::read_into`]; `TimedOut` past the deadline.
+    pub fn read_into_by(
+        &mut self,
+        fd: impl AsFd,
+        dst: Shared<'_>,
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        // SAFETY: as in `read_into`.
+        unsafe { self.read_raw(fd.as_fd(), dst.ptr, dst.len, Some(deadline)) }
     }
 
     /// Receives exactly `len` bytes into `ptr`: what is buffered first,
@@ -231,18 +332,36 @@ impl RecvBuf {
     /// # Safety
     /// `ptr..ptr + len` must stay writable, and not be read or written
     /// through any Rust reference, until this returns.
-    unsafe fn read_raw(&mut self, fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<()> {
+    unsafe fn read_raw(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        ptr: *mut u8,
+        len: usize,
+        deadline: Option<Deadline>,
+    ) -> io::Result<()> {
+        let raw = fd.as_raw_fd();
         let from_buf = self.buffered().min(len);
         // SAFETY: the source is initialised buffer bytes, the destination
         // the caller's writable range; they cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(self.buf[self.lo..].as_ptr(), ptr, from_buf) };
         self.lo += from_buf;
         let mut done = from_buf;
+        let mut calls = 0u32;
+        let mut shortened = false;
         while done < len {
+            if let (true, Some(d)) = (calls > 0, &deadline) {
+                // The last call came back short (a slow sender).
+                shorten(fd, Direction::Receive, d)?;
+                shortened = true;
+            }
+            calls += 1;
             // SAFETY: `done < len`, so the range is inside the caller's.
             done += retry(|| unsafe {
-                libc::recv(fd, ptr.add(done).cast(), len - done, libc::MSG_WAITALL)
+                libc::recv(raw, ptr.add(done).cast(), len - done, libc::MSG_WAITALL)
             })?;
+        }
+        if let (true, Some(d)) = (shortened, deadline) {
+            set_timeout(fd, Direction::Receive, d.base)?;
         }
         Ok(())
     }
@@ -253,7 +372,7 @@ impl RecvBuf {
     /// As [`RecvBuf::read_into`].
     pub fn read_exact(&mut self, fd: impl AsFd, dst: &mut [u8]) -> io::Result<()> {
         // SAFETY: `dst` is an exclusive borrow for the whole call.
-        unsafe { self.read_raw(fd.as_fd().as_raw_fd(), dst.as_mut_ptr(), dst.len()) }
+        unsafe { self.read_raw(fd.as_fd(), dst.as_mut_ptr(), dst.len(), None) }
     }
 
     /// Consumes and drops `len` bytes.
@@ -296,6 +415,49 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_trickling_reader_cannot_stretch_a_send_past_its_deadline() {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_write_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        // The reader takes a few bytes every 100 ms: each restarts the
+        // socket's own timeout.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut b = b;
+                let mut buf = [0u8; 64];
+                let until = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < until && !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if matches!(b.read(&mut buf), Ok(0) | Err(_)) {
+                        break;
+                    }
+                }
+            })
+        };
+        let body = vec![7u8; 8 << 20];
+        let started = Instant::now();
+        let d = Deadline {
+            at: started + Duration::from_millis(800),
+            base: Duration::from_millis(300),
+        };
+        let err = send_by(&a, b"head", &body, d).unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{err}"
+        );
+        assert!(took < Duration::from_millis(1500), "took {took:?}");
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        reader.join().unwrap();
+    }
 
     #[test]
     fn small_messages_come_through_the_buffer_and_leftovers_stay() {
