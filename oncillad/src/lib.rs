@@ -22,7 +22,6 @@ use std::time::Instant;
 
 use clap::Parser;
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::auth::CheckToken;
 use oncilla_proto::credential::Authenticate;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -106,7 +105,7 @@ fn main_exec(config: Config) -> Result<(), DaemonError> {
 }
 
 async fn run(config: Config) -> Result<(), DaemonError> {
-    let check = CheckToken::new(config.token.clone());
+    let check = Authenticate::members(config.token.clone());
     let grpc_listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| bind_error("gRPC", config.listen, source))?;

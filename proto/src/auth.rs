@@ -1,15 +1,11 @@
-//! The cluster token: how it is loaded, attached to calls and checked.
-//!
-//! Every gRPC call carries `authorization: Bearer <token>` and every data
-//! connection presents the token in its handshake. Comparison is constant
-//! time. This module never logs or prints a token.
+//! The cluster token: how it is loaded and validated, and constant-time
+//! comparison of secrets. How it (or a session's credential) is presented
+//! and checked on calls is [`crate::credential`]. This module never logs or
+//! prints a token.
 
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::{Request, Status};
 
 /// Metadata key that carries the token.
 pub const AUTH_METADATA: &str = "authorization";
@@ -140,12 +136,6 @@ impl Token {
     pub fn matches(&self, presented: &[u8]) -> bool {
         ct_eq(self.0.as_bytes(), presented)
     }
-
-    fn bearer(&self) -> MetadataValue<Ascii> {
-        // A validated token is printable ASCII, which is always valid metadata.
-        MetadataValue::try_from(format!("Bearer {}", self.0))
-            .unwrap_or_else(|_| MetadataValue::from_static(""))
-    }
 }
 
 /// Refuses a token file (mode bits, owner uid) that group or others may
@@ -182,56 +172,9 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
             == 0
 }
 
-/// Client-side interceptor that attaches the token to every call.
-#[derive(Clone)]
-pub struct AttachToken(MetadataValue<Ascii>);
-
-impl AttachToken {
-    pub fn new(token: &Token) -> Self {
-        Self(token.bearer())
-    }
-}
-
-impl tonic::service::Interceptor for AttachToken {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        req.metadata_mut().insert(AUTH_METADATA, self.0.clone());
-        Ok(req)
-    }
-}
-
-/// Server-side interceptor that rejects calls without the right token.
-#[derive(Clone, Debug)]
-pub struct CheckToken(Token);
-
-impl CheckToken {
-    pub fn new(token: Token) -> Self {
-        Self(token)
-    }
-}
-
-impl tonic::service::Interceptor for CheckToken {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let presented = req
-            .metadata()
-            .get(AUTH_METADATA)
-            .map(|v| v.as_bytes())
-            .and_then(|v| v.strip_prefix(b"Bearer "));
-        match presented {
-            Some(p) if self.0.matches(p) => Ok(req),
-            Some(_) => Err(Status::unauthenticated(
-                "permission denied: wrong cluster token",
-            )),
-            None => Err(Status::unauthenticated(
-                "permission denied: no cluster token presented",
-            )),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::service::Interceptor;
 
     #[test]
     fn validates() {
@@ -328,19 +271,5 @@ mod tests {
     fn debug_redacts() {
         let t = Token::new("s3cr3t").unwrap();
         assert!(!format!("{t:?}").contains("s3cr3t"));
-    }
-
-    #[test]
-    fn interceptors_agree() {
-        let good = Token::new("abc").unwrap();
-        let bad = Token::new("abd").unwrap();
-        let mut check = CheckToken::new(good.clone());
-        let req = AttachToken::new(&good).call(Request::new(())).unwrap();
-        assert!(check.call(req).is_ok());
-        let req = AttachToken::new(&bad).call(Request::new(())).unwrap();
-        let err = check.call(req).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unauthenticated);
-        assert!(err.message().contains("permission denied"));
-        assert!(check.call(Request::new(())).is_err());
     }
 }

@@ -158,26 +158,51 @@ impl tonic::service::Interceptor for AttachCredential {
     }
 }
 
-/// Server-side interceptor that admits members and sessions, and tells the
-/// service which ([`Principal`] in the request's extensions); calls with
-/// neither are refused, unless `open` (the agent's Unix socket, where the
-/// socket's permissions admit local applications: a call there without a
-/// credential carries no principal).
+/// Who a server admits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admits {
+    /// The cluster token only (the master).
+    Members,
+    /// The token or a session credential (an agent's TCP services).
+    MembersAndSessions,
+    /// Those, and callers that present nothing (the agent's Unix socket,
+    /// whose permissions admit local applications).
+    Local,
+}
+
+/// Server-side interceptor: checks the credential a call presents, refuses
+/// what the server does not admit, and tells the service who it is
+/// ([`Principal`] in the request's extensions; none for a local caller
+/// that presented nothing).
 #[derive(Clone, Debug)]
 pub struct Authenticate {
     token: Token,
-    open: bool,
+    admits: Admits,
 }
 
 impl Authenticate {
-    /// Members and sessions only.
+    /// The cluster token only.
+    pub fn members(token: Token) -> Self {
+        Self {
+            token,
+            admits: Admits::Members,
+        }
+    }
+
+    /// Members and sessions.
     pub fn new(token: Token) -> Self {
-        Self { token, open: false }
+        Self {
+            token,
+            admits: Admits::MembersAndSessions,
+        }
     }
 
     /// Also callers that present nothing (they get no principal).
     pub fn local(token: Token) -> Self {
-        Self { token, open: true }
+        Self {
+            token,
+            admits: Admits::Local,
+        }
     }
 }
 
@@ -188,15 +213,25 @@ impl tonic::service::Interceptor for Authenticate {
             .get(AUTH_METADATA)
             .map(|v| v.as_bytes())
             .and_then(|v| v.strip_prefix(b"Bearer "));
+        let members = self.admits == Admits::Members;
         match presented.map(|p| authenticate(&self.token, p)) {
+            Some(Some(Principal::Session(_))) if members => Err(Status::unauthenticated(
+                "permission denied: wrong cluster token",
+            )),
             Some(Some(who)) => {
                 req.extensions_mut().insert(who);
                 Ok(req)
             }
+            Some(None) if members => Err(Status::unauthenticated(
+                "permission denied: wrong cluster token",
+            )),
             Some(None) => Err(Status::unauthenticated(
                 "permission denied: wrong cluster token or session credential",
             )),
-            None if self.open => Ok(req),
+            None if self.admits == Admits::Local => Ok(req),
+            None if members => Err(Status::unauthenticated(
+                "permission denied: no cluster token presented",
+            )),
             None => Err(Status::unauthenticated(
                 "permission denied: no cluster token or session credential presented",
             )),
@@ -212,6 +247,35 @@ pub fn principal<T>(req: &Request<T>) -> Option<&Principal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interceptors_agree() {
+        use tonic::service::Interceptor;
+        let good = Token::new("abc").unwrap();
+        let bad = Token::new("abd").unwrap();
+        let session = Credential::session(&good, "n1-7");
+        let call = |c: &Credential| AttachCredential::new(c).call(Request::new(())).unwrap();
+        let mut members = Authenticate::members(good.clone());
+        let mut agents = Authenticate::new(good.clone());
+        let mut local = Authenticate::local(good.clone());
+        let ok = members.call(call(&Credential::member(&good))).unwrap();
+        assert_eq!(principal(&ok), Some(&Principal::Member));
+        for check in [&mut members, &mut agents, &mut local] {
+            let err = check.call(call(&Credential::member(&bad))).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated);
+            assert!(err.message().contains("permission denied"));
+        }
+        // A session reaches agents, never the master.
+        let err = members.call(call(&session)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        let ok = agents.call(call(&session)).unwrap();
+        assert_eq!(principal(&ok), Some(&Principal::Session("n1-7".into())));
+        // Presenting nothing passes only the local socket, as nobody.
+        assert!(members.call(Request::new(())).is_err());
+        assert!(agents.call(Request::new(())).is_err());
+        let ok = local.call(Request::new(())).unwrap();
+        assert_eq!(principal(&ok), None);
+    }
 
     #[test]
     fn sessions_and_members_are_told_apart_and_forgeries_refused() {

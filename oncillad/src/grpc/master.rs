@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use oncilla_model::alloc::AllocSpec;
 use oncilla_model::cluster::{AllocateRequest, Registration};
-use oncilla_proto::auth::CheckToken;
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, WireError};
+use oncilla_proto::credential::Authenticate;
 use oncilla_proto::pb::master_server::MasterServer;
 use oncilla_proto::pb::{self, master_server};
 use tonic::service::interceptor::InterceptedService;
@@ -29,7 +29,10 @@ impl MasterService {
 
     /// The service as the server mounts it: every call authenticated
     /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
-    pub fn server(self, check: CheckToken) -> InterceptedService<MasterServer<Self>, CheckToken> {
+    pub fn server(
+        self,
+        check: Authenticate,
+    ) -> InterceptedService<MasterServer<Self>, Authenticate> {
         InterceptedService::new(
             MasterServer::new(self)
                 .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
