@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use liboncilla::capi::{self, ocm_params_t, ocm_status_t};
 use liboncilla::{AllocSpec, Kind};
-use oncilla_proto::{client, pb};
+use oncilla_proto::pb;
 use proptest::prelude::*;
 use support::Cluster;
 
@@ -240,26 +240,6 @@ fn abi_child() {
     println!("abi child: every bad value refused, then served");
 }
 
-/// A raw call to the master with the cluster token: its code and message
-/// when refused.
-fn master_call<T, F, Fut>(c: &Cluster, call: F) -> Result<T, (tonic::Code, String)>
-where
-    F: FnOnce(oncilla_proto::client::MasterClient) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let m = client::master(client::lazy(&c.master_addr, &c.token).unwrap());
-        call(m)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| (s.code(), s.message().to_string()))
-    })
-}
-
 /// Asserts a refusal is `INVALID_ARGUMENT` with a short message that
 /// contains `needle`.
 #[track_caller]
@@ -296,7 +276,7 @@ fn a_huge_name_is_refused_with_a_bounded_message() {
         ..Default::default()
     };
     let named = spec(&huge, "node-1");
-    let r = master_call(&c, |mut m| async move {
+    let r = c.master_raw(|mut m| async move {
         m.allocate(pb::AllocateRequest {
             spec: Some(named),
             ..Default::default()
@@ -310,7 +290,7 @@ fn a_huge_name_is_refused_with_a_bounded_message() {
     );
 
     let on_huge_node = spec("", &huge);
-    let r = master_call(&c, |mut m| async move {
+    let r = c.master_raw(|mut m| async move {
         m.allocate(pb::AllocateRequest {
             spec: Some(on_huge_node),
             ..Default::default()
@@ -323,7 +303,7 @@ fn a_huge_name_is_refused_with_a_bounded_message() {
         id: 0,
         name: huge.clone(),
     };
-    let r = master_call(&c, |mut m| async move {
+    let r = c.master_raw(|mut m| async move {
         m.get_allocation(pb::GetAllocationRequest {
             alloc: Some(by_name),
         })
@@ -408,22 +388,7 @@ fn a_token_file_others_can_read_is_refused() {
         assert!(err.contains(&format!("chmod 600 {shown}")), "{err}");
         // An agent (and so every node) refuses the same file.
         let socket = c.dir.join("loose.sock");
-        let err = oncillad_refuses(&[
-            "--join".as_ref(),
-            c.master_addr.as_ref(),
-            "--name".as_ref(),
-            "loose".as_ref(),
-            "--capacity".as_ref(),
-            "4MiB".as_ref(),
-            "--listen".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--data-listen".as_ref(),
-            "127.0.0.1:0".as_ref(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-            "--token-file".as_ref(),
-            path.as_os_str(),
-        ]);
+        let err = oncillad_refuses(&agent_args(&c, "loose", &socket, &path));
         assert!(err.contains(&format!("has mode {mode:04o}")), "{err}");
         assert!(!socket.exists(), "the refused agent made its socket");
     }

@@ -13,34 +13,14 @@ mod support;
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Kind, Policy};
-use oncilla_proto::{client, pb};
+use oncilla_proto::pb;
 use serde_json::Value;
 use support::Cluster;
 
-/// Runs `call` on a raw master client with the cluster token, as any
-/// token holder can; returns the status code and message of a refusal.
-fn raw<F, Fut, T>(c: &Cluster, call: F) -> Result<T, (tonic::Code, String)>
-where
-    F: FnOnce(client::MasterClient) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let h = c.handle();
-    rt.block_on(async {
-        let m = client::master(client::lazy(&h.master_addr, &h.token).unwrap());
-        call(m)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| (s.code(), s.message().to_string()))
-    })
-}
-
 /// `Master.Register` sent raw.
 fn register(c: &Cluster, req: pb::RegisterRequest) -> Result<(), (tonic::Code, String)> {
-    raw(c, |mut m| async move { m.register(req).await }).map(|_| ())
+    c.master_raw(|mut m| async move { m.register(req).await })
+        .map(|_| ())
 }
 
 fn ocmctl_json(c: &Cluster, args: &[&str]) -> Value {
@@ -231,7 +211,9 @@ fn unknown_enum_values_are_refused_at_the_edge() {
         (spec(remote, 0, 77), "unknown fabric 77"),
         (spec(9, 0, 0), "unknown memory kind 9"),
     ] {
-        let (code, msg) = raw(&c, |mut m| async move { m.allocate(req).await }).unwrap_err();
+        let (code, msg) = c
+            .master_raw(|mut m| async move { m.allocate(req).await })
+            .unwrap_err();
         assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
         assert!(msg.contains(what), "{msg} (wanted {what:?})");
     }

@@ -187,39 +187,17 @@ mod tests {
         assert_eq!(pending.len(), 1);
     }
 
-    #[test]
-    fn a_connection_that_has_spoken_is_spared() {
-        let pending = Pending::new(2, 2);
-        let (a, mut a_peer) = pair();
-        let (b, mut b_peer) = pair();
-        let (c, _c_peer) = pair();
-        let _ta = pending.admit(&a, None).unwrap();
-        let _tb = pending.admit(&b, None).unwrap();
-        // The oldest has its hello waiting: the silent one goes instead.
-        std::io::Write::write_all(&mut a_peer, b"OCLD").unwrap();
-        let _tc = pending.admit(&c, None).unwrap();
-        let mut buf = [0u8; 1];
-        assert_eq!(
-            b_peer.read(&mut buf).unwrap(),
-            0,
-            "the silent one was evicted"
-        );
-        a_peer.set_nonblocking(true).unwrap();
-        let a_open =
-            matches!(a_peer.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-        assert!(a_open, "the one that spoke was evicted");
-    }
-
-    #[test]
-    fn a_connection_whose_hello_was_read_is_spared() {
+    /// Two connections admitted to a budget of two; `speak` makes the
+    /// older one count as spoken; a third arrives: the silent one must be
+    /// evicted and the one that spoke kept (`what` names how it spoke).
+    fn spoken_is_spared(what: &str, speak: impl FnOnce(&Ticket, &mut UnixStream)) {
         let pending = Pending::new(2, 2);
         let (a, mut a_peer) = pair();
         let (b, mut b_peer) = pair();
         let (c, _c_peer) = pair();
         let ta = pending.admit(&a, None).unwrap();
         let _tb = pending.admit(&b, None).unwrap();
-        // Nothing waits in `a`'s socket, but its server has read its hello.
-        ta.heard();
+        speak(&ta, &mut a_peer);
         let _tc = pending.admit(&c, None).unwrap();
         let mut buf = [0u8; 1];
         assert_eq!(
@@ -230,7 +208,21 @@ mod tests {
         a_peer.set_nonblocking(true).unwrap();
         let a_open =
             matches!(a_peer.read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
-        assert!(a_open, "the one that was heard was evicted");
+        assert!(a_open, "the one that {what} was evicted");
+    }
+
+    #[test]
+    fn a_connection_that_has_spoken_is_spared() {
+        // The oldest has its hello waiting in its socket.
+        spoken_is_spared("spoke", |_, peer| {
+            std::io::Write::write_all(peer, b"OCLD").unwrap();
+        });
+    }
+
+    #[test]
+    fn a_connection_whose_hello_was_read_is_spared() {
+        // Nothing waits in its socket, but its server has read its hello.
+        spoken_is_spared("was heard", |ticket, _| ticket.heard());
     }
 
     #[test]

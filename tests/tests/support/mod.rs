@@ -182,6 +182,30 @@ impl Cluster {
         }
     }
 
+    /// Runs `call` on a raw master client with the cluster token, as any
+    /// token holder can (attack tests); the status code and message of a
+    /// refusal.
+    pub fn master_raw<F, Fut, T>(&self, call: F) -> Result<T, (tonic::Code, String)>
+    where
+        F: FnOnce(oncilla_proto::client::MasterClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        use oncilla_proto::client;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the raw call");
+        rt.block_on(async {
+            let m = client::master(
+                client::lazy(&self.master_addr, &self.token).expect("master address"),
+            );
+            call(m)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| (s.code(), s.message().to_string()))
+        })
+    }
+
     /// Runs ocmctl against this cluster.
     pub fn ocmctl(&self, args: &[&str]) -> Output {
         Command::new(bin("ocmctl"))
