@@ -143,6 +143,9 @@ pub enum RdmaError {
     /// `ibv_modify_qp` to a state failed.
     #[error("ibv_modify_qp to {to:?}: {source}")]
     ModifyQp { to: State, source: io::Error },
+    /// `ibv_query_qp` failed.
+    #[error("ibv_query_qp: {0}")]
+    QueryQp(#[source] io::Error),
     /// The provider's ops table lacks a verb.
     #[error("the verbs provider has no {0}")]
     NoProviderOp(&'static str),

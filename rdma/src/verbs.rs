@@ -534,6 +534,41 @@ impl Qp {
         self.state
     }
 
+    /// The state the HCA reports for the pair now (`ibv_query_qp`), which
+    /// can differ from [`Qp::state`]: the HCA moves a pair to ERROR by
+    /// itself after a failed request. For diagnosing a stalled pair.
+    ///
+    /// # Errors
+    /// The query failed (the device was removed, say).
+    pub fn hw_state(&self) -> Result<&'static str, RdmaError> {
+        let mut attr = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        // SAFETY: `qp` is valid until Drop; `attr` and `init` are attribute
+        // blocks the call fills in, alive for the call.
+        let rc = unsafe {
+            ffi::ibv_query_qp(
+                self.qp,
+                &mut attr,
+                ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        if rc != 0 {
+            return Err(RdmaError::QueryQp(std::io::Error::from_raw_os_error(rc)));
+        }
+        use ffi::ibv_qp_state::*;
+        Ok(match attr.qp_state {
+            IBV_QPS_RESET => "RESET",
+            IBV_QPS_INIT => "INIT",
+            IBV_QPS_RTR => "RTR",
+            IBV_QPS_RTS => "RTS",
+            IBV_QPS_SQD => "SQD",
+            IBV_QPS_SQE => "SQE",
+            IBV_QPS_ERR => "ERROR",
+            _ => "unknown",
+        })
+    }
+
     /// Stops the pair for good after a failure: to ERROR (every
     /// outstanding request is flushed) and then to RESET (the HCA drops
     /// what is left and stops processing). Call it before releasing memory

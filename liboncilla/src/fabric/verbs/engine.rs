@@ -330,15 +330,29 @@ impl VerbsFabric {
     /// failure drops the pair and, unless it only says the allocation is
     /// gone, forgets that verbs reaches the node, so the next copy asks
     /// again (and goes over TCP if the agent's RDMA port went away).
+    ///
+    /// A pair that stalled (no completion before the deadline, or the
+    /// HCA's retries ran out) was stopped before `f` returned, so nothing
+    /// it posted can still land: `f` runs once more on a fresh pair, and
+    /// only a second stall reports the node unreachable. Repeating a copy
+    /// is harmless: it moves the same bytes to the same places.
     fn with_conn(
         &self,
         dev: usize,
         at: &Place<'_>,
-        f: impl FnOnce(&mut Conn) -> std::result::Result<(), Failed>,
+        mut f: impl FnMut(&mut Conn) -> std::result::Result<(), Failed>,
     ) -> std::result::Result<(), Failed> {
-        let outcome = self.on_conn(dev, at, f);
-        if let Err(Failed::Fenced(e) | Failed::Unfenced(e)) = &outcome {
-            if !matches!(e, Error::NotFound(_)) {
+        let mut outcome = self.on_conn(dev, at, &mut f);
+        if let Err(Failed::Stalled(e)) = &outcome {
+            tracing::warn!(
+                node = at.node,
+                error = %e,
+                "verbs queue pair stalled; running the copy again on a fresh pair"
+            );
+            outcome = self.on_conn(dev, at, &mut f);
+        }
+        if let Err(failed) = &outcome {
+            if !matches!(failed.error(), Error::NotFound(_)) {
                 let mut nodes = lock(&self.nodes);
                 // A refusal just learnt stays; a "reachable" is asked again.
                 if matches!(nodes.get(at.node), Some(None)) {
@@ -353,7 +367,7 @@ impl VerbsFabric {
         &self,
         dev: usize,
         at: &Place<'_>,
-        f: impl FnOnce(&mut Conn) -> std::result::Result<(), Failed>,
+        f: &mut impl FnMut(&mut Conn) -> std::result::Result<(), Failed>,
     ) -> std::result::Result<(), Failed> {
         match &self.pins[dev] {
             Ok(None) => {}

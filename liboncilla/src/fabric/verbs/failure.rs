@@ -72,17 +72,27 @@ impl Place<'_> {
 }
 
 /// A failed copy: `Unfenced` when the pair could not be stopped, so the
-/// memory its requests name must stay registered and alive.
+/// memory its requests name must stay registered and alive; `Stalled`
+/// when the pair was stopped after it stopped making progress (no
+/// completion before our deadline, or the HCA's retries ran out), which a
+/// fresh pair may not repeat.
 #[derive(Debug)]
 pub(super) enum Failed {
     Fenced(Error),
+    Stalled(Error),
     Unfenced(Error),
 }
 
 impl Failed {
     pub(super) fn into_error(self) -> Error {
         match self {
-            Failed::Fenced(e) | Failed::Unfenced(e) => e,
+            Failed::Fenced(e) | Failed::Stalled(e) | Failed::Unfenced(e) => e,
+        }
+    }
+
+    pub(super) fn error(&self) -> &Error {
+        match self {
+            Failed::Fenced(e) | Failed::Stalled(e) | Failed::Unfenced(e) => e,
         }
     }
 }
@@ -103,8 +113,23 @@ pub(super) fn settle(
     let Err(e) = outcome else {
         return Ok(());
     };
-    let error = at.failed(&e);
+    let stalled = match &e {
+        RunError::Timeout { .. } => true,
+        RunError::Completion { failure, .. } => {
+            matches!(failure.status, wc::RETRY_EXC_ERR | wc::RESP_TIMEOUT_ERR)
+        }
+        _ => false,
+    };
+    let error = if matches!(e, RunError::Timeout { .. }) {
+        // What the HCA says of the pair tells a lost peer (RTS, retrying)
+        // from a pair the HCA stopped by itself (ERROR).
+        let state = qp.hw_state().unwrap_or("unknown");
+        at.unreachable(format!("{e}; the queue pair is in state {state}"))
+    } else {
+        at.failed(&e)
+    };
     match qp.stop() {
+        Ok(()) if stalled => Err(Failed::Stalled(error)),
         Ok(()) => Err(Failed::Fenced(error)),
         Err(why) => {
             tracing::error!(
