@@ -331,8 +331,8 @@ impl VerbsFabric {
     /// gone, forgets that verbs reaches the node, so the next copy asks
     /// again (and goes over TCP if the agent's RDMA port went away).
     ///
-    /// A pair that stalled (no completion before the deadline, or the
-    /// HCA's retries ran out) was stopped before `f` returned, so nothing
+    /// A pair that stalled (no completion before the deadline, the HCA's
+    /// retries ran out, or it was found already in error) was stopped before `f` returned, so nothing
     /// it posted can still land: `f` runs once more on a fresh pair, and
     /// only a second stall reports the node unreachable. Repeating a copy
     /// is harmless: it moves the same bytes to the same places.

@@ -74,8 +74,9 @@ impl Place<'_> {
 /// A failed copy: `Unfenced` when the pair could not be stopped, so the
 /// memory its requests name must stay registered and alive; `Stalled`
 /// when the pair was stopped after it stopped making progress (no
-/// completion before our deadline, or the HCA's retries ran out), which a
-/// fresh pair may not repeat.
+/// completion before our deadline, the HCA's retries ran out, or a flush
+/// before any other error: it was broken already), which a fresh pair may
+/// not repeat.
 #[derive(Debug)]
 pub(super) enum Failed {
     Fenced(Error),
@@ -115,9 +116,12 @@ pub(super) fn settle(
     };
     let stalled = match &e {
         RunError::Timeout { .. } => true,
-        RunError::Completion { failure, .. } => {
-            matches!(failure.status, wc::RETRY_EXC_ERR | wc::RESP_TIMEOUT_ERR)
-        }
+        // A flush as the first error seen: the pair was already broken
+        // before this copy posted anything that failed.
+        RunError::Completion { failure, .. } => matches!(
+            failure.status,
+            wc::RETRY_EXC_ERR | wc::RESP_TIMEOUT_ERR | wc::WR_FLUSH_ERR
+        ),
         _ => false,
     };
     let error = if matches!(e, RunError::Timeout { .. }) {
