@@ -8,7 +8,7 @@
 
 use oncilla_proto::auth::{Token, MAX_TOKEN_LEN};
 use oncilla_proto::credential::{authenticate, Credential, Principal};
-use oncilla_proto::wire::{self, MapGrant, Reply, Request, Welcome, WireError};
+use oncilla_proto::wire::{self, MapFile, MapGrant, Reply, Request, Welcome, WireError};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
@@ -57,10 +57,16 @@ proptest! {
         }
     }
 
-    /// Any 32 bytes are a grant, and encode back to themselves.
+    /// Any 40 bytes are a grant and any 16 a file frame, and encode back
+    /// to themselves.
     #[test]
-    fn map_grants(b in prop::array::uniform32(any::<u8>())) {
-        prop_assert_eq!(MapGrant::decode(&b).encode(), b);
+    fn map_grants(v in prop::collection::vec(any::<u8>(), wire::GRANT_LEN + wire::MAP_FILE_LEN)) {
+        let mut g = [0u8; wire::GRANT_LEN];
+        g.copy_from_slice(&v[..wire::GRANT_LEN]);
+        prop_assert_eq!(MapGrant::decode(&g).encode(), g);
+        let mut f = [0u8; wire::MAP_FILE_LEN];
+        f.copy_from_slice(&v[wire::GRANT_LEN..]);
+        prop_assert_eq!(MapFile::decode(&f).encode(), f);
     }
 
     /// Any byte stream as a client hello: no panic; an accepted hello is

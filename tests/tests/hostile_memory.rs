@@ -26,7 +26,7 @@ fn file_behind(ptr: *const u8) -> Option<std::fs::File> {
             usize::from_str_radix(lo, 16).ok()?,
             usize::from_str_radix(hi, 16).ok()?,
         );
-        (lo <= at && at < hi && l.contains("oncilla-slab")).then(|| range.to_string())
+        (lo <= at && at < hi && l.contains("oncilla-pool")).then(|| range.to_string())
     })?;
     std::fs::OpenOptions::new()
         .read(true)
@@ -70,6 +70,84 @@ fn truncating_the_shared_memory_cannot_crash_the_agent() {
     keep.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"other tenant");
     keep.free().unwrap();
+    c.still_serves();
+}
+
+/// Everything in `file`, read as a process that kept the fd it was sent
+/// could: the whole file, not just the part it was granted.
+fn read_all(file: &std::fs::File) -> Vec<u8> {
+    let mut bytes = vec![0u8; usize::try_from(file.metadata().unwrap().len()).unwrap()];
+    std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, 0).unwrap();
+    bytes
+}
+
+/// Before, the map socket handed out the whole slab's memfd: a client that
+/// read all of it saw other allocations' bytes, and after a free it saw
+/// the next tenant's. Now every file a client receives backs only its own
+/// allocation: reading all of each (a small allocation's file of its own,
+/// and a large one's share of a pool file) shows only its bytes and zeros,
+/// while other allocations of the node hold bytes; and a file kept after
+/// the free shows zeros while a new tenant fills the node.
+#[test]
+fn mapped_memory_reaches_only_its_own_allocation() {
+    let c = Cluster::start(1, "48MiB");
+    let ocm = c.client(0);
+    let neighbours: Vec<_> = [64 << 10, 4 << 20]
+        .into_iter()
+        .map(|n| {
+            let a = ocm.alloc(n, Kind::LocalHost).unwrap();
+            a.copy_in(0, &vec![0xEE; n as usize]).unwrap();
+            a
+        })
+        .collect();
+    let mut files = Vec::new();
+    let mut mine = Vec::new();
+    for (n, byte) in [(256u64 << 10, 0x11u8), (6 << 20, 0x22)] {
+        let mut a = ocm.alloc(n, Kind::LocalHost).unwrap();
+        let ptr = {
+            let buf = a.localbuf().unwrap();
+            buf.fill(byte);
+            buf.as_ptr()
+        };
+        let Some(file) = file_behind(ptr) else {
+            println!("skipped: /proc/self/map_files is not readable here (needs CAP_SYS_ADMIN)");
+            return;
+        };
+        let seen = read_all(&file);
+        assert!(
+            seen.iter().all(|&b| b == byte || b == 0),
+            "a {n}-byte allocation's file shows another allocation's bytes"
+        );
+        let own = seen.iter().filter(|&&b| b == byte).count() as u64;
+        assert!(own > 0 && own <= n, "{own} of its {n} bytes");
+        files.push(file);
+        mine.push(a);
+    }
+    // The neighbours still hold their bytes: they were there to be seen.
+    for a in &neighbours {
+        let mut back = vec![0u8; a.size() as usize];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0xEE));
+    }
+    for a in mine.into_iter().chain(neighbours) {
+        a.free().unwrap();
+    }
+    // A new tenant takes (nearly) the whole node and writes all of it.
+    let tenant = c.client(0);
+    let mut big = None;
+    assert!(Cluster::eventually(Duration::from_secs(20), || {
+        big = tenant.alloc(40 << 20, Kind::LocalHost).ok();
+        big.is_some()
+    }));
+    let big = big.unwrap();
+    big.copy_in(0, &vec![0x5A; 40 << 20]).unwrap();
+    for f in &files {
+        assert!(
+            read_all(f).iter().all(|&b| b == 0),
+            "a file kept past the free shows only zeros"
+        );
+    }
+    big.free().unwrap();
     c.still_serves();
 }
 

@@ -1,4 +1,4 @@
-//! Same-node mapping: asks the local agent for the slab memfds behind the
+//! Same-node mapping: asks the local agent for the memory files behind the
 //! extents of an allocation that live on this node and maps the pool
 //! extents holding them, back to back, into one range of this process, so
 //! copies to them are memcpy and a wholly local allocation is one plain
@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-use nix::sys::stat::fstat;
 use oncilla_proto::credential::Credential;
 use oncilla_proto::wire::{
-    self, MapGrant, Op, Reply, Request, Status, GRANT_LEN, KEY_LEN, REPLY_LEN,
+    self, MapFile, MapGrant, Op, Reply, Request, Status, GRANT_LEN, KEY_LEN, MAP_FILE_LEN,
+    REPLY_LEN,
 };
 
 use crate::descriptor::Extent;
@@ -98,9 +98,9 @@ impl Mapping {
             .map_err(|e| fail(e.to_string()))?;
         super::greet(&mut stream, credential, fail)?;
 
-        // Pool extents to map, each once (striped extents share them):
-        // (slab inode, grant, fd), and per allocation extent which one.
-        let mut pools: Vec<(u64, MapGrant, OwnedFd)> = Vec::new();
+        // Pool extents to map, each once (striped extents share them): the
+        // grant and its files, and per allocation extent which one.
+        let mut pools: Vec<(MapGrant, Vec<(OwnedFd, MapFile)>)> = Vec::new();
         let mut uses = Vec::with_capacity(extents.len());
         for e in extents {
             let req = Request {
@@ -113,30 +113,24 @@ impl Mapping {
             stream
                 .write_all(&req.encode())
                 .map_err(|err| fail(err.to_string()))?;
-            let (fd, grant) = receive_grant(&mut stream, &fail)?;
+            let (grant, files) = receive_grant(&mut stream, &fail)?;
             if grant
                 .at
                 .checked_add(e.len)
                 .is_none_or(|end| end > grant.map_len)
-                || grant.page == 0
-                || !grant.slab_offset.is_multiple_of(grant.page)
-                || !grant.map_len.is_multiple_of(grant.page)
             {
                 return Err(Error::Internal(format!(
                     "agent granted extent at {} of allocation {id} with an impossible layout",
                     e.alloc_offset
                 )));
             }
-            let inode = fstat(&fd)
-                .map_err(|err| fail(format!("cannot inspect granted memory: {err}")))?
-                .st_ino;
             let index = match pools
                 .iter()
-                .position(|(ino, g, _)| *ino == inode && g.slab_offset == grant.slab_offset)
+                .position(|(g, _)| g.pool_offset == grant.pool_offset)
             {
                 Some(i) => i,
                 None => {
-                    pools.push((inode, grant, fd));
+                    pools.push((grant, files));
                     pools.len() - 1
                 }
             };
@@ -144,10 +138,10 @@ impl Mapping {
         }
         let page = pools
             .iter()
-            .map(|(_, g, _)| g.page)
+            .map(|(g, _)| g.page)
             .max()
             .unwrap_or(oncilla_proto::PAGE);
-        let total: u64 = pools.iter().map(|(_, g, _)| g.map_len).sum();
+        let total: u64 = pools.iter().map(|(g, _)| g.map_len).sum();
         let map_len = usize::try_from(total)
             .map_err(|_| Error::Internal("allocation too large to map".into()))?;
         let base = reserve_aligned(map_len, usize::try_from(page).unwrap_or(usize::MAX))?;
@@ -163,33 +157,38 @@ impl Mapping {
         };
         let mut starts = Vec::with_capacity(pools.len());
         let mut at = 0usize;
-        for (_, g, fd) in &pools {
-            let addr = NonZeroUsize::new(base.as_ptr() as usize + at)
-                .ok_or_else(|| Error::Internal("null mapping address".into()))?;
-            let size = usize::try_from(g.map_len)
-                .ok()
-                .and_then(NonZeroUsize::new)
-                .ok_or_else(|| Error::Internal("empty pool extent".into()))?;
-            let off = i64::try_from(g.slab_offset)
-                .map_err(|_| Error::Internal("slab offset too large".into()))?;
-            // SAFETY: [addr, addr + size) lies inside the range reserved
-            // above, which this Mapping owns and nothing else uses, so
-            // MAP_FIXED replaces only our own reservation; the offset and
-            // length are page-aligned (checked above), and every earlier
-            // piece has a page-multiple length, so `addr` is aligned too.
-            unsafe {
-                mmap(
-                    Some(addr),
-                    size,
-                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED | MapFlags::MAP_POPULATE,
-                    fd,
-                    off,
-                )
-            }
-            .map_err(|err| Error::Internal(format!("cannot map local allocation {id}: {err}")))?;
+        for (_, files) in &pools {
             starts.push(at);
-            at += size.get();
+            for (fd, f) in files {
+                let addr = NonZeroUsize::new(base.as_ptr() as usize + at)
+                    .ok_or_else(|| Error::Internal("null mapping address".into()))?;
+                let size = usize::try_from(f.len)
+                    .ok()
+                    .and_then(NonZeroUsize::new)
+                    .ok_or_else(|| Error::Internal("empty memory file".into()))?;
+                let off = i64::try_from(f.file_offset)
+                    .map_err(|_| Error::Internal("file offset too large".into()))?;
+                // SAFETY: [addr, addr + size) lies inside the range reserved
+                // above (the files' lengths add up to their pool extent's,
+                // checked in `receive_grant`), which this Mapping owns and
+                // nothing else uses, so MAP_FIXED replaces only our own
+                // reservation; offsets and lengths are page multiples
+                // (checked), so `addr` is aligned too.
+                unsafe {
+                    mmap(
+                        Some(addr),
+                        size,
+                        ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                        MapFlags::MAP_SHARED | MapFlags::MAP_FIXED | MapFlags::MAP_POPULATE,
+                        fd,
+                        off,
+                    )
+                }
+                .map_err(|err| {
+                    Error::Internal(format!("cannot map local allocation {id}: {err}"))
+                })?;
+                at += size.get();
+            }
         }
         for (e, (index, within)) in extents.iter().zip(uses) {
             mapping.extents.push(Mapped {
@@ -253,16 +252,72 @@ impl Mapping {
     }
 }
 
-/// Receives one reply of the map socket: the slab fd and where the extent
-/// lies in it, or the agent's refusal.
+/// Receives one reply of the map socket: the grant and its memory files,
+/// checked for a layout that can be mapped, or the agent's refusal.
 fn receive_grant(
     stream: &mut UnixStream,
     fail: &impl Fn(String) -> Error,
-) -> Result<(OwnedFd, MapGrant)> {
+) -> Result<(MapGrant, Vec<(OwnedFd, MapFile)>)> {
     let mut head = [0u8; REPLY_LEN];
+    stream
+        .read_exact(&mut head)
+        .map_err(|e| fail(e.to_string()))?;
+    let reply = Reply::decode(&head).map_err(|e| fail(e.to_string()))?;
+    if reply.status != Status::Ok {
+        let mut msg = vec![0u8; usize::try_from(reply.len.min(wire::MAX_MESSAGE)).unwrap_or(0)];
+        stream
+            .read_exact(&mut msg)
+            .map_err(|e| fail(e.to_string()))?;
+        let msg = String::from_utf8_lossy(&msg).into_owned();
+        return Err(match reply.status {
+            Status::NoSuchAllocation => Error::NotFound(msg),
+            Status::BadKey => Error::PermissionDenied(msg),
+            _ => Error::InvalidArgument(msg),
+        });
+    }
+    if reply.len != GRANT_LEN as u64 {
+        return Err(fail(format!("map grant of {} bytes", reply.len)));
+    }
+    let mut body = [0u8; GRANT_LEN];
+    stream
+        .read_exact(&mut body)
+        .map_err(|e| fail(e.to_string()))?;
+    let grant = MapGrant::decode(&body);
+    let impossible = || fail("the agent granted memory with an impossible layout".into());
+    let page = grant.page;
+    if page == 0
+        || !grant.map_len.is_multiple_of(page)
+        || grant.files == 0
+        || grant.files > grant.map_len / page
+    {
+        return Err(impossible());
+    }
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for _ in 0..grant.files {
+        let (fd, file) = receive_file(stream, fail)?;
+        if file.len == 0 || !file.len.is_multiple_of(page) || !file.file_offset.is_multiple_of(page)
+        {
+            return Err(impossible());
+        }
+        total = total.checked_add(file.len).ok_or_else(impossible)?;
+        files.push((fd, file));
+    }
+    if total != grant.map_len {
+        return Err(impossible());
+    }
+    Ok((grant, files))
+}
+
+/// Receives one [`MapFile`] frame and the memfd that came with it.
+fn receive_file(
+    stream: &mut UnixStream,
+    fail: &impl Fn(String) -> Error,
+) -> Result<(OwnedFd, MapFile)> {
+    let mut frame = [0u8; MAP_FILE_LEN];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
     let (got, fd) = {
-        let mut iov = [IoSliceMut::new(&mut head)];
+        let mut iov = [IoSliceMut::new(&mut frame)];
         let msg = recvmsg::<()>(
             std::os::fd::AsRawFd::as_raw_fd(stream),
             &mut iov,
@@ -286,33 +341,15 @@ fn receive_grant(
     if got == 0 {
         return Err(fail("agent closed the map socket".into()));
     }
-    if got < REPLY_LEN {
+    if got < MAP_FILE_LEN {
         stream
-            .read_exact(&mut head[got..])
+            .read_exact(&mut frame[got..])
             .map_err(|e| fail(e.to_string()))?;
     }
-    let reply = Reply::decode(&head).map_err(|e| fail(e.to_string()))?;
-    if reply.status != Status::Ok {
-        let mut msg = vec![0u8; usize::try_from(reply.len.min(wire::MAX_MESSAGE)).unwrap_or(0)];
-        stream
-            .read_exact(&mut msg)
-            .map_err(|e| fail(e.to_string()))?;
-        let msg = String::from_utf8_lossy(&msg).into_owned();
-        return Err(match reply.status {
-            Status::NoSuchAllocation => Error::NotFound(msg),
-            Status::BadKey => Error::PermissionDenied(msg),
-            _ => Error::InvalidArgument(msg),
-        });
-    }
-    if reply.len != GRANT_LEN as u64 {
-        return Err(fail(format!("map grant of {} bytes", reply.len)));
-    }
-    let mut body = [0u8; GRANT_LEN];
-    stream
-        .read_exact(&mut body)
-        .map_err(|e| fail(e.to_string()))?;
-    let fd = fd.ok_or_else(|| fail("agent sent no memory descriptor".into()))?;
-    Ok((fd, MapGrant::decode(&body)))
+    let fd = fd.ok_or_else(|| {
+        fail("agent sent no memory descriptor (is this process out of file descriptors?)".into())
+    })?;
+    Ok((fd, MapFile::decode(&frame)))
 }
 
 /// Reserves `len` bytes of address space aligned to `align` (inaccessible

@@ -144,7 +144,7 @@ impl Agent {
 
     /// Reserves pool memory for `ranges` (`(alloc_offset, len)`) of
     /// `alloc_id`, packed densely into as few pool extents as the pool
-    /// gives. Blocks while the pool waits for its scrubber; call it off
+    /// gives. Blocks while the pool waits for its refiller; call it off
     /// async executors.
     ///
     /// `record` is the master's description of the allocation, kept for
@@ -313,7 +313,7 @@ impl Agent {
     }
 
     /// Forgets `alloc_id` and tells local processes mapping it. The memory
-    /// goes to the scrubber when the returned entry, every in-flight copy
+    /// goes to the refiller when the returned entry, every in-flight copy
     /// and every local mapping of it are gone.
     pub fn release(&self, alloc_id: u64) -> Option<Arc<Held>> {
         let held = self.held.remove(&alloc_id).map(|(_, h)| h);

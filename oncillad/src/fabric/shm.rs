@@ -1,14 +1,16 @@
-//! Same-node sharing: hands a slab's memfd to a local application over a
-//! Unix socket (`SCM_RIGHTS`), so it can map an extent it holds the access
-//! key for and use it as plain memory.
+//! Same-node sharing: hands the memory files behind an extent to a local
+//! application over a Unix socket (`SCM_RIGHTS`), so it can map an extent
+//! it holds the access key for and use it as plain memory.
 //!
 //! The exchange reuses the data protocol's framing: hello/welcome with the
-//! cluster token, then one request per extent (`op` read, the extent's
-//! allocation offset and length), each answered by a reply whose body is a
-//! [`MapGrant`] (the pool extent behind it, as a range of the slab, and
-//! where the extent starts inside it), with the slab's fd attached. A
-//! refused request gets the usual status and message and ends the
-//! connection.
+//! session credential, then one request per extent (`op` read, the
+//! extent's allocation offset and length), each answered by a reply whose
+//! body is a [`MapGrant`] (the pool extent behind it and where the extent
+//! starts inside it), followed by one [`MapFile`] frame per memory file
+//! behind that pool extent, its memfd attached. Those files back nothing
+//! but that pool extent (see `pool::carve`), so a process that maps all of
+//! each sees only the allocation it asked for. A refused request gets the
+//! usual status and message and ends the connection.
 //!
 //! Limits: a connection that has not been granted an extent yet holds a
 //! place in a small budget ([`MAX_MAP_PENDING`], oldest evicted first) and
@@ -19,13 +21,12 @@
 //! The connection is the process's lease (see [`crate::memory::lease`]):
 //! it is served on its own thread, the agent holds the granted extents
 //! until the process closes it, and writes one byte on it when the
-//! allocation is released. The fd reaches the whole slab, so this trusts
-//! local token holders exactly as far as the token already does (a token
-//! holder can read any allocation through the master). This module never
-//! maps memory itself and never changes the held table.
+//! allocation is released; a file it keeps past that holds only zeros (the
+//! refiller releases its pages). This module never maps memory itself and
+//! never changes the held table.
 
 use std::io::{ErrorKind, IoSlice, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -33,7 +34,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use oncilla_proto::auth::Token;
-use oncilla_proto::wire::{self, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN};
+use oncilla_proto::wire::{
+    self, MapFile, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN,
+};
 
 use super::Within;
 use crate::listen::{AcceptBackoff, Pending, Place, Ticket};
@@ -100,7 +103,7 @@ pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token
 struct Lease {
     leases: Arc<Leases>,
     registered: Option<(u64, u64)>,
-    /// Keeps the granted extents' memory out of the scrubber.
+    /// Keeps the granted extents' memory out of the refiller.
     holding: Vec<Arc<Held>>,
 }
 
@@ -164,32 +167,31 @@ fn serve_one(
         let grant = match super::authorize(held, &req) {
             Ok(ok) => {
                 let extent = &ok.held.extents[ok.extent];
-                let memory = extent.pool();
-                match memory.and_then(|m| m.slab().map(|s| (m, s))) {
-                    _ if memory.is_none() => Err((
+                match extent.pool() {
+                    None => Err((
                         Status::OutOfBounds,
                         "GPU memory cannot be mapped; it is copied over TCP".to_string(),
                     )),
-                    _ if ok.at != 0 || extent.len != req.len => {
+                    Some(_) if ok.at != 0 || extent.len != req.len => {
                         Err((Status::OutOfBounds, "map whole extents only".to_string()))
                     }
-                    Some((m, (slab, slab_offset))) => Ok((
-                        slab.fd().as_raw_fd(),
+                    Some(m) => Ok((
+                        Arc::clone(m),
                         MapGrant {
-                            slab_offset,
+                            pool_offset: m.offset(),
                             map_len: m.len(),
                             page: m.page_size(),
                             at: extent.at,
+                            files: m.parts().len() as u64,
                         },
                         ok,
                     )),
-                    None => Err((Status::Internal, "extent outside the pool".to_string())),
                 }
             }
             Err(refused) => Err(refused),
         };
         match grant {
-            Ok((fd, grant, ok)) => {
+            Ok((memory, grant, ok)) => {
                 if lease.registered.is_none() {
                     let id = lease.leases.add(req.alloc_id, &stream)?;
                     lease.registered = Some((req.alloc_id, id));
@@ -203,23 +205,16 @@ fn serve_one(
                     len: GRANT_LEN as u64,
                 }
                 .encode();
-                let body = grant.encode();
-                let fds = [fd];
-                let cmsg = [ControlMessage::ScmRights(&fds)];
-                let iov = [IoSlice::new(&reply), IoSlice::new(&body)];
-                let sent = sendmsg::<()>(
-                    stream.as_raw_fd(),
-                    &iov,
-                    &cmsg,
-                    MsgFlags::MSG_NOSIGNAL,
-                    None,
-                )
-                .map_err(std::io::Error::from)?;
-                if sent < reply.len() + body.len() {
-                    // The fd went with the first byte; finish the bytes.
-                    let mut all = reply.to_vec();
-                    all.extend_from_slice(&body);
-                    stream.write_all(&all[sent..])?;
+                let mut head = reply.to_vec();
+                head.extend_from_slice(&grant.encode());
+                stream.write_all(&head)?;
+                for part in memory.parts() {
+                    let frame = MapFile {
+                        file_offset: part.file_off,
+                        len: part.len,
+                    }
+                    .encode();
+                    send_with_fd(&mut stream, &frame, part.file.fd().as_raw_fd())?;
                 }
             }
             Err((status, msg)) => {
@@ -235,6 +230,23 @@ fn serve_one(
         }
     }
     Ok(())
+}
+
+/// Sends `bytes` with `fd` attached to the first of them.
+fn send_with_fd(stream: &mut UnixStream, bytes: &[u8], fd: RawFd) -> std::io::Result<()> {
+    let fds = [fd];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [IoSlice::new(bytes)];
+    let sent = sendmsg::<()>(
+        stream.as_raw_fd(),
+        &iov,
+        &cmsg,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    // The fd went with the first byte; finish the bytes.
+    stream.write_all(&bytes[sent..])
 }
 
 /// A lease's next request: it may be long in coming (the connection lives

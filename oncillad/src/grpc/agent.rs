@@ -53,7 +53,7 @@ impl agent_server::Agent for AgentService {
         members_only(&req, "reserving pool memory")?;
         let r: Reservation = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
-        // Reserving may wait for the scrubber: keep it off the executor.
+        // Reserving may wait for the refiller: keep it off the executor.
         let reserved = tokio::task::spawn_blocking(move || {
             let ranges: Vec<(u64, u64)> =
                 r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
@@ -83,7 +83,7 @@ impl agent_server::Agent for AgentService {
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         members_only(&req, "releasing pool memory")?;
         let id = req.into_inner().alloc_id;
-        // The extents go to the scrubber once the last in-flight copy using
+        // The extents go to the refiller once the last in-flight copy using
         // them is done; nothing here waits for that. Device memory is freed
         // when the entry drops, and cuMemFree waits for the device: off the
         // executor.

@@ -5,7 +5,7 @@
 //! by size (for best fit). Two holes merge only inside one slab: slabs are
 //! separate mappings, so no extent may straddle a slab boundary. This module
 //! never touches memory and never decides when memory is clean (the pool's
-//! scrubber gives ranges back only after zeroing them).
+//! refiller gives ranges back only once they are backed anew).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,6 +82,26 @@ impl FreeList {
         Some(pieces)
     }
 
+    /// Takes exactly `[offset, offset + len)`, which must lie inside one
+    /// hole; false (and nothing taken) when it does not.
+    pub fn take_range(&mut self, offset: u64, len: u64) -> bool {
+        let Some((&start, &size)) = self.by_offset.range(..=offset).next_back() else {
+            return false;
+        };
+        let end = offset.saturating_add(len);
+        if len == 0 || end > start + size {
+            return false;
+        }
+        self.remove(start, size);
+        if offset > start {
+            self.insert(start, offset - start);
+        }
+        if start + size > end {
+            self.insert(end, start + size - end);
+        }
+        true
+    }
+
     /// Returns `[offset, offset + len)`, merging it with free neighbours in
     /// the same slab.
     pub fn give(&mut self, offset: u64, len: u64) {
@@ -132,6 +152,17 @@ mod tests {
     use proptest::prelude::*;
 
     const P: u64 = 4096;
+
+    #[test]
+    fn take_range_cuts_a_hole() {
+        let mut fl = FreeList::new(16 * P, 16 * P);
+        assert!(fl.take_range(4 * P, 2 * P));
+        assert_eq!(fl.iter().collect::<Vec<_>>(), [(0, 4 * P), (6 * P, 10 * P)]);
+        assert!(!fl.take_range(5 * P, 2 * P), "not wholly free");
+        assert!(!fl.take_range(15 * P, 2 * P), "past the end");
+        assert!(fl.take_range(0, 4 * P));
+        assert_eq!(fl.free(), 10 * P);
+    }
 
     #[test]
     fn best_fit_then_largest_first() {

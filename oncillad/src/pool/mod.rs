@@ -1,16 +1,23 @@
-//! The node's exported memory: slabs of locked memory, the extent allocator
-//! over them, and the scrubber that cleans freed extents.
+//! The node's exported memory: slabs of address space backed by locked
+//! memory files, the extent allocator over them, and the refiller that
+//! backs freed extents anew.
 //!
 //! The pool owns every byte it exports. An allocation gets one or more
-//! [`PoolExtent`]s, page-aligned, each inside one slab; dropping an extent
-//! hands it to the scrubber, which zeroes it off the request path before the
-//! free list may hand it out again, so no tenant ever sees another's data.
-//! Reserving never touches the memory, so it costs the same at every size.
-//! This module never decides *who* gets memory (placement, in the master)
-//! and never touches the network.
+//! [`PoolExtent`]s, page-aligned, each inside one slab and backed by memory
+//! files that back nothing else ([`carve`]), so a same-node process given
+//! those files reaches exactly that allocation. Dropping an extent hands it
+//! to the refiller, which releases its pages and backs the range with
+//! fresh (zeroed) memory off the request path before the free list may hand
+//! it out again, so no tenant ever sees another's data, not even through a
+//! file it kept. Reserving does bounded work, so it costs the same at every
+//! size. This module never decides *who* gets memory (placement, in the
+//! master) and never touches the network.
 
+mod backing;
+mod carve;
+mod file;
 mod free_list;
-mod scrub;
+mod refill;
 mod slab;
 
 use std::collections::VecDeque;
@@ -21,16 +28,25 @@ use std::time::{Duration, Instant};
 use oncilla_model::size::{round_up, HumanBytes};
 use serde::Deserialize;
 
+use backing::Backing;
+pub use carve::OWN_FILE_MAX;
+use file::FileError;
+pub use file::{MemFile, Part};
 pub use free_list::FreeList;
+use refill::Refill;
 pub use slab::Slab;
-use slab::SlabError;
 
 /// Default slab size: large enough that a pool has few slabs (few RDMA
 /// registrations, few fds to share), small enough to fall back gracefully.
 pub const SLAB: u64 = 1 << 30;
 
-/// How long a reservation waits for the scrubber when only memory that is
-/// still being scrubbed could satisfy it. Below the master's 15 s call
+/// Largest memory file the pool makes for free memory: when an allocation
+/// takes part of one, the rest is backed anew in the background, so this
+/// bounds that work (and how long that memory is out of use).
+pub const START_FILE: u64 = 16 << 20;
+
+/// How long a reservation waits for the refiller when only memory that is
+/// still being refilled could satisfy it. Below the master's 15 s call
 /// deadline, so a reservation never outlives the call that asked for it.
 const SCRUB_WAIT: Duration = Duration::from_secs(10);
 
@@ -77,10 +93,18 @@ pub enum PoolError {
     AbovePhysical { requested: u64, physical: u64 },
     #[error("--hugepages on: {reason}; reserve more (`sysctl vm.nr_hugepages={needed}` or more), or use --hugepages auto")]
     HugePages { reason: String, needed: u64 },
-    #[error("cannot start the scrubber thread: {0}")]
-    Scrubber(#[source] std::io::Error),
+    #[error("cannot start the refiller thread: {0}")]
+    Refiller(#[source] std::io::Error),
     #[error("cannot create a pool memfd: {0}")]
     Memfd(#[source] nix::Error),
+    #[error("cannot reserve {} of address space for the pool: {source}", HumanBytes(*.len))]
+    Reserve {
+        len: u64,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("this node's memory is in {runs} separate mappings, the most it may use (half of vm.max_map_count, {limit}); free allocations, use larger ones, or raise vm.max_map_count")]
+    Fragmented { runs: usize, limit: usize },
     #[error(
         "cannot seal a pool slab's size (memfd sealing, Linux 3.17+; 4.16+ with huge pages): {0}"
     )]
@@ -115,13 +139,31 @@ pub enum PoolError {
     },
 }
 
+impl PoolError {
+    /// What a failed step on a memory file of `len` bytes means.
+    fn from_file(e: FileError, len: u64) -> Self {
+        match e {
+            FileError::Memfd(e) => PoolError::Memfd(e),
+            FileError::Truncate(source) => PoolError::Truncate { len, source },
+            FileError::Seal(source) => PoolError::Seal(source),
+            FileError::Map(source) => PoolError::Map { len, source },
+            FileError::Lock(source) => PoolError::Lock {
+                len,
+                limit: memlock_limit(),
+                source,
+            },
+        }
+    }
+}
+
 /// A snapshot of the pool's accounting. `used + scrubbing + free == capacity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStats {
     pub capacity: u64,
     /// Held by allocations.
     pub used: u64,
-    /// Freed, waiting to be zeroed.
+    /// Freed (or cut off a file an allocation took), waiting to be backed
+    /// by fresh memory.
     pub scrubbing: u64,
     /// Ready to hand out.
     pub free: u64,
@@ -131,23 +173,31 @@ pub struct PoolStats {
 
 struct State {
     free: FreeList,
+    /// The files behind the free memory.
+    backing: Backing,
     used: u64,
     scrubbing: u64,
-    /// Freed extents not yet zeroed, oldest first.
-    dirty: VecDeque<(u64, u64)>,
+    /// Runs of files held by extents (each a mapping of the agent's).
+    held_runs: usize,
+    /// Ranges waiting for the refiller, oldest first.
+    dirty: VecDeque<Refill>,
     shutdown: bool,
 }
 
-/// What the pool, its extents and its scrubber share.
+/// What the pool, its extents and its refiller share.
 struct Inner {
     slabs: Vec<Slab>,
     slab_len: u64,
     len: u64,
     page: u64,
+    huge: bool,
+    /// Most runs (mappings) the backing may be cut into.
+    max_runs: usize,
     state: Mutex<State>,
-    /// Signalled when scrubbed memory returns to the free list.
+    /// Signalled when refilled memory returns to the free list.
     cleaned: Condvar,
-    /// Signalled when an extent is freed (or the pool shuts down).
+    /// Signalled when a range is queued for the refiller (or the pool shuts
+    /// down).
     freed: Condvar,
 }
 
@@ -158,29 +208,29 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The slab holding pool offset `offset`, and the offset inside it.
-    fn slab_of(&self, offset: u64) -> Option<(&Slab, u64)> {
+    /// The address of pool offset `offset` in this process.
+    fn addr(&self, offset: u64) -> Option<std::ptr::NonNull<u8>> {
         let index = usize::try_from(offset / self.slab_len).ok()?;
-        let slab = self.slabs.get(index)?;
-        let at = offset - slab.start();
-        (at < slab.len()).then_some((slab, at))
+        self.slabs.get(index)?.at(offset)
     }
 
     fn ptr(&self, offset: u64) -> *mut u8 {
-        match self.slab_of(offset) {
-            Some((slab, at)) => slab
-                .base()
-                .wrapping_add(usize::try_from(at).unwrap_or(usize::MAX)),
-            None => std::ptr::null_mut(),
-        }
+        self.addr(offset)
+            .map_or(std::ptr::null_mut(), std::ptr::NonNull::as_ptr)
     }
 
-    /// Queues a freed extent for the scrubber.
-    fn retire(&self, offset: u64, len: u64) {
+    /// Queues a freed extent for the refiller.
+    fn retire(&self, offset: u64, len: u64, parts: Vec<Part>, restore: Vec<(u64, Part)>) {
         let mut st = self.lock();
         st.used -= len;
         st.scrubbing += len;
-        st.dirty.push_back((offset, len));
+        st.held_runs -= parts.len();
+        st.dirty.push_back(Refill::Freed {
+            offset,
+            len,
+            parts,
+            restore,
+        });
         drop(st);
         self.freed.notify_one();
     }
@@ -191,12 +241,13 @@ pub struct Pool {
     inner: Arc<Inner>,
     huge: bool,
     note: Option<String>,
-    scrubber: Option<JoinHandle<()>>,
+    refiller: Option<JoinHandle<()>>,
 }
 
 impl Pool {
-    /// Creates the pool: slabs of memfd memory, huge pages as `spec` says,
-    /// mapped shared, pre-faulted and locked; starts the scrubber.
+    /// Creates the pool: slabs of address space backed by memory files,
+    /// huge pages as `spec` says, mapped shared, pre-faulted and locked;
+    /// starts the refiller.
     ///
     /// # Errors
     /// [`PoolError`] when the capacity is impossible or the memory cannot be
@@ -260,6 +311,7 @@ impl Pool {
                 }
             }
         };
+        let (slabs, backing) = slabs;
         let len = slabs.iter().map(Slab::len).sum();
         let slab_len = slabs.first().map_or(len, Slab::len);
         let inner = Arc::new(Inner {
@@ -267,10 +319,14 @@ impl Pool {
             slab_len,
             len,
             page,
+            huge,
+            max_runs: max_map_count() / 2,
             state: Mutex::new(State {
                 free: FreeList::new(len, slab_len),
+                backing,
                 used: 0,
                 scrubbing: 0,
+                held_runs: 0,
                 dirty: VecDeque::new(),
                 shutdown: false,
             }),
@@ -278,15 +334,15 @@ impl Pool {
             freed: Condvar::new(),
         });
         let worker = Arc::clone(&inner);
-        let scrubber = std::thread::Builder::new()
-            .name("oncilla-scrub".into())
-            .spawn(move || scrub::run(&worker))
-            .map_err(PoolError::Scrubber)?;
+        let refiller = std::thread::Builder::new()
+            .name("oncilla-refill".into())
+            .spawn(move || refill::run(&worker))
+            .map_err(PoolError::Refiller)?;
         Ok(Self {
             inner,
             huge,
             note,
-            scrubber: Some(scrubber),
+            refiller: Some(refiller),
         })
     }
 
@@ -329,14 +385,17 @@ impl Pool {
     }
 
     /// Reserves `len` bytes (rounded up to a page) as one extent when a hole
-    /// is big enough, otherwise as several. Never touches the memory, so
-    /// the cost does not depend on `len`. When the free memory is short but
-    /// memory being scrubbed would cover the request, waits for the
-    /// scrubber (blocking; call it off async executors).
+    /// is big enough, otherwise as several, each backed by memory files of
+    /// its own ([`carve`]: bounded work, so the cost does not depend on
+    /// `len`). When the free memory is short but memory being refilled
+    /// would cover the request, waits for the refiller (blocking; call it
+    /// off async executors).
     ///
     /// # Errors
     /// [`PoolError::Exhausted`] with the free space, the largest hole and
-    /// what is still being scrubbed.
+    /// what is still being refilled; [`PoolError::Fragmented`] when the
+    /// backing has as many mappings as it may; a memory file the kernel
+    /// refused.
     pub fn reserve(&self, len: u64) -> Result<Vec<PoolExtent>, PoolError> {
         let want = round_up(len.max(1), self.inner.page);
         let deadline = Instant::now() + SCRUB_WAIT;
@@ -344,14 +403,31 @@ impl Pool {
         loop {
             if let Some(pieces) = st.free.take(want) {
                 st.used += want;
-                return Ok(pieces
-                    .into_iter()
-                    .map(|(offset, len)| PoolExtent {
-                        inner: Arc::clone(&self.inner),
-                        offset,
-                        len,
-                    })
-                    .collect());
+                let mut out = Vec::with_capacity(pieces.len());
+                let mut rest = pieces.into_iter();
+                for (offset, len) in rest.by_ref() {
+                    match carve::carve(&self.inner, &mut st, offset, len) {
+                        Ok(c) => out.push(PoolExtent {
+                            inner: Arc::clone(&self.inner),
+                            offset,
+                            len,
+                            parts: c.parts,
+                            restore: c.restore,
+                        }),
+                        Err(e) => {
+                            // `carve` settled its own range; the others
+                            // were not touched yet.
+                            for (o, l) in rest {
+                                st.free.give(o, l);
+                                st.used -= l;
+                            }
+                            drop(st);
+                            drop(out);
+                            return Err(e);
+                        }
+                    }
+                }
+                return Ok(out);
             }
             let now = Instant::now();
             if st.free.free() + st.scrubbing < want || now >= deadline {
@@ -381,20 +457,25 @@ impl Drop for Pool {
     fn drop(&mut self) {
         self.inner.lock().shutdown = true;
         self.inner.freed.notify_all();
-        if let Some(t) = self.scrubber.take() {
+        if let Some(t) = self.refiller.take() {
             if t.join().is_err() {
-                tracing::error!("scrubber panicked");
+                tracing::error!("refiller panicked");
             }
         }
     }
 }
 
-/// A reserved, page-aligned range of the pool inside one slab. Dropping it
-/// queues the bytes for scrubbing; they return to the free list zeroed.
+/// A reserved, page-aligned range of the pool inside one slab, backed by
+/// memory files that back nothing else. Dropping it queues the range for
+/// the refiller; it returns to the free list backed by fresh memory.
 pub struct PoolExtent {
     inner: Arc<Inner>,
     offset: u64,
     len: u64,
+    /// The files behind it, in offset order.
+    parts: Vec<Part>,
+    /// What backed it before it got a file of its own.
+    restore: Vec<(u64, Part)>,
 }
 
 impl PoolExtent {
@@ -415,9 +496,11 @@ impl PoolExtent {
         self.inner.ptr(self.offset + at.min(self.len))
     }
 
-    /// The slab holding the extent and the extent's offset inside it.
-    pub fn slab(&self) -> Option<(&Slab, u64)> {
-        self.inner.slab_of(self.offset)
+    /// The memory files behind the extent, in offset order (lengths sum
+    /// to [`Self::len`]): each backs nothing outside this extent, so they
+    /// may be handed to a process allowed to map it.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
     }
 
     /// The pool's page size (the extent's alignment).
@@ -428,32 +511,75 @@ impl PoolExtent {
 
 impl Drop for PoolExtent {
     fn drop(&mut self) {
-        self.inner.retire(self.offset, self.len);
+        self.inner.retire(
+            self.offset,
+            self.len,
+            std::mem::take(&mut self.parts),
+            std::mem::take(&mut self.restore),
+        );
     }
 }
 
-fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<Vec<Slab>, PoolError> {
+/// The slabs of a pool and the files behind them (at most [`START_FILE`]
+/// each), mapped, populated and locked.
+fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<(Vec<Slab>, Backing), PoolError> {
     let len = round_up(spec.capacity, page);
     let slab_len = round_up(spec.slab.max(1), page);
+    let file_len = round_up(START_FILE, page);
+    raise_file_limit();
     let mut slabs = Vec::new();
+    let mut backing = Backing::default();
     let mut start = 0;
     while start < len {
         let this = slab_len.min(len - start);
-        let slab = Slab::create(start, this, huge).map_err(|e| match e {
-            SlabError::Memfd(e) => PoolError::Memfd(e),
-            SlabError::Truncate(source) => PoolError::Truncate { len: this, source },
-            SlabError::Seal(source) => PoolError::Seal(source),
-            SlabError::Map(source) => PoolError::Map { len, source },
-            SlabError::Lock(source) => PoolError::Lock {
+        let slab = Slab::reserve(start, this, page)
+            .map_err(|source| PoolError::Reserve { len: this, source })?;
+        let mut at = start;
+        while at < start + this {
+            let n = file_len.min(start + this - at);
+            let file = MemFile::create(n, huge).map_err(|e| PoolError::from_file(e, len))?;
+            let addr = slab.at(at).ok_or(PoolError::Map {
                 len,
-                limit: memlock_limit(),
-                source,
-            },
-        })?;
+                source: nix::Error::EFAULT,
+            })?;
+            // SAFETY: inside the slab just reserved, which nothing else
+            // uses yet; `at` and `n` are page multiples.
+            unsafe { file.map_at(addr, 0, n) }.map_err(|e| PoolError::from_file(e, len))?;
+            backing.insert(
+                at,
+                Part {
+                    file: Arc::new(file),
+                    file_off: 0,
+                    len: n,
+                },
+            );
+            at += n;
+        }
         slabs.push(slab);
         start += this;
     }
-    Ok(slabs)
+    Ok((slabs, backing))
+}
+
+/// Every file of the pool holds a descriptor: take the whole hard limit
+/// on open files, not the soft default (often 1,024).
+fn raise_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
+            }
+        }
+    }
+}
+
+/// `vm.max_map_count`: the most mappings this process may have.
+fn max_map_count() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65_530)
 }
 
 /// The system's huge pages, from /proc/meminfo.
@@ -611,8 +737,13 @@ mod tests {
         assert_eq!(ext.len(), 3);
         assert_eq!(ext.iter().map(PoolExtent::len).sum::<u64>(), 9 * PAGE);
         for e in &ext {
-            let (slab, at) = e.slab().unwrap();
-            assert!(at + e.len() <= slab.len());
+            let slab = e.offset() / (4 * PAGE);
+            assert_eq!(
+                (e.offset() + e.len() - 1) / (4 * PAGE),
+                slab,
+                "inside one slab"
+            );
+            assert_eq!(e.parts().iter().map(|p| p.len).sum::<u64>(), e.len());
             fill(e, 7);
         }
         assert_eq!(p.stats().used, 9 * PAGE);
@@ -679,6 +810,137 @@ mod tests {
             (s.used, s.scrubbing, s.free, s.largest_free),
             (0, 0, 16 * PAGE, 16 * PAGE)
         );
+    }
+
+    /// Everything in the files behind `e`, read as a process that was
+    /// handed them could (all of each file, not only its grant).
+    fn whole_files(e: &PoolExtent) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in e.parts() {
+            let f = std::fs::File::from(p.file.fd().try_clone_to_owned().unwrap());
+            let mut bytes = vec![0u8; p.file.len() as usize];
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut bytes, 0).unwrap();
+            out.extend(bytes);
+        }
+        out
+    }
+
+    fn settle(p: &Pool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while p.stats().scrubbing > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(p.stats().scrubbing, 0, "the refiller finished");
+    }
+
+    /// The files behind an extent (small: a file of its own; large: part of
+    /// a starting file, the rest cut off) show nothing of any other
+    /// extent, now or after the others are freed and their memory reused,
+    /// and after the extent itself is freed they show zeros, never the next
+    /// tenant.
+    #[test]
+    fn an_extents_files_show_only_that_extent() {
+        let mib = 1u64 << 20;
+        let p = Pool::new(PoolSpec {
+            capacity: 2 * START_FILE,
+            huge_pages: HugePages::Off,
+            slab: SLAB,
+        })
+        .unwrap();
+        let small = p.reserve(64 << 10).unwrap();
+        let large = p.reserve(4 * mib).unwrap();
+        assert!(large[0].len() > OWN_FILE_MAX);
+        let others = p.reserve(3 * mib).unwrap();
+        fill(&small[0], 0x11);
+        fill(&large[0], 0x22);
+        others.iter().for_each(|e| fill(e, 0xEE));
+        for (e, mine) in [(&small[0], 0x11u8), (&large[0], 0x22)] {
+            let seen = whole_files(e);
+            assert!(
+                seen.iter().all(|&b| b == mine || b == 0),
+                "saw another extent"
+            );
+            let own = seen.iter().filter(|&&b| b == mine).count() as u64;
+            assert_eq!(own, e.len(), "its own bytes are all there");
+        }
+        // Everything else is reused by a new tenant.
+        drop(others);
+        settle(&p);
+        let rest = p.stats().free;
+        let tenant = p.reserve(rest).unwrap();
+        tenant.iter().for_each(|e| fill(e, 0x5A));
+        assert!(!whole_files(&small[0]).contains(&0x5A));
+        assert!(!whole_files(&large[0]).contains(&0x5A));
+        // A freed extent's files, kept by a process, hold zeros from then on.
+        let kept: Vec<_> = large[0]
+            .parts()
+            .iter()
+            .map(|part| Arc::clone(&part.file))
+            .collect();
+        let kept_small = Arc::clone(&small[0].parts()[0].file);
+        drop(large);
+        drop(small);
+        drop(tenant);
+        settle(&p);
+        let all = p.reserve(p.stats().free).unwrap();
+        all.iter().for_each(|e| fill(e, 0x77));
+        for f in kept.iter().chain([&kept_small]) {
+            let file = std::fs::File::from(f.fd().try_clone_to_owned().unwrap());
+            let mut bytes = vec![0u8; f.len() as usize];
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0).unwrap();
+            assert!(
+                bytes.iter().all(|&b| b == 0),
+                "a kept file shows only zeros"
+            );
+        }
+        assert!(all.iter().all(|e| e
+            .parts()
+            .iter()
+            .all(|part| !kept.iter().any(|k| Arc::ptr_eq(k, &part.file)))));
+    }
+
+    /// Small reservations and frees leave the backing as few runs as it
+    /// started with: a freed small range goes back into the file it came
+    /// from.
+    #[test]
+    fn small_ranges_go_back_into_their_file() {
+        let p = pool(64, 64);
+        let runs = || p.inner.lock().backing.runs();
+        assert_eq!(runs(), 1);
+        let a = p.reserve(PAGE).unwrap();
+        let b = p.reserve(3 * PAGE).unwrap();
+        assert_eq!(
+            runs(),
+            1,
+            "what is left of the file after two ranges from its front"
+        );
+        fill(&a[0], 1);
+        drop(a);
+        drop(b);
+        settle(&p);
+        let st = p.inner.lock();
+        let back: Vec<_> = st
+            .backing
+            .iter()
+            .map(|(o, part)| (o, part.file_off, part.len))
+            .collect();
+        assert_eq!(
+            back,
+            [
+                (0, 0, PAGE),
+                (PAGE, PAGE, 3 * PAGE),
+                (4 * PAGE, 4 * PAGE, 60 * PAGE)
+            ],
+            "the two ranges and the rest, in place in one file"
+        );
+        let (_, first) = st.backing.iter().next().unwrap();
+        assert!(st
+            .backing
+            .iter()
+            .all(|(_, part)| Arc::ptr_eq(&part.file, &first.file)));
+        drop(st);
+        let all = p.reserve(64 * PAGE).unwrap();
+        assert!(all.iter().all(is_zero), "the freed pages came back zeroed");
     }
 
     #[test]

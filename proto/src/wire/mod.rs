@@ -26,7 +26,7 @@ use std::io::{self, Read, Write};
 /// Connection magic.
 pub const MAGIC: [u8; 4] = *b"OCLD";
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Size of a request header.
 pub const REQUEST_LEN: usize = 48;
 /// Size of a reply header.
@@ -237,46 +237,80 @@ impl Reply {
 }
 
 /// Size of a [`MapGrant`].
-pub const GRANT_LEN: usize = 32;
+pub const GRANT_LEN: usize = 40;
+/// Size of a [`MapFile`].
+pub const MAP_FILE_LEN: usize = 16;
 
 /// The body of an ok reply on the same-node map socket: the pool extent
-/// that backs the requested allocation extent, as a range of the slab memfd
-/// sent with it (`SCM_RIGHTS`).
+/// that backs the requested allocation extent, and how many memory files
+/// back it. The files follow, each as a [`MapFile`] frame with its memfd
+/// attached (`SCM_RIGHTS`, one per frame), in order: their lengths add up
+/// to `map_len`.
 ///
 /// ```text
-/// grant (server) : slab_offset u64 | map_len u64 | page u64 | at u64                       (32 bytes)
+/// grant (server) : pool_offset u64 | map_len u64 | page u64 | at u64 | files u64   (40 bytes)
+/// file  (server) : file_offset u64 | len u64 (+ its fd)                            (16 bytes each)
 /// ```
 ///
-/// `[slab_offset, slab_offset + map_len)` is the pool extent (whole pages,
-/// all of it the allocation's); `page` is the slab's page size, to which
-/// `slab_offset` and the mapping address must be aligned (huge pages); the
-/// requested extent starts `at` bytes into it.
+/// `[pool_offset, pool_offset + map_len)` is the pool extent (whole pages,
+/// all of it the allocation's; it names the extent, so striped extents
+/// that share one are mapped once); `page` is the pool's page size, to
+/// which every file offset, length and the mapping address must be aligned
+/// (huge pages); the requested extent starts `at` bytes into it. A file
+/// backs nothing but this pool extent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapGrant {
-    pub slab_offset: u64,
+    pub pool_offset: u64,
     pub map_len: u64,
     pub page: u64,
     pub at: u64,
+    pub files: u64,
 }
 
 impl MapGrant {
     /// Encodes the grant.
     pub fn encode(&self) -> [u8; GRANT_LEN] {
         let mut b = [0u8; GRANT_LEN];
-        b[0..8].copy_from_slice(&self.slab_offset.to_le_bytes());
+        b[0..8].copy_from_slice(&self.pool_offset.to_le_bytes());
         b[8..16].copy_from_slice(&self.map_len.to_le_bytes());
         b[16..24].copy_from_slice(&self.page.to_le_bytes());
         b[24..32].copy_from_slice(&self.at.to_le_bytes());
+        b[32..40].copy_from_slice(&self.files.to_le_bytes());
         b
     }
 
     /// Decodes a grant.
     pub fn decode(b: &[u8; GRANT_LEN]) -> Self {
         Self {
-            slab_offset: le_u64(&b[0..8]),
+            pool_offset: le_u64(&b[0..8]),
             map_len: le_u64(&b[8..16]),
             page: le_u64(&b[16..24]),
             at: le_u64(&b[24..32]),
+            files: le_u64(&b[32..40]),
+        }
+    }
+}
+
+/// One memory file of a [`MapGrant`]: `len` bytes of it from
+/// `file_offset`, mapped next after the previous file's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapFile {
+    pub file_offset: u64,
+    pub len: u64,
+}
+
+impl MapFile {
+    pub fn encode(&self) -> [u8; MAP_FILE_LEN] {
+        let mut b = [0u8; MAP_FILE_LEN];
+        b[0..8].copy_from_slice(&self.file_offset.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; MAP_FILE_LEN]) -> Self {
+        Self {
+            file_offset: le_u64(&b[0..8]),
+            len: le_u64(&b[8..16]),
         }
     }
 }
@@ -294,12 +328,18 @@ mod tests {
     #[test]
     fn grant_roundtrip() {
         let g = MapGrant {
-            slab_offset: 2 << 20,
+            pool_offset: 2 << 20,
             map_len: 4 << 20,
             page: 2 << 20,
             at: 4096,
+            files: 3,
         };
         assert_eq!(MapGrant::decode(&g.encode()), g);
+        let f = MapFile {
+            file_offset: 8 << 20,
+            len: 2 << 20,
+        };
+        assert_eq!(MapFile::decode(&f.encode()), f);
     }
 
     #[test]

@@ -1,0 +1,150 @@
+//! What a reservation does to the backing: gives each reserved range memory
+//! files that back nothing outside it, so a same-node process that maps
+//! what it was granted (all of each file, even) sees only that allocation.
+//!
+//! Small ranges (up to [`OWN_FILE_MAX`]) get a file of their own, made and
+//! populated here (bounded work); the pages they replace are released and
+//! come back when the range is freed. Larger ranges keep the files that
+//! back them, which become theirs; whatever else those files backed (free
+//! memory only) is cut off and backed anew by the refiller, off the
+//! request path. Either way a reservation costs the same at every size.
+//! This module never decides which range is reserved (the free list does).
+
+use std::sync::Arc;
+
+use super::file::{MemFile, Part};
+use super::refill::Refill;
+use super::{Inner, PoolError, State};
+
+/// Ranges up to this size (at least one page) get a file of their own.
+pub const OWN_FILE_MAX: u64 = 1 << 20;
+
+/// A reserved range's backing.
+pub(super) struct Carved {
+    /// The files behind the range, in offset order: what a process that
+    /// maps it receives.
+    pub parts: Vec<Part>,
+    /// What backed the range before it got a file of its own, to put back
+    /// when it is freed (if those files are still free memory's).
+    pub restore: Vec<(u64, Part)>,
+}
+
+/// Backs `[offset, offset + len)`, just taken from the free list and
+/// counted as used, with files of its own.
+///
+/// # Errors
+/// A small range's file could not be made; the range is then given back
+/// (or queued to be backed again) and no longer counted as used.
+pub(super) fn carve(
+    inner: &Inner,
+    st: &mut State,
+    offset: u64,
+    len: u64,
+) -> Result<Carved, PoolError> {
+    if len <= OWN_FILE_MAX.max(inner.page) {
+        own_file(inner, st, offset, len)
+    } else {
+        Ok(take_files(inner, st, offset, len))
+    }
+}
+
+fn own_file(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
+    // A run split in two around the range, and the range's own.
+    let runs = st.backing.runs() + st.held_runs + 2;
+    if runs > inner.max_runs {
+        give_back(st, offset, len);
+        return Err(PoolError::Fragmented {
+            runs,
+            limit: inner.max_runs,
+        });
+    }
+    let file = match MemFile::create(len, inner.huge) {
+        Ok(f) => f,
+        Err(e) => {
+            give_back(st, offset, len);
+            return Err(PoolError::from_file(e, len));
+        }
+    };
+    let restore = st.backing.take(offset, len);
+    // Released first: with huge pages, the new file needs these very pages.
+    for (_, p) in &restore {
+        p.file.punch(p.file_off, p.len);
+    }
+    let mapped = match inner.addr(offset) {
+        // SAFETY: the range is inside a slab, was just taken from the free
+        // list (nothing reads or writes it) and is page-aligned.
+        Some(addr) => unsafe { file.map_at(addr, 0, len) },
+        None => Err(super::file::FileError::Map(nix::Error::EFAULT)),
+    };
+    if let Err(e) = mapped {
+        st.used -= len;
+        st.scrubbing += len;
+        st.dirty.push_back(Refill::Freed {
+            offset,
+            len,
+            parts: Vec::new(),
+            restore,
+        });
+        inner.freed.notify_one();
+        return Err(PoolError::from_file(e, len));
+    }
+    file.own();
+    st.held_runs += 1;
+    Ok(Carved {
+        parts: vec![Part {
+            file: Arc::new(file),
+            file_off: 0,
+            len,
+        }],
+        restore,
+    })
+}
+
+fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Carved {
+    let taken = st.backing.take(offset, len);
+    let mut files: Vec<Arc<MemFile>> = Vec::new();
+    for (_, p) in &taken {
+        if !files.iter().any(|f| Arc::ptr_eq(f, &p.file)) {
+            files.push(Arc::clone(&p.file));
+        }
+    }
+    let mut detached = false;
+    for file in &files {
+        file.own();
+        // The rest of what the file backs is free memory: cut off, so the
+        // file backs only this range from now on.
+        for (o, l) in st.backing.of_file(file) {
+            for (at, old) in st.backing.take(o, l) {
+                if st.free.take_range(at, old.len) {
+                    st.scrubbing += old.len;
+                    st.dirty.push_back(Refill::Detached { offset: at, old });
+                    detached = true;
+                } else {
+                    tracing::error!(
+                        offset = at,
+                        len = old.len,
+                        "pool range backed but not free; kept out of use"
+                    );
+                }
+            }
+        }
+    }
+    if detached {
+        inner.freed.notify_one();
+    }
+    let covered: u64 = taken.iter().map(|(_, p)| p.len).sum();
+    if covered != len {
+        tracing::error!(offset, len, covered, "reserved range not wholly backed");
+    }
+    st.held_runs += taken.len();
+    Carved {
+        parts: taken.into_iter().map(|(_, p)| p).collect(),
+        restore: Vec::new(),
+    }
+}
+
+/// Undoes the caller's take of a range nothing was done to yet.
+fn give_back(st: &mut State, offset: u64, len: u64) {
+    st.free.give(offset, len);
+    st.used -= len;
+}

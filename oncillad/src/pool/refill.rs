@@ -1,0 +1,151 @@
+//! The refiller: backs freed ranges (and free ranges cut off a file that an
+//! allocation took) with memory nobody else holds, off the request path,
+//! and only then returns them to the free list.
+//!
+//! One thread per pool. A freed range's files are punched first (a process
+//! still mapping them sees zeros, never a later tenant's bytes), then the
+//! range is backed again: by the files it had before it got its own, when
+//! those still back only free memory, else by fresh files of at most
+//! [`super::START_FILE`] each, which come back to the free list one by one
+//! as they are ready. Fresh files come from the kernel zeroed: this is
+//! what scrubbing was. It never backs a range an extent holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::file::{MemFile, Part};
+use super::Inner;
+
+/// Pause before trying again after the kernel refused memory.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// A range waiting to be backed again.
+pub(super) enum Refill {
+    /// A freed allocation's range: its `parts` are released; `restore` is
+    /// what backed it before (small ranges).
+    Freed {
+        offset: u64,
+        len: u64,
+        parts: Vec<Part>,
+        restore: Vec<(u64, Part)>,
+    },
+    /// Free memory cut off `old.file` when an allocation took that file.
+    Detached { offset: u64, old: Part },
+}
+
+/// Runs until the pool shuts down.
+pub(super) fn run(inner: &Inner) {
+    loop {
+        let item = {
+            let mut st = inner.lock();
+            loop {
+                if st.shutdown {
+                    return;
+                }
+                if let Some(item) = st.dirty.pop_front() {
+                    break item;
+                }
+                st = inner.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let (offset, len) = match item {
+            Refill::Freed {
+                offset,
+                len,
+                parts,
+                restore,
+            } => {
+                for p in &parts {
+                    p.file.punch(p.file_off, p.len);
+                }
+                drop(parts);
+                if !restore.is_empty() && put_back(inner, offset, len, &restore) {
+                    continue;
+                }
+                (offset, len)
+            }
+            Refill::Detached { offset, old } => {
+                old.file.punch(old.file_off, old.len);
+                (offset, old.len)
+            }
+        };
+        fresh(inner, offset, len);
+    }
+}
+
+/// Backs a freed small range with the files that backed it before, if
+/// they still back only free memory. False when it cannot.
+fn put_back(inner: &Inner, offset: u64, len: u64, restore: &[(u64, Part)]) -> bool {
+    let mut st = inner.lock();
+    // Under the lock: no reservation can take one of these files meanwhile.
+    if restore.iter().any(|(_, p)| p.file.owned()) {
+        return false;
+    }
+    for (at, p) in restore {
+        let Some(addr) = inner.addr(*at) else {
+            return false;
+        };
+        // SAFETY: the range was retired by the extent that held it and is
+        // not in the free list: nothing reads or writes it.
+        if let Err(e) = unsafe { p.file.map_at(addr, p.file_off, p.len) } {
+            tracing::debug!(error = ?e, "cannot put back a range's former backing");
+            return false;
+        }
+    }
+    for (at, p) in restore {
+        st.backing.insert(*at, p.clone());
+    }
+    st.free.give(offset, len);
+    st.scrubbing -= len;
+    drop(st);
+    inner.cleaned.notify_all();
+    true
+}
+
+/// Backs `[offset, offset + len)` with fresh files, each returned to the
+/// free list as soon as it is ready; what the kernel refuses is queued
+/// again after a pause.
+fn fresh(inner: &Inner, offset: u64, len: u64) {
+    let step = super::round_up(super::START_FILE, inner.page);
+    let mut at = offset;
+    while at < offset + len {
+        let n = step.min(offset + len - at);
+        let made = MemFile::create(n, inner.huge).and_then(|file| {
+            let addr = inner
+                .addr(at)
+                .ok_or(super::file::FileError::Map(nix::Error::EFAULT))?;
+            // SAFETY: as in `put_back`: a retired range nobody touches.
+            unsafe { file.map_at(addr, 0, n) }?;
+            Ok(file)
+        });
+        let mut st = inner.lock();
+        match made {
+            Ok(file) => {
+                st.backing.insert(
+                    at,
+                    Part {
+                        file: Arc::new(file),
+                        file_off: 0,
+                        len: n,
+                    },
+                );
+                st.free.give(at, n);
+                st.scrubbing -= n;
+                drop(st);
+                inner.cleaned.notify_all();
+            }
+            Err(e) => {
+                tracing::error!(error = ?e, offset = at, len = n, "cannot back freed pool memory; trying again");
+                st.dirty.push_back(Refill::Freed {
+                    offset: at,
+                    len: n,
+                    parts: Vec::new(),
+                    restore: Vec::new(),
+                });
+                drop(st);
+                std::thread::sleep(RETRY);
+            }
+        }
+        at += n;
+    }
+}
