@@ -40,10 +40,13 @@ pub use slab::Slab;
 /// registrations, few fds to share), small enough to fall back gracefully.
 pub const SLAB: u64 = 1 << 30;
 
-/// Largest memory file the pool makes for free memory: when an allocation
-/// takes part of one, the rest is backed anew in the background, so this
-/// bounds that work (and how long that memory is out of use).
+/// Largest memory file the pool makes for free memory (larger in pools of
+/// over 64 GiB: see [`file_len`]): when an allocation takes part of one,
+/// the rest is backed anew in the background, so this bounds that work
+/// (and how long that memory is out of use).
 pub const START_FILE: u64 = 16 << 20;
+/// Most files a pool starts with: each is a descriptor and a mapping.
+const MAX_START_FILES: u64 = 4096;
 
 /// How long a reservation waits for the refiller when only memory that is
 /// still being refilled could satisfy it. Below the master's 15 s call
@@ -191,6 +194,8 @@ struct Inner {
     len: u64,
     page: u64,
     huge: bool,
+    /// Size of the files the pool makes for free memory ([`file_len`]).
+    file_len: u64,
     /// Most runs (mappings) the backing may be cut into.
     max_runs: usize,
     state: Mutex<State>,
@@ -320,6 +325,7 @@ impl Pool {
             len,
             page,
             huge,
+            file_len: file_len(len, page),
             max_runs: max_map_count() / 2,
             state: Mutex::new(State {
                 free: FreeList::new(len, slab_len),
@@ -525,7 +531,7 @@ impl Drop for PoolExtent {
 fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<(Vec<Slab>, Backing), PoolError> {
     let len = round_up(spec.capacity, page);
     let slab_len = round_up(spec.slab.max(1), page);
-    let file_len = round_up(START_FILE, page);
+    let file_len = file_len(len, page);
     raise_file_limit();
     let mut slabs = Vec::new();
     let mut backing = Backing::default();
@@ -559,6 +565,13 @@ fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<(Vec<Slab>, Backi
         start += this;
     }
     Ok((slabs, backing))
+}
+
+/// The size of the files a pool of `capacity` bytes makes for free memory:
+/// [`START_FILE`], or enough that it starts with at most
+/// [`MAX_START_FILES`], in whole pages.
+fn file_len(capacity: u64, page: u64) -> u64 {
+    round_up(START_FILE.max(capacity.div_ceil(MAX_START_FILES)), page)
 }
 
 /// Every file of the pool holds a descriptor: take the whole hard limit
@@ -941,6 +954,14 @@ mod tests {
         drop(st);
         let all = p.reserve(64 * PAGE).unwrap();
         assert!(all.iter().all(is_zero), "the freed pages came back zeroed");
+    }
+
+    #[test]
+    fn file_size_grows_only_for_large_pools() {
+        assert_eq!(file_len(1 << 30, PAGE), START_FILE);
+        assert_eq!(file_len(3 * PAGE, PAGE), START_FILE);
+        assert_eq!(file_len(1 << 40, PAGE), 256 << 20);
+        assert_eq!(file_len((1 << 40) + 1, 2 << 20), 258 << 20);
     }
 
     #[test]

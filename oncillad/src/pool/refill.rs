@@ -106,7 +106,7 @@ fn put_back(inner: &Inner, offset: u64, len: u64, restore: &[(u64, Part)]) -> bo
 /// free list as soon as it is ready; what the kernel refuses is queued
 /// again after a pause.
 fn fresh(inner: &Inner, offset: u64, len: u64) {
-    let step = super::round_up(super::START_FILE, inner.page);
+    let step = inner.file_len;
     let mut at = offset;
     while at < offset + len {
         let n = step.min(offset + len - at);
