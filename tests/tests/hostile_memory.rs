@@ -102,7 +102,7 @@ fn mapped_memory_reaches_only_its_own_allocation() {
         .collect();
     let mut files = Vec::new();
     let mut mine = Vec::new();
-    for (n, byte) in [(256u64 << 10, 0x11u8), (6 << 20, 0x22)] {
+    for (n, byte) in [(48u64 << 10, 0x11u8), (6 << 20, 0x22)] {
         let mut a = ocm.alloc(n, Kind::LocalHost).unwrap();
         let ptr = {
             let buf = a.localbuf().unwrap();

@@ -209,6 +209,8 @@ fn serve_one(
                 head.extend_from_slice(&grant.encode());
                 stream.write_all(&head)?;
                 for part in memory.parts() {
+                    // From here the file is never reused for anything else.
+                    part.file.share();
                     let frame = MapFile {
                         file_offset: part.file_off,
                         len: part.len,

@@ -3,11 +3,12 @@
 //! what it was granted (all of each file, even) sees only that allocation.
 //!
 //! Small ranges (up to [`OWN_FILE_MAX`]) get a file of their own, made and
-//! populated here (bounded work: about 0.1 ms on 4 KiB pages); the pages they replace are released and
+//! populated here (bounded work: well under 0.1 ms on 4 KiB pages); the pages they replace are released and
 //! come back when the range is freed. Larger ranges keep the files that
 //! back them, which become theirs; whatever else those files backed (free
 //! memory only) is cut off and backed anew by the refiller, off the
-//! request path. Either way a reservation costs the same at every size.
+//! request path (a file may be handed to a process as soon as the range
+//! is reserved). Either way a reservation costs the same at every size.
 //! This module never decides which range is reserved (the free list does).
 
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use super::refill::Refill;
 use super::{Inner, PoolError, State};
 
 /// Ranges up to this size (at least one page) get a file of their own.
-pub const OWN_FILE_MAX: u64 = 256 << 10;
+pub const OWN_FILE_MAX: u64 = 64 << 10;
 
 /// A reserved range's backing.
 pub(super) struct Carved {

@@ -5,9 +5,10 @@
 //! A file is what a same-node process receives to map an allocation, so
 //! what one file holds decides what a process can see: the pool
 //! ([`super::carve`]) gives a process only files that back nothing but the
-//! allocation it asked for. A file that has been handed out is marked
-//! *owned* and never backs anything else again. This module never decides
-//! which file backs which range and never hands files out.
+//! allocation it asked for. A file is *owned* while it backs (part of) one
+//! allocation, and *shared* once it was handed to a process: a shared
+//! file never backs anything else again. This module never decides which
+//! file backs which range and never hands files out.
 
 use std::ffi::CString;
 use std::num::NonZeroUsize;
@@ -33,9 +34,10 @@ pub enum FileError {
 pub struct MemFile {
     fd: OwnedFd,
     len: u64,
-    /// Set once the file backs (part of) one allocation: from then on it
-    /// may be in a process's hands and backs nothing else, ever.
+    /// Set while the file backs (part of) one allocation and nothing else.
     owned: AtomicBool,
+    /// Set once the file was handed to a process: it then stays owned.
+    shared: AtomicBool,
 }
 
 impl MemFile {
@@ -67,6 +69,7 @@ impl MemFile {
             fd,
             len,
             owned: AtomicBool::new(false),
+            shared: AtomicBool::new(false),
         })
     }
 
@@ -81,14 +84,33 @@ impl MemFile {
         self.len
     }
 
-    /// Whether the file backs an allocation (and may have been handed out).
+    /// Whether the file backs an allocation, and nothing else.
     pub fn owned(&self) -> bool {
         self.owned.load(Ordering::Acquire)
     }
 
-    /// Marks the file as backing one allocation, for good.
+    /// Marks the file as backing one allocation.
     pub fn own(&self) {
         self.owned.store(true, Ordering::Release);
+    }
+
+    /// Marks a freed allocation's file, never handed out, as free memory's
+    /// again (its bytes zeroed by the caller).
+    pub fn disown(&self) {
+        if !self.shared() {
+            self.owned.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether the file was ever handed to a process.
+    pub fn shared(&self) -> bool {
+        self.shared.load(Ordering::Acquire)
+    }
+
+    /// Marks the file as handed to a process (before it is sent): it will
+    /// never back anything but its allocation.
+    pub fn share(&self) {
+        self.shared.store(true, Ordering::Release);
     }
 
     /// Maps `[file_off, file_off + len)` of the file at `addr`, replacing

@@ -863,6 +863,10 @@ mod tests {
         let small = p.reserve(64 << 10).unwrap();
         let large = p.reserve(4 * mib).unwrap();
         assert!(large[0].len() > OWN_FILE_MAX);
+        // Handed to a process, as the map socket does.
+        for e in [&small[0], &large[0]] {
+            e.parts().iter().for_each(|part| part.file.share());
+        }
         let others = p.reserve(3 * mib).unwrap();
         fill(&small[0], 0x11);
         fill(&large[0], 0x22);
@@ -910,6 +914,26 @@ mod tests {
             .parts()
             .iter()
             .all(|part| !kept.iter().any(|k| Arc::ptr_eq(k, &part.file)))));
+    }
+
+    /// A freed extent whose files never left the agent is zeroed in place
+    /// and its files back free memory again: no fresh memory is made.
+    #[test]
+    fn unshared_files_are_zeroed_in_place_and_reused() {
+        let p = Pool::new(PoolSpec {
+            capacity: START_FILE,
+            huge_pages: HugePages::Off,
+            slab: SLAB,
+        })
+        .unwrap();
+        let a = p.reserve(START_FILE).unwrap();
+        let file = Arc::clone(&a[0].parts()[0].file);
+        fill(&a[0], 0x33);
+        drop(a);
+        settle(&p);
+        let b = p.reserve(START_FILE).unwrap();
+        assert!(Arc::ptr_eq(&b[0].parts()[0].file, &file), "the same file");
+        assert!(b.iter().all(is_zero), "zeroed before reuse");
     }
 
     /// Small reservations and frees leave the backing as few runs as it

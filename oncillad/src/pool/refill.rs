@@ -2,13 +2,15 @@
 //! allocation took) with memory nobody else holds, off the request path,
 //! and only then returns them to the free list.
 //!
-//! One thread per pool. A freed range's files are punched first (a process
+//! One thread per pool. A freed range whose files were never handed to a
+//! process is zeroed in place and its files back free memory again (the
+//! fast path: a memset). Otherwise its files are punched first (a process
 //! still mapping them sees zeros, never a later tenant's bytes), then the
 //! range is backed again: by the files it had before it got its own, when
-//! those still back only free memory, else by fresh files of at most
-//! [`super::START_FILE`] each, which come back to the free list one by one
-//! as they are ready. Fresh files come from the kernel zeroed: this is
-//! what scrubbing was. It never backs a range an extent holds.
+//! those still back only free memory, else by fresh files of the pool's
+//! file size each, which come back to the free list one by one as they are
+//! ready (fresh files come from the kernel zeroed). It never backs a range
+//! an extent holds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +57,11 @@ pub(super) fn run(inner: &Inner) {
                 parts,
                 restore,
             } => {
+                if restore.is_empty() && !parts.is_empty() && parts.iter().all(|p| !p.file.shared())
+                {
+                    zero_in_place(inner, offset, parts);
+                    continue;
+                }
                 for p in &parts {
                     p.file.punch(p.file_off, p.len);
                 }
@@ -70,6 +77,33 @@ pub(super) fn run(inner: &Inner) {
             }
         };
         fresh(inner, offset, len);
+    }
+}
+
+/// Zeroes a freed range whose files never left the agent and gives each
+/// run back to the free list, its file free memory's again.
+fn zero_in_place(inner: &Inner, offset: u64, parts: Vec<Part>) {
+    let mut at = offset;
+    for part in parts {
+        let ptr = inner.ptr(at);
+        if ptr.is_null() {
+            tracing::error!(offset = at, "retired extent outside the pool; not reused");
+            at += part.len;
+            continue;
+        }
+        // SAFETY: the range was retired by the extent that held it (its
+        // last user dropped it) and is not in the free list yet, so nothing
+        // else reads or writes it; the run lies inside one slab, mapped.
+        unsafe { std::ptr::write_bytes(ptr, 0, usize::try_from(part.len).unwrap_or(0)) };
+        part.file.disown();
+        let len = part.len;
+        let mut st = inner.lock();
+        st.backing.insert(at, part);
+        st.free.give(at, len);
+        st.scrubbing -= len;
+        drop(st);
+        inner.cleaned.notify_all();
+        at += len;
     }
 }
 
