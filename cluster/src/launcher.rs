@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
+use oncilla_proto::credential::NodeKeys;
 use oncilla_proto::pb::NodeState;
 
 use crate::config::{Config, Daemon, Stop};
@@ -73,9 +74,15 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// The token file (mode 0600) every daemon reads.
+    /// The token file (mode 0600) the master and operators read.
     pub fn token_file(&self) -> PathBuf {
         self.dir.join("token")
+    }
+
+    /// Agent `i`'s node keys (mode 0600): agents hold no token, as a
+    /// least-privilege deployment runs them.
+    pub fn node_keys_file(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("{}.keys", node_name(i)))
     }
 
     /// Session socket of agent `i`.
@@ -200,8 +207,8 @@ impl Handle {
             &self.socket(i).display().to_string(),
             "--capacity",
             &config.capacities[i],
-            "--token-file",
-            &self.token_file().display().to_string(),
+            "--node-keys-file",
+            &self.node_keys_file(i).display().to_string(),
             "--heartbeat-ms",
             &config.heartbeat_ms.to_string(),
         ]
@@ -425,6 +432,17 @@ impl Cluster {
                 std::io::Write::write_all(&mut f, cluster.handle.token.as_str().as_bytes())
             })
             .map_err(|source| ClusterError::io(&token_path, source))?;
+        for i in 0..agents {
+            let path = cluster.node_keys_file(i);
+            let keys = NodeKeys::derive(&cluster.handle.token, &node_name(i)).to_text();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, keys.as_bytes()))
+                .map_err(|source| ClusterError::io(&path, source))?;
+        }
         cluster.start_master()?;
         for i in 0..agents {
             cluster.start_agent(i)?;

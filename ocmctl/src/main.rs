@@ -139,6 +139,18 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Write node NAME's keys (derived from the cluster token) for
+    /// `oncillad --node-keys-file`: the agent then holds no token and can
+    /// act only as that node.
+    NodeKeys {
+        /// The node's name (its agent's --name).
+        name: String,
+        /// File to write (mode 0600) [default: stdout].
+        #[arg(long, value_name = "PATH")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Start a local cluster (master and agents as processes), move data
     /// through it, verify it, print what happened, and tear it down.
     Demo(demo::Args),
@@ -243,6 +255,40 @@ pub enum CliError {
 /// The hidden first argument under which ocmctl runs the daemon itself, so
 /// `ocmctl demo` can start real oncillad processes from a single binary.
 pub const DAEMON_ARG: &str = "oncillad";
+
+/// `ocmctl node-keys`: node `name`'s keys, to `out` (private) or stdout.
+fn write_node_keys(name: &str, out: Option<&std::path::Path>, conn: &Conn) -> Result<(), CliError> {
+    if name.is_empty() || name.len() > 128 || !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(CliError::Other(format!(
+            "node name {}: use 1 to 128 printable ASCII characters without spaces",
+            oncilla_model::echo::echo(name)
+        )));
+    }
+    let text = oncilla_proto::credential::NodeKeys::derive(&conn.token()?, name).to_text();
+    let Some(path) = out else {
+        print!("{text}");
+        return Ok(());
+    };
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    // An existing file keeps its mode on open: make it private too.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io)?;
+    f.write_all(text.as_bytes()).map_err(io)?;
+    eprintln!("wrote the keys of node {name} to {}", path.display());
+    Ok(())
+}
 
 fn main() -> ExitCode {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -354,6 +400,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
                 output.as_deref(),
             )?;
         }
+        Cmd::NodeKeys { name, out, conn } => write_node_keys(&name, out.as_deref(), &conn)?,
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Run(args) => runwith::run(&args)?,
         Cmd::Bench(bench) => oncilla_bench::run(&bench, &daemon())?,

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use oncilla_model::size::{parse_size, SizeError};
+use std::sync::Arc;
+
 use oncilla_proto::auth::{Token, TokenError};
+use oncilla_proto::credential::{KeysError, NodeKeys};
 use serde::Deserialize;
 
 use crate::master::Liveness;
@@ -67,6 +70,11 @@ pub struct Cli {
     /// File holding the cluster token.
     #[arg(long, env = "ONCILLA_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Agent: file holding this node's keys instead of the cluster token
+    /// (`ocmctl node-keys NAME --out PATH` makes it): the agent then can
+    /// act only as its own node, never as an operator or another node.
+    #[arg(long, env = "ONCILLA_NODE_KEYS_FILE", value_name = "PATH")]
+    pub node_keys_file: Option<PathBuf>,
     /// Agent heartbeat interval the master asks for, in milliseconds [default: 1000].
     #[arg(long, env = "ONCILLA_HEARTBEAT_MS", value_name = "MS")]
     pub heartbeat_ms: Option<u64>,
@@ -99,6 +107,7 @@ struct FileConfig {
     rdma_device: Option<Vec<String>>,
     token: Option<String>,
     token_file: Option<PathBuf>,
+    node_keys_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
     suspect_after_ms: Option<u64>,
     down_after_ms: Option<u64>,
@@ -127,6 +136,12 @@ pub enum ConfigError {
     Size(#[from] SizeError),
     #[error(transparent)]
     Token(#[from] TokenError),
+    #[error(transparent)]
+    Keys(#[from] KeysError),
+    #[error("the master needs the cluster token (--token-file); --node-keys-file is for agents")]
+    MasterWithKeys,
+    #[error("--node-keys-file holds the keys of node {keys}, but this node is named {name}; pass --name {keys} or the keys of {name}")]
+    KeysName { keys: String, name: String },
     #[error("--heartbeat-ms must be between 50 and 60000")]
     Heartbeat,
     #[error(
@@ -159,7 +174,10 @@ pub struct Config {
     pub name: String,
     pub listen: SocketAddr,
     pub advertise: Option<String>,
-    pub token: Token,
+    /// The cluster token: the master's (and an agent's started with it).
+    pub token: Option<Token>,
+    /// The agent's keys: loaded, or derived from the token for `name`.
+    pub node_keys: Option<Arc<NodeKeys>>,
     pub liveness: Liveness,
 }
 
@@ -178,10 +196,29 @@ impl Config {
         if !master && join.is_none() {
             return Err(ConfigError::NoRole);
         }
-        let token = Token::resolve(
-            cli.token.or(file.token).as_deref(),
-            cli.token_file.or(file.token_file).as_deref(),
-        )?;
+        let keys_file = cli.node_keys_file.or(file.node_keys_file);
+        let token_value = cli.token.or(file.token);
+        let token_file = cli.token_file.or(file.token_file);
+        let token = match (&keys_file, &token_value, &token_file) {
+            (Some(_), None, None) if master => return Err(ConfigError::MasterWithKeys),
+            (Some(_), None, None) => None,
+            _ => Some(Token::resolve(
+                token_value.as_deref(),
+                token_file.as_deref(),
+            )?),
+        };
+        let loaded = keys_file.as_deref().map(NodeKeys::load).transpose()?;
+        let name = match (cli.name.or(file.name), &loaded) {
+            (Some(name), Some(k)) if name != k.name() => {
+                return Err(ConfigError::KeysName {
+                    keys: k.name().to_string(),
+                    name,
+                })
+            }
+            (Some(name), _) => name,
+            (None, Some(k)) => k.name().to_string(),
+            (None, None) => hostname(),
+        };
         let agent = match join {
             Some(join) => {
                 let capacity = cli
@@ -209,6 +246,11 @@ impl Config {
             }
             None => None,
         };
+        let node_keys = match (loaded, &token, &agent) {
+            (Some(k), _, _) => Some(Arc::new(k)),
+            (None, Some(t), Some(_)) => Some(Arc::new(NodeKeys::derive(t, &name))),
+            _ => None,
+        };
         let heartbeat_ms = cli.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(1000);
         if !(50..=60_000).contains(&heartbeat_ms) {
             return Err(ConfigError::Heartbeat);
@@ -233,7 +275,8 @@ impl Config {
         Ok(Self {
             master,
             agent,
-            name: cli.name.or(file.name).unwrap_or_else(hostname),
+            node_keys,
+            name,
             listen: cli.listen.or(file.listen).unwrap_or_else(|| {
                 SocketAddr::from(([0, 0, 0, 0], oncilla_proto::DEFAULT_MASTER_PORT))
             }),

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::credential::Authenticate;
+use oncilla_proto::credential::{Authenticate, Keyring};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tonic::transport::Server;
@@ -105,7 +105,9 @@ fn main_exec(config: Config) -> Result<(), DaemonError> {
 }
 
 async fn run(config: Config) -> Result<(), DaemonError> {
-    let check = Authenticate::members(config.token.clone());
+    // The master holds the token (the configuration requires it); an agent
+    // holds its node's keys, loaded or derived from the token.
+    let master_token = config.token.clone().filter(|_| config.master);
     let grpc_listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| bind_error("gRPC", config.listen, source))?;
@@ -114,8 +116,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(|source| bind_error("gRPC", config.listen, source))?;
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let mut router = limited(Server::builder()).add_optional_service(config.master.then(|| {
-        let link = grpc::links::GrpcAgentLink::new(config.token.clone());
+    let mut router = limited(Server::builder()).add_optional_service(master_token.map(|token| {
+        let link = grpc::links::GrpcAgentLink::new(token.clone());
         let core = Arc::new(master::Master::new(link, config.liveness));
         tracing::info!(
             incarnation = format!("{:016x}", core.incarnation()),
@@ -133,11 +135,13 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 watcher.tick();
             }
         });
-        grpc::master::MasterService::new(core).server(check.clone())
+        grpc::master::MasterService::new(core)
+            .server(Authenticate::members(Keyring::Cluster(token)))
     }));
 
     let mut unix = None;
-    if let Some(agent_cfg) = &config.agent {
+    if let (Some(agent_cfg), Some(node_keys)) = (&config.agent, &config.node_keys) {
+        let keys = Keyring::Node(Arc::clone(node_keys));
         let started = Instant::now();
         let pool = pool::Pool::new(pool::PoolSpec::new(
             agent_cfg.capacity,
@@ -220,10 +224,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             "agent starting with an empty pool: allocations held by an earlier run of this node are gone"
         );
         let held = agent.held();
-        let token = config.token.clone();
+        let data_keys = keys.clone();
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())
-            .spawn(move || fabric::tcp::serve(data, held, token))
+            .spawn(move || fabric::tcp::serve(data, held, data_keys))
             .map_err(|source| bind_error("data", data_addr, source))?;
 
         let map_path = oncilla_proto::map_socket(&agent_cfg.socket);
@@ -239,24 +243,24 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 path: map_path.display().to_string(),
                 reason: e.to_string(),
             })?;
-        let (held, leases, token) = (agent.held(), agent.leases(), config.token.clone());
+        let (held, leases, map_keys) = (agent.held(), agent.leases(), keys.clone());
         std::thread::Builder::new()
             .name("oncilla-map".into())
-            .spawn(move || fabric::shm::serve(map_listener, held, leases, token))
+            .spawn(move || fabric::shm::serve(map_listener, held, leases, map_keys))
             .map_err(|source| bind_error("map", data_addr, source))?;
 
-        let master = grpc::links::MasterLink::new(&agent_cfg.join, &config.token)?;
+        let master = grpc::links::MasterLink::new(&agent_cfg.join, node_keys.credential())?;
         tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
         if agent.rdma().available() {
             tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
         }
         router = router.add_service(
             grpc::agent::AgentService::new(Arc::clone(&agent))
-                .server(Authenticate::new(config.token.clone())),
+                .server(Authenticate::new(keys.clone())),
         );
         let listener = bind_unix(&agent_cfg.socket)?;
-        let session = grpc::session::SessionService::new(agent, master, config.token.clone())
-            .server(Authenticate::local(config.token.clone()));
+        let session = grpc::session::SessionService::new(agent, master, Arc::clone(node_keys))
+            .server(Authenticate::local(keys));
         let mut rx = stop_rx.clone();
         unix = Some((
             agent_cfg.socket.clone(),

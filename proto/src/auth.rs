@@ -67,6 +67,11 @@ impl Token {
         if !value.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::Invalid("not printable ASCII"));
         }
+        if value.starts_with("node:") || value.starts_with("session:") {
+            return Err(TokenError::Invalid(
+                "starts with node: or session:, as other credentials do",
+            ));
+        }
         Ok(Self(value.into()))
     }
 
@@ -86,21 +91,7 @@ impl Token {
         let Some(path) = file else {
             return Err(TokenError::Missing);
         };
-        use std::os::unix::fs::MetadataExt;
-        let shown = || path.display().to_string();
-        let io = |source| TokenError::File {
-            path: shown(),
-            source,
-        };
-        let mut f = std::fs::File::open(path).map_err(io)?;
-        // The open file's own metadata: what is checked is what is read.
-        let meta = f.metadata().map_err(io)?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        check_private(meta.mode(), meta.uid(), me, shown)?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut f, &mut text).map_err(io)?;
-        Self::new(text.trim())
+        Self::new(read_private(path)?.trim())
     }
 
     /// Loads the token from `ONCILLA_TOKEN` or the file named by `ONCILLA_TOKEN_FILE`.
@@ -158,6 +149,31 @@ fn check_private(
         });
     }
     Ok(())
+}
+
+/// The text of a secret file (a token or node keys), which must be private,
+/// as ssh asks of its keys: readable and writable only by its owner (mode
+/// `0600` or stricter), who is this user or root.
+///
+/// # Errors
+/// [`TokenError::Mode`], [`TokenError::Owner`] for a file others could
+/// read or change; [`TokenError::File`] when it cannot be read.
+pub fn read_private(path: &Path) -> Result<String, TokenError> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = || path.display().to_string();
+    let io = |source| TokenError::File {
+        path: shown(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    // The open file's own metadata: what is checked is what is read.
+    let meta = f.metadata().map_err(io)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    check_private(meta.mode(), meta.uid(), me, shown)?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut f, &mut text).map_err(io)?;
+    Ok(text)
 }
 
 /// Compares two secrets in time that depends only on their lengths: every

@@ -1,12 +1,25 @@
-//! Who a caller is: a cluster member (a node or an operator, holding the
-//! cluster token) or one application session (holding the credential its
-//! local agent issued when the session opened). Applications never need
-//! the cluster token: the credential is HMAC-SHA256 of the session id
-//! under the token, so every agent can check it without asking anyone, and
-//! it opens nothing but that session's data-path connections and RDMA
-//! queue pairs (the allocations themselves still need their access keys).
+//! Who a caller is: an operator (the master too) holding the cluster
+//! token; one node, holding the credential derived from the token for its
+//! name; or one application session, holding the credential its local
+//! agent issued when the session opened.
 //!
-//! Both travel the same way: as the bearer value of `authorization`
+//! Every secret below the token is an HMAC-SHA256 derived from it, so
+//! nobody needs to ask anyone to check one:
+//! - a *node credential* (`node:<name>:<mac>`) is presented by that node's
+//!   agent to the master, and by the master to that agent; it proves the
+//!   name, and nothing else;
+//! - a node's agent holds [`NodeKeys`]: its node credential, the *session
+//!   key* every agent shares (it makes and checks session credentials,
+//!   `session:<id>:<mac>`), and a *verifier* of the token (a hash: it
+//!   checks an operator's token but cannot present one). An agent never
+//!   needs the token itself, so a node's secrets make it neither an
+//!   operator nor another node;
+//! - applications never hold more than their session's credential, which
+//!   opens nothing but that session's data-path connections and RDMA
+//!   queue pairs (the allocations themselves still need their access
+//!   keys).
+//!
+//! All travel the same way: as the bearer value of `authorization`
 //! metadata and as the secret of a data-path hello. This module checks and
 //! makes them (comparison in constant time); it never logs one.
 
@@ -18,9 +31,13 @@ use tonic::{Request, Status};
 use crate::auth::{ct_eq, Token, AUTH_METADATA};
 
 /// How a session credential starts (a token never does: see
-/// [`authenticate`]).
+/// [`Keyring::authenticate`]).
 const SESSION_PREFIX: &str = "session:";
-/// Longest session id a credential may name.
+/// How a node credential starts.
+const NODE_PREFIX: &str = "node:";
+/// How a node key file starts.
+const KEYS_HEADER: &str = "oncilla-node-keys-v1";
+/// Longest session id or node name a credential may name.
 const MAX_SESSION_ID: usize = 128;
 /// Bytes of the MAC.
 const MAC_LEN: usize = 32;
@@ -28,8 +45,10 @@ const MAC_LEN: usize = 32;
 /// Who presented a valid secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
-    /// A node or operator: holds the cluster token.
+    /// An operator or the master: holds the cluster token.
     Member,
+    /// A node, by name: its agent, or (to that agent) the master.
+    Node(String),
     /// An application session, by id.
     Session(String),
 }
@@ -60,15 +79,15 @@ impl Credential {
         Self(token.as_str().into())
     }
 
-    /// The credential of session `session_id`, as its agent issues it.
+    /// The credential of node `name` under `token`.
+    pub fn node(token: &Token, name: &str) -> Self {
+        Self(format!("{NODE_PREFIX}{name}:{}", hex(&node_mac(token, name))).into())
+    }
+
+    /// The credential of session `session_id`, as an agent of the cluster
+    /// of `token` issues it.
     pub fn session(token: &Token, session_id: &str) -> Self {
-        Self(
-            format!(
-                "{SESSION_PREFIX}{session_id}:{}",
-                hex(&mac(token, session_id))
-            )
-            .into(),
-        )
+        session_credential(&session_key(token), session_id)
     }
 
     /// A credential received in text form (from the agent), checked for
@@ -77,7 +96,7 @@ impl Credential {
     /// # Errors
     /// Text that is not a session credential.
     pub fn parse_session(text: &str) -> Result<Self, &'static str> {
-        if parse_session(text.as_bytes()).is_none() {
+        if parse_mac(SESSION_PREFIX, text.as_bytes()).is_none() {
             return Err("not an Oncilla session credential");
         }
         Ok(Self(text.into()))
@@ -93,40 +112,217 @@ impl Credential {
     }
 }
 
-/// Who `presented` belongs to under `token`: [`Principal::Member`] for the
-/// token, [`Principal::Session`] for a session credential the token made;
-/// `None` otherwise. Constant time in the secret's bytes.
-pub fn authenticate(token: &Token, presented: &[u8]) -> Option<Principal> {
-    if token.matches(presented) {
-        return Some(Principal::Member);
-    }
-    let (id, claimed) = parse_session(presented)?;
-    ct_eq(&mac(token, id), &claimed).then(|| Principal::Session(id.to_string()))
+/// What an agent holds instead of the cluster token: its node's name and
+/// credential, the session key, and a verifier of the token. Made from the
+/// token by [`NodeKeys::derive`] (`ocmctl node-keys` writes them to a file
+/// for `oncillad --node-keys-file`). `Debug` shows only the name.
+#[derive(Clone)]
+pub struct NodeKeys {
+    name: String,
+    credential: Credential,
+    sessions: [u8; MAC_LEN],
+    verifier: [u8; MAC_LEN],
 }
 
-fn mac(token: &Token, session_id: &str) -> [u8; MAC_LEN] {
+impl std::fmt::Debug for NodeKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeKeys({}, <redacted>)", self.name)
+    }
+}
+
+/// Why a node key file is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    #[error("{0}")]
+    File(#[from] crate::auth::TokenError),
+    #[error(
+        "node key file {path}: {why}; make it again with `ocmctl node-keys NAME --out {path}`"
+    )]
+    Malformed { path: String, why: &'static str },
+}
+
+impl NodeKeys {
+    /// Node `name`'s keys in the cluster of `token`.
+    pub fn derive(token: &Token, name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            credential: Credential::node(token, name),
+            sessions: session_key(token),
+            verifier: verifier(token.as_bytes()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What this node presents to the master.
+    pub fn credential(&self) -> &Credential {
+        &self.credential
+    }
+
+    /// The credential of session `session_id`, to give it at open.
+    pub fn session(&self, session_id: &str) -> Credential {
+        session_credential(&self.sessions, session_id)
+    }
+
+    /// The keys as a key file holds them (one line).
+    pub fn to_text(&self) -> String {
+        format!(
+            "{KEYS_HEADER} {} {} {}\n",
+            self.credential.as_str(),
+            hex(&self.sessions),
+            hex(&self.verifier)
+        )
+    }
+
+    /// Keys from a key file's text.
+    ///
+    /// # Errors
+    /// What is wrong with the text (never quoting a secret).
+    pub fn parse(text: &str) -> Result<Self, &'static str> {
+        let mut words = text.split_whitespace();
+        if words.next() != Some(KEYS_HEADER) {
+            return Err("not an Oncilla node key file (first word should be oncilla-node-keys-v1)");
+        }
+        let (Some(cred), Some(sessions), Some(verifier), None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return Err("expected a node credential, a session key and a verifier");
+        };
+        let (name, _) =
+            parse_mac(NODE_PREFIX, cred.as_bytes()).ok_or("malformed node credential")?;
+        Ok(Self {
+            name: name.to_string(),
+            credential: Credential(cred.into()),
+            sessions: unhex(sessions).ok_or("malformed session key")?,
+            verifier: unhex(verifier).ok_or("malformed verifier")?,
+        })
+    }
+
+    /// Keys from a key file, which must be private (as a token file).
+    ///
+    /// # Errors
+    /// [`KeysError`]: unreadable, shared with others, or malformed.
+    pub fn load(path: &std::path::Path) -> Result<Self, KeysError> {
+        let text = crate::auth::read_private(path)?;
+        Self::parse(&text).map_err(|why| KeysError::Malformed {
+            path: path.display().to_string(),
+            why,
+        })
+    }
+
+    /// Who `presented` is to this node's agent: [`Principal::Member`] for
+    /// the token (checked against the verifier: the master, operators) or
+    /// a [`Principal::Session`]; `None` otherwise. Node credentials are for
+    /// the master only: an agent admits none, its own included. Constant
+    /// time in the secret's bytes.
+    pub fn authenticate(&self, presented: &[u8]) -> Option<Principal> {
+        if presented.starts_with(NODE_PREFIX.as_bytes()) {
+            return None;
+        }
+        if let Some((id, claimed)) = parse_mac(SESSION_PREFIX, presented) {
+            let ok = ct_eq(&session_mac(&self.sessions, id), &claimed);
+            return ok.then(|| Principal::Session(id.to_string()));
+        }
+        ct_eq(&verifier(presented), &self.verifier).then_some(Principal::Member)
+    }
+}
+
+/// The secrets a process checks callers with: the cluster token (the
+/// master) or one node's keys (an agent).
+#[derive(Clone, Debug)]
+pub enum Keyring {
+    Cluster(Token),
+    Node(std::sync::Arc<NodeKeys>),
+}
+
+impl Keyring {
+    /// Who `presented` belongs to; `None` when it is nobody's.
+    pub fn authenticate(&self, presented: &[u8]) -> Option<Principal> {
+        match self {
+            Keyring::Node(keys) => keys.authenticate(presented),
+            Keyring::Cluster(token) => {
+                if let Some((name, claimed)) = parse_mac(NODE_PREFIX, presented) {
+                    return ct_eq(&node_mac(token, name), &claimed)
+                        .then(|| Principal::Node(name.to_string()));
+                }
+                if let Some((id, claimed)) = parse_mac(SESSION_PREFIX, presented) {
+                    let ok = ct_eq(&session_mac(&session_key(token), id), &claimed);
+                    return ok.then(|| Principal::Session(id.to_string()));
+                }
+                token.matches(presented).then_some(Principal::Member)
+            }
+        }
+    }
+}
+
+fn hmac(key: &[u8], label: &[u8], msg: &[u8]) -> [u8; MAC_LEN] {
     // A key of any length is accepted by HMAC: this cannot fail.
-    let Ok(mut m) = Hmac::<Sha256>::new_from_slice(token.as_bytes()) else {
+    let Ok(mut m) = Hmac::<Sha256>::new_from_slice(key) else {
         return [0; MAC_LEN];
     };
-    m.update(b"oncilla session credential\0");
-    m.update(session_id.as_bytes());
+    m.update(label);
+    m.update(msg);
     m.finalize().into_bytes().into()
 }
 
-/// `session:<id>:<64 hex digits>` as (id, mac).
-fn parse_session(presented: &[u8]) -> Option<(&str, [u8; MAC_LEN])> {
+fn node_mac(token: &Token, name: &str) -> [u8; MAC_LEN] {
+    hmac(
+        token.as_bytes(),
+        b"oncilla node credential\0",
+        name.as_bytes(),
+    )
+}
+
+fn session_key(token: &Token) -> [u8; MAC_LEN] {
+    hmac(token.as_bytes(), b"oncilla session key\0", b"")
+}
+
+fn session_mac(key: &[u8; MAC_LEN], session_id: &str) -> [u8; MAC_LEN] {
+    hmac(key, b"oncilla session credential\0", session_id.as_bytes())
+}
+
+fn session_credential(key: &[u8; MAC_LEN], session_id: &str) -> Credential {
+    Credential(
+        format!(
+            "{SESSION_PREFIX}{session_id}:{}",
+            hex(&session_mac(key, session_id))
+        )
+        .into(),
+    )
+}
+
+/// A one-way image of the token: checks a presented token, cannot be
+/// presented as one.
+fn verifier(token: &[u8]) -> [u8; MAC_LEN] {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"oncilla token verifier\0");
+    h.update(token);
+    h.finalize().into()
+}
+
+/// `<prefix><name>:<64 hex digits>` as (name, mac).
+fn parse_mac<'a>(prefix: &str, presented: &'a [u8]) -> Option<(&'a str, [u8; MAC_LEN])> {
     let text = std::str::from_utf8(presented).ok()?;
-    let rest = text.strip_prefix(SESSION_PREFIX)?;
+    let rest = text.strip_prefix(prefix)?;
     let (id, digits) = rest.rsplit_once(':')?;
-    if id.is_empty() || id.len() > MAX_SESSION_ID || digits.len() != 2 * MAC_LEN {
+    if id.is_empty() || id.len() > MAX_SESSION_ID {
+        return None;
+    }
+    Some((id, unhex(digits)?))
+}
+
+fn unhex(digits: &str) -> Option<[u8; MAC_LEN]> {
+    if digits.len() != 2 * MAC_LEN {
         return None;
     }
     let mut mac = [0u8; MAC_LEN];
     for (i, byte) in mac.iter_mut().enumerate() {
         *byte = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
-    Some((id, mac))
+    Some(mac)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -161,7 +357,7 @@ impl tonic::service::Interceptor for AttachCredential {
 /// Who a server admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Admits {
-    /// The cluster token only (the master).
+    /// The cluster token and node credentials (the master).
     Members,
     /// The token or a session credential (an agent's TCP services).
     MembersAndSessions,
@@ -176,31 +372,31 @@ enum Admits {
 /// that presented nothing).
 #[derive(Clone, Debug)]
 pub struct Authenticate {
-    token: Token,
+    keys: Keyring,
     admits: Admits,
 }
 
 impl Authenticate {
-    /// The cluster token only.
-    pub fn members(token: Token) -> Self {
+    /// Operators and nodes (the master): not sessions.
+    pub fn members(keys: Keyring) -> Self {
         Self {
-            token,
+            keys,
             admits: Admits::Members,
         }
     }
 
-    /// Members and sessions.
-    pub fn new(token: Token) -> Self {
+    /// Operators, nodes and sessions.
+    pub fn new(keys: Keyring) -> Self {
         Self {
-            token,
+            keys,
             admits: Admits::MembersAndSessions,
         }
     }
 
     /// Also callers that present nothing (they get no principal).
-    pub fn local(token: Token) -> Self {
+    pub fn local(keys: Keyring) -> Self {
         Self {
-            token,
+            keys,
             admits: Admits::Local,
         }
     }
@@ -214,16 +410,16 @@ impl tonic::service::Interceptor for Authenticate {
             .map(|v| v.as_bytes())
             .and_then(|v| v.strip_prefix(b"Bearer "));
         let members = self.admits == Admits::Members;
-        match presented.map(|p| authenticate(&self.token, p)) {
+        match presented.map(|p| self.keys.authenticate(p)) {
             Some(Some(Principal::Session(_))) if members => Err(Status::unauthenticated(
-                "permission denied: wrong cluster token",
+                "permission denied: wrong cluster token or node credential",
             )),
             Some(Some(who)) => {
                 req.extensions_mut().insert(who);
                 Ok(req)
             }
             Some(None) if members => Err(Status::unauthenticated(
-                "permission denied: wrong cluster token",
+                "permission denied: wrong cluster token or node credential",
             )),
             Some(None) => Err(Status::unauthenticated(
                 "permission denied: wrong cluster token or session credential",
@@ -255,16 +451,32 @@ mod tests {
         let bad = Token::new("abd").unwrap();
         let session = Credential::session(&good, "n1-7");
         let call = |c: &Credential| AttachCredential::new(c).call(Request::new(())).unwrap();
-        let mut members = Authenticate::members(good.clone());
-        let mut agents = Authenticate::new(good.clone());
-        let mut local = Authenticate::local(good.clone());
+        let cluster = Keyring::Cluster(good.clone());
+        let node = Keyring::Node(std::sync::Arc::new(NodeKeys::derive(&good, "n1")));
+        let mut members = Authenticate::members(cluster.clone());
+        let mut agents = Authenticate::new(node.clone());
+        let mut local = Authenticate::local(node);
         let ok = members.call(call(&Credential::member(&good))).unwrap();
         assert_eq!(principal(&ok), Some(&Principal::Member));
+        let ok = agents.call(call(&Credential::member(&good))).unwrap();
+        assert_eq!(
+            principal(&ok),
+            Some(&Principal::Member),
+            "checked by the verifier"
+        );
         for check in [&mut members, &mut agents, &mut local] {
             let err = check.call(call(&Credential::member(&bad))).unwrap_err();
             assert_eq!(err.code(), tonic::Code::Unauthenticated);
             assert!(err.message().contains("permission denied"));
         }
+        // A node's credential reaches the master, as that node, and no
+        // agent (its own included).
+        let n1 = Credential::node(&good, "n1");
+        let ok = members.call(call(&n1)).unwrap();
+        assert_eq!(principal(&ok), Some(&Principal::Node("n1".into())));
+        assert!(agents.call(call(&n1)).is_err());
+        assert!(agents.call(call(&Credential::node(&good, "n2"))).is_err());
+        assert!(members.call(call(&Credential::node(&bad, "n1"))).is_err());
         // A session reaches agents, never the master.
         let err = members.call(call(&session)).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated);
@@ -278,34 +490,61 @@ mod tests {
     }
 
     #[test]
-    fn sessions_and_members_are_told_apart_and_forgeries_refused() {
+    fn principals_are_told_apart_and_forgeries_refused() {
         let token = Token::new("s3cret-token").unwrap();
         let other = Token::new("another-cluster").unwrap();
-        assert_eq!(
-            authenticate(&token, b"s3cret-token"),
-            Some(Principal::Member)
-        );
-        let cred = Credential::session(&token, "n1-7");
-        assert_eq!(
-            authenticate(&token, cred.as_bytes()),
-            Some(Principal::Session("n1-7".into()))
-        );
-        // Made under another token, or naming another session: refused.
-        let foreign = Credential::session(&other, "n1-7");
-        assert_eq!(authenticate(&token, foreign.as_bytes()), None);
-        let text = cred.as_str().replace("n1-7", "n1-8");
-        assert_eq!(authenticate(&token, text.as_bytes()), None);
-        for junk in [
-            &b""[..],
-            b"session:",
-            b"session::00",
-            b"session:x:zz",
-            &[0xff, 0xfe],
-        ] {
-            assert_eq!(authenticate(&token, junk), None);
+        let cluster = Keyring::Cluster(token.clone());
+        let keys = NodeKeys::derive(&token, "n1");
+        let node = Keyring::Node(std::sync::Arc::new(keys.clone()));
+        for ring in [&cluster, &node] {
+            assert_eq!(ring.authenticate(b"s3cret-token"), Some(Principal::Member));
+            let cred = keys.session("n1-7");
+            assert!(
+                cred == Credential::session(&token, "n1-7"),
+                "agents and the token agree"
+            );
+            assert_eq!(
+                ring.authenticate(cred.as_bytes()),
+                Some(Principal::Session("n1-7".into()))
+            );
+            // Made under another token, or naming another session: refused.
+            let foreign = Credential::session(&other, "n1-7");
+            assert_eq!(ring.authenticate(foreign.as_bytes()), None);
+            let text = cred.as_str().replace("n1-7", "n1-8");
+            assert_eq!(ring.authenticate(text.as_bytes()), None);
+            // A node credential renamed: refused.
+            let renamed = keys.credential().as_str().replace("node:n1:", "node:n2:");
+            assert_eq!(ring.authenticate(renamed.as_bytes()), None);
+            for junk in [
+                &b""[..],
+                b"session:",
+                b"session::00",
+                b"session:x:zz",
+                b"node:",
+                b"node:n1:",
+                &[0xff, 0xfe],
+            ] {
+                assert_eq!(ring.authenticate(junk), None);
+            }
         }
+        // Nothing an agent holds is the token or another node's credential.
+        let text = keys.to_text();
+        assert!(!text.contains("s3cret-token"));
+        assert_eq!(
+            node.authenticate(Credential::node(&token, "n2").as_bytes()),
+            None
+        );
+        let back = NodeKeys::parse(&text).unwrap();
+        assert_eq!(back.name(), "n1");
+        assert!(back.credential() == keys.credential());
+        assert!(back.session("n1-7") == keys.session("n1-7"));
+        assert!(NodeKeys::parse("oncilla-node-keys-v1 node:n1:00").is_err());
+        assert!(NodeKeys::parse("s3cret-token").is_err());
+        assert!(!format!("{keys:?}").contains(&hex(&keys.sessions)));
+        let cred = keys.session("n1-7");
         assert!(Credential::parse_session(cred.as_str()).is_ok());
         assert!(Credential::parse_session("s3cret-token").is_err());
         assert!(!format!("{cred:?}").contains("n1-7"));
+        assert!(Token::new("node:x").is_err() && Token::new("session:x").is_err());
     }
 }

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use oncilla_proto::auth::{Token, MAX_TOKEN_LEN};
-use oncilla_proto::credential::{authenticate, Credential, Principal};
+use oncilla_proto::credential::{Credential, Keyring, NodeKeys, Principal};
 use oncilla_proto::wire::{self, MapFile, MapGrant, Reply, Request, Welcome, WireError};
 use proptest::prelude::*;
 
@@ -128,26 +128,45 @@ proptest! {
         let _ = wire::read_welcome(&mut junk.as_slice());
     }
 
-    /// Presented secrets: arbitrary bytes are never taken for the token or
-    /// a session; a credential the token made is recognised, and one bit
-    /// flipped anywhere in it is not.
+    /// Presented secrets: arbitrary bytes are never taken for the token, a
+    /// node or a session, by the master or by an agent; a credential the
+    /// token made is recognised, and one bit flipped anywhere in it is not.
     #[test]
     fn credentials(junk in prop::collection::vec(any::<u8>(), 0..200), id in "[a-z0-9-]{1,40}", flip in any::<prop::sample::Index>()) {
         let token = Token::new("fuzz-token-0123456789").unwrap();
-        prop_assert!(authenticate(&token, &junk).is_none() || junk == token.as_bytes());
+        let rings = [
+            Keyring::Cluster(token.clone()),
+            Keyring::Node(std::sync::Arc::new(NodeKeys::derive(&token, "n1"))),
+        ];
         if let Ok(text) = std::str::from_utf8(&junk) {
             let _ = Credential::parse_session(text);
+            let _ = NodeKeys::parse(text);
         }
-        let cred = Credential::session(&token, &id);
-        prop_assert_eq!(authenticate(&token, cred.as_bytes()), Some(Principal::Session(id.clone())));
+        for ring in &rings {
+            prop_assert!(ring.authenticate(&junk).is_none() || junk == token.as_bytes());
+            for cred in [Credential::session(&token, &id), Credential::node(&token, &id)] {
+                let expected = if cred.as_str().starts_with("node:") {
+                    Principal::Node(id.clone())
+                } else {
+                    Principal::Session(id.clone())
+                };
+                let seen = ring.authenticate(cred.as_bytes());
+                match (&ring, &expected) {
+                    // Agents admit no node credential.
+                    (Keyring::Node(_), Principal::Node(_)) => prop_assert_eq!(seen, None),
+                    _ => prop_assert_eq!(seen, Some(expected.clone())),
+                }
+                let mut forged = cred.as_bytes().to_vec();
+                let i = flip.index(forged.len());
+                forged[i] ^= 1;
+                let accepted = ring.authenticate(&forged);
+                prop_assert!(accepted.is_none() || accepted != Some(expected));
+            }
+        }
         // `==` on credentials (constant time) agrees with the bytes.
+        let cred = Credential::session(&token, &id);
         prop_assert!(Credential::session(&token, &id) == cred);
         let other = Credential::session(&token, &(id.clone() + "x"));
         prop_assert!(other != cred);
-        let mut forged = cred.as_bytes().to_vec();
-        let i = flip.index(forged.len());
-        forged[i] ^= 1;
-        let accepted = authenticate(&token, &forged);
-        prop_assert!(accepted.is_none() || accepted != Some(Principal::Session(id)));
     }
 }

@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
-use oncilla_proto::credential::{AttachCredential, Credential};
+use oncilla_proto::credential::{AttachCredential, Credential, NodeKeys};
 use oncilla_proto::{client, pb, wire};
 use support::Cluster;
 use tokio_stream::StreamExt;
@@ -203,6 +203,154 @@ fn a_session_credential_reaches_only_its_own_session() {
         assert_eq!(welcome, wire::Welcome::Denied, "{msg}");
     }
 
+    let mut back = [0u8; 14];
+    theirs.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"victim's bytes");
+    theirs.free().unwrap();
+    c.still_serves();
+}
+
+/// Before, every agent held the cluster token: one compromised node could
+/// register as any other, list every allocation's access key, free
+/// anything and reserve any agent's memory. Now agents hold only their
+/// node's keys (the launcher starts them with `--node-keys-file`, no
+/// token): node-1's credential acts only as node-1, for node-1's sessions,
+/// reaches no allocation list, no data port and no other agent.
+#[test]
+fn a_node_credential_acts_only_as_its_node() {
+    let c = Cluster::start(2, "32MiB");
+    let victim = c.client(0);
+    let theirs = victim
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-0"]))
+        .unwrap();
+    theirs.copy_in(0, b"victim's bytes").unwrap();
+    let h = c.handle();
+    let path = h.node_keys_file(1);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !text.contains(h.token.as_str()),
+        "an agent's key file holds no token"
+    );
+    let keys = NodeKeys::load(&path).unwrap();
+    let cred = keys.credential().clone();
+    let node0 = c.node("node-0").unwrap();
+    let agent0 = node0["agent_addr"].as_str().unwrap().to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let target = || {
+        Some(pb::AllocRef {
+            id: theirs.id(),
+            name: String::new(),
+        })
+    };
+    let denied = |(code, msg): (tonic::Code, String), what: &str| {
+        assert_eq!(code, tonic::Code::PermissionDenied, "{what}: {msg}");
+        assert!(msg.contains("node-1"), "{what}: {msg}");
+    };
+    rt.block_on(async {
+        let mut m = client::master(client::lazy_as(&h.master_addr, &cred).unwrap());
+        denied(
+            refused(
+                m.list_allocations(pb::ListAllocationsRequest { after: 0 })
+                    .await,
+            ),
+            "list",
+        );
+        denied(
+            refused(
+                m.get_allocation(pb::GetAllocationRequest { alloc: target() })
+                    .await,
+            ),
+            "get",
+        );
+        denied(
+            refused(
+                m.free(pb::FreeRequest {
+                    alloc: target(),
+                    force: true,
+                    ..Default::default()
+                })
+                .await,
+            ),
+            "free by id",
+        );
+        denied(
+            refused(
+                m.free(pb::FreeRequest {
+                    alloc: target(),
+                    session_id: victim.session_id().to_string(),
+                    force: true,
+                    requester: None,
+                })
+                .await,
+            ),
+            "free for node-0's session",
+        );
+        denied(
+            refused(
+                m.register(pb::RegisterRequest {
+                    node: Some(pb::NodeInfo {
+                        name: "node-0".into(),
+                        agent_addr: "127.0.0.1:9".into(),
+                        data_addr: "127.0.0.1:9".into(),
+                        capacity: 1 << 40,
+                        ..Default::default()
+                    }),
+                    incarnation: 7,
+                    ..Default::default()
+                })
+                .await,
+            ),
+            "register as node-0",
+        );
+        denied(
+            refused(
+                m.heartbeat(pb::HeartbeatRequest {
+                    name: "node-0".into(),
+                    ended_sessions: vec![victim.session_id().to_string()],
+                    ..Default::default()
+                })
+                .await,
+            ),
+            "heartbeat as node-0",
+        );
+        denied(
+            refused(
+                m.allocate(pb::AllocateRequest {
+                    spec: Some(pb::AllocSpec {
+                        size: 4096,
+                        kind: pb::MemKind::RemoteHost as i32,
+                        ..Default::default()
+                    }),
+                    origin_node: "node-1".into(),
+                    requester: None,
+                })
+                .await,
+            ),
+            "allocate as an operator",
+        );
+        // Another agent: the node credential is not the token.
+        let mut a = client::agent(client::lazy_as(&agent0, &cred).unwrap());
+        let (code, msg) = refused(
+            a.release(pb::ReleaseRequest {
+                alloc_id: theirs.id(),
+            })
+            .await,
+        );
+        assert_eq!(code, tonic::Code::Unauthenticated, "{msg}");
+    });
+    // Nor a data port.
+    let data0 = node0["data_addr"].as_str().unwrap();
+    let mut conn = TcpStream::connect(data0).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    wire::write_hello(&mut conn, cred.as_bytes()).unwrap();
+    conn.flush().unwrap();
+    let (welcome, msg) = wire::read_welcome(&mut conn).unwrap();
+    assert_eq!(welcome, wire::Welcome::Denied, "{msg}");
+
+    assert_eq!(c.node("node-0").unwrap()["state"], "up");
     let mut back = [0u8; 14];
     theirs.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"victim's bytes");

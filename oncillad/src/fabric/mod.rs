@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::{Keyring, Principal};
 use oncilla_proto::wire::{self, Request, Status, Welcome};
 
 use crate::memory::held::{Held, HeldTable};
@@ -31,7 +31,7 @@ use crate::memory::held::{Held, HeldTable};
 /// Malformed or failed I/O; `TimedOut` past the deadline.
 pub(crate) fn accept<S: Timed, P>(
     stream: &mut S,
-    token: &Token,
+    keys: &Keyring,
     until: Instant,
     heard: impl FnOnce(),
     room: impl FnOnce() -> Result<P, &'static str>,
@@ -39,9 +39,12 @@ pub(crate) fn accept<S: Timed, P>(
     let mut stream = Within { stream, until };
     let (version, presented) = wire::read_hello(&mut stream)?;
     heard();
-    // The cluster token (nodes, operators) or an application session's
+    // The cluster token (operators, the master) or an application session's
     // credential; either way the requests still need each allocation's key.
-    if oncilla_proto::credential::authenticate(token, &presented).is_none() {
+    if !matches!(
+        keys.authenticate(&presented),
+        Some(Principal::Member | Principal::Session(_))
+    ) {
         tracing::warn!("data connection with wrong token");
         wire::write_welcome(
             &mut stream,
@@ -186,9 +189,16 @@ pub(crate) fn authorize(table: &HeldTable, req: &Request) -> Result<Authorized, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oncilla_proto::auth::Token;
+    use oncilla_proto::credential::{Credential, NodeKeys};
 
     fn token() -> Token {
         Token::new("0123456789abcdef0123456789abcdef").unwrap()
+    }
+
+    /// What an agent checks hellos with.
+    fn keys() -> Keyring {
+        Keyring::Node(std::sync::Arc::new(NodeKeys::derive(&token(), "n1")))
     }
 
     fn hello(version: u16, tok: &[u8]) -> Vec<u8> {
@@ -203,7 +213,7 @@ mod tests {
         let (mut server, mut client) = UnixStream::pair().unwrap();
         client.write_all(bytes).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        let got = accept(&mut server, &token(), until, || {}, || Ok::<_, &str>(()));
+        let got = accept(&mut server, &keys(), until, || {}, || Ok::<_, &str>(()));
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
         (got, code, msg)
     }
@@ -224,6 +234,18 @@ mod tests {
         let (got, code, _) = answer(&hello(wire::VERSION, token().as_bytes()));
         assert!(matches!(got, Ok(Some(()))));
         assert_eq!(code, Welcome::Ok);
+        // A session's credential opens a data connection; a node's never
+        // does (not even this node's: nodes copy nothing).
+        let session = Credential::session(&token(), "n1-00ff00ff00ff00ff");
+        let (got, code, _) = answer(&hello(wire::VERSION, session.as_bytes()));
+        assert!(matches!(got, Ok(Some(()))));
+        assert_eq!(code, Welcome::Ok);
+        for name in ["n1", "n2"] {
+            let node = Credential::node(&token(), name);
+            let (got, code, _) = answer(&hello(wire::VERSION, node.as_bytes()));
+            assert!(matches!(got, Ok(None)));
+            assert_eq!(code, Welcome::Denied);
+        }
     }
 
     #[test]
@@ -235,7 +257,7 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(5);
         let got = accept(
             &mut server,
-            &token(),
+            &keys(),
             until,
             || {},
             || Err::<(), _>("too many data connections"),
@@ -265,7 +287,7 @@ mod tests {
         });
         let started = Instant::now();
         let until = started + Duration::from_millis(300);
-        let got = accept(&mut server, &token(), until, || {}, || Ok::<_, &str>(()));
+        let got = accept(&mut server, &keys(), until, || {}, || Ok::<_, &str>(()));
         let took = started.elapsed();
         assert!(
             matches!(&got, Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),

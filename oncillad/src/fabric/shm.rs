@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Keyring;
 use oncilla_proto::wire::{
     self, MapFile, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN,
 };
@@ -58,7 +58,7 @@ const MAX_REQUESTS: usize = 1 << 16;
 
 /// Serves mapping requests until the listener fails; each connection (a
 /// lease) on its own thread, for as long as the process keeps it open.
-pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token: Token) {
+pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, keys: Keyring) {
     let live = Arc::new(AtomicUsize::new(0));
     let pending = Pending::new(MAX_MAP_PENDING, MAX_MAP_PENDING);
     let mut backoff = AcceptBackoff::new("map");
@@ -78,7 +78,7 @@ pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token
                 continue;
             }
         };
-        let (held, leases, token) = (Arc::clone(&held), Arc::clone(&leases), token.clone());
+        let (held, leases, keys) = (Arc::clone(&held), Arc::clone(&leases), keys.clone());
         let live = Arc::clone(&live);
         let spawned = std::thread::Builder::new()
             .name("oncilla-lease".into())
@@ -88,7 +88,7 @@ pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, token
                     registered: None,
                     holding: Vec::new(),
                 };
-                if let Err(e) = serve_one(stream, &held, &token, &mut lease, ticket, &live) {
+                if let Err(e) = serve_one(stream, &held, &keys, &mut lease, ticket, &live) {
                     tracing::debug!(error = %e, "map connection ended");
                 }
             });
@@ -118,7 +118,7 @@ impl Drop for Lease {
 fn serve_one(
     mut stream: UnixStream,
     held: &HeldTable,
-    token: &Token,
+    keys: &Keyring,
     lease: &mut Lease,
     ticket: Ticket,
     live: &AtomicUsize,
@@ -126,7 +126,7 @@ fn serve_one(
     let until = Instant::now() + REQUEST_DEADLINE;
     let Some(_place) = super::accept(
         &mut stream,
-        token,
+        keys,
         until,
         || ticket.heard(),
         || Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections"),

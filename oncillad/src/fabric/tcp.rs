@@ -38,7 +38,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::auth::Token;
+use oncilla_proto::credential::Keyring;
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, REQUEST_LEN};
 
@@ -87,7 +87,7 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
 const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
 /// Accepts data connections until the listener fails.
-pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
+pub fn serve(listener: TcpListener, held: HeldTable, keys: Keyring) {
     let seats = Seats::new(MAX_CONNECTIONS);
     let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
     let mut backoff = AcceptBackoff::new("data");
@@ -109,12 +109,12 @@ pub fn serve(listener: TcpListener, held: HeldTable, token: Token) {
             }
         };
         let held = Arc::clone(&held);
-        let token = token.clone();
+        let keys = keys.clone();
         let seats = Arc::clone(&seats);
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(
-                move || match Connection::new(stream, held).run(&token, ticket, &seats) {
+                move || match Connection::new(stream, held).run(&keys, ticket, &seats) {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
                     Err(e) => tracing::debug!(%peer, error = %e, "data connection ended"),
                 },
@@ -149,7 +149,7 @@ impl Connection {
 
     fn run(
         mut self,
-        token: &Token,
+        keys: &Keyring,
         ticket: Ticket,
         seats: &Arc<Seats>,
     ) -> Result<(), wire::WireError> {
@@ -157,7 +157,7 @@ impl Connection {
         let dup = self.stream.as_fd().try_clone_to_owned()?;
         let seat = super::accept(
             &mut self.stream,
-            token,
+            keys,
             until,
             || ticket.heard(),
             || seats.take(dup, "too many data connections"),

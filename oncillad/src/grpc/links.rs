@@ -11,6 +11,7 @@ use oncilla_model::cluster::{
 use oncilla_model::node::PoolUsage;
 use oncilla_proto::auth::Token;
 use oncilla_proto::client::{self, AgentClient, MasterClient};
+use oncilla_proto::credential::Credential;
 use oncilla_proto::pb;
 use tonic::Status;
 
@@ -100,14 +101,15 @@ pub struct MasterLink {
 }
 
 impl MasterLink {
-    /// A lazily connected link to the master at `addr`.
+    /// A lazily connected link to the master at `addr`, presenting this
+    /// node's credential.
     ///
     /// # Errors
     /// A message for an address that cannot be dialled.
-    pub fn new(addr: &str, token: &Token) -> Result<Self, client::AddrError> {
+    pub fn new(addr: &str, credential: &Credential) -> Result<Self, client::AddrError> {
         Ok(Self {
             addr: addr.to_string(),
-            client: client::master(client::lazy(addr, token)?),
+            client: client::master(client::lazy_as(addr, credential)?),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use oncilla_model::alloc::AllocSpec;
+use oncilla_model::alloc::{AllocSpec, Owner};
 use oncilla_model::cluster::{AllocateRequest, Registration};
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, WireError};
@@ -13,6 +13,7 @@ use oncilla_proto::pb::{self, master_server};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use super::authority::Caller;
 use super::{checked, reply};
 use crate::error::CoreError;
 use crate::grpc::links::GrpcAgentLink;
@@ -60,7 +61,9 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterReply>, Status> {
+        let caller = Caller::of(&req)?;
         let r: Registration = checked(req.into_inner())?;
+        caller.register(&r)?;
         reply(self.core.register(r).await)
     }
 
@@ -68,7 +71,9 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatReply>, Status> {
+        let caller = Caller::of(&req)?;
         let beat = req.into_inner().into();
+        caller.heartbeat(&beat)?;
         Ok(Response::new(self.core.heartbeat(beat).await.into()))
     }
 
@@ -77,15 +82,20 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
+        let caller = Caller::of(&req)?;
         let r = allocate_request(req.into_inner())?;
+        caller.allocate(&r)?;
         reply(self.core.allocate(r).await)
     }
 
     #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
         let target = alloc_ref(r.alloc).map_err(invalid)?;
-        let uid = r.requester.and_then(|o| o.uid);
+        let who: Option<Owner> = r.requester.map(Into::into);
+        caller.for_requester(who.as_ref(), &r.session_id, "free")?;
+        let uid = who.and_then(|o| o.uid);
         self.core.free(&target, &r.session_id, uid, r.force).await?;
         Ok(Response::new(pb::FreeReply {}))
     }
@@ -95,12 +105,15 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::MasterAttachRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
-        let who = r
+        let who: Owner = r
             .requester
-            .ok_or_else(|| CoreError::InvalidArgument("attach names no process".into()))?;
+            .ok_or_else(|| CoreError::InvalidArgument("attach names no process".into()))?
+            .into();
+        caller.for_requester(Some(&who), &who.session_id, "attach")?;
         let target = alloc_ref(r.alloc).map_err(invalid)?;
-        reply(self.core.attach(&target, who.into()))
+        reply(self.core.attach(&target, who))
     }
 
     #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
@@ -108,7 +121,9 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::DetachRequest>,
     ) -> Result<Response<pb::DetachReply>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
+        caller.for_requester(None, &r.session_id, "detach")?;
         self.core.detach(r.id, &r.session_id)?;
         Ok(Response::new(pb::DetachReply {}))
     }
@@ -127,6 +142,7 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::ListAllocationsRequest>,
     ) -> Result<Response<pb::AllocationList>, Status> {
+        Caller::of(&req)?.operator("listing allocations")?;
         let after = req.into_inner().after;
         let (page, more) =
             self.core
@@ -146,6 +162,7 @@ impl master_server::Master for MasterService {
         &self,
         req: Request<pb::GetAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
+        Caller::of(&req)?.operator("looking up an allocation")?;
         let target = alloc_ref(req.into_inner().alloc).map_err(invalid)?;
         reply(self.core.allocation(&target))
     }

@@ -5,6 +5,7 @@
 //! Nothing below this module imports tonic or a wire type.
 
 pub mod agent;
+mod authority;
 pub mod links;
 pub mod master;
 pub mod session;

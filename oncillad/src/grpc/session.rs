@@ -22,15 +22,19 @@ pub struct SessionService {
     agent: Arc<Agent>,
     master: MasterLink,
     /// Makes each session's credential.
-    token: oncilla_proto::auth::Token,
+    keys: std::sync::Arc<oncilla_proto::credential::NodeKeys>,
 }
 
 impl SessionService {
-    pub fn new(agent: Arc<Agent>, master: MasterLink, token: oncilla_proto::auth::Token) -> Self {
+    pub fn new(
+        agent: Arc<Agent>,
+        master: MasterLink,
+        keys: std::sync::Arc<oncilla_proto::credential::NodeKeys>,
+    ) -> Self {
         Self {
             agent,
             master,
-            token,
+            keys,
         }
     }
 
@@ -106,9 +110,7 @@ impl session_server::Session for SessionService {
         let first = pb::SessionEvent {
             session_id: info.id.clone(),
             node: self.agent.node().name.clone(),
-            credential: credential::Credential::session(&self.token, &info.id)
-                .as_str()
-                .to_string(),
+            credential: self.keys.session(&info.id).as_str().to_string(),
         };
         tx.try_send(Ok(first))
             .map_err(|_| Status::internal("cannot queue the session event"))?;
@@ -193,7 +195,7 @@ fn acting_for<T>(req: &Request<T>, session_id: &str) -> Result<(), Status> {
         Some(Principal::Session(_)) => Err(Status::permission_denied(
             "this session's credential cannot act for another session",
         )),
-        None => Err(Status::permission_denied(
+        Some(Principal::Node(_)) | None => Err(Status::permission_denied(
             "present the session credential this agent gave at open (or the cluster token)",
         )),
     }
