@@ -97,12 +97,38 @@ impl Mapping {
             .set_write_timeout(Some(TIMEOUT))
             .map_err(|e| fail(e.to_string()))?;
         super::greet(&mut stream, credential, fail)?;
+        let impossible = || {
+            Error::Internal(format!(
+                "the agent granted allocation {id} with an impossible layout"
+            ))
+        };
 
-        // Pool extents to map, each once (striped extents share them): the
-        // grant and its files, and per allocation extent which one.
-        let mut pools: Vec<(MapGrant, Vec<(OwnedFd, MapFile)>)> = Vec::new();
-        let mut uses = Vec::with_capacity(extents.len());
+        // One address range for everything, reserved once the first grant
+        // names the page size: each distinct pool extent is mapped into it
+        // back to back as its files arrive (each fd closed once mapped), so
+        // a wholly local allocation is one contiguous buffer. Extents that
+        // lie in a pool extent already mapped (striped extents share them)
+        // are not asked for again.
+        let mut range: Option<Reserved> = None;
+        let mut pools: Vec<(MapGrant, usize)> = Vec::new();
+        let mut mapped = Vec::with_capacity(extents.len());
         for e in extents {
+            let known = pools.iter().find(|(g, _)| {
+                g.pool_offset <= e.pool_offset
+                    && e.pool_offset
+                        .checked_add(e.len)
+                        .is_some_and(|end| end <= g.pool_offset + g.map_len)
+            });
+            if let Some((g, start)) = known {
+                let within =
+                    usize::try_from(e.pool_offset - g.pool_offset).map_err(|_| impossible())?;
+                mapped.push(Mapped {
+                    alloc_offset: e.alloc_offset,
+                    len: e.len,
+                    at: start + within,
+                });
+                continue;
+            }
             let req = Request {
                 op: Op::Read,
                 alloc_id: id,
@@ -113,92 +139,67 @@ impl Mapping {
             stream
                 .write_all(&req.encode())
                 .map_err(|err| fail(err.to_string()))?;
-            let (grant, files) = receive_grant(&mut stream, &fail)?;
+            let grant = receive_grant(&mut stream, &fail)?;
             if grant
                 .at
                 .checked_add(e.len)
                 .is_none_or(|end| end > grant.map_len)
+                || grant.pool_offset.checked_add(grant.at) != Some(e.pool_offset)
             {
-                return Err(Error::Internal(format!(
-                    "agent granted extent at {} of allocation {id} with an impossible layout",
-                    e.alloc_offset
-                )));
+                return Err(impossible());
             }
-            let index = match pools
-                .iter()
-                .position(|(g, _)| g.pool_offset == grant.pool_offset)
-            {
-                Some(i) => i,
-                None => {
-                    pools.push((grant, files));
-                    pools.len() - 1
+            if range.is_none() {
+                // Pool extents hold only this allocation's bytes, so the
+                // distinct ones add up to at most its extents' lengths,
+                // each rounded up to a page.
+                let mut total = 0u64;
+                for x in extents {
+                    total = total
+                        .checked_add(oncilla_model::size::round_up(x.len, grant.page))
+                        .ok_or_else(impossible)?;
                 }
+                let len = usize::try_from(total).map_err(|_| impossible())?;
+                let align = usize::try_from(grant.page).map_err(|_| impossible())?;
+                range = Some(Reserved {
+                    base: reserve_aligned(len, align)?,
+                    len,
+                    page: grant.page,
+                    used: 0,
+                });
+            }
+            let Some(r) = range.as_mut() else {
+                return Err(impossible());
             };
-            uses.push((index, grant.at));
+            if grant.page != r.page {
+                return Err(impossible());
+            }
+            let start = r.used;
+            r.map_files(&mut stream, &grant, &fail, id)?;
+            pools.push((grant, start));
+            mapped.push(Mapped {
+                alloc_offset: e.alloc_offset,
+                len: e.len,
+                at: start + usize::try_from(grant.at).map_err(|_| impossible())?,
+            });
         }
-        let page = pools
-            .iter()
-            .map(|(g, _)| g.page)
-            .max()
-            .unwrap_or(oncilla_proto::PAGE);
-        let total: u64 = pools.iter().map(|(g, _)| g.map_len).sum();
-        let map_len = usize::try_from(total)
-            .map_err(|_| Error::Internal("allocation too large to map".into()))?;
-        let base = reserve_aligned(map_len, usize::try_from(page).unwrap_or(usize::MAX))?;
+        let Some(r) = range else {
+            return Err(Error::Internal(format!(
+                "no extent of allocation {id} to map here"
+            )));
+        };
+        // The Mapping unmaps the range from here on.
+        let r = std::mem::ManuallyDrop::new(r);
         stream
             .set_nonblocking(true)
             .map_err(|e| fail(e.to_string()))?;
-        let mut mapping = Self {
-            base,
-            map_len,
-            extents: Vec::with_capacity(extents.len()),
+        mapped.sort_by_key(|m| m.alloc_offset);
+        Ok(Self {
+            base: r.base,
+            map_len: r.len,
+            extents: mapped,
             lease: stream,
             node: extents.first().map_or_else(String::new, |e| e.node.clone()),
-        };
-        let mut starts = Vec::with_capacity(pools.len());
-        let mut at = 0usize;
-        for (_, files) in &pools {
-            starts.push(at);
-            for (fd, f) in files {
-                let addr = NonZeroUsize::new(base.as_ptr() as usize + at)
-                    .ok_or_else(|| Error::Internal("null mapping address".into()))?;
-                let size = usize::try_from(f.len)
-                    .ok()
-                    .and_then(NonZeroUsize::new)
-                    .ok_or_else(|| Error::Internal("empty memory file".into()))?;
-                let off = i64::try_from(f.file_offset)
-                    .map_err(|_| Error::Internal("file offset too large".into()))?;
-                // SAFETY: [addr, addr + size) lies inside the range reserved
-                // above (the files' lengths add up to their pool extent's,
-                // checked in `receive_grant`), which this Mapping owns and
-                // nothing else uses, so MAP_FIXED replaces only our own
-                // reservation; offsets and lengths are page multiples
-                // (checked), so `addr` is aligned too.
-                unsafe {
-                    mmap(
-                        Some(addr),
-                        size,
-                        ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                        MapFlags::MAP_SHARED | MapFlags::MAP_FIXED | MapFlags::MAP_POPULATE,
-                        fd,
-                        off,
-                    )
-                }
-                .map_err(|err| {
-                    Error::Internal(format!("cannot map local allocation {id}: {err}"))
-                })?;
-                at += size.get();
-            }
-        }
-        for (e, (index, within)) in extents.iter().zip(uses) {
-            mapping.extents.push(Mapped {
-                alloc_offset: e.alloc_offset,
-                len: e.len,
-                at: starts[index] + usize::try_from(within).unwrap_or(usize::MAX),
-            });
-        }
-        mapping.extents.sort_by_key(|m| m.alloc_offset);
-        Ok(mapping)
+        })
     }
 
     /// The node whose pool is mapped.
@@ -252,12 +253,12 @@ impl Mapping {
     }
 }
 
-/// Receives one reply of the map socket: the grant and its memory files,
-/// checked for a layout that can be mapped, or the agent's refusal.
-fn receive_grant(
-    stream: &mut UnixStream,
-    fail: &impl Fn(String) -> Error,
-) -> Result<(MapGrant, Vec<(OwnedFd, MapFile)>)> {
+/// Receives one reply of the map socket up to its grant (checked for a
+/// layout that can be mapped: page multiples, a bounded file count), or
+/// the agent's refusal. The files follow ([`Reserved::map_files`]).
+fn receive_grant(stream: &mut UnixStream, fail: &impl Fn(String) -> Error) -> Result<MapGrant> {
+    // Exact reads: the files' fds ride on later bytes, which a read past
+    // this reply would take and drop.
     let mut head = [0u8; REPLY_LEN];
     stream
         .read_exact(&mut head)
@@ -283,30 +284,93 @@ fn receive_grant(
         .read_exact(&mut body)
         .map_err(|e| fail(e.to_string()))?;
     let grant = MapGrant::decode(&body);
-    let impossible = || fail("the agent granted memory with an impossible layout".into());
     let page = grant.page;
-    if page == 0
+    if !page.is_power_of_two()
+        || page < oncilla_proto::PAGE
         || !grant.map_len.is_multiple_of(page)
         || grant.files == 0
         || grant.files > grant.map_len / page
     {
-        return Err(impossible());
+        return Err(fail(
+            "the agent granted memory with an impossible layout".into(),
+        ));
     }
-    let mut files = Vec::new();
-    let mut total = 0u64;
-    for _ in 0..grant.files {
-        let (fd, file) = receive_file(stream, fail)?;
-        if file.len == 0 || !file.len.is_multiple_of(page) || !file.file_offset.is_multiple_of(page)
-        {
+    Ok(grant)
+}
+
+/// The address range a [`Mapping`] is built in, while it is.
+struct Reserved {
+    base: NonNull<u8>,
+    len: usize,
+    page: u64,
+    /// Bytes from `base` mapped so far.
+    used: usize,
+}
+
+impl Reserved {
+    /// Receives `grant`'s files and maps each at the end of what is mapped
+    /// (closing its fd at once), checking that they add up to the pool
+    /// extent and stay inside the range.
+    fn map_files(
+        &mut self,
+        stream: &mut UnixStream,
+        grant: &MapGrant,
+        fail: &impl Fn(String) -> Error,
+        id: u64,
+    ) -> Result<()> {
+        let impossible = || fail("the agent granted memory with an impossible layout".into());
+        let end = usize::try_from(grant.map_len)
+            .ok()
+            .and_then(|n| self.used.checked_add(n))
+            .filter(|&end| end <= self.len)
+            .ok_or_else(impossible)?;
+        for _ in 0..grant.files {
+            let (fd, f) = receive_file(stream, fail)?;
+            let size = usize::try_from(f.len)
+                .ok()
+                .filter(|&n| n > 0 && self.used.checked_add(n).is_some_and(|e| e <= end))
+                .and_then(NonZeroUsize::new)
+                .ok_or_else(impossible)?;
+            if !f.len.is_multiple_of(self.page) || !f.file_offset.is_multiple_of(self.page) {
+                return Err(impossible());
+            }
+            let off = i64::try_from(f.file_offset).map_err(|_| impossible())?;
+            let addr = NonZeroUsize::new(self.base.as_ptr() as usize + self.used)
+                .ok_or_else(impossible)?;
+            // SAFETY: [addr, addr + size) lies inside the range reserved
+            // for this mapping (checked against `end`, itself inside it),
+            // which nothing else uses, so MAP_FIXED replaces only our own
+            // reservation; the offset and length are page multiples
+            // (checked) and so is everything mapped before, so `addr` is
+            // aligned too.
+            unsafe {
+                mmap(
+                    Some(addr),
+                    size,
+                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED | MapFlags::MAP_POPULATE,
+                    &fd,
+                    off,
+                )
+            }
+            .map_err(|err| Error::Internal(format!("cannot map local allocation {id}: {err}")))?;
+            // The mapping keeps the memory; the descriptor is not needed.
+            drop(fd);
+            self.used += size.get();
+        }
+        if self.used != end {
             return Err(impossible());
         }
-        total = total.checked_add(file.len).ok_or_else(impossible)?;
-        files.push((fd, file));
+        Ok(())
     }
-    if total != grant.map_len {
-        return Err(impossible());
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        // Only while building: a finished Mapping takes over the range.
+        // SAFETY: the reservation made for this mapping, unmapped once.
+        let _ = unsafe { munmap(self.base.cast(), self.len) };
     }
-    Ok((grant, files))
 }
 
 /// Receives one [`MapFile`] frame and the memfd that came with it.
@@ -325,6 +389,11 @@ fn receive_file(
             MsgFlags::MSG_CMSG_CLOEXEC,
         )
         .map_err(|e| fail(e.to_string()))?;
+        if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+            return Err(fail(
+                "a memory descriptor did not fit (is this process out of file descriptors?)".into(),
+            ));
+        }
         let mut fd = None;
         for c in msg.cmsgs().map_err(|e| fail(e.to_string()))? {
             if let ControlMessageOwned::ScmRights(fds) = c {

@@ -23,9 +23,32 @@ impl Backing {
         self.parts.len()
     }
 
-    /// Records that `part` backs the range at `offset`.
-    pub fn insert(&mut self, offset: u64, part: Part) {
-        self.parts.insert(offset, part);
+    /// Records that `part` backs the range at `offset`, merged with a
+    /// neighbouring run of the same file at the adjacent file offsets (the
+    /// kernel merges their mappings too), so runs put back do not pile up.
+    pub fn insert(&mut self, offset: u64, mut part: Part) {
+        let mut start = offset;
+        if let Some((&o, left)) = self.parts.range(..offset).next_back() {
+            if o + left.len == offset
+                && Arc::ptr_eq(&left.file, &part.file)
+                && left.file_off + left.len == part.file_off
+            {
+                start = o;
+                part.file_off = left.file_off;
+                part.len += left.len;
+                self.parts.remove(&o);
+            }
+        }
+        let end = offset + part.len - (offset - start);
+        let right = self
+            .parts
+            .get(&end)
+            .filter(|r| Arc::ptr_eq(&r.file, &part.file) && part.file_off + part.len == r.file_off);
+        if let Some(r) = right {
+            part.len += r.len;
+            self.parts.remove(&end);
+        }
+        self.parts.insert(start, part);
     }
 
     /// Cuts the run that strictly contains `offset` in two.
@@ -116,5 +139,33 @@ mod tests {
         assert_eq!(m.of_file(&a), [(0, 6 * P)]);
         assert_eq!(m.of_file(&b), [(10 * P, 2 * P)]);
         assert_eq!(m.runs(), 2);
+        // Put back, the runs of `a` merge again; `b`'s stays apart.
+        for (o, p) in m.take(0, 6 * P).into_iter().chain(got_back(&a, &b)) {
+            m.insert(o, p);
+        }
+        let runs: Vec<_> = m.iter().map(|(o, p)| (o, p.file_off, p.len)).collect();
+        assert_eq!(runs, [(0, 0, 8 * P), (8 * P, 0, 4 * P)]);
+    }
+
+    /// The runs `take` returned in the test above, rebuilt.
+    fn got_back(a: &Arc<MemFile>, b: &Arc<MemFile>) -> Vec<(u64, Part)> {
+        vec![
+            (
+                6 * P,
+                Part {
+                    file: Arc::clone(a),
+                    file_off: 6 * P,
+                    len: 2 * P,
+                },
+            ),
+            (
+                8 * P,
+                Part {
+                    file: Arc::clone(b),
+                    file_off: 0,
+                    len: 2 * P,
+                },
+            ),
+        ]
     }
 }

@@ -137,7 +137,7 @@ impl MemFile {
         // SAFETY: the caller owns [addr, addr + len) and nothing accesses
         // it now, so MAP_FIXED replaces only memory nobody is using; the
         // mapping aliases no Rust object (pool memory moves by raw pointer).
-        let ptr = unsafe {
+        let mapped = unsafe {
             mmap(
                 Some(at),
                 size,
@@ -146,8 +146,24 @@ impl MemFile {
                 &self.fd,
                 off,
             )
-        }
-        .map_err(FileError::Map)?;
+        };
+        let ptr = match mapped {
+            Ok(p) => p,
+            Err(e) => {
+                // A failed MAP_FIXED may have unmapped the range already:
+                // reserve it again, so nothing else can be mapped there.
+                // SAFETY: the same range the caller owns, inaccessible.
+                let _ = unsafe {
+                    nix::sys::mman::mmap_anonymous(
+                        Some(at),
+                        size,
+                        ProtFlags::PROT_NONE,
+                        MapFlags::MAP_PRIVATE | MapFlags::MAP_FIXED | MapFlags::MAP_NORESERVE,
+                    )
+                };
+                return Err(FileError::Map(e));
+            }
+        };
         // SAFETY: `ptr`/`size` describe the mapping just made.
         unsafe { mlock(ptr, size.get()) }.map_err(FileError::Lock)
     }

@@ -65,21 +65,39 @@ impl FreeList {
         let mut pieces = Vec::new();
         let mut rest = want;
         while rest > 0 {
-            let fit = self.by_size.range((rest, 0)..).next().copied();
-            let (len, off) = match fit {
-                Some(hole) => hole,
-                // Free space covers `rest`, so a hole exists.
-                None => *self.by_size.last()?,
-            };
-            self.remove(off, len);
-            let used = len.min(rest);
-            if len > used {
-                self.insert(off + used, len - used);
-            }
-            pieces.push((off, used));
-            rest -= used;
+            let piece = self.take_piece(rest)?;
+            pieces.push(piece);
+            rest -= piece.1;
         }
         Some(pieces)
+    }
+
+    /// The next piece [`FreeList::take`] would take for `rest` bytes: the
+    /// smallest hole that holds them all, else the largest hole (all of
+    /// it). `None` when nothing is free.
+    pub fn take_piece(&mut self, rest: u64) -> Option<(u64, u64)> {
+        if rest == 0 {
+            return None;
+        }
+        let fit = self.by_size.range((rest, 0)..).next().copied();
+        let (len, off) = match fit {
+            Some(hole) => hole,
+            None => *self.by_size.last()?,
+        };
+        self.remove(off, len);
+        let used = len.min(rest);
+        if len > used {
+            self.insert(off + used, len - used);
+        }
+        Some((off, used))
+    }
+
+    /// Whether all of `[offset, offset + len)` is free, in one hole.
+    pub fn holds(&self, offset: u64, len: u64) -> bool {
+        self.by_offset
+            .range(..=offset)
+            .next_back()
+            .is_some_and(|(&start, &size)| len > 0 && offset.saturating_add(len) <= start + size)
     }
 
     /// Takes exactly `[offset, offset + len)`, which must lie inside one

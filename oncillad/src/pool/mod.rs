@@ -6,10 +6,10 @@
 //! [`PoolExtent`]s, page-aligned, each inside one slab and backed by memory
 //! files that back nothing else ([`carve`]), so a same-node process given
 //! those files reaches exactly that allocation. Dropping an extent hands it
-//! to the refiller, which releases its pages and backs the range with
-//! fresh (zeroed) memory off the request path before the free list may hand
-//! it out again, so no tenant ever sees another's data, not even through a
-//! file it kept. Reserving does bounded work, so it costs the same at every
+//! to the refiller, which zeroes it (files never handed out) or releases
+//! its pages and backs the range anew (files a process was given), off the
+//! request path, before the free list may hand it out again, so no tenant
+//! ever sees another's data, not even through a file it kept. Reserving does bounded work, so it costs the same at every
 //! size. This module never decides *who* gets memory (placement, in the
 //! master) and never touches the network.
 
@@ -41,10 +41,10 @@ pub use slab::Slab;
 pub const SLAB: u64 = 1 << 30;
 
 /// Largest memory file the pool makes for free memory (larger in pools of
-/// over 64 GiB: see [`file_len`]): when an allocation takes part of one,
+/// over 16 GiB: see [`file_len`]): when an allocation takes part of one,
 /// the rest is backed anew in the background, so this bounds that work
 /// (and how long that memory is out of use).
-pub const START_FILE: u64 = 16 << 20;
+pub const START_FILE: u64 = 4 << 20;
 /// Most files a pool starts with: each is a descriptor and a mapping.
 const MAX_START_FILES: u64 = 4096;
 
@@ -96,6 +96,8 @@ pub enum PoolError {
     AbovePhysical { requested: u64, physical: u64 },
     #[error("--hugepages on: {reason}; reserve more (`sysctl vm.nr_hugepages={needed}` or more), or use --hugepages auto")]
     HugePages { reason: String, needed: u64 },
+    #[error("pool bookkeeping is inconsistent ({0}); this is a bug: the range is kept out of use")]
+    Inconsistent(&'static str),
     #[error("cannot start the refiller thread: {0}")]
     Refiller(#[source] std::io::Error),
     #[error("cannot create a pool memfd: {0}")]
@@ -165,8 +167,8 @@ pub struct PoolStats {
     pub capacity: u64,
     /// Held by allocations.
     pub used: u64,
-    /// Freed (or cut off a file an allocation took), waiting to be backed
-    /// by fresh memory.
+    /// Freed (or cut off a file an allocation took), waiting for the
+    /// refiller.
     pub scrubbing: u64,
     /// Ready to hand out.
     pub free: u64,
@@ -407,11 +409,18 @@ impl Pool {
         let deadline = Instant::now() + SCRUB_WAIT;
         let mut st = self.inner.lock();
         loop {
-            if let Some(pieces) = st.free.take(want) {
-                st.used += want;
-                let mut out = Vec::with_capacity(pieces.len());
-                let mut rest = pieces.into_iter();
-                for (offset, len) in rest.by_ref() {
+            if st.free.free() >= want {
+                // One piece at a time: carving a piece can cut free runs
+                // out of the free list (those of the files it takes), so
+                // the next piece is chosen only after it.
+                let mut out = Vec::new();
+                let mut rest = want;
+                let mut failed = None;
+                while rest > 0 {
+                    let Some((offset, len)) = st.free.take_piece(rest) else {
+                        break;
+                    };
+                    st.used += len;
                     match carve::carve(&self.inner, &mut st, offset, len) {
                         Ok(c) => out.push(PoolExtent {
                             inner: Arc::clone(&self.inner),
@@ -420,20 +429,24 @@ impl Pool {
                             parts: c.parts,
                             restore: c.restore,
                         }),
+                        // `carve` settled its own range.
                         Err(e) => {
-                            // `carve` settled its own range; the others
-                            // were not touched yet.
-                            for (o, l) in rest {
-                                st.free.give(o, l);
-                                st.used -= l;
-                            }
-                            drop(st);
-                            drop(out);
-                            return Err(e);
+                            failed = Some(e);
+                            break;
                         }
                     }
+                    rest -= len;
                 }
-                return Ok(out);
+                if rest == 0 {
+                    return Ok(out);
+                }
+                // What was carved goes back through the refiller.
+                drop(st);
+                drop(out);
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                st = self.inner.lock();
             }
             let now = Instant::now();
             if st.free.free() + st.scrubbing < want || now >= deadline {
@@ -473,7 +486,7 @@ impl Drop for Pool {
 
 /// A reserved, page-aligned range of the pool inside one slab, backed by
 /// memory files that back nothing else. Dropping it queues the range for
-/// the refiller; it returns to the free list backed by fresh memory.
+/// the refiller; it returns to the free list zeroed, or backed anew.
 pub struct PoolExtent {
     inner: Arc<Inner>,
     offset: u64,
@@ -526,8 +539,7 @@ impl Drop for PoolExtent {
     }
 }
 
-/// The slabs of a pool and the files behind them (at most [`START_FILE`]
-/// each), mapped, populated and locked.
+/// The slabs of a pool and the files behind them ([`file_len`] each), mapped, populated and locked.
 fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<(Vec<Slab>, Backing), PoolError> {
     let len = round_up(spec.capacity, page);
     let slab_len = round_up(spec.slab.max(1), page);
@@ -936,6 +948,49 @@ mod tests {
         assert!(b.iter().all(is_zero), "zeroed before reuse");
     }
 
+    /// A reservation served from two holes of one file (a small extent
+    /// sits between them) gets files that back only its own extents, and
+    /// the accounting comes back whole once everything is freed.
+    #[test]
+    fn holes_of_one_file_are_never_shared_between_extents() {
+        let p = Pool::new(PoolSpec {
+            capacity: START_FILE,
+            huge_pages: HugePages::Off,
+            slab: SLAB,
+        })
+        .unwrap();
+        let a = p.reserve(64 << 10).unwrap();
+        let b = p.reserve(64 << 10).unwrap();
+        drop(a);
+        settle(&p);
+        assert_eq!(p.holes().len(), 2, "two holes, one file");
+        let rest = p.reserve(START_FILE - (64 << 10)).unwrap();
+        assert!(rest.len() >= 2);
+        for (i, e) in rest.iter().enumerate() {
+            assert_eq!(
+                e.parts().iter().map(|x| x.len).sum::<u64>(),
+                e.len(),
+                "wholly backed"
+            );
+            e.parts().iter().for_each(|part| part.file.share());
+            fill(e, 0x40 + i as u8);
+        }
+        fill(&b[0], 0x99);
+        for (i, e) in rest.iter().enumerate() {
+            let mine = 0x40 + i as u8;
+            assert!(
+                whole_files(e).iter().all(|&x| x == mine || x == 0),
+                "extent {i}'s files show another extent"
+            );
+        }
+        drop(rest);
+        drop(b);
+        settle(&p);
+        let s = p.stats();
+        assert_eq!((s.used, s.scrubbing, s.free), (0, 0, START_FILE));
+        assert_eq!(p.inner.lock().held_runs, 0);
+    }
+
     /// Small reservations and frees leave the backing as few runs as it
     /// started with: a freed small range goes back into the file it came
     /// from.
@@ -951,6 +1006,7 @@ mod tests {
             1,
             "what is left of the file after two ranges from its front"
         );
+        assert_eq!(p.inner.lock().held_runs, 2);
         fill(&a[0], 1);
         drop(a);
         drop(b);
@@ -963,18 +1019,10 @@ mod tests {
             .collect();
         assert_eq!(
             back,
-            [
-                (0, 0, PAGE),
-                (PAGE, PAGE, 3 * PAGE),
-                (4 * PAGE, 4 * PAGE, 60 * PAGE)
-            ],
-            "the two ranges and the rest, in place in one file"
+            [(0, 0, 64 * PAGE)],
+            "the two ranges back in place in their file: one run again"
         );
-        let (_, first) = st.backing.iter().next().unwrap();
-        assert!(st
-            .backing
-            .iter()
-            .all(|(_, part)| Arc::ptr_eq(&part.file, &first.file)));
+        assert_eq!(st.held_runs, 0);
         drop(st);
         let all = p.reserve(64 * PAGE).unwrap();
         assert!(all.iter().all(is_zero), "the freed pages came back zeroed");

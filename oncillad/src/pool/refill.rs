@@ -19,7 +19,7 @@ use super::file::{MemFile, Part};
 use super::Inner;
 
 /// Pause before trying again after the kernel refused memory.
-const RETRY: Duration = Duration::from_millis(100);
+const RETRY: Duration = Duration::from_secs(1);
 
 /// A range waiting to be backed again.
 pub(super) enum Refill {
@@ -80,31 +80,33 @@ pub(super) fn run(inner: &Inner) {
     }
 }
 
-/// Zeroes a freed range whose files never left the agent and gives each
-/// run back to the free list, its file free memory's again.
+/// Zeroes a freed range whose files never left the agent and gives it
+/// back to the free list, its files free memory's again: all of it at
+/// once, under one lock, so no reservation can take one of its files while
+/// another of its runs is still on its way back.
 fn zero_in_place(inner: &Inner, offset: u64, parts: Vec<Part>) {
+    let len: u64 = parts.iter().map(|p| p.len).sum();
+    let ptr = inner.ptr(offset);
+    if ptr.is_null() || inner.ptr(offset + len - 1).is_null() {
+        tracing::error!(offset, len, "retired extent outside the pool; not reused");
+        return;
+    }
+    // SAFETY: the range was retired by the extent that held it (its last
+    // user dropped it) and is not in the free list yet, so nothing else
+    // reads or writes it; it lies inside one slab, mapped by its parts.
+    unsafe { std::ptr::write_bytes(ptr, 0, usize::try_from(len).unwrap_or(0)) };
+    let mut st = inner.lock();
     let mut at = offset;
     for part in parts {
-        let ptr = inner.ptr(at);
-        if ptr.is_null() {
-            tracing::error!(offset = at, "retired extent outside the pool; not reused");
-            at += part.len;
-            continue;
-        }
-        // SAFETY: the range was retired by the extent that held it (its
-        // last user dropped it) and is not in the free list yet, so nothing
-        // else reads or writes it; the run lies inside one slab, mapped.
-        unsafe { std::ptr::write_bytes(ptr, 0, usize::try_from(part.len).unwrap_or(0)) };
         part.file.disown();
-        let len = part.len;
-        let mut st = inner.lock();
+        let n = part.len;
         st.backing.insert(at, part);
-        st.free.give(at, len);
-        st.scrubbing -= len;
-        drop(st);
-        inner.cleaned.notify_all();
-        at += len;
+        at += n;
     }
+    st.free.give(offset, len);
+    st.scrubbing -= len;
+    drop(st);
+    inner.cleaned.notify_all();
 }
 
 /// Backs a freed small range with the files that backed it before, if
