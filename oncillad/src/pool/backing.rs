@@ -86,10 +86,13 @@ impl Backing {
             .collect()
     }
 
-    /// Every range `file` still backs here, as (offset, len).
-    pub fn of_file(&self, file: &Arc<MemFile>) -> Vec<(u64, u64)> {
+    /// Every range `file` still backs here, as (offset, len). `base` is
+    /// the pool offset of the file's first byte: a file's runs keep their
+    /// place (pool offset = base + file offset), so they all lie in
+    /// `[base, base + file length)` and only that part of the map is read.
+    pub fn of_file(&self, file: &Arc<MemFile>, base: u64) -> Vec<(u64, u64)> {
         self.parts
-            .iter()
+            .range(base..base.saturating_add(file.len()))
             .filter(|(_, p)| Arc::ptr_eq(&p.file, file))
             .map(|(&o, p)| (o, p.len))
             .collect()
@@ -136,8 +139,8 @@ mod tests {
         assert_eq!(got, [(6 * P, true, 6 * P, 2 * P), (8 * P, false, 0, 2 * P)]);
         let left: Vec<_> = m.iter().map(|(o, p)| (o, p.file_off, p.len)).collect();
         assert_eq!(left, [(0, 0, 6 * P), (10 * P, 2 * P, 2 * P)]);
-        assert_eq!(m.of_file(&a), [(0, 6 * P)]);
-        assert_eq!(m.of_file(&b), [(10 * P, 2 * P)]);
+        assert_eq!(m.of_file(&a, 0), [(0, 6 * P)]);
+        assert_eq!(m.of_file(&b, 8 * P), [(10 * P, 2 * P)]);
         assert_eq!(m.runs(), 2);
         // Put back, the runs of `a` merge again; `b`'s stays apart.
         for (o, p) in m.take(0, 6 * P).into_iter().chain(got_back(&a, &b)) {

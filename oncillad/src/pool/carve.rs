@@ -103,15 +103,19 @@ fn own_file(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carv
 
 fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
     let taken = st.backing.take(offset, len);
-    let mut files: Vec<Arc<MemFile>> = Vec::new();
-    for (_, p) in &taken {
-        if !files.iter().any(|f| Arc::ptr_eq(f, &p.file)) {
-            files.push(Arc::clone(&p.file));
+    // Each file with the pool offset of its first byte.
+    let mut files: Vec<(Arc<MemFile>, u64)> = Vec::new();
+    for (o, p) in &taken {
+        if !files.iter().any(|(f, _)| Arc::ptr_eq(f, &p.file)) {
+            files.push((Arc::clone(&p.file), o.saturating_sub(p.file_off)));
         }
     }
     // The rest of what those files back must be free memory, all of it
     // still in the free list; and the runs must tile the range.
-    let others: Vec<(u64, u64)> = files.iter().flat_map(|f| st.backing.of_file(f)).collect();
+    let others: Vec<(u64, u64)> = files
+        .iter()
+        .flat_map(|(f, base)| st.backing.of_file(f, *base))
+        .collect();
     let mut next = offset;
     let tiles = taken.iter().all(|(o, p)| {
         let ok = *o == next;
@@ -120,7 +124,7 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
     }) && next == offset + len;
     let why = if !tiles {
         Some("a reserved range is not wholly backed")
-    } else if files.iter().any(|f| f.owned() || f.shared()) {
+    } else if files.iter().any(|(f, _)| f.owned() || f.shared()) {
         Some("a free range is backed by an allocation's file")
     } else if !others.iter().all(|&(o, l)| st.free.holds(o, l)) {
         Some("a file backs memory that is neither free nor this range's")
@@ -140,7 +144,7 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
         give_back(st, offset, len);
         return Err(PoolError::Inconsistent(why));
     }
-    for file in &files {
+    for (file, _) in &files {
         file.own();
     }
     // Cut off the rest of what the files back, so they back only this

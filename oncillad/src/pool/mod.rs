@@ -447,6 +447,11 @@ impl Pool {
                     return Err(e);
                 }
                 st = self.inner.lock();
+                // The refiller may have given back what was cut off while
+                // the lock was let go: look again before waiting.
+                if st.free.free() >= want {
+                    continue;
+                }
             }
             let now = Instant::now();
             if st.free.free() + st.scrubbing < want || now >= deadline {
