@@ -105,8 +105,9 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
     let taken = st.backing.take(offset, len);
     // Each file with the pool offset of its first byte.
     let mut files: Vec<(Arc<MemFile>, u64)> = Vec::new();
+    let mut seen = std::collections::HashSet::with_capacity(taken.len());
     for (o, p) in &taken {
-        if !files.iter().any(|(f, _)| Arc::ptr_eq(f, &p.file)) {
+        if seen.insert(Arc::as_ptr(&p.file)) {
             files.push((Arc::clone(&p.file), o.saturating_sub(p.file_off)));
         }
     }
@@ -114,6 +115,8 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
     // still in the free list; and the runs must tile the range.
     let others: Vec<(u64, u64)> = files
         .iter()
+        // A file wholly inside the range has no other runs.
+        .filter(|(f, base)| *base < offset || base + f.len() > offset + len)
         .flat_map(|(f, base)| st.backing.of_file(f, *base))
         .collect();
     let mut next = offset;

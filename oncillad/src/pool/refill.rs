@@ -18,6 +18,9 @@ use std::time::Duration;
 use super::file::{MemFile, Part};
 use super::Inner;
 
+/// The refiller's nice value: about a tenth of a CPU's share beside a
+/// request thread at nice 0.
+const NICE: i32 = 10;
 /// Pause before trying again after the kernel refused memory.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -35,8 +38,10 @@ pub(super) enum Refill {
     Detached { offset: u64, old: Part },
 }
 
-/// Runs until the pool shuts down.
+/// Runs until the pool shuts down, at a low CPU priority: refilling is
+/// background work and must not slow the requests beside it.
 pub(super) fn run(inner: &Inner) {
+    lower_priority();
     loop {
         let item = {
             let mut st = inner.lock();
@@ -183,5 +188,20 @@ fn fresh(inner: &Inner, offset: u64, len: u64) {
             }
         }
         at += n;
+    }
+}
+
+/// Lowers this thread's priority to nice [`NICE`]: it yields to request
+/// threads when they want the CPU, yet keeps a share under sustained load
+/// (an idle-class thread could starve, and freed memory with it).
+fn lower_priority() {
+    // SAFETY: gettid has no preconditions; setpriority on a thread id
+    // changes only that thread's nice value.
+    let set = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, u32::try_from(tid).unwrap_or(0), NICE)
+    };
+    if set != 0 {
+        tracing::debug!("cannot lower the refiller's priority; it runs at normal priority");
     }
 }
