@@ -85,6 +85,10 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let r = allocate_request(req.into_inner())?;
         caller.allocate(&r)?;
+        if let (Caller::Node(node), Some(who)) = (&caller, &r.requester) {
+            // Its own session's request (checked above): the node is alive.
+            self.core.heard_from(node, who.agent_incarnation);
+        }
         reply(self.core.allocate(r).await)
     }
 

@@ -91,6 +91,19 @@ pub fn unix_ms() -> u64 {
 }
 
 impl<L: AgentLink> Master<L> {
+    /// Counts a request that start `incarnation` of node `node` made
+    /// itself (authenticated as that node) as hearing from it, as a
+    /// heartbeat does: a node that is asking is alive, even when its
+    /// heartbeat is late. A start the master does not know changes nothing.
+    pub fn heard_from(&self, node: &str, incarnation: u64) {
+        let mut st = self.lock();
+        if let Some(n) = st.nodes.get_mut(node) {
+            if n.incarnation == incarnation {
+                n.seen.heard(&self.liveness);
+            }
+        }
+    }
+
     /// Logs every node whose state changed since the last call (call it
     /// about once per heartbeat interval).
     pub fn tick(&self) {
