@@ -3,8 +3,9 @@
 //! what it was granted (all of each file, even) sees only that allocation.
 //!
 //! Small ranges (up to [`OWN_FILE_MAX`]) get a file of their own, made and
-//! populated here (bounded work: about 0.1 ms per piece on 4 KiB pages); the pages they replace are released and
-//! come back when the range is freed. Larger ranges keep the files that
+//! populated here (bounded work: about 0.1 ms per piece on 4 KiB pages);
+//! the pages they replace are released and come back when the range is
+//! freed. Larger ranges keep the files that
 //! back them, which become theirs; whatever else those files backed (free
 //! memory only) is cut off and backed anew by the refiller, off the
 //! request path (a file may be handed to a process as soon as the range
@@ -92,11 +93,7 @@ fn own_file(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carv
     file.own();
     st.held_runs += 1;
     Ok(Carved {
-        parts: vec![Part {
-            file: Arc::new(file),
-            file_off: 0,
-            len,
-        }],
+        parts: vec![Part::whole(file)],
         restore,
     })
 }

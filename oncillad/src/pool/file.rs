@@ -168,6 +168,18 @@ impl MemFile {
         unsafe { mlock(ptr, size.get()) }.map_err(FileError::Lock)
     }
 
+    /// A new file of `len` bytes mapped whole at `addr` (see
+    /// [`MemFile::map_at`]), as the run that backs that range.
+    ///
+    /// # Safety
+    /// As [`MemFile::map_at`] for `[addr, addr + len)`.
+    pub unsafe fn create_at(len: u64, huge: bool, addr: NonNull<u8>) -> Result<Part, FileError> {
+        let file = Self::create(len, huge)?;
+        // SAFETY: the caller's contract is map_at's.
+        unsafe { file.map_at(addr, 0, len) }?;
+        Ok(Part::whole(file))
+    }
+
     /// Gives up the pages of `[file_off, file_off + len)`: every process
     /// that maps them, the agent included, sees zeros there from now on
     /// (and a write puts a fresh page in this file, nowhere else).
@@ -194,6 +206,18 @@ pub struct Part {
     pub file: std::sync::Arc<MemFile>,
     pub file_off: u64,
     pub len: u64,
+}
+
+impl Part {
+    /// All of `file`.
+    pub fn whole(file: MemFile) -> Self {
+        let len = file.len();
+        Self {
+            file: std::sync::Arc::new(file),
+            file_off: 0,
+            len,
+        }
+    }
 }
 
 impl std::fmt::Debug for Part {

@@ -560,22 +560,15 @@ fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<(Vec<Slab>, Backi
         let mut at = start;
         while at < start + this {
             let n = file_len.min(start + this - at);
-            let file = MemFile::create(n, huge).map_err(|e| PoolError::from_file(e, len))?;
             let addr = slab.at(at).ok_or(PoolError::Map {
                 len,
                 source: nix::Error::EFAULT,
             })?;
             // SAFETY: inside the slab just reserved, which nothing else
             // uses yet; `at` and `n` are page multiples.
-            unsafe { file.map_at(addr, 0, n) }.map_err(|e| PoolError::from_file(e, len))?;
-            backing.insert(
-                at,
-                Part {
-                    file: Arc::new(file),
-                    file_off: 0,
-                    len: n,
-                },
-            );
+            let part = unsafe { MemFile::create_at(n, huge, addr) }
+                .map_err(|e| PoolError::from_file(e, len))?;
+            backing.insert(at, part);
             at += n;
         }
         slabs.push(slab);

@@ -12,7 +12,6 @@
 //! ready (fresh files come from the kernel zeroed). It never backs a range
 //! an extent holds.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::file::{MemFile, Part};
@@ -151,25 +150,15 @@ fn fresh(inner: &Inner, offset: u64, len: u64) {
     let mut at = offset;
     while at < offset + len {
         let n = step.min(offset + len - at);
-        let made = MemFile::create(n, inner.huge).and_then(|file| {
-            let addr = inner
-                .addr(at)
-                .ok_or(super::file::FileError::Map(nix::Error::EFAULT))?;
+        let made = match inner.addr(at) {
             // SAFETY: as in `put_back`: a retired range nobody touches.
-            unsafe { file.map_at(addr, 0, n) }?;
-            Ok(file)
-        });
+            Some(addr) => unsafe { MemFile::create_at(n, inner.huge, addr) },
+            None => Err(super::file::FileError::Map(nix::Error::EFAULT)),
+        };
         let mut st = inner.lock();
         match made {
-            Ok(file) => {
-                st.backing.insert(
-                    at,
-                    Part {
-                        file: Arc::new(file),
-                        file_off: 0,
-                        len: n,
-                    },
-                );
+            Ok(part) => {
+                st.backing.insert(at, part);
                 st.free.give(at, n);
                 st.scrubbing -= n;
                 drop(st);
