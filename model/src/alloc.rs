@@ -200,6 +200,20 @@ pub struct Owner {
     pub uid: Option<u32>,
 }
 
+/// The id of a session that node `node` opens, `nonce` its random part:
+/// `<node>-<16 hex digits>`, so the id says which node it belongs to.
+pub fn session_id(node: &str, nonce: u64) -> String {
+    format!("{node}-{nonce:016x}")
+}
+
+/// Whether `session_id` is one [`session_id`] made for `node`.
+pub fn is_session_of(session_id: &str, node: &str) -> bool {
+    session_id
+        .strip_prefix(node)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|tail| tail.len() == 16 && tail.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 impl std::fmt::Display for Owner {
     /// "pid 12 (prog@node-1)".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

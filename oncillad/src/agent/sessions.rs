@@ -30,7 +30,7 @@ impl Agent {
     /// Registers a new local session of process `pid`, user `uid`.
     pub fn open_session(&self, pid: u32, uid: Option<u32>, program: String) -> SessionInfo {
         let seq = self.next_session.fetch_add(1, Ordering::SeqCst);
-        let id = format!("{}-{:016x}", self.node.name, rand::random::<u64>());
+        let id = oncilla_model::alloc::session_id(&self.node.name, rand::random::<u64>());
         let info = SessionInfo {
             id,
             pid,

@@ -6,7 +6,7 @@
 //! allocations (their answers carry access keys). This module decides
 //! nothing else and never calls the core.
 
-use oncilla_model::alloc::Owner;
+use oncilla_model::alloc::{is_session_of, Owner};
 use oncilla_model::cluster::{AllocateRequest, Heartbeat, Registration};
 use oncilla_model::echo::echo;
 use oncilla_proto::credential::{principal, Principal};
@@ -50,7 +50,7 @@ impl Caller {
     /// is one of its own.
     fn for_session(&self, session_id: &str, what: &str) -> Result<(), Status> {
         match self {
-            Caller::Node(me) if !of_node(session_id, me) => Err(Status::permission_denied(
+            Caller::Node(me) if !is_session_of(session_id, me) => Err(Status::permission_denied(
                 format!(
                     "permission denied: node {me}'s credential cannot {what} for session {} of another node",
                     echo(session_id)
@@ -139,26 +139,19 @@ impl Caller {
     }
 }
 
-/// Whether `session_id` is one of `node`'s: `<node>-<16 hex digits>`, as
-/// agents make them.
-fn of_node(session_id: &str, node: &str) -> bool {
-    session_id
-        .strip_prefix(node)
-        .and_then(|rest| rest.strip_prefix('-'))
-        .is_some_and(|tail| tail.len() == 16 && tail.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn sessions_belong_to_the_node_that_named_them() {
-        assert!(of_node("node-1-00ff00ff00ff00ff", "node-1"));
-        assert!(!of_node("node-1-00ff00ff00ff00ff", "node-10"));
-        assert!(!of_node("node-10-00ff00ff00ff00ff", "node-1"));
-        assert!(!of_node("node-1-00ff", "node-1"));
-        assert!(!of_node("node-2-00ff00ff00ff00ff", "node-1"));
+        let id = oncilla_model::alloc::session_id("node-1", 0x00ff_00ff_00ff_00ff);
+        assert_eq!(id, "node-1-00ff00ff00ff00ff");
+        assert!(is_session_of(&id, "node-1"));
+        assert!(!is_session_of(&id, "node-10"));
+        assert!(!is_session_of("node-10-00ff00ff00ff00ff", "node-1"));
+        assert!(!is_session_of("node-1-00ff", "node-1"));
+        assert!(!is_session_of("node-2-00ff00ff00ff00ff", "node-1"));
         let n1 = Caller::Node("node-1".into());
         assert!(n1.for_session("node-1-00ff00ff00ff00ff", "free").is_ok());
         let e = n1
