@@ -106,11 +106,7 @@ impl Token {
 
     /// A fresh random token (128 bits, hex) for a new cluster.
     pub fn random() -> Self {
-        let hex: String = rand::random::<[u8; 16]>()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Self(hex.into())
+        Self(hex(&rand::random::<[u8; 16]>()).into())
     }
 
     /// The token's text, to store in a token file.
@@ -149,6 +145,11 @@ fn check_private(
         });
     }
     Ok(())
+}
+
+/// `bytes` as lowercase hex digits (secrets' text forms).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The text of a secret file (a token or node keys), which must be private,

@@ -28,7 +28,7 @@ use sha2::Sha256;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::{Request, Status};
 
-use crate::auth::{ct_eq, Token, AUTH_METADATA};
+use crate::auth::{ct_eq, hex, Token, AUTH_METADATA};
 
 /// How a session credential starts (a token never does: see
 /// [`Keyring::authenticate`]).
@@ -323,10 +323,6 @@ fn unhex(digits: &str) -> Option<[u8; MAC_LEN]> {
         *byte = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(mac)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Client-side interceptor that presents a credential on every call.
