@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_proto::auth::Token;
+use oncilla_proto::tls::ClientTls;
 use serde_json::json;
 
 use crate::probe::Probe;
 use crate::report::{pct, sizes_or};
 use crate::table::Table;
 use crate::BenchError;
-use oncilla_cluster::{node_name, Daemon, Master};
+use oncilla_cluster::{node_name, Daemon, Master, MasterError};
 
 /// Sizes measured unless `--size` is given.
 const SIZES: [u64; 6] = [64, 4 << 10, 1 << 20, 64 << 20, 1 << 30, 4 << 30];
@@ -67,6 +68,7 @@ pub struct AllocArgs {
 struct Target {
     master: String,
     token: Token,
+    tls: Option<ClientTls>,
     socket: PathBuf,
 }
 
@@ -91,6 +93,7 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
             let t = Target {
                 master: args.conn.master.clone(),
                 token: args.conn.token()?,
+                tls: args.conn.tls().map_err(MasterError::from)?,
                 socket: socket.clone(),
             };
             measure(&t, &sizes, iterations, json)
@@ -125,6 +128,7 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
                 let t = Target {
                     master: c.master_addr.clone(),
                     token: c.token.clone(),
+                    tls: c.tls.clone(),
                     socket: c.socket(0),
                 };
                 measure(&t, &sizes, iterations, json)
@@ -143,10 +147,10 @@ struct Row {
 }
 
 fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(), BenchError> {
-    let master = Master::connect(&t.master, &t.token)?;
+    let master = Master::connect(&t.master, &t.token, t.tls.as_ref())?;
     let ocm = Oncilla::connect_with(Options::new(t.socket.clone(), t.token.clone()))?;
     let nodes = master.nodes()?;
-    let probe = Probe::new(&nodes, &t.token)?;
+    let probe = Probe::new(&nodes, &t.token, master.tls())?;
     // Every sample is placed on the largest other node, by name: remote
     // memory, whatever the default policy would choose.
     let (target, remote_capacity) = nodes

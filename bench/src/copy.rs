@@ -203,7 +203,7 @@ pub fn run(args: &CopyArgs, daemon: &Daemon) -> Result<(), BenchError> {
     match &args.socket {
         Some(socket) => {
             let raw = args.raw.clone().unwrap_or_default();
-            let master = Master::connect(&args.conn.master, &args.conn.token()?)?;
+            let master = args.conn.connect()?;
             let mut opts = Options::new(socket.clone(), args.conn.token()?);
             opts.fabric = plan.fabric;
             measure(&master, &opts, args.target.clone(), &raw, &plan)
@@ -213,7 +213,7 @@ pub fn run(args: &CopyArgs, daemon: &Daemon) -> Result<(), BenchError> {
             let capacities = [64 << 20, need + (64 << 20)];
             let raw = rawtcp::spawn_local(args.raw_memory)?;
             oncilla_cluster::run(crate::local(daemon, &capacities), move |c| {
-                let master = Master::connect(&c.master_addr, &c.token)?;
+                let master = c.master()?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());
                 opts.fabric = plan.fabric;
                 measure(&master, &opts, Some("node-1".into()), &raw, &plan)
@@ -272,7 +272,7 @@ fn measure(
             "the copy benchmark needs the cluster token (it asks agents for their CPU time)".into(),
         )
     })?;
-    let probe = Probe::new(&nodes, token)?;
+    let probe = Probe::new(&nodes, token, master.tls())?;
     let first = Oncilla::connect_with(opts.clone())?;
     let target = match target {
         Some(t) => t,

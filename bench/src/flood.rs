@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::report::{pattern, pct};
 use crate::table::Table;
 use crate::BenchError;
-use oncilla_cluster::{Daemon, Master};
+use oncilla_cluster::Daemon;
 
 /// Sizes of the normal copies measured.
 const SIZES: [u64; 2] = [4 << 10, 1 << 20];
@@ -80,7 +80,7 @@ pub fn run(args: &FloodArgs, daemon: &Daemon) -> Result<(), BenchError> {
     let (idle, drip, iterations, fresh, json) =
         (args.idle, args.drip, args.iterations, args.fresh, args.json);
     oncilla_cluster::run(crate::local(daemon, &[64 << 20, 64 << 20]), move |c| {
-        let master = Master::connect(&c.master_addr, &c.token)?;
+        let master = c.master()?;
         let target = master
             .nodes()?
             .into_iter()

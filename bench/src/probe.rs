@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use oncilla_proto::auth::Token;
 use oncilla_proto::client::{self, AgentClient};
 use oncilla_proto::pb;
+use oncilla_proto::tls::ClientTls;
 
 use crate::BenchError;
 
@@ -22,7 +23,11 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    pub(crate) fn new(nodes: &[pb::NodeStatus], token: &Token) -> Result<Self, BenchError> {
+    pub(crate) fn new(
+        nodes: &[pb::NodeStatus],
+        token: &Token,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, BenchError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -32,7 +37,7 @@ impl Probe {
             let _guard = rt.enter();
             agents.push((
                 n.agent_addr.clone(),
-                client::agent(client::lazy(&n.agent_addr, token)?),
+                client::agent(client::lazy(&n.agent_addr, token, tls)?),
             ));
         }
         Ok(Self { agents, rt })

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use crate::probe::Probe;
 use crate::table::Table;
 use crate::BenchError;
-use oncilla_cluster::{node_name, Daemon, Handle, Master};
+use oncilla_cluster::{node_name, Daemon, Handle};
 
 /// Allocations a client keeps at once.
 const MAX_LIVE: usize = 4;
@@ -365,9 +365,9 @@ impl Leftover {
 /// Waits (bounded) until the master lists nothing and every agent holds
 /// nothing and scrubs nothing; returns what is left then.
 fn settle(h: &Handle) -> Result<Leftover, BenchError> {
-    let master = Master::connect(&h.master_addr, &h.token)?;
+    let master = h.master()?;
     // Agents keep their addresses (restarts included): one probe serves.
-    let probe = Probe::new(&master.nodes()?, &h.token)?;
+    let probe = Probe::new(&master.nodes()?, &h.token, master.tls())?;
     let deadline = Instant::now() + SETTLE;
     loop {
         let nodes = master.nodes()?;

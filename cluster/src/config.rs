@@ -41,6 +41,7 @@ pub struct Config {
     pub(crate) inherit_oncilla_env: bool,
     pub(crate) stop: Stop,
     pub(crate) keep: bool,
+    pub(crate) tls: bool,
 }
 
 impl Config {
@@ -60,7 +61,15 @@ impl Config {
             inherit_oncilla_env: false,
             stop: Stop::Term(Duration::from_secs(5)),
             keep: false,
+            tls: false,
         }
+    }
+
+    /// TLS on every daemon's TCP listeners: a cluster CA and one
+    /// certificate per daemon are made in the cluster's directory.
+    pub fn tls(mut self, on: bool) -> Self {
+        self.tls = on;
+        self
     }
 
     /// Every daemon's `--heartbeat-ms`.

@@ -16,6 +16,11 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
+    /// The cluster's TLS certificates could not be made or read.
+    #[error(transparent)]
+    Certs(#[from] crate::certs::CertError),
+    #[error(transparent)]
+    Tls(#[from] oncilla_proto::tls::TlsError),
     /// This program's own path is unknown (to re-execute it as a daemon).
     #[error("cannot find own executable: {0}")]
     OwnExe(#[source] std::io::Error),

@@ -13,7 +13,7 @@
 //! process it did not start, and never reads what the daemons store.
 
 use std::fs::File;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use oncilla_proto::auth::Token;
 use oncilla_proto::credential::NodeKeys;
 use oncilla_proto::pb::NodeState;
+use oncilla_proto::tls::ClientTls;
 
+use crate::certs;
 use crate::config::{Config, Daemon, Stop};
 use crate::error::ClusterError;
 use crate::master::{Master, MasterError};
@@ -70,6 +72,8 @@ pub struct Handle {
     pub agents: usize,
     /// The cluster's private directory.
     pub dir: PathBuf,
+    /// The cluster CA, when the daemons' TCP listeners speak TLS.
+    pub tls: Option<ClientTls>,
     shared: Arc<Shared>,
 }
 
@@ -100,7 +104,30 @@ impl Handle {
     /// # Errors
     /// A runtime that cannot start.
     pub fn master(&self) -> Result<Master, MasterError> {
-        Master::connect(&self.master_addr, &self.token)
+        Master::connect(&self.master_addr, &self.token, self.tls.as_ref())
+    }
+
+    /// The cluster CA certificate, when the cluster speaks TLS.
+    pub fn tls_ca(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|_| self.dir.join(certs::CA_CERT))
+    }
+
+    /// The TLS flags of daemon `name` (none without TLS).
+    fn tls_args(&self, name: &str) -> Vec<String> {
+        match self.tls_ca() {
+            Some(ca) => vec![
+                "--tls-cert".into(),
+                self.dir.join(format!("{name}.pem")).display().to_string(),
+                "--tls-key".into(),
+                self.dir
+                    .join(format!("{name}-key.pem"))
+                    .display()
+                    .to_string(),
+                "--tls-ca".into(),
+                ca.display().to_string(),
+            ],
+            None => Vec::new(),
+        }
     }
 
     /// Process id of agent `i`, while it runs.
@@ -120,7 +147,7 @@ impl Handle {
         }
         let tf = self.token_file().display().to_string();
         let hb = self.shared.config.heartbeat_ms.to_string();
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "--master",
             "--listen",
             &self.master_addr,
@@ -132,6 +159,7 @@ impl Handle {
         .iter()
         .map(|a| a.to_string())
         .collect();
+        args.extend(self.tls_args("master"));
         procs.master = Some(spawn(&self.shared.config, &self.dir, "master", &args)?);
         Ok(())
     }
@@ -215,6 +243,7 @@ impl Handle {
         .iter()
         .map(|a| a.to_string())
         .collect();
+        args.extend(self.tls_args(&name));
         args.extend(extra.iter().cloned());
         spawn(config, &self.dir, &name, &args)
     }
@@ -402,12 +431,14 @@ impl Cluster {
             .mode(0o700)
             .create(&dir)
             .map_err(|source| ClusterError::io(&dir, source))?;
-        let cluster = Self {
+        let tls = config.tls;
+        let mut cluster = Self {
             handle: Handle {
                 master_addr,
                 token: Token::random(),
                 agents,
                 dir,
+                tls: None,
                 shared: Arc::new(Shared {
                     config,
                     ports,
@@ -423,25 +454,22 @@ impl Cluster {
         // From here on, dropping `cluster` stops what was started and
         // removes the directory.
         let token_path = cluster.token_file();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&token_path)
-            .and_then(|mut f| {
-                std::io::Write::write_all(&mut f, cluster.handle.token.as_str().as_bytes())
-            })
+        certs::write_private(&token_path, cluster.handle.token.as_str().as_bytes())
             .map_err(|source| ClusterError::io(&token_path, source))?;
         for i in 0..agents {
             let path = cluster.node_keys_file(i);
             let keys = NodeKeys::derive(&cluster.handle.token, &node_name(i)).to_text();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .and_then(|mut f| std::io::Write::write_all(&mut f, keys.as_bytes()))
+            certs::write_private(&path, keys.as_bytes())
                 .map_err(|source| ClusterError::io(&path, source))?;
+        }
+        if tls {
+            let dir = cluster.handle.dir.clone();
+            let ca = certs::make_ca(&dir)?;
+            let loopback = ["127.0.0.1".to_string()];
+            for name in std::iter::once("master".to_string()).chain((0..agents).map(node_name)) {
+                certs::make_cert(&dir, &name, &loopback, &dir)?;
+            }
+            cluster.handle.tls = Some(ClientTls::load(&ca)?);
         }
         cluster.start_master()?;
         for i in 0..agents {

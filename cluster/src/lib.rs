@@ -19,6 +19,7 @@
 //! It never touches a cluster or a process it did not start, and knows no
 //! test framework: what only tests need stays in `tests/tests/support/`.
 
+pub mod certs;
 pub mod config;
 pub mod error;
 pub mod launcher;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::client::{self, AddrError, MasterClient};
 use oncilla_proto::pb;
+use oncilla_proto::tls::{ClientTls, TlsError};
 
 /// Why a call to the master failed.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +23,12 @@ pub enum MasterError {
     /// A page of allocations pointed back instead of forward.
     #[error("the master paged allocations out of order: after {after} it named {next} next")]
     Paging { after: u64, next: u64 },
+    /// The cluster CA given cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The token given cannot be used.
+    #[error(transparent)]
+    Token(#[from] TokenError),
     /// The client's runtime could not start.
     #[error("cannot start runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -45,6 +52,9 @@ pub struct Conn {
     /// File holding the cluster token.
     #[arg(long, env = "ONCILLA_TOKEN_FILE", value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// The cluster CA certificate, for a cluster whose listeners speak TLS.
+    #[arg(long, env = "ONCILLA_TLS_CA", value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
 }
 
 impl Conn {
@@ -55,34 +65,63 @@ impl Conn {
     pub fn token(&self) -> Result<Token, TokenError> {
         Token::resolve(self.token.as_deref(), self.token_file.as_deref())
     }
+
+    /// What `--tls-ca` says to trust; `None`: the cluster speaks plain TCP.
+    ///
+    /// # Errors
+    /// The CA file cannot be read or holds no certificate.
+    pub fn tls(&self) -> Result<Option<ClientTls>, TlsError> {
+        self.tls_ca.as_deref().map(ClientTls::load).transpose()
+    }
+
+    /// A lazy connection to the master these flags name.
+    ///
+    /// # Errors
+    /// A token or CA that cannot be used; as [`Master::connect`].
+    pub fn connect(&self) -> Result<Master, MasterError> {
+        Master::connect(&self.master, &self.token()?, self.tls()?.as_ref())
+    }
 }
 
 /// A master connection with its own single-threaded runtime.
 pub struct Master {
     addr: String,
+    tls: Option<ClientTls>,
     client: MasterClient,
     rt: tokio::runtime::Runtime,
 }
 
 impl Master {
-    /// A lazy connection to `addr`: nothing is dialed until the first call.
+    /// A lazy connection to `addr` (over TLS trusting `tls` when given):
+    /// nothing is dialed until the first call.
     ///
     /// # Errors
     /// A bad address or a runtime that cannot start.
-    pub fn connect(addr: &str, token: &Token) -> Result<Self, MasterError> {
+    pub fn connect(
+        addr: &str,
+        token: &Token,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, MasterError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(MasterError::Runtime)?;
         let client = {
             let _guard = rt.enter();
-            client::master(client::lazy(addr, token)?)
+            client::master(client::lazy(addr, token, tls)?)
         };
         Ok(Self {
             addr: addr.to_string(),
+            tls: tls.cloned(),
             client,
             rt,
         })
+    }
+
+    /// The cluster CA this connection trusts (`None`: plain TCP), for
+    /// dialling the cluster's agents too.
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.tls.as_ref()
     }
 
     fn call<T, F, Fut>(&self, f: F) -> Result<T, MasterError>

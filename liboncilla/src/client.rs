@@ -12,6 +12,7 @@ use std::sync::Arc;
 use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
 use oncilla_proto::credential::{AttachCredential, Credential};
 use oncilla_proto::pb;
+use oncilla_proto::tls::ClientTls;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 
@@ -59,7 +60,7 @@ impl Client {
             path: socket.display().to_string(),
             reason,
         };
-        let (session, session_id, node, credential) = rt.block_on(async {
+        let (session, session_id, node, credential, tls) = rt.block_on(async {
             let channel = oncilla_proto::client::unix(&opts.socket)
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
@@ -103,7 +104,16 @@ impl Client {
                 channel,
                 AttachCredential::new(&credential),
             ));
-            Ok::<_, Error>((session, first.session_id, first.node, credential))
+            // The cluster's TCP listeners speak TLS when the agent hands
+            // over the cluster CA.
+            let tls = if first.tls_ca.is_empty() {
+                None
+            } else {
+                Some(ClientTls::from_pem(&first.tls_ca, "the agent's cluster CA").map_err(
+                    |e| Error::Internal(format!("the agent's TLS settings are unusable: {e}")),
+                )?)
+            };
+            Ok::<_, Error>((session, first.session_id, first.node, credential, tls))
         })?;
         tracing::debug!(session = %session_id, node = %node, "session opened");
         Ok(Self {
@@ -114,7 +124,7 @@ impl Client {
             session,
             session_id,
             node,
-            data: Arc::new(DataPath::new(credential, opts.streams, &opts.rdma)),
+            data: Arc::new(DataPath::new(credential, tls, opts.streams, &opts.rdma)),
             staging: Staging::new(opts.gpu_staging),
         })
     }

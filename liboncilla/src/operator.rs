@@ -10,6 +10,7 @@
 use oncilla_model::Fabric;
 use oncilla_proto::auth::Token;
 use oncilla_proto::credential::Credential;
+use oncilla_proto::tls::ClientTls;
 
 use crate::descriptor::Descriptor;
 use crate::error::Result;
@@ -25,12 +26,14 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Copies with `token`, the `auto` fabric, [`DEFAULT_STREAMS`]
+    /// Copies with `token` (over TLS trusting `tls` where the cluster's
+    /// data ports speak it), the `auto` fabric, [`DEFAULT_STREAMS`]
     /// connections per node, and the environment's verbs settings.
-    pub fn new(token: Token) -> Self {
+    pub fn new(token: Token, tls: Option<ClientTls>) -> Self {
         Self {
             data: DataPath::new(
                 Credential::member(&token),
+                tls,
                 DEFAULT_STREAMS,
                 &RdmaOptions::from_vars(|k| std::env::var(k).ok()),
             ),

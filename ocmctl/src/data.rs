@@ -37,7 +37,7 @@ pub fn put(
     let mut f = File::open(file).map_err(io_err)?;
     let total = f.metadata().map_err(io_err)?.len();
     desc.check_range(offset, total)?;
-    let data = Operator::new(token);
+    let data = Operator::new(token, master.tls().cloned());
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("put", total);
     let mut done = 0u64;
@@ -77,7 +77,7 @@ pub fn get(
         Some(p) => Box::new(File::create(p).map_err(io_err)?),
         None => Box::new(std::io::stdout().lock()),
     };
-    let data = Operator::new(token);
+    let data = Operator::new(token, master.tls().cloned());
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("get", total);
     let mut done = 0u64;

@@ -89,7 +89,7 @@ struct Plan {
 
 impl Plan {
     fn run(self) -> Result<(), CliError> {
-        let master = Master::connect(&self.master, &self.token)?;
+        let master = Master::connect(&self.master, &self.token, None)?;
         let ocm = Oncilla::connect_with(Options::new(self.socket.clone(), self.token.clone()))?;
         let mut spec = AllocSpec::new(self.size, Kind::RemoteHost).on_nodes(self.nodes.clone());
         if self.keep {

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use oncilla_bench::{Bench, BenchError};
-use oncilla_cluster::{ClusterError, Conn, Daemon, Master, MasterError};
+use oncilla_cluster::{certs, ClusterError, Conn, Daemon, Master, MasterError};
 use oncilla_model::size::parse_size;
 use oncilla_proto::auth::TokenError;
 use oncilla_proto::pb;
@@ -31,7 +31,7 @@ struct Cli {
 
 /// The master `conn` names.
 fn connect(conn: &Conn) -> Result<Master, CliError> {
-    Ok(Master::connect(&conn.master, &conn.token()?)?)
+    Ok(conn.connect()?)
 }
 
 /// How local clusters run their daemons: this binary, re-executed with the
@@ -151,6 +151,31 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Make a cluster CA for TLS on every TCP listener: DIR/ca.pem (what
+    /// daemons and operators trust: --tls-ca) and DIR/ca-key.pem (0600,
+    /// needed only by `tls-cert`). Refuses to replace an existing CA.
+    TlsCa {
+        /// Directory to write into (made if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Make daemon NAME's TLS certificate, signed by the CA in --ca:
+    /// OUT/NAME.pem and OUT/NAME-key.pem (0600), for `oncillad --tls-cert
+    /// OUT/NAME.pem --tls-key OUT/NAME-key.pem --tls-ca CA/ca.pem`.
+    TlsCert {
+        /// The daemon's name (its --name; `master` for a master alone).
+        name: String,
+        /// Host name or address clients dial it by (its --advertise, or
+        /// the address it listens on); repeat for each.
+        #[arg(long = "host", value_name = "HOST", required = true)]
+        hosts: Vec<String>,
+        /// Directory holding the CA (`ocmctl tls-ca --out`).
+        #[arg(long, value_name = "DIR")]
+        ca: PathBuf,
+        /// Directory to write into [default: the CA's].
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Start a local cluster (master and agents as processes), move data
     /// through it, verify it, print what happened, and tear it down.
     Demo(demo::Args),
@@ -242,6 +267,8 @@ pub enum CliError {
     Data(#[from] liboncilla::Error),
     #[error(transparent)]
     Fabric(#[from] oncilla_model::fabric::UnknownFabric),
+    #[error(transparent)]
+    Certs(#[from] certs::CertError),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -269,23 +296,10 @@ fn write_node_keys(name: &str, out: Option<&std::path::Path>, conn: &Conn) -> Re
         print!("{text}");
         return Ok(());
     };
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let io = |source| CliError::Io {
+    certs::write_private(path, text.as_bytes()).map_err(|source| CliError::Io {
         path: path.display().to_string(),
         source,
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io)?;
-    // An existing file keeps its mode on open: make it private too.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io)?;
-    f.write_all(text.as_bytes()).map_err(io)?;
+    })?;
     eprintln!("wrote the keys of node {name} to {}", path.display());
     Ok(())
 }
@@ -401,6 +415,27 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             )?;
         }
         Cmd::NodeKeys { name, out, conn } => write_node_keys(&name, out.as_deref(), &conn)?,
+        Cmd::TlsCa { out } => {
+            let ca = certs::make_ca(&out)?;
+            eprintln!(
+                "wrote the cluster CA to {} (trust it with --tls-ca) and its key to {}",
+                ca.display(),
+                out.join(certs::CA_KEY).display()
+            );
+        }
+        Cmd::TlsCert {
+            name,
+            hosts,
+            ca,
+            out,
+        } => {
+            let files = certs::make_cert(&ca, &name, &hosts, out.as_deref().unwrap_or(&ca))?;
+            eprintln!(
+                "wrote {name}'s certificate to {} and its key to {}",
+                files.cert.display(),
+                files.key.display()
+            );
+        }
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Run(args) => runwith::run(&args)?,
         Cmd::Bench(bench) => oncilla_bench::run(&bench, &daemon())?,

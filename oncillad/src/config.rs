@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::credential::{KeysError, NodeKeys};
+use oncilla_proto::tls::{ClientTls, ServerTls, TlsError};
 use serde::Deserialize;
 
 use crate::master::Liveness;
@@ -86,6 +87,18 @@ pub struct Cli {
     /// degraded, in milliseconds [default: 5 heartbeats].
     #[arg(long, env = "ONCILLA_DOWN_AFTER_MS", value_name = "MS")]
     pub down_after_ms: Option<u64>,
+    /// TLS on every TCP listener (gRPC and data): this daemon's
+    /// certificate, signed by the cluster CA (`ocmctl tls-cert`). Needs
+    /// --tls-key and --tls-ca; the whole cluster uses TLS or none of it.
+    #[arg(long, env = "ONCILLA_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (a file only its owner can read).
+    #[arg(long, env = "ONCILLA_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA certificate (`ocmctl tls-ca`): what this daemon
+    /// trusts when it dials others, and what its agent hands applications.
+    #[arg(long, env = "ONCILLA_TLS_CA", value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
     /// TOML file with any of the settings above (snake_case keys).
     #[arg(long, env = "ONCILLA_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -111,6 +124,9 @@ struct FileConfig {
     heartbeat_ms: Option<u64>,
     suspect_after_ms: Option<u64>,
     down_after_ms: Option<u64>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
 }
 
 /// Why the configuration is unusable.
@@ -142,6 +158,10 @@ pub enum ConfigError {
     MasterWithKeys,
     #[error("--node-keys-file holds the keys of node {keys}, but this node is named {name}; pass --name {keys} or the keys of {name}")]
     KeysName { keys: String, name: String },
+    #[error("TLS needs all of --tls-cert, --tls-key and --tls-ca; missing {0}")]
+    TlsPartial(&'static str),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("--heartbeat-ms must be between 50 and 60000")]
     Heartbeat,
     #[error(
@@ -179,6 +199,34 @@ pub struct Config {
     /// The agent's keys: loaded, or derived from the token for `name`.
     pub node_keys: Option<Arc<NodeKeys>>,
     pub liveness: Liveness,
+    /// TLS on every TCP listener, and trust when dialling; `None`: plain TCP.
+    pub tls: Option<Tls>,
+}
+
+/// A daemon's TLS: what it serves and what it trusts.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub serve: ServerTls,
+    pub trust: ClientTls,
+}
+
+impl Tls {
+    fn load(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        ca: Option<PathBuf>,
+    ) -> Result<Option<Self>, ConfigError> {
+        match (cert, key, ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(Self {
+                serve: ServerTls::load(&cert, &key)?,
+                trust: ClientTls::load(&ca)?,
+            })),
+            (None, _, _) => Err(ConfigError::TlsPartial("--tls-cert")),
+            (_, None, _) => Err(ConfigError::TlsPartial("--tls-key")),
+            (_, _, None) => Err(ConfigError::TlsPartial("--tls-ca")),
+        }
+    }
 }
 
 impl Config {
@@ -272,7 +320,13 @@ impl Config {
                 down,
             });
         }
+        let tls = Tls::load(
+            cli.tls_cert.or(file.tls_cert),
+            cli.tls_key.or(file.tls_key),
+            cli.tls_ca.or(file.tls_ca),
+        )?;
         Ok(Self {
+            tls,
             master,
             agent,
             node_keys,

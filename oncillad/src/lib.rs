@@ -116,8 +116,15 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(|source| bind_error("gRPC", config.listen, source))?;
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let mut router = limited(Server::builder()).add_optional_service(master_token.map(|token| {
-        let link = grpc::links::GrpcAgentLink::new(token.clone());
+    // TLS, when configured, on the TCP listeners only (gRPC here, the data
+    // port below); the session socket stays a Unix socket.
+    let mut tcp_server = match &config.tls {
+        Some(tls) => limited(Server::builder()).tls_config(tls.serve.grpc())?,
+        None => limited(Server::builder()),
+    };
+    let trust = config.tls.as_ref().map(|t| t.trust.clone());
+    let mut router = tcp_server.add_optional_service(master_token.map(|token| {
+        let link = grpc::links::GrpcAgentLink::new(token.clone(), trust.clone());
         let core = Arc::new(master::Master::new(link, config.liveness));
         tracing::info!(
             incarnation = format!("{:016x}", core.incarnation()),
@@ -225,9 +232,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         );
         let held = agent.held();
         let data_keys = keys.clone();
+        let data_tls = config.tls.as_ref().map(|t| Arc::clone(t.serve.data()));
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())
-            .spawn(move || fabric::tcp::serve(data, held, data_keys))
+            .spawn(move || fabric::tcp::serve(data, held, data_keys, data_tls))
             .map_err(|source| bind_error("data", data_addr, source))?;
 
         let map_path = oncilla_proto::map_socket(&agent_cfg.socket);
@@ -249,7 +257,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             .spawn(move || fabric::shm::serve(map_listener, held, leases, map_keys))
             .map_err(|source| bind_error("map", data_addr, source))?;
 
-        let master = grpc::links::MasterLink::new(&agent_cfg.join, node_keys.credential())?;
+        let master =
+            grpc::links::MasterLink::new(&agent_cfg.join, node_keys.credential(), trust.as_ref())?;
         tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
         if agent.rdma().available() {
             tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
@@ -259,8 +268,13 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 .server(Authenticate::new(keys.clone())),
         );
         let listener = bind_unix(&agent_cfg.socket)?;
-        let session = grpc::session::SessionService::new(agent, master, Arc::clone(node_keys))
-            .server(Authenticate::local(keys));
+        let session = grpc::session::SessionService::new(
+            agent,
+            master,
+            Arc::clone(node_keys),
+            trust.as_ref(),
+        )
+        .server(Authenticate::local(keys));
         let mut rx = stop_rx.clone();
         unix = Some((
             agent_cfg.socket.clone(),
@@ -280,7 +294,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     if config.master {
         tracing::info!(listen = %grpc_addr, "master role ready");
     }
-    tracing::info!(grpc = %grpc_addr, "oncillad ready");
+    let transport = if config.tls.is_some() { "tls" } else { "plain" };
+    tracing::info!(grpc = %grpc_addr, transport, "oncillad ready");
 
     tokio::spawn(async move {
         shutdown_signal().await;

@@ -1,5 +1,6 @@
-//! How every component dials a gRPC peer: one place for timeouts and for
-//! attaching the cluster token.
+//! How every component dials a gRPC peer: one place for timeouts, for
+//! TLS (when the cluster's listeners speak it) and for attaching the
+//! cluster token.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::auth::Token;
 use crate::credential::{AttachCredential, Credential};
 use crate::pb;
+use crate::tls::ClientTls;
 
 /// Time allowed to establish a connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -63,27 +65,32 @@ pub struct AddrError {
     reason: String,
 }
 
-/// The endpoint for `host:port` (an `http://` prefix is accepted), with the
-/// project's timeouts.
+/// The endpoint for `host:port`, with the project's timeouts; over TLS
+/// trusting the cluster CA when `tls` is given (the listener's certificate
+/// must then name `host`).
 ///
 /// # Errors
 /// [`AddrError`] for an address that is not a valid URI authority.
-pub fn endpoint(addr: &str) -> Result<Endpoint, AddrError> {
-    let uri = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
+pub fn endpoint(addr: &str, tls: Option<&ClientTls>) -> Result<Endpoint, AddrError> {
+    let err = |reason: String| AddrError {
+        addr: addr.to_string(),
+        reason,
     };
-    Endpoint::from_shared(uri)
-        .map(|e| {
-            e.connect_timeout(CONNECT_TIMEOUT)
-                .timeout(CALL_TIMEOUT)
-                .tcp_nodelay(true)
-        })
-        .map_err(|e| AddrError {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })
+    if addr.contains("://") {
+        return Err(err("give HOST:PORT, without a scheme".into()));
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .map_err(|e| err(e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
+        .tcp_nodelay(true);
+    match tls {
+        Some(tls) => endpoint
+            .tls_config(tls.grpc())
+            .map_err(|e| err(format!("TLS: {e}"))),
+        None => Ok(endpoint),
+    }
 }
 
 /// A channel to an agent's Unix socket at `path` (its `Session` service),
@@ -108,12 +115,13 @@ pub async fn unix(path: &std::path::Path) -> Result<Channel, tonic::transport::E
         .await
 }
 
-/// A channel to `addr` that connects on first use and reconnects after failures.
+/// A channel to `addr` that connects on first use and reconnects after
+/// failures, presenting the cluster token (over TLS with `tls`).
 ///
 /// # Errors
 /// [`AddrError`].
-pub fn lazy(addr: &str, token: &Token) -> Result<AuthChannel, AddrError> {
-    lazy_as(addr, &Credential::member(token))
+pub fn lazy(addr: &str, token: &Token, tls: Option<&ClientTls>) -> Result<AuthChannel, AddrError> {
+    lazy_as(addr, &Credential::member(token), tls)
 }
 
 /// A channel to `addr` like [`lazy`], presenting `credential` (an
@@ -121,8 +129,12 @@ pub fn lazy(addr: &str, token: &Token) -> Result<AuthChannel, AddrError> {
 ///
 /// # Errors
 /// [`AddrError`].
-pub fn lazy_as(addr: &str, credential: &Credential) -> Result<AuthChannel, AddrError> {
-    let channel = endpoint(addr)?.connect_lazy();
+pub fn lazy_as(
+    addr: &str,
+    credential: &Credential,
+    tls: Option<&ClientTls>,
+) -> Result<AuthChannel, AddrError> {
+    let channel = endpoint(addr, tls)?.connect_lazy();
     Ok(InterceptedService::new(
         channel,
         AttachCredential::new(credential),

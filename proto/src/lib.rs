@@ -12,6 +12,7 @@ pub mod client;
 pub mod convert;
 pub mod credential;
 pub mod status;
+pub mod tls;
 pub mod wire;
 
 /// Generated protobuf messages and gRPC clients and servers.

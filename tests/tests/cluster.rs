@@ -91,7 +91,7 @@ fn local_allocations_are_mapped_pool_memory() {
     buf[9_995..].copy_from_slice(b"world");
 
     // The same bytes, seen through the agent's pool over TCP.
-    let dp = Operator::new(c.token.clone()).fabric(liboncilla::Fabric::Tcp);
+    let dp = Operator::new(c.token.clone(), c.tls.clone()).fabric(liboncilla::Fabric::Tcp);
     let mut over_tcp = [0u8; 5];
     dp.read(local.descriptor(), 9_995, &mut over_tcp).unwrap();
     assert_eq!(&over_tcp, b"world");
@@ -218,7 +218,7 @@ fn wrong_token_is_denied_everywhere() {
     );
 
     let a = c.client(0).alloc(4096, Kind::LocalHost).unwrap();
-    let err = Operator::new(wrong)
+    let err = Operator::new(wrong, None)
         .fabric(liboncilla::Fabric::Tcp)
         .read(a.descriptor(), 0, &mut [0u8; 8])
         .unwrap_err();

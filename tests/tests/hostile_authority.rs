@@ -104,7 +104,7 @@ fn a_session_credential_reaches_only_its_own_session() {
 
     me.rt.block_on(async {
         // The master: no member, no call.
-        let mut m = client::master(client::lazy_as(&h.master_addr, &me.credential).unwrap());
+        let mut m = client::master(client::lazy_as(&h.master_addr, &me.credential, None).unwrap());
         let (code, msg) = refused(
             m.list_allocations(pb::ListAllocationsRequest { after: 0 })
                 .await,
@@ -148,7 +148,7 @@ fn a_session_credential_reaches_only_its_own_session() {
         assert_eq!(code, tonic::Code::Unauthenticated, "{msg}");
 
         // An agent: queue pairs only (ConnectVerbs), never its pool.
-        let mut a = client::agent(client::lazy_as(&agent1, &me.credential).unwrap());
+        let mut a = client::agent(client::lazy_as(&agent1, &me.credential, None).unwrap());
         let (code, msg) = refused(
             a.release(pb::ReleaseRequest {
                 alloc_id: theirs.id(),
@@ -250,7 +250,7 @@ fn a_node_credential_acts_only_as_its_node() {
         assert!(msg.contains("node-1"), "{what}: {msg}");
     };
     rt.block_on(async {
-        let mut m = client::master(client::lazy_as(&h.master_addr, &cred).unwrap());
+        let mut m = client::master(client::lazy_as(&h.master_addr, &cred, None).unwrap());
         denied(
             refused(
                 m.list_allocations(pb::ListAllocationsRequest { after: 0 })
@@ -332,7 +332,7 @@ fn a_node_credential_acts_only_as_its_node() {
             "allocate as an operator",
         );
         // Another agent: the node credential is not the token.
-        let mut a = client::agent(client::lazy_as(&agent0, &cred).unwrap());
+        let mut a = client::agent(client::lazy_as(&agent0, &cred, None).unwrap());
         let (code, msg) = refused(
             a.release(pb::ReleaseRequest {
                 alloc_id: theirs.id(),

@@ -296,7 +296,7 @@ fn copies_under_a_locked_memory_limit_go_through_bounce_buffers() {
             unsafe { nix::libc::munlock(back.as_ptr().cast(), back.len()) };
         }
         assert!(!locked, "the locked-memory limit does not apply");
-        let dp = Operator::new(token).fabric(liboncilla::Fabric::Verbs);
+        let dp = Operator::new(token, None).fabric(liboncilla::Fabric::Verbs);
         dp.write(&desc, 3, &data).unwrap();
         dp.read(&desc, 3, &mut back).unwrap();
         (data, back)
@@ -395,7 +395,7 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     new.copy_in(0, &secret).unwrap();
     let before = pairs(&c, "node-1");
 
-    let dp = Operator::new(c.token.clone()).fabric(liboncilla::Fabric::Verbs);
+    let dp = Operator::new(c.token.clone(), c.tls.clone()).fabric(liboncilla::Fabric::Verbs);
     for len in [100usize, 1 << 20] {
         let mut peek = vec![0u8; len];
         let err = dp.read(&stale, 0, &mut peek).unwrap_err();

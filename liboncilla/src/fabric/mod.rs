@@ -16,6 +16,7 @@ use std::io::{Read, Write};
 
 use oncilla_model::fabric::Rdma;
 use oncilla_proto::credential::Credential;
+use oncilla_proto::tls::ClientTls;
 use oncilla_proto::wire::{Op, Request};
 
 use crate::descriptor::{Descriptor, Extent};
@@ -101,12 +102,18 @@ enum Job<'s, 'a> {
 
 impl DataPath {
     /// A data path that authenticates with `credential` (a session's, or
-    /// the cluster token), uses up to `streams` connections per node for
-    /// one copy, and verbs as `rdma` says.
-    pub fn new(credential: Credential, streams: usize, rdma: &RdmaOptions) -> Self {
+    /// the cluster token), speaks TLS trusting `tls` when the cluster's
+    /// listeners do, uses up to `streams` connections per node for one
+    /// copy, and verbs as `rdma` says.
+    pub fn new(
+        credential: Credential,
+        tls: Option<ClientTls>,
+        streams: usize,
+        rdma: &RdmaOptions,
+    ) -> Self {
         Self {
-            verbs: Verbs::new(credential.clone(), rdma),
-            tcp: TcpFabric::new(credential),
+            verbs: Verbs::new(credential.clone(), tls.clone(), rdma),
+            tcp: TcpFabric::new(credential, tls),
             streams: streams.max(1),
         }
     }

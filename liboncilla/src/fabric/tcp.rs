@@ -6,15 +6,19 @@
 //! allocates per request: a small read's reply arrives through the
 //! connection's own receive buffer in one `recv`, a large one straight into
 //! the caller's memory, and a write's header and payload leave in one
-//! `sendmsg`.
+//! `sendmsg`. Where the cluster's data ports speak TLS, each connection
+//! is the plaintext end of a TLS tunnel (`oncilla_proto::tls::tunnel`),
+//! used exactly as a plain socket.
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oncilla_proto::credential::Credential;
+use oncilla_proto::tls::tunnel::{self, DataStream};
+use oncilla_proto::tls::ClientTls;
 use oncilla_proto::wire::sock::{self, RecvBuf};
 use oncilla_proto::wire::{self, Reply, Request, Status, REPLY_LEN};
 
@@ -83,20 +87,23 @@ pub struct Chunk<'a> {
 
 /// An authenticated data connection and its receive buffer.
 struct Conn {
-    stream: TcpStream,
+    stream: DataStream,
     recv: RecvBuf,
 }
 
 /// Connections to agents, reused across copies.
 pub struct TcpFabric {
     credential: Credential,
+    /// The cluster CA, when the data ports speak TLS.
+    tls: Option<ClientTls>,
     idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl TcpFabric {
-    pub fn new(credential: Credential) -> Self {
+    pub fn new(credential: Credential, tls: Option<ClientTls>) -> Self {
         Self {
             credential,
+            tls,
             idle: Mutex::new(HashMap::new()),
         }
     }
@@ -158,11 +165,21 @@ impl TcpFabric {
             .map_err(|e| peer.unreachable(format!("cannot resolve: {e}")))?
             .next()
             .ok_or_else(|| peer.unreachable("address resolves to nothing".into()))?;
-        let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)
+        let tcp = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)
             .map_err(|e| peer.unreachable(format!("cannot connect: {e}")))?;
-        stream
-            .set_nodelay(true)
+        tcp.set_nodelay(true)
             .map_err(|e| peer.unreachable(e.to_string()))?;
+        let mut stream = match &self.tls {
+            Some(tls) => tunnel::connect(
+                tcp,
+                tls.data(),
+                oncilla_proto::tls::host_of(peer.addr),
+                Instant::now() + CONNECT_TIMEOUT,
+                IO_TIMEOUT,
+            )
+            .map_err(|e| peer.unreachable(format!("TLS: {e}")))?,
+            None => DataStream::Tcp(tcp),
+        };
         stream
             .set_read_timeout(Some(IO_TIMEOUT))
             .map_err(|e| peer.unreachable(e.to_string()))?;

@@ -88,6 +88,15 @@ impl Timed for TcpStream {
     }
 }
 
+impl Timed for oncilla_proto::tls::DataStream {
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+    fn write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_write_timeout(t)
+    }
+}
+
 impl Timed for UnixStream {
     fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(t)

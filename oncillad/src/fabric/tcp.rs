@@ -26,6 +26,10 @@
 //! peer that never reads, or reads a byte now and then, cannot keep a
 //! freed allocation's memory out of the pool; accept errors back off.
 //!
+//! With TLS configured, the connection's thread first runs the TLS
+//! handshake (inside the same hello deadline) and then serves the
+//! plaintext end of a [`tunnel`] exactly as it serves a plain socket.
+//!
 //! It owns the wire handshake, the per-request checks (allocation known,
 //! access key, bounds) and the copies. It never changes which allocations
 //! exist; it only reads the held table. A write is acknowledged only after
@@ -39,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oncilla_proto::credential::Keyring;
+use oncilla_proto::tls::tunnel::{self, DataStream};
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, REQUEST_LEN};
 
@@ -86,8 +91,14 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
 /// into pool memory.
 const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
-/// Accepts data connections until the listener fails.
-pub fn serve(listener: TcpListener, held: HeldTable, keys: Keyring) {
+/// Accepts data connections until the listener fails; over TLS with
+/// `tls`.
+pub fn serve(
+    listener: TcpListener,
+    held: HeldTable,
+    keys: Keyring,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let seats = Seats::new(MAX_CONNECTIONS);
     let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
     let mut backoff = AcceptBackoff::new("data");
@@ -111,14 +122,19 @@ pub fn serve(listener: TcpListener, held: HeldTable, keys: Keyring) {
         let held = Arc::clone(&held);
         let keys = keys.clone();
         let seats = Arc::clone(&seats);
+        let tls = tls.clone();
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
-            .spawn(
-                move || match Connection::new(stream, held).run(&keys, ticket, &seats) {
+            .spawn(move || {
+                let until = Instant::now() + HANDSHAKE_DEADLINE;
+                let served = open(stream, tls.as_ref(), until).and_then(|stream| {
+                    Connection::new(stream, held).run(&keys, ticket, &seats, until)
+                });
+                match served {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
                     Err(e) => tracing::debug!(%peer, error = %e, "data connection ended"),
-                },
-            );
+                }
+            });
         match spawned {
             Ok(_) => backoff.ok(),
             Err(e) => std::thread::sleep(backoff.failed(&e)),
@@ -126,8 +142,22 @@ pub fn serve(listener: TcpListener, held: HeldTable, keys: Keyring) {
     }
 }
 
+/// The accepted socket as the protocol speaks on it: itself, or the
+/// plaintext end of a TLS tunnel whose handshake ended by `until`.
+fn open(
+    tcp: TcpStream,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+    until: Instant,
+) -> Result<DataStream, wire::WireError> {
+    tcp.set_nodelay(true)?;
+    Ok(match tls {
+        Some(config) => tunnel::accept(tcp, config, until, STALL_DEADLINE)?,
+        None => DataStream::Tcp(tcp),
+    })
+}
+
 struct Connection {
-    stream: TcpStream,
+    stream: DataStream,
     held: HeldTable,
     recv: RecvBuf,
     /// Staging for device memory, made on the first GPU request.
@@ -138,7 +168,7 @@ struct Connection {
 const GPU_BOUNCE: usize = 4 << 20;
 
 impl Connection {
-    fn new(stream: TcpStream, held: HeldTable) -> Self {
+    fn new(stream: DataStream, held: HeldTable) -> Self {
         Self {
             stream,
             held,
@@ -152,8 +182,8 @@ impl Connection {
         keys: &Keyring,
         ticket: Ticket,
         seats: &Arc<Seats>,
+        until: Instant,
     ) -> Result<(), wire::WireError> {
-        let until = Instant::now() + HANDSHAKE_DEADLINE;
         let dup = self.stream.as_fd().try_clone_to_owned()?;
         let seat = super::accept(
             &mut self.stream,
@@ -166,7 +196,6 @@ impl Connection {
         let Some(mut seat) = seat? else {
             return Ok(());
         };
-        self.stream.set_nodelay(true)?;
         // Once per connection: a reply the peer does not read, or a header
         // or payload it does not finish, makes no progress for this long
         // and ends the connection.

@@ -13,6 +13,7 @@ use oncilla_proto::auth::Token;
 use oncilla_proto::client::{self, AgentClient, MasterClient};
 use oncilla_proto::credential::Credential;
 use oncilla_proto::pb;
+use oncilla_proto::tls::ClientTls;
 use tonic::Status;
 
 use super::status::link_error;
@@ -35,13 +36,16 @@ fn failed(what: &str, addr: &str, s: Status) -> LinkError {
 /// The master's connections to agents, one channel per agent address.
 pub struct GrpcAgentLink {
     token: Token,
+    tls: Option<ClientTls>,
     clients: DashMap<String, AgentClient>,
 }
 
 impl GrpcAgentLink {
-    pub fn new(token: Token) -> Self {
+    /// Links presenting `token`, over TLS trusting `tls` when given.
+    pub fn new(token: Token, tls: Option<ClientTls>) -> Self {
         Self {
             token,
+            tls,
             clients: DashMap::new(),
         }
     }
@@ -50,8 +54,8 @@ impl GrpcAgentLink {
         if let Some(c) = self.clients.get(addr) {
             return Ok(c.clone());
         }
-        let channel =
-            client::lazy(addr, &self.token).map_err(|e| LinkError::Unreachable(e.to_string()))?;
+        let channel = client::lazy(addr, &self.token, self.tls.as_ref())
+            .map_err(|e| LinkError::Unreachable(e.to_string()))?;
         let c = client::agent(channel);
         self.clients.insert(addr.to_string(), c.clone());
         Ok(c)
@@ -102,14 +106,18 @@ pub struct MasterLink {
 
 impl MasterLink {
     /// A lazily connected link to the master at `addr`, presenting this
-    /// node's credential.
+    /// node's credential (over TLS trusting `tls` when given).
     ///
     /// # Errors
     /// A message for an address that cannot be dialled.
-    pub fn new(addr: &str, credential: &Credential) -> Result<Self, client::AddrError> {
+    pub fn new(
+        addr: &str,
+        credential: &Credential,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, client::AddrError> {
         Ok(Self {
             addr: addr.to_string(),
-            client: client::master(client::lazy_as(addr, credential)?),
+            client: client::master(client::lazy_as(addr, credential, tls)?),
         })
     }
 

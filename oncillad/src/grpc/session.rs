@@ -23,6 +23,8 @@ pub struct SessionService {
     master: MasterLink,
     /// Makes each session's credential.
     keys: std::sync::Arc<oncilla_proto::credential::NodeKeys>,
+    /// The cluster CA (PEM) sessions trust on TCP listeners; empty: plain TCP.
+    tls_ca: Vec<u8>,
 }
 
 impl SessionService {
@@ -30,11 +32,13 @@ impl SessionService {
         agent: Arc<Agent>,
         master: MasterLink,
         keys: std::sync::Arc<oncilla_proto::credential::NodeKeys>,
+        tls: Option<&oncilla_proto::tls::ClientTls>,
     ) -> Self {
         Self {
             agent,
             master,
             keys,
+            tls_ca: tls.map(|t| t.ca_pem().to_vec()).unwrap_or_default(),
         }
     }
 
@@ -111,6 +115,7 @@ impl session_server::Session for SessionService {
             session_id: info.id.clone(),
             node: self.agent.node().name.clone(),
             credential: self.keys.session(&info.id).as_str().to_string(),
+            tls_ca: self.tls_ca.clone(),
         };
         tx.try_send(Ok(first))
             .map_err(|_| Status::internal("cannot queue the session event"))?;

@@ -101,7 +101,18 @@ impl Cluster {
     /// exporting its own capacity, allowing `limit` for them to come up (a
     /// large pool takes a while to populate and lock).
     pub fn start_sized(capacities: &[&str], limit: Duration) -> Self {
+        Self::start_with(capacities, limit, false)
+    }
+
+    /// [`Cluster::start`] with TLS on every daemon's TCP listeners (a
+    /// cluster CA and certificates made in the cluster's directory).
+    pub fn start_tls(agents: usize, capacity: &str) -> Self {
+        Self::start_with(&vec![capacity; agents], START_TIMEOUT, true)
+    }
+
+    fn start_with(capacities: &[&str], limit: Duration, tls: bool) -> Self {
         let mut config = Config::new(Daemon::Binary(bin("oncillad")), capacities)
+            .tls(tls)
             .heartbeat_ms(200)
             .start_timeout(limit)
             .dir_prefix("oncilla-test")
@@ -197,7 +208,8 @@ impl Cluster {
             .expect("a runtime for the raw call");
         rt.block_on(async {
             let m = client::master(
-                client::lazy(&self.master_addr, &self.token).expect("master address"),
+                client::lazy(&self.master_addr, &self.token, self.tls.as_ref())
+                    .expect("master address"),
             );
             call(m)
                 .await
@@ -208,13 +220,16 @@ impl Cluster {
 
     /// Runs ocmctl against this cluster.
     pub fn ocmctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("ocmctl"))
-            .args(args)
+        let mut cmd = Command::new(bin("ocmctl"));
+        cmd.args(args)
             .env("ONCILLA_MASTER", &self.master_addr)
             .env("ONCILLA_TOKEN_FILE", self.token_file())
             .env_remove("ONCILLA_TOKEN")
-            .output()
-            .expect("run ocmctl")
+            .env_remove("ONCILLA_TLS_CA");
+        if let Some(ca) = self.tls_ca() {
+            cmd.env("ONCILLA_TLS_CA", ca);
+        }
+        cmd.output().expect("run ocmctl")
     }
 
     /// Number of allocations the master lists.

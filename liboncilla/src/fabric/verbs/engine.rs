@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use oncilla_proto::credential::Credential;
 use oncilla_proto::pb;
+use oncilla_proto::tls::ClientTls;
 use oncilla_rdma::verbs::{Device, Mr, Qp};
 use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
 
@@ -75,6 +76,8 @@ pub struct VerbsFabric {
     /// Why this host cannot use verbs at all; `None` when it can.
     host: Option<Arc<str>>,
     credential: Credential,
+    /// The cluster CA, when agents' gRPC ports speak TLS.
+    tls: Option<ClientTls>,
     /// Runs `ConnectVerbs` calls; `None` when it could not start (then
     /// `host` says so).
     rt: Option<tokio::runtime::Runtime>,
@@ -100,6 +103,7 @@ impl VerbsFabric {
     /// cannot be used.
     pub fn new(
         credential: Credential,
+        tls: Option<ClientTls>,
         wanted: &[String],
         tuning: Tuning,
         idle: Duration,
@@ -145,6 +149,7 @@ impl VerbsFabric {
                 .map(|why| format!("this host: {why}").into()),
             probe,
             credential,
+            tls,
             rt,
             conns: Mutex::new(HashMap::new()),
             nodes: Mutex::new(HashMap::new()),
@@ -454,8 +459,9 @@ impl VerbsFabric {
         // The lazy channel spawns its connection task on the current
         // runtime: callers are plain threads, so enter ours first.
         let _in_rt = rt.enter();
-        let channel = oncilla_proto::client::lazy_as(agent_addr, &self.credential)
-            .map_err(|e| unreachable(e.to_string()))?;
+        let channel =
+            oncilla_proto::client::lazy_as(agent_addr, &self.credential, self.tls.as_ref())
+                .map_err(|e| unreachable(e.to_string()))?;
         let mut client = oncilla_proto::client::agent(channel);
         let (mut stream, reply) = rt
             .block_on(async {

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use oncilla_model::fabric::Rdma;
 use oncilla_proto::credential::Credential;
+use oncilla_proto::tls::ClientTls;
 
 use crate::error::{Error, Result};
 use crate::fabric::tcp::IoBuf;
@@ -54,7 +55,7 @@ pub(crate) enum DeviceOutcome {
 impl Verbs {
     /// Opens the ports `opts` selects; bad settings leave verbs off with
     /// them as the reason. Never fails.
-    pub(crate) fn new(credential: Credential, opts: &RdmaOptions) -> Self {
+    pub(crate) fn new(credential: Credential, tls: Option<ClientTls>, opts: &RdmaOptions) -> Self {
         #[cfg(feature = "verbs")]
         {
             if !opts.invalid.is_empty() {
@@ -71,6 +72,7 @@ impl Verbs {
             }
             Verbs::On(Box::new(VerbsFabric::new(
                 credential,
+                tls,
                 &opts.devices,
                 tuning,
                 opts.idle,
@@ -79,7 +81,7 @@ impl Verbs {
         }
         #[cfg(not(feature = "verbs"))]
         {
-            let _ = (credential, opts);
+            let _ = (credential, tls, opts);
             Verbs::Off(
                 "this build has no verbs support (rebuild with `cargo build --features verbs`)"
                     .into(),
