@@ -79,6 +79,10 @@ pub struct CopyArgs {
     /// else tcp), tcp or verbs (fails where verbs is unavailable).
     #[arg(long, default_value = "auto")]
     fabric: String,
+    /// Start the local cluster with TLS on every TCP listener, to measure
+    /// what TLS costs beside a run without it.
+    #[arg(long, conflicts_with = "socket")]
+    tls: bool,
     #[command(flatten)]
     conn: oncilla_cluster::Conn,
     /// Print JSON instead of tables.
@@ -212,7 +216,8 @@ pub fn run(args: &CopyArgs, daemon: &Daemon) -> Result<(), BenchError> {
             // node-0 serves the benchmark's session; node-1 holds the bytes.
             let capacities = [64 << 20, need + (64 << 20)];
             let raw = rawtcp::spawn_local(args.raw_memory)?;
-            oncilla_cluster::run(crate::local(daemon, &capacities), move |c| {
+            let config = crate::local(daemon, &capacities).tls(args.tls);
+            oncilla_cluster::run(config, move |c| {
                 let master = c.master()?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());
                 opts.fabric = plan.fabric;

@@ -434,6 +434,48 @@ mod tests {
     }
 
     #[test]
+    fn tls_takes_all_three_files_and_a_private_key() {
+        let base = ["--master", "--token", "t"];
+        let with = |extra: &[&str]| Config::load(cli(&[&base[..], extra].concat()));
+        assert!(matches!(
+            with(&["--tls-cert", "c.pem"]),
+            Err(ConfigError::TlsPartial("--tls-key"))
+        ));
+        assert!(matches!(
+            with(&["--tls-cert", "c.pem", "--tls-key", "k.pem"]),
+            Err(ConfigError::TlsPartial("--tls-ca"))
+        ));
+        assert!(matches!(
+            with(&["--tls-key", "k.pem", "--tls-ca", "ca.pem"]),
+            Err(ConfigError::TlsPartial("--tls-cert"))
+        ));
+        assert!(with(&[]).unwrap().tls.is_none());
+        // A key others may read is refused with its path, as a token file is.
+        let dir = std::env::temp_dir().join(format!("oncilla-cfg-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("k.pem");
+        std::fs::write(&key, "x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(dir.join("c.pem"), "x").unwrap();
+        let (c, k, ca) = (dir.join("c.pem"), key.clone(), dir.join("c.pem"));
+        let e = with(&[
+            "--tls-cert",
+            c.to_str().unwrap(),
+            "--tls-key",
+            k.to_str().unwrap(),
+            "--tls-ca",
+            ca.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("TLS private key") && e.to_string().contains("chmod 600"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn advertises_reachable_address() {
         let c = Config::load(cli(&["--master", "--token", "t", "--advertise", "node7"])).unwrap();
         assert_eq!(c.advertised("0.0.0.0:9".parse().unwrap()), "node7:9");

@@ -10,7 +10,8 @@
 //! a freed allocation's RDMA key refused (never a later tenant's bytes)
 //! with the queue pair rebuilt for the next copy; copies under a
 //! locked-memory limit too small to register their buffers; an RDMA port
-//! removed mid-run; and an agent that spends no CPU per byte.
+//! removed mid-run; an agent that spends no CPU per byte; and queue
+//! pairs set up over TLS on a cluster that speaks it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -101,6 +102,26 @@ fn copies_of_every_size_class_round_trip_both_ways() {
     let mut back = vec![0u8; data.len()];
     striped.copy_out(11, &mut back).unwrap();
     assert!(back == data, "allocation to allocation");
+}
+
+/// On a cluster whose TCP listeners speak TLS, queue pairs are still set
+/// up (`ConnectVerbs` over TLS, with the CA the agent handed the session)
+/// and copies go over verbs; the RDMA bytes themselves are not encrypted.
+#[test]
+fn a_tls_cluster_sets_up_queue_pairs_over_tls() {
+    let Some(()) = rdma_run("a_tls_cluster_sets_up_queue_pairs_over_tls") else {
+        return;
+    };
+    let c = Cluster::start_tls(2, "64MiB");
+    let ocm = c.client(0);
+    let a = on(&ocm, 8 << 20, &["node-1"]);
+    assert_eq!(a.fabrics(), [Fabric::Verbs]);
+    let data = bytes(5 << 20, 3);
+    a.copy_in(17, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    a.copy_out(17, &mut back).unwrap();
+    assert!(back == data, "bytes over verbs on a TLS cluster");
+    assert!(pairs(&c, "node-1") >= 1, "no queue pair was connected");
 }
 
 /// Allocation offsets past 4 GiB (64-bit addressing all the way), touched
