@@ -124,13 +124,23 @@ impl Master {
         self.tls.as_ref()
     }
 
-    fn call<T, F, Fut>(&self, f: F) -> Result<T, MasterError>
+    /// Runs `f` on a fresh client handle; while the master is in its
+    /// recovery window, waits it out (bounded, one line on stderr saying
+    /// why) instead of failing.
+    fn call<T, F, Fut>(&self, mut f: F) -> Result<T, MasterError>
     where
-        F: FnOnce(MasterClient) -> Fut,
+        F: FnMut(MasterClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        let waiting = |left: std::time::Duration| {
+            eprintln!(
+                "the master at {} has just started and waits for agents to re-register: waiting {} ms",
+                self.addr,
+                left.as_millis()
+            );
+        };
         self.rt
-            .block_on(f(self.client.clone()))
+            .block_on(client::through_recovery(|| f(self.client.clone()), waiting))
             .map(tonic::Response::into_inner)
             .map_err(|s| MasterError::Rpc(client::unreachable("master", &self.addr, s)))
     }
@@ -182,7 +192,10 @@ impl Master {
         let req = pb::GetAllocationRequest {
             alloc: Some(alloc.clone()),
         };
-        self.call(|mut c| async move { c.get_allocation(req).await })
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.get_allocation(req).await }
+        })
     }
 
     /// A persistent allocation (it outlives this process).
@@ -195,7 +208,10 @@ impl Master {
             origin_node: String::new(),
             requester: None,
         };
-        self.call(|mut c| async move { c.allocate(req).await })
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.allocate(req).await }
+        })
     }
 
     /// Frees an allocation (`force`: even while processes are attached).
@@ -209,7 +225,10 @@ impl Master {
             session_id: String::new(),
             force,
         };
-        self.call(|mut c| async move { c.free(req).await })
-            .map(|_| ())
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.free(req).await }
+        })
+        .map(|_| ())
     }
 }

@@ -129,14 +129,37 @@ impl Client {
         })
     }
 
+    /// Runs a session call; while the master is in its recovery window
+    /// (just started, agents re-registering), waits it out (bounded, one
+    /// log line saying why) instead of failing.
+    fn call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut(SessionClient) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let waiting = |left: std::time::Duration| {
+            tracing::info!(
+                wait_ms = left.as_millis(),
+                "the master has just started and waits for agents to re-register: waiting"
+            );
+        };
+        let reply = self.rt.block_on(oncilla_proto::client::through_recovery(
+            || f(self.session.clone()),
+            waiting,
+        ))?;
+        Ok(reply.into_inner())
+    }
+
     /// Asks the master (through the agent) for an allocation as `spec` says.
     pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<pb::Allocation> {
         let req = pb::AllocRequest {
             session_id: self.session_id.clone(),
             spec: Some(spec.to_wire(self.fabric)),
         };
-        let mut client = self.session.clone();
-        Ok(self.rt.block_on(client.alloc(req))?.into_inner())
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.alloc(req).await }
+        })
     }
 
     /// Attaches a persistent allocation by id or name.
@@ -145,8 +168,10 @@ impl Client {
             session_id: self.session_id.clone(),
             alloc: Some(alloc),
         };
-        let mut client = self.session.clone();
-        Ok(self.rt.block_on(client.attach(req))?.into_inner())
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.attach(req).await }
+        })
     }
 
     pub(crate) fn free_id(&self, id: u64, force: bool) -> Result<()> {
@@ -159,9 +184,11 @@ impl Client {
             force,
             requester: None,
         };
-        let mut client = self.session.clone();
-        self.rt.block_on(client.free(req))?;
-        Ok(())
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.free(req).await }
+        })
+        .map(|_| ())
     }
 
     pub(crate) fn detach_id(&self, id: u64) -> Result<()> {
@@ -169,9 +196,11 @@ impl Client {
             session_id: self.session_id.clone(),
             id,
         };
-        let mut client = self.session.clone();
-        self.rt.block_on(client.detach(req))?;
-        Ok(())
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.detach(req).await }
+        })
+        .map(|_| ())
     }
 }
 

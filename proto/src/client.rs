@@ -17,6 +17,52 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Time allowed for any unary call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Longest a caller waits through the master's recovery window in all:
+/// the window is a few heartbeats; this bounds a master that keeps
+/// restarting.
+pub const RECOVERY_WAIT: Duration = Duration::from_secs(60);
+/// Shortest pause between attempts while the master recovers.
+const RECOVERY_POLL: Duration = Duration::from_millis(20);
+
+/// Runs `call` again while the master answers that it is recovering,
+/// sleeping as long as it asks between attempts and at most
+/// [`RECOVERY_WAIT`] in all; `waiting` hears the first wait (to say why the
+/// caller pauses). Safe for any call: a master that recovers does nothing
+/// before it refuses.
+///
+/// # Errors
+/// The call's own failure, or the last refusal once the wait is used up.
+pub async fn through_recovery<T, F, Fut>(
+    mut call: F,
+    mut waiting: impl FnMut(Duration),
+) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let until = tokio::time::Instant::now() + RECOVERY_WAIT;
+    let mut told = false;
+    loop {
+        let status = match call().await {
+            Err(s) => s,
+            ok => return ok,
+        };
+        let Some(after) = crate::status::retry_after(&status) else {
+            return Err(status);
+        };
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return Err(status);
+        }
+        let pause = after.max(RECOVERY_POLL).min(until - now);
+        if !told {
+            waiting(after);
+            told = true;
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// Largest gRPC message any component sends or accepts: room for a page
 /// of allocations (`ListAllocations`, `Register`), which the senders cut to
 /// at most [`PAGE_EXTENTS`] extents plus one allocation of the largest size

@@ -17,6 +17,8 @@ pub enum Reason {
     NodeDown,
     /// An agent could not do its part.
     AgentFailed,
+    /// The master is in its recovery window (see [`retry_after`]).
+    Recovering,
 }
 
 impl Reason {
@@ -25,6 +27,7 @@ impl Reason {
             Reason::NoGpu => pb::ErrorReason::ErrorNoGpu,
             Reason::NodeDown => pb::ErrorReason::ErrorNodeDown,
             Reason::AgentFailed => pb::ErrorReason::ErrorAgentFailed,
+            Reason::Recovering => pb::ErrorReason::ErrorRecovering,
         }
     }
 }
@@ -34,8 +37,28 @@ pub fn with_reason(code: Code, message: impl Into<String>, reason: Reason, node:
     let detail = pb::ErrorDetail {
         reason: reason.wire() as i32,
         node: node.to_string(),
+        retry_after_ms: 0,
     };
     Status::with_details(code, message, detail.encode_to_vec().into())
+}
+
+/// The master's refusal while it recovers: `UNAVAILABLE`, [`Reason::Recovering`]
+/// and how long it still waits.
+pub fn recovering(message: impl Into<String>, left: std::time::Duration) -> Status {
+    let detail = pb::ErrorDetail {
+        reason: pb::ErrorReason::ErrorRecovering as i32,
+        node: String::new(),
+        retry_after_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+    };
+    Status::with_details(Code::Unavailable, message, detail.encode_to_vec().into())
+}
+
+/// How long the master asks a caller to wait, when `status` is its
+/// refusal while it recovers.
+pub fn retry_after(status: &Status) -> Option<std::time::Duration> {
+    let detail = pb::ErrorDetail::decode(status.details()).ok()?;
+    (detail.reason == pb::ErrorReason::ErrorRecovering as i32)
+        .then(|| std::time::Duration::from_millis(detail.retry_after_ms))
 }
 
 /// The reason attached to `status` and the node it names, if any.
@@ -46,6 +69,7 @@ pub fn reason(status: &Status) -> Option<(Reason, String)> {
         pb::ErrorReason::ErrorNoGpu => Reason::NoGpu,
         pb::ErrorReason::ErrorNodeDown => Reason::NodeDown,
         pb::ErrorReason::ErrorAgentFailed => Reason::AgentFailed,
+        pb::ErrorReason::ErrorRecovering => Reason::Recovering,
     };
     Some((reason, detail.node))
 }

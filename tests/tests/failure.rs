@@ -367,3 +367,54 @@ fn a_cleanly_restarted_agent_starts_empty_and_mapped_clients_get_an_error() {
     );
     assert_eq!(alloc_json(&c, remote.id())["health"], "lost");
 }
+
+/// Right after a master starts it waits for agents to re-register and
+/// refuses to change its table; `ocmctl` and liboncilla wait that out on
+/// their own (one line saying why) instead of failing with "retry in N ms"
+/// (issue 23).
+#[test]
+fn callers_wait_through_a_restarted_masters_recovery() {
+    // 1 s heartbeats: a recovery window of 3 s, longer than starting
+    // ocmctl or opening a session takes.
+    let mut c = Cluster::start_heartbeat(2, "16MiB", 1000);
+    let ocm = c.client(0);
+    let recovering = |c: &Cluster| c.master().unwrap().node_list().unwrap().recovering_ms > 0;
+
+    c.kill_master();
+    c.start_master();
+    assert!(
+        Cluster::eventually(BOUND, || c.master().unwrap().node_list().is_ok()),
+        "the master did not come back"
+    );
+    assert!(
+        recovering(&c),
+        "the master is past its recovery window already"
+    );
+    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "ocmctl alloc failed during recovery: {err}"
+    );
+    assert!(
+        err.contains("waits for agents to re-register") && err.lines().count() == 1,
+        "{err}"
+    );
+
+    c.kill_master();
+    c.start_master();
+    assert!(Cluster::eventually(BOUND, || c
+        .master()
+        .unwrap()
+        .node_list()
+        .is_ok()));
+    assert!(
+        recovering(&c),
+        "the master is past its recovery window already"
+    );
+    let a = ocm
+        .alloc(4096, Kind::RemoteHost)
+        .expect("alloc through a session during recovery");
+    a.copy_in(0, b"after the wait").unwrap();
+    a.free().expect("free");
+}

@@ -40,7 +40,7 @@ impl From<CoreError> for Status {
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
             // The one UNAVAILABLE a server gives itself; the message starts
             // with "master" so callers do not reword it as unreachable.
-            CoreError::Recovering(_) => Status::unavailable(msg),
+            CoreError::Recovering(left) => oncilla_proto::status::recovering(msg, left),
             CoreError::Internal(_) | CoreError::Pool(_) => Status::internal(msg),
         }
     }

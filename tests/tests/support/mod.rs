@@ -101,19 +101,25 @@ impl Cluster {
     /// exporting its own capacity, allowing `limit` for them to come up (a
     /// large pool takes a while to populate and lock).
     pub fn start_sized(capacities: &[&str], limit: Duration) -> Self {
-        Self::start_with(capacities, limit, false)
+        Self::start_with(capacities, limit, false, 200)
+    }
+
+    /// [`Cluster::start`] with heartbeats every `ms` (a restarted master's
+    /// recovery window is three of them).
+    pub fn start_heartbeat(agents: usize, capacity: &str, ms: u64) -> Self {
+        Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, ms)
     }
 
     /// [`Cluster::start`] with TLS on every daemon's TCP listeners (a
     /// cluster CA and certificates made in the cluster's directory).
     pub fn start_tls(agents: usize, capacity: &str) -> Self {
-        Self::start_with(&vec![capacity; agents], START_TIMEOUT, true)
+        Self::start_with(&vec![capacity; agents], START_TIMEOUT, true, 200)
     }
 
-    fn start_with(capacities: &[&str], limit: Duration, tls: bool) -> Self {
+    fn start_with(capacities: &[&str], limit: Duration, tls: bool, heartbeat_ms: u64) -> Self {
         let mut config = Config::new(Daemon::Binary(bin("oncillad")), capacities)
             .tls(tls)
-            .heartbeat_ms(200)
+            .heartbeat_ms(heartbeat_ms)
             .start_timeout(limit)
             .dir_prefix("oncilla-test")
             .env("RUST_LOG", "info")
