@@ -102,6 +102,11 @@ pub struct Cli {
     /// TOML file with any of the settings above (snake_case keys).
     #[arg(long, env = "ONCILLA_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Check the configuration (flags over environment over file; token,
+    /// key and TLS files read and checked), print the merged result as
+    /// TOML without secrets, and exit: 0 when it is valid, 2 when not.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 /// The TOML file: every field optional, unknown keys rejected.
@@ -342,6 +347,63 @@ impl Config {
                 down_after: Duration::from_millis(down),
             },
         })
+    }
+
+    /// The merged settings as TOML (what `--check-config` prints): every
+    /// setting with the value in force, secrets only as whether they are
+    /// set.
+    pub fn describe(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::from("# oncillad: merged configuration (flags > environment > file)\n");
+        let q = |v: &str| format!("{v:?}");
+        let mut line = |k: &str, v: String| {
+            let _ = writeln!(s, "{k} = {v}");
+        };
+        line("master", self.master.to_string());
+        line("name", q(&self.name));
+        line("listen", q(&self.listen.to_string()));
+        match &self.advertise {
+            Some(a) => line("advertise", q(a)),
+            None => line(
+                "# advertise",
+                q("(not set: the listen IP, or the host name)"),
+            ),
+        }
+        if let Some(a) = &self.agent {
+            line("join", q(&a.join));
+            line("data_listen", q(&a.data_listen.to_string()));
+            line("socket", q(&a.socket.display().to_string()));
+            line("capacity", q(&a.capacity.to_string()));
+            line(
+                "hugepages",
+                q(&format!("{:?}", a.huge_pages).to_lowercase()),
+            );
+            let devices: Vec<String> = a.rdma_devices.iter().map(|d| q(d)).collect();
+            line("rdma_device", format!("[{}]", devices.join(", ")));
+        }
+        let secret = |set: bool| q(if set { "(set)" } else { "(not set)" });
+        line("# token", secret(self.token.is_some()));
+        line(
+            "# node_keys",
+            q(&self
+                .node_keys
+                .as_ref()
+                .map_or("(none)".to_string(), |k| format!("(node {})", k.name()))),
+        );
+        line(
+            "heartbeat_ms",
+            self.liveness.heartbeat.as_millis().to_string(),
+        );
+        line(
+            "suspect_after_ms",
+            self.liveness.suspect_after.as_millis().to_string(),
+        );
+        line(
+            "down_after_ms",
+            self.liveness.down_after.as_millis().to_string(),
+        );
+        line("# tls", q(if self.tls.is_some() { "on" } else { "off" }));
+        s
     }
 
     /// The address peers should use for a socket bound at `bound`.

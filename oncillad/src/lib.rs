@@ -78,6 +78,7 @@ where
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    let check = cli.check_config;
     let config = match Config::load(cli) {
         Ok(c) => c,
         Err(e) => {
@@ -85,6 +86,10 @@ where
             return ExitCode::from(2);
         }
     };
+    if check {
+        print!("{}", config.describe());
+        return ExitCode::SUCCESS;
+    }
     match main_exec(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

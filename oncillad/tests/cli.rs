@@ -166,3 +166,50 @@ fn hugepages_on_refuses_without_enough() {
     }
     assert!(!sock.exists());
 }
+
+#[test]
+fn check_config_prints_the_merged_settings_without_secrets() {
+    let dir = std::env::temp_dir().join(format!("oncilla-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("c.toml");
+    std::fs::write(
+        &file,
+        "heartbeat_ms = 900\nname = \"from-file\"\ncapacity = \"8MiB\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_oncillad"))
+        .args(["--check-config", "--config", file.to_str().unwrap()])
+        .args(["--join", "m:7070", "--token", "a-secret-token-value"])
+        .args(["--heartbeat-ms", "700"])
+        .env("ONCILLA_NAME", "from-env")
+        .env_remove("ONCILLA_TOKEN")
+        .env_remove("ONCILLA_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Flags over environment over file.
+    assert!(text.contains("heartbeat_ms = 700"), "{text}");
+    assert!(text.contains("name = \"from-env\""), "{text}");
+    assert!(text.contains("capacity = \"8388608\""), "{text}");
+    assert!(text.contains("# token = \"(set)\""), "{text}");
+    assert!(
+        !text.contains("a-secret-token-value"),
+        "the token was printed"
+    );
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_oncillad"))
+        .args(["--check-config", "--join", "m:7070", "--token", "t"])
+        .env_remove("ONCILLA_TOKEN")
+        .env_remove("ONCILLA_TOKEN_FILE")
+        .env_remove("ONCILLA_CAPACITY")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--capacity"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
