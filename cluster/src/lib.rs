@@ -22,6 +22,7 @@
 pub mod certs;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod launcher;
 pub mod master;
 pub mod work;

@@ -151,6 +151,18 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Ask a daemon whether it serves (the gRPC health protocol): prints
+    /// its status and exits 0 only when it is SERVING. For probes and
+    /// scripts; needs no token.
+    Health {
+        /// The daemon's gRPC address [default: the master's].
+        addr: Option<String>,
+        /// One role of the daemon instead of the whole of it.
+        #[arg(long, value_enum)]
+        role: Option<RoleArg>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Make a cluster CA for TLS on every TCP listener: DIR/ca.pem (what
     /// daemons and operators trust: --tls-ca) and DIR/ca-key.pem (0600,
     /// needed only by `tls-cert`). Refuses to replace an existing CA.
@@ -277,6 +289,13 @@ pub enum CliError {
     },
     #[error("{0}")]
     Other(String),
+}
+
+/// A daemon's role, for `ocmctl health --role`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RoleArg {
+    Master,
+    Agent,
 }
 
 /// The hidden first argument under which ocmctl runs the daemon itself, so
@@ -415,6 +434,21 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             )?;
         }
         Cmd::NodeKeys { name, out, conn } => write_node_keys(&name, out.as_deref(), &conn)?,
+        Cmd::Health { addr, role, conn } => {
+            let addr = addr.unwrap_or_else(|| conn.master.clone());
+            let service = match role {
+                None => "",
+                Some(RoleArg::Master) => oncilla_cluster::health::MASTER,
+                Some(RoleArg::Agent) => oncilla_cluster::health::AGENT,
+            };
+            let tls = conn.tls().map_err(MasterError::from)?;
+            let status = oncilla_cluster::health::check(&addr, service, tls.as_ref())
+                .map_err(|e| CliError::Other(e.to_string()))?;
+            println!("{addr}: {status}");
+            if status != "SERVING" {
+                return Err(CliError::Other(format!("{addr} is not serving")));
+            }
+        }
         Cmd::TlsCa { out } => {
             let ca = certs::make_ca(&out)?;
             eprintln!(

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod fabric;
 pub mod grpc;
+pub mod health;
 pub mod listen;
 pub mod master;
 pub mod memory;
@@ -128,6 +129,14 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         None => limited(Server::builder()),
     };
     let trust = config.tls.as_ref().map(|t| t.trust.clone());
+    // Readiness, per role (see `health`); the health service itself needs
+    // no credential (it tells only whether the daemon serves).
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let (master_ready, master_ready_rx) = watch::channel(false);
+    let (agent_ready, agent_ready_rx) = watch::channel(false);
     let mut router = tcp_server.add_optional_service(master_token.map(|token| {
         let link = grpc::links::GrpcAgentLink::new(token.clone(), trust.clone());
         let core = Arc::new(master::Master::new(link, config.liveness));
@@ -139,6 +148,11 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             recovery_ms = config.liveness.recovery().as_millis(),
             "master starting: waits for agents to re-register before changing the table"
         );
+        let recovering = Arc::clone(&core);
+        tokio::spawn(health::master_ready(
+            move || recovering.recovering(),
+            master_ready,
+        ));
         let watcher = Arc::clone(&core);
         tokio::spawn(async move {
             let mut every = tokio::time::interval(watcher.liveness().heartbeat);
@@ -264,7 +278,11 @@ async fn run(config: Config) -> Result<(), DaemonError> {
 
         let master =
             grpc::links::MasterLink::new(&agent_cfg.join, node_keys.credential(), trust.as_ref())?;
-        tokio::spawn(agent::membership::run(Arc::clone(&agent), master.clone()));
+        tokio::spawn(agent::membership::run(
+            Arc::clone(&agent),
+            master.clone(),
+            agent_ready,
+        ));
         if agent.rdma().available() {
             tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
         }
@@ -299,6 +317,12 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     if config.master {
         tracing::info!(listen = %grpc_addr, "master role ready");
     }
+    router = router.add_service(health_service);
+    tokio::spawn(health::publish(
+        reporter,
+        config.master.then_some(master_ready_rx),
+        config.agent.is_some().then_some(agent_ready_rx),
+    ));
     let transport = if config.tls.is_some() { "tls" } else { "plain" };
     tracing::info!(grpc = %grpc_addr, transport, "oncillad ready");
 

@@ -213,3 +213,36 @@ fn check_config_prints_the_merged_settings_without_secrets() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--capacity"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `deploy/systemd/oncillad.service` passes `systemd-analyze verify` (with
+/// this build's binary in place of /usr/local/bin/oncillad).
+#[test]
+fn the_systemd_unit_verifies() {
+    let analyze = std::path::Path::new("/usr/bin/systemd-analyze");
+    if !analyze.exists() {
+        eprintln!("skipped the_systemd_unit_verifies: no systemd-analyze on this host");
+        return;
+    }
+    let unit = include_str!("../../deploy/systemd/oncillad.service")
+        .replace("/usr/local/bin/oncillad", env!("CARGO_BIN_EXE_oncillad"));
+    assert!(unit.contains("Type=notify") && unit.contains("LimitMEMLOCK=infinity"));
+    let dir = std::env::temp_dir().join(format!("oncilla-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("oncillad.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+    assert!(
+        out.status.success() && !said.contains("oncillad.service"),
+        "{said}"
+    );
+}

@@ -21,6 +21,15 @@ pub mod pb {
     tonic::include_proto!("oncilla.v1");
 }
 
+/// Names each daemon answers for on the gRPC health service
+/// (`grpc.health.v1`), besides `""` for the whole daemon.
+pub mod health {
+    /// The master role: SERVING once its recovery window is over.
+    pub const MASTER: &str = "oncilla.v1.Master";
+    /// The agent role: SERVING while the master knows the node.
+    pub const AGENT: &str = "oncilla.v1.Agent";
+}
+
 /// Default TCP port of the master's gRPC endpoint.
 pub const DEFAULT_MASTER_PORT: u16 = 7070;
 /// Default Unix socket of the local agent.

@@ -39,8 +39,13 @@ fn backoff(current: Duration, max: Duration) -> Duration {
     (current * 2).clamp(RETRY_MIN, max.max(RETRY_MIN))
 }
 
-/// Registers and heartbeats forever.
-pub async fn run(agent: Arc<Agent>, master: impl MasterPort) {
+/// Registers and heartbeats forever; `ready` says whether the master
+/// knows this node now (registered, and the last exchange went through).
+pub async fn run(
+    agent: Arc<Agent>,
+    master: impl MasterPort,
+    ready: tokio::sync::watch::Sender<bool>,
+) {
     let mut interval = Duration::from_secs(1);
     let mut registered = false;
     let mut retry = RETRY_MIN;
@@ -63,6 +68,7 @@ pub async fn run(agent: Arc<Agent>, master: impl MasterPort) {
                 registered = true;
             })
         };
+        ready.send_replace(outcome.is_ok() && registered);
         let wait = match outcome {
             Ok(()) => {
                 if !reachable {

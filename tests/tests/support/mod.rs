@@ -101,22 +101,33 @@ impl Cluster {
     /// exporting its own capacity, allowing `limit` for them to come up (a
     /// large pool takes a while to populate and lock).
     pub fn start_sized(capacities: &[&str], limit: Duration) -> Self {
-        Self::start_with(capacities, limit, false, 200)
+        Self::start_with(capacities, limit, false, 200, &[])
+    }
+
+    /// [`Cluster::start`] with `env` set for every daemon.
+    pub fn start_env(agents: usize, capacity: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, 200, env)
     }
 
     /// [`Cluster::start`] with heartbeats every `ms` (a restarted master's
     /// recovery window is three of them).
     pub fn start_heartbeat(agents: usize, capacity: &str, ms: u64) -> Self {
-        Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, ms)
+        Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, ms, &[])
     }
 
     /// [`Cluster::start`] with TLS on every daemon's TCP listeners (a
     /// cluster CA and certificates made in the cluster's directory).
     pub fn start_tls(agents: usize, capacity: &str) -> Self {
-        Self::start_with(&vec![capacity; agents], START_TIMEOUT, true, 200)
+        Self::start_with(&vec![capacity; agents], START_TIMEOUT, true, 200, &[])
     }
 
-    fn start_with(capacities: &[&str], limit: Duration, tls: bool, heartbeat_ms: u64) -> Self {
+    fn start_with(
+        capacities: &[&str],
+        limit: Duration,
+        tls: bool,
+        heartbeat_ms: u64,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut config = Config::new(Daemon::Binary(bin("oncillad")), capacities)
             .tls(tls)
             .heartbeat_ms(heartbeat_ms)
@@ -127,6 +138,9 @@ impl Cluster {
             .stop(Stop::Kill);
         for i in 0..capacities.len() {
             config = config.agent_args(i, agent_args(i, &[]));
+        }
+        for (k, v) in env {
+            config = config.env(k, v);
         }
         Self(oncilla_cluster::Cluster::start(config).unwrap_or_else(|e| panic!("{e}")))
     }
