@@ -42,6 +42,7 @@ pub struct Config {
     pub(crate) stop: Stop,
     pub(crate) keep: bool,
     pub(crate) tls: bool,
+    pub(crate) metrics: bool,
 }
 
 impl Config {
@@ -62,7 +63,15 @@ impl Config {
             stop: Stop::Term(Duration::from_secs(5)),
             keep: false,
             tls: false,
+            metrics: false,
         }
+    }
+
+    /// Metrics on every daemon (`--metrics-listen` on a loopback port of
+    /// its own, one token file for all: see [`crate::Handle::metrics_addr`]).
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.metrics = on;
+        self
     }
 
     /// TLS on every daemon's TCP listeners: a cluster CA and one

@@ -50,6 +50,8 @@ struct Shared {
     config: Config,
     /// Each agent's gRPC and data ports, kept across restarts.
     ports: Vec<(u16, u16)>,
+    /// Metrics ports: the master's, then each agent's (empty: no metrics).
+    metrics_ports: Vec<u16>,
     procs: Mutex<Procs>,
 }
 
@@ -112,6 +114,35 @@ impl Handle {
         self.tls.as_ref().map(|_| self.dir.join(certs::CA_CERT))
     }
 
+    /// The file holding the token metrics scrapers present.
+    pub fn metrics_token_file(&self) -> PathBuf {
+        self.dir.join("metrics-token")
+    }
+
+    /// Where daemon `name` (`master`, `node-1`, ...) serves metrics, when
+    /// the cluster was started with them.
+    pub fn metrics_addr(&self, name: &str) -> Option<String> {
+        let i = match name {
+            "master" => 0,
+            _ => (0..self.agents).find(|&i| node_name(i) == name)? + 1,
+        };
+        let port = self.shared.metrics_ports.get(i)?;
+        Some(format!("127.0.0.1:{port}"))
+    }
+
+    /// The metrics flags of daemon `name` (none without metrics).
+    fn metrics_args(&self, name: &str) -> Vec<String> {
+        match self.metrics_addr(name) {
+            Some(addr) => vec![
+                "--metrics-listen".into(),
+                addr,
+                "--metrics-token-file".into(),
+                self.metrics_token_file().display().to_string(),
+            ],
+            None => Vec::new(),
+        }
+    }
+
     /// The TLS flags of daemon `name` (none without TLS).
     fn tls_args(&self, name: &str) -> Vec<String> {
         match self.tls_ca() {
@@ -160,6 +191,7 @@ impl Handle {
         .map(|a| a.to_string())
         .collect();
         args.extend(self.tls_args("master"));
+        args.extend(self.metrics_args("master"));
         procs.master = Some(spawn(&self.shared.config, &self.dir, "master", &args)?);
         Ok(())
     }
@@ -244,6 +276,7 @@ impl Handle {
         .map(|a| a.to_string())
         .collect();
         args.extend(self.tls_args(&name));
+        args.extend(self.metrics_args(&name));
         args.extend(extra.iter().cloned());
         spawn(config, &self.dir, &name, &args)
     }
@@ -432,6 +465,13 @@ impl Cluster {
             .create(&dir)
             .map_err(|source| ClusterError::io(&dir, source))?;
         let tls = config.tls;
+        let metrics_ports = if config.metrics {
+            (0..=agents)
+                .map(|_| free_port())
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
         let mut cluster = Self {
             handle: Handle {
                 master_addr,
@@ -442,6 +482,7 @@ impl Cluster {
                 shared: Arc::new(Shared {
                     config,
                     ports,
+                    metrics_ports,
                     procs: Mutex::new(Procs {
                         master: None,
                         agents: (0..agents).map(|_| None).collect(),
@@ -460,6 +501,11 @@ impl Cluster {
             let path = cluster.node_keys_file(i);
             let keys = NodeKeys::derive(&cluster.handle.token, &node_name(i)).to_text();
             certs::write_private(&path, keys.as_bytes())
+                .map_err(|source| ClusterError::io(&path, source))?;
+        }
+        if !cluster.handle.shared.metrics_ports.is_empty() {
+            let path = cluster.metrics_token_file();
+            certs::write_private(&path, Token::random().as_str().as_bytes())
                 .map_err(|source| ClusterError::io(&path, source))?;
         }
         if tls {
@@ -638,7 +684,7 @@ fn spawn(config: &Config, dir: &Path, name: &str, args: &[String]) -> Result<Chi
 /// A loopback port free right now, below the kernel's ephemeral range
 /// (32768 and up by default), so that no outgoing connection (another
 /// test's, say) takes it as its source port before the daemon binds it.
-fn free_port() -> Result<u16, ClusterError> {
+pub fn free_port() -> Result<u16, ClusterError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let seed = u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 131;

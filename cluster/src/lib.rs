@@ -29,6 +29,6 @@ pub mod work;
 
 pub use config::{Config, Daemon, Stop};
 pub use error::ClusterError;
-pub use launcher::{node_name, Cluster, Handle};
+pub use launcher::{free_port, node_name, Cluster, Handle};
 pub use master::{Conn, Master, MasterError};
 pub use work::run;

@@ -20,7 +20,7 @@ pub use fabric::Fabric;
 pub const PAGE: u64 = 4096;
 
 /// What memory an allocation is made of and how far placement may take it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// Host memory on the asking process's node only (the local agent's pool).
     LocalHost,

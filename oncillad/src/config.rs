@@ -99,6 +99,15 @@ pub struct Cli {
     /// trusts when it dials others, and what its agent hands applications.
     #[arg(long, env = "ONCILLA_TLS_CA", value_name = "PATH")]
     pub tls_ca: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`; off when
+    /// not given). Needs --metrics-token-file.
+    #[arg(long, env = "ONCILLA_METRICS_LISTEN", value_name = "HOST:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// File holding the token scrapers present (`Authorization: Bearer
+    /// TOKEN`; Prometheus: `authorization: credentials_file`), mode 0600.
+    /// A secret of its own: it opens only the metrics.
+    #[arg(long, env = "ONCILLA_METRICS_TOKEN_FILE", value_name = "PATH")]
+    pub metrics_token_file: Option<PathBuf>,
     /// TOML file with any of the settings above (snake_case keys).
     #[arg(long, env = "ONCILLA_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -132,6 +141,8 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_ca: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+    metrics_token_file: Option<PathBuf>,
 }
 
 /// Why the configuration is unusable.
@@ -163,6 +174,8 @@ pub enum ConfigError {
     MasterWithKeys,
     #[error("--node-keys-file holds the keys of node {keys}, but this node is named {name}; pass --name {keys} or the keys of {name}")]
     KeysName { keys: String, name: String },
+    #[error("--metrics-listen needs --metrics-token-file (the token scrapers present)")]
+    MetricsToken,
     #[error("TLS needs all of --tls-cert, --tls-key and --tls-ca; missing {0}")]
     TlsPartial(&'static str),
     #[error(transparent)]
@@ -206,6 +219,8 @@ pub struct Config {
     pub liveness: Liveness,
     /// TLS on every TCP listener, and trust when dialling; `None`: plain TCP.
     pub tls: Option<Tls>,
+    /// Where to serve metrics and the token scrapers present; `None`: off.
+    pub metrics: Option<(SocketAddr, Token)>,
 }
 
 /// A daemon's TLS: what it serves and what it trusts.
@@ -330,8 +345,17 @@ impl Config {
             cli.tls_key.or(file.tls_key),
             cli.tls_ca.or(file.tls_ca),
         )?;
+        let metrics = match (
+            cli.metrics_listen.or(file.metrics_listen),
+            cli.metrics_token_file.or(file.metrics_token_file),
+        ) {
+            (None, _) => None,
+            (Some(_), None) => return Err(ConfigError::MetricsToken),
+            (Some(addr), Some(path)) => Some((addr, Token::resolve(None, Some(&path))?)),
+        };
         Ok(Self {
             tls,
+            metrics,
             master,
             agent,
             node_keys,
@@ -403,6 +427,10 @@ impl Config {
             self.liveness.down_after.as_millis().to_string(),
         );
         line("# tls", q(if self.tls.is_some() { "on" } else { "off" }));
+        match &self.metrics {
+            Some((addr, _)) => line("metrics_listen", q(&addr.to_string())),
+            None => line("# metrics_listen", q("(off)")),
+        }
         s
     }
 

@@ -12,6 +12,7 @@ pub mod health;
 pub mod listen;
 pub mod master;
 pub mod memory;
+pub mod metrics;
 pub mod pool;
 
 use std::net::SocketAddr;
@@ -135,6 +136,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
+    let metrics = metrics::Metrics::new();
     let (master_ready, master_ready_rx) = watch::channel(false);
     let (agent_ready, agent_ready_rx) = watch::channel(false);
     let mut router = tcp_server.add_optional_service(master_token.map(|token| {
@@ -148,6 +150,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             recovery_ms = config.liveness.recovery().as_millis(),
             "master starting: waits for agents to re-register before changing the table"
         );
+        metrics.watch_master(&core);
         let recovering = Arc::clone(&core);
         tokio::spawn(health::master_ready(
             move || recovering.recovering(),
@@ -245,6 +248,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             gpu_rdma_note,
         };
         let agent = Arc::new(agent::Agent::new(node, Arc::new(pool), rdma));
+        metrics.watch_agent(&agent);
         tracing::info!(
             incarnation = format!("{:016x}", agent.incarnation()),
             "agent starting with an empty pool: allocations held by an earlier run of this node are gone"
@@ -254,7 +258,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let data_tls = config.tls.as_ref().map(|t| Arc::clone(t.serve.data()));
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())
-            .spawn(move || fabric::tcp::serve(data, held, data_keys, data_tls))
+            .spawn({
+                let transfers = Arc::clone(&metrics.data);
+                move || fabric::tcp::serve(data, held, data_keys, data_tls, transfers)
+            })
             .map_err(|source| bind_error("data", data_addr, source))?;
 
         let map_path = oncilla_proto::map_socket(&agent_cfg.socket);
@@ -318,6 +325,16 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         tracing::info!(listen = %grpc_addr, "master role ready");
     }
     router = router.add_service(health_service);
+    if let Some((addr, token)) = config.metrics.clone() {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| bind_error("metrics", addr, source))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| bind_error("metrics", addr, source))?;
+        tracing::info!(listen = %bound, "metrics at /metrics");
+        tokio::spawn(metrics::serve::serve(listener, Arc::clone(&metrics), token));
+    }
     tokio::spawn(health::publish(
         reporter,
         config.master.then_some(master_ready_rx),

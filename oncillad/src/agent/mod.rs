@@ -338,6 +338,11 @@ impl Agent {
         }
     }
 
+    /// RDMA memory registrations held for allocations here.
+    pub fn rdma_registrations(&self) -> usize {
+        self.held.iter().map(|h| h.value().keys.count()).sum()
+    }
+
     /// Number of allocations with memory on this node.
     pub fn allocations(&self) -> usize {
         self.held.len()

@@ -16,6 +16,7 @@ use oncilla_proto::credential::{Keyring, Principal};
 use oncilla_proto::wire::{self, Request, Status, Welcome};
 
 use crate::memory::held::{Held, HeldTable};
+use crate::metrics::data::HelloRefusal;
 
 /// Reads a client's hello and answers it, all of it by `until` (a whole
 /// handshake deadline: a peer that drips bytes is cut when it passes, not
@@ -35,6 +36,7 @@ pub(crate) fn accept<S: Timed, P>(
     until: Instant,
     heard: impl FnOnce(),
     room: impl FnOnce() -> Result<P, &'static str>,
+    refused: impl FnOnce(HelloRefusal),
 ) -> Result<Option<P>, wire::WireError> {
     let mut stream = Within { stream, until };
     let (version, presented) = wire::read_hello(&mut stream)?;
@@ -46,6 +48,7 @@ pub(crate) fn accept<S: Timed, P>(
         Some(Principal::Member | Principal::Session(_))
     ) {
         tracing::warn!("data connection with wrong token");
+        refused(HelloRefusal::WrongToken);
         wire::write_welcome(
             &mut stream,
             Welcome::Denied,
@@ -58,6 +61,7 @@ pub(crate) fn accept<S: Timed, P>(
             "data protocol version {version} not supported (this agent speaks {})",
             wire::VERSION
         );
+        refused(HelloRefusal::BadVersion);
         wire::write_welcome(&mut stream, Welcome::BadVersion, &msg)?;
         return Ok(None);
     }
@@ -67,6 +71,7 @@ pub(crate) fn accept<S: Timed, P>(
             Ok(Some(place))
         }
         Err(why) => {
+            refused(HelloRefusal::NoSeat);
             wire::write_welcome(&mut stream, Welcome::Denied, why)?;
             Ok(None)
         }
@@ -222,7 +227,14 @@ mod tests {
         let (mut server, mut client) = UnixStream::pair().unwrap();
         client.write_all(bytes).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        let got = accept(&mut server, &keys(), until, || {}, || Ok::<_, &str>(()));
+        let got = accept(
+            &mut server,
+            &keys(),
+            until,
+            || {},
+            || Ok::<_, &str>(()),
+            |_| {},
+        );
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
         (got, code, msg)
     }
@@ -270,6 +282,7 @@ mod tests {
             until,
             || {},
             || Err::<(), _>("too many data connections"),
+            |_| {},
         );
         assert!(matches!(got, Ok(None)));
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
@@ -296,7 +309,14 @@ mod tests {
         });
         let started = Instant::now();
         let until = started + Duration::from_millis(300);
-        let got = accept(&mut server, &keys(), until, || {}, || Ok::<_, &str>(()));
+        let got = accept(
+            &mut server,
+            &keys(),
+            until,
+            || {},
+            || Ok::<_, &str>(()),
+            |_| {},
+        );
         let took = started.elapsed();
         assert!(
             matches!(&got, Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),

@@ -130,6 +130,7 @@ fn serve_one(
         until,
         || ticket.heard(),
         || Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections"),
+        |_| {},
     )?
     else {
         return Ok(());

@@ -51,6 +51,7 @@ use oncilla_cuda::DeviceMem;
 
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket};
 use crate::memory::held::{Backing, HeldTable};
+use crate::metrics::data::Transfers;
 
 /// Most authenticated data connections served at once; past it a newcomer
 /// takes the seat of one idle between requests (see [`Seats`]), and is
@@ -98,9 +99,11 @@ pub fn serve(
     held: HeldTable,
     keys: Keyring,
     tls: Option<Arc<rustls::ServerConfig>>,
+    metrics: Arc<Transfers>,
 ) {
     let seats = Seats::new(MAX_CONNECTIONS);
     let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
+    metrics.watch_listener(Arc::clone(&pending), Arc::clone(&seats));
     let mut backoff = AcceptBackoff::new("data");
     loop {
         let (stream, peer) = match listener.accept() {
@@ -123,12 +126,13 @@ pub fn serve(
         let keys = keys.clone();
         let seats = Arc::clone(&seats);
         let tls = tls.clone();
+        let metrics = Arc::clone(&metrics);
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(move || {
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
-                    Connection::new(stream, held).run(&keys, ticket, &seats, until)
+                    Connection::new(stream, held, metrics).run(&keys, ticket, &seats, until)
                 });
                 match served {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
@@ -159,6 +163,7 @@ fn open(
 struct Connection {
     stream: DataStream,
     held: HeldTable,
+    metrics: Arc<Transfers>,
     recv: RecvBuf,
     /// Staging for device memory, made on the first GPU request.
     bounce: Option<Vec<u8>>,
@@ -168,10 +173,11 @@ struct Connection {
 const GPU_BOUNCE: usize = 4 << 20;
 
 impl Connection {
-    fn new(stream: DataStream, held: HeldTable) -> Self {
+    fn new(stream: DataStream, held: HeldTable, metrics: Arc<Transfers>) -> Self {
         Self {
             stream,
             held,
+            metrics,
             recv: RecvBuf::new(RECV_AHEAD),
             bounce: None,
         }
@@ -191,6 +197,7 @@ impl Connection {
             until,
             || ticket.heard(),
             || seats.take(dup, "too many data connections"),
+            |why| self.metrics.hello_refused(why),
         );
         drop(ticket);
         let Some(mut seat) = seat? else {
@@ -229,18 +236,20 @@ impl Connection {
                     return Err(e);
                 }
             };
-            self.serve_one(&req)?;
+            let started = Instant::now();
+            self.serve_one(&req, started)?;
             seat.end();
         }
     }
 
-    fn serve_one(&mut self, req: &Request) -> Result<(), wire::WireError> {
+    fn serve_one(&mut self, req: &Request, started: Instant) -> Result<(), wire::WireError> {
         if req.len > wire::MAX_IO {
             let msg = format!(
                 "request of {} bytes is above the {} byte limit",
                 req.len,
                 wire::MAX_IO
             );
+            self.metrics.refused(Status::TooLarge);
             self.fail(Status::TooLarge, &msg)?;
             // A write's payload would follow; the stream is out of step now.
             return if req.op == Op::Write {
@@ -258,7 +267,7 @@ impl Connection {
         let ptr = match &extent.memory {
             // `authorize` proved `ok.at + len` lies inside the extent.
             Backing::Pool(m) => m.ptr(extent.at + ok.at),
-            Backing::Gpu(m) => return self.serve_gpu(req, &m.mem, ok.at, len),
+            Backing::Gpu(m) => return self.serve_gpu(req, &m.mem, ok.at, len, started),
             Backing::InProcess { gpu } => {
                 let msg = format!(
                     "allocation {} is local GPU memory (GPU {gpu}) of the process that made it; only that process can copy to or from it",
@@ -282,11 +291,13 @@ impl Connection {
                 .encode();
                 // The kernel copies the bytes out before `send` returns.
                 sock::send_by(&self.stream, &head, memory, deadline(len))?;
+                self.metrics.read.done(len, started.elapsed());
             }
             Op::Write => {
                 self.recv
                     .read_into_by(&self.stream, memory, deadline(len))?;
                 self.ack_write()?;
+                self.metrics.write.done(len, started.elapsed());
             }
         }
         Ok(())
@@ -302,9 +313,10 @@ impl Connection {
         mem: &DeviceMem,
         at: u64,
         len: usize,
+        started: Instant,
     ) -> Result<(), wire::WireError> {
         let mut bounce = self.bounce.take().unwrap_or_else(|| vec![0u8; GPU_BOUNCE]);
-        let outcome = self.serve_gpu_with(req, mem, at, len, &mut bounce);
+        let outcome = self.serve_gpu_with(req, mem, at, len, &mut bounce, started);
         self.bounce = Some(bounce);
         outcome
     }
@@ -316,6 +328,7 @@ impl Connection {
         at: u64,
         len: usize,
         bounce: &mut [u8],
+        started: Instant,
     ) -> Result<(), wire::WireError> {
         match req.op {
             Op::Read => {
@@ -342,6 +355,7 @@ impl Connection {
                     self.stream.write_all(&bounce[..n])?;
                     done += n;
                 }
+                self.metrics.read.done(len, started.elapsed());
             }
             Op::Write => {
                 let mut done = 0;
@@ -355,9 +369,11 @@ impl Connection {
                     done += n;
                 }
                 if let Some(e) = failed {
+                    self.metrics.refused(Status::Internal);
                     return self.fail(Status::Internal, &e.to_string());
                 }
                 self.ack_write()?;
+                self.metrics.write.done(len, started.elapsed());
             }
         }
         Ok(())
@@ -377,6 +393,7 @@ impl Connection {
     /// Refuses a request that passed the size check: a write's payload is
     /// read and dropped first, so the stream stays in step.
     fn refuse(&mut self, req: &Request, status: Status, msg: &str) -> Result<(), wire::WireError> {
+        self.metrics.refused(status);
         if req.op == Op::Write {
             self.recv.skip(&self.stream, req.len)?;
         }

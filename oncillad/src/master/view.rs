@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use oncilla_model::alloc::{AllocRef, Allocation, Health, Owner};
 use oncilla_model::node::{NodeState, NodeStatus};
+use oncilla_model::Kind;
 
 use super::placement::{Candidate, GpuRoom};
 use super::state::{Record, State};
@@ -32,6 +33,20 @@ impl<L: AgentLink> Master<L> {
                 }
             })
             .collect()
+    }
+
+    /// How many allocations there are and the bytes they hold, by kind and
+    /// health (for metrics): one pass over the table, nothing cloned.
+    pub fn census(&self) -> BTreeMap<(Kind, Health), (u64, u64)> {
+        let st = self.lock();
+        let mut out: BTreeMap<(Kind, Health), (u64, u64)> = BTreeMap::new();
+        for rec in st.allocs.values() {
+            let (health, _) = self.health(&st, rec);
+            let e = out.entry((rec.alloc.kind, health)).or_default();
+            e.0 += 1;
+            e.1 += rec.alloc.size;
+        }
+        out
     }
 
     /// Every allocation, by id, with attachments and health.

@@ -104,6 +104,14 @@ impl Cluster {
         Self::start_with(capacities, limit, false, 200, &[])
     }
 
+    /// [`Cluster::start`] with metrics on every daemon.
+    pub fn start_metrics(agents: usize, capacity: &str) -> Self {
+        let config = Config::new(Daemon::Binary(bin("oncillad")), &vec![capacity; agents])
+            .metrics(true)
+            .heartbeat_ms(200);
+        Self::start_config(config, START_TIMEOUT)
+    }
+
     /// [`Cluster::start`] with `env` set for every daemon.
     pub fn start_env(agents: usize, capacity: &str, env: &[(&str, &str)]) -> Self {
         Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, 200, env)
@@ -130,17 +138,26 @@ impl Cluster {
     ) -> Self {
         let mut config = Config::new(Daemon::Binary(bin("oncillad")), capacities)
             .tls(tls)
-            .heartbeat_ms(heartbeat_ms)
+            .heartbeat_ms(heartbeat_ms);
+        for (k, v) in env {
+            config = config.env(k, v);
+        }
+        Self::start_config(config, limit)
+    }
+
+    /// Starts `config` with the tests' settings (built `oncillad`, 20 s
+    /// limit unless `limit` says otherwise, SIGKILL on drop, this run's
+    /// RDMA devices).
+    fn start_config(mut config: Config, limit: Duration) -> Self {
+        let agents = config.agents();
+        config = config
             .start_timeout(limit)
             .dir_prefix("oncilla-test")
             .env("RUST_LOG", "info")
             .inherit_oncilla_env(true)
             .stop(Stop::Kill);
-        for i in 0..capacities.len() {
+        for i in 0..agents {
             config = config.agent_args(i, agent_args(i, &[]));
-        }
-        for (k, v) in env {
-            config = config.env(k, v);
         }
         Self(oncilla_cluster::Cluster::start(config).unwrap_or_else(|e| panic!("{e}")))
     }

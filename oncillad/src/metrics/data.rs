@@ -1,0 +1,188 @@
+//! The TCP data server's metrics: requests, bytes and durations per
+//! operation, requests refused by reason, connections (authenticated and
+//! still in their hello) and connections refused or evicted. The server
+//! records a request once it is done, with handles resolved here once (no
+//! label lookup, no lock on the way).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncilla_proto::wire::Status;
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use crate::listen::{Pending, Seats};
+
+/// One operation's handles.
+pub struct OpMetrics {
+    requests: IntCounter,
+    bytes: IntCounter,
+    seconds: Histogram,
+}
+
+impl OpMetrics {
+    /// A request of `len` bytes served in `took`.
+    pub fn done(&self, len: usize, took: Duration) {
+        self.requests.inc();
+        self.bytes.inc_by(u64::try_from(len).unwrap_or(u64::MAX));
+        self.seconds.observe(took.as_secs_f64());
+    }
+}
+
+/// Why a data connection was turned away at its hello.
+#[derive(Debug, Clone, Copy)]
+pub enum HelloRefusal {
+    WrongToken,
+    BadVersion,
+    NoSeat,
+}
+
+/// The data server's families.
+pub struct Transfers {
+    pub read: OpMetrics,
+    pub write: OpMetrics,
+    refusals: [IntCounter; 5],
+    hello: [IntCounter; 3],
+    connections: IntGaugeVec,
+    evictions: IntCounterVec,
+    listener: Mutex<Option<(Arc<Pending>, Arc<Seats>)>>,
+    evicted_seen: Mutex<(u64, u64)>,
+}
+
+/// Latency buckets: 10 µs to 10 s.
+const BUCKETS: [f64; 13] = [
+    1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0,
+];
+
+impl Transfers {
+    pub(super) fn new(r: &Registry) -> Self {
+        fn fail<T>(name: &str, e: prometheus::Error) -> T {
+            super::unreachable_metric(name, &e)
+        }
+        let requests = IntCounterVec::new(
+            Opts::new("oncilla_data_requests_total", "Data requests served, by fabric and operation (read: bytes out of the pool, write: bytes into it)."),
+            &["fabric", "op"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_requests_total", e));
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "oncilla_data_bytes_total",
+                "Bytes moved by served data requests, by fabric and operation.",
+            ),
+            &["fabric", "op"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_bytes_total", e));
+        let seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "oncilla_data_request_duration_seconds",
+                "Time from a data request's header to its last byte sent or received, by fabric and operation.",
+            )
+            .buckets(BUCKETS.to_vec()),
+            &["fabric", "op"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_request_duration_seconds", e));
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "oncilla_data_request_refusals_total",
+                "Data requests refused, by reason.",
+            ),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_request_refusals_total", e));
+        let hello = IntCounterVec::new(
+            Opts::new("oncilla_data_connection_refusals_total", "Data connections turned away at their hello, by reason (wrong_token, bad_version, no_seat: every seat busy)."),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_connection_refusals_total", e));
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "oncilla_data_connections",
+                "Open data connections: authenticated, or pending (still in their hello).",
+            ),
+            &["state"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_connections", e));
+        let evictions = IntCounterVec::new(
+            Opts::new("oncilla_data_connection_evictions_total", "Data connections closed to make room: pending (a stranger's hello over budget) or idle (an authenticated connection between requests)."),
+            &["state"],
+        )
+        .unwrap_or_else(|e| fail("oncilla_data_connection_evictions_total", e));
+        for c in [&requests, &bytes] {
+            super::register(r, c);
+        }
+        super::register(r, &seconds);
+        super::register(r, &refusals);
+        super::register(r, &hello);
+        super::register(r, &connections);
+        super::register(r, &evictions);
+        let op = |name: &str| OpMetrics {
+            requests: requests.with_label_values(&["tcp", name]),
+            bytes: bytes.with_label_values(&["tcp", name]),
+            seconds: seconds.with_label_values(&["tcp", name]),
+        };
+        Self {
+            read: op("read"),
+            write: op("write"),
+            refusals: [
+                "no_such_allocation",
+                "out_of_bounds",
+                "too_large",
+                "internal",
+                "other",
+            ]
+            .map(|r| refusals.with_label_values(&[r])),
+            hello: ["wrong_token", "bad_version", "no_seat"].map(|r| hello.with_label_values(&[r])),
+            connections,
+            evictions,
+            listener: Mutex::new(None),
+            evicted_seen: Mutex::new((0, 0)),
+        }
+    }
+
+    /// A request refused with `status`.
+    pub fn refused(&self, status: Status) {
+        let i = match status {
+            Status::NoSuchAllocation | Status::BadKey => 0,
+            Status::OutOfBounds => 1,
+            Status::TooLarge => 2,
+            Status::Internal => 3,
+            Status::Ok => 4,
+        };
+        self.refusals[i].inc();
+    }
+
+    /// A connection turned away at its hello.
+    pub fn hello_refused(&self, why: HelloRefusal) {
+        self.hello[why as usize].inc();
+    }
+
+    /// The listener's budgets, read at each scrape.
+    pub fn watch_listener(&self, pending: Arc<Pending>, seats: Arc<Seats>) {
+        *self.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some((pending, seats));
+    }
+
+    pub(super) fn sample(&self) {
+        let listener = self.listener.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((pending, seats)) = listener.as_ref() else {
+            return;
+        };
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.connections
+            .with_label_values(&["authenticated"])
+            .set(n(seats.len()));
+        self.connections
+            .with_label_values(&["pending"])
+            .set(n(pending.len()));
+        // The budgets count evictions themselves; add what is new since.
+        let mut seen = self.evicted_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (p, s) = (pending.evicted(), seats.evicted());
+        self.evictions
+            .with_label_values(&["pending"])
+            .inc_by(p.saturating_sub(seen.0));
+        self.evictions
+            .with_label_values(&["idle"])
+            .inc_by(s.saturating_sub(seen.1));
+        *seen = (p, s);
+    }
+}

@@ -1,0 +1,303 @@
+//! The daemon's Prometheus metrics: one registry, the families in it, and
+//! the samplers that read state at scrape time (pool, sessions, listeners,
+//! the master's table). Counters and histograms on the data path are
+//! recorded by the servers themselves through [`data::Transfers`], after a
+//! request is done and outside any lock. The endpoint that serves them is
+//! [`serve`].
+//!
+//! It only observes: nothing here changes a pool, a table or a connection.
+
+pub mod data;
+pub mod serve;
+
+use std::sync::{Arc, Mutex};
+
+use oncilla_model::alloc::Health;
+use oncilla_model::node::NodeState;
+use oncilla_model::Kind;
+use prometheus::{Encoder, Gauge, GaugeVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+
+use crate::agent::Agent;
+use crate::grpc::links::GrpcAgentLink;
+use crate::master::Master;
+
+/// Reads state into gauges just before a scrape.
+type Sampler = Box<dyn Fn() + Send + Sync>;
+
+/// Every metric family of this daemon.
+pub struct Metrics {
+    registry: Registry,
+    samplers: Mutex<Vec<Sampler>>,
+    /// The TCP data server's counters (registered with the agent role).
+    pub data: Arc<data::Transfers>,
+}
+
+/// Registers `c` with `r`. Names are fixed and distinct, so this fails
+/// only on a programming error, which is logged, never a panic.
+fn register<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: &C) {
+    if let Err(e) = r.register(Box::new(c.clone())) {
+        tracing::error!(error = %e, "a metric could not be registered");
+    }
+}
+
+/// A gauge family with `labels`, registered.
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    // The options are constants: a bad one is caught by the tests.
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+    register(r, &g);
+    g
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
+    register(r, &g);
+    g
+}
+
+fn float_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+    register(r, &g);
+    g
+}
+
+fn float_gauge(r: &Registry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
+    register(r, &g);
+    g
+}
+
+/// A metric whose constant options prometheus refused: a bug in this
+/// file, found by `every_family_renders_and_names_follow_the_conventions`.
+#[allow(clippy::panic)]
+fn unreachable_metric(name: &str, e: &prometheus::Error) -> ! {
+    panic!("metric {name}: {e}")
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let registry = Registry::new();
+        let data = Arc::new(data::Transfers::new(&registry));
+        Arc::new(Self {
+            registry,
+            samplers: Mutex::new(Vec::new()),
+            data,
+        })
+    }
+
+    fn sample(&self, f: Sampler) {
+        self.samplers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(f);
+    }
+
+    /// The agent role's gauges: its pool, sessions and mappings.
+    pub fn watch_agent(&self, agent: &Arc<Agent>) {
+        let r = &self.registry;
+        let pool = gauge_vec(
+            r,
+            "oncilla_pool_bytes",
+            "Bytes of this agent's pool, by state: capacity, used (held by allocations), free, refilling (freed, being zeroed or backed anew), largest_free (the largest hole).",
+            &["state"],
+        );
+        let page = gauge(
+            r,
+            "oncilla_pool_page_size_bytes",
+            "Page size backing the pool.",
+        );
+        let allocations = gauge(
+            r,
+            "oncilla_pool_allocations",
+            "Allocations with memory on this node.",
+        );
+        let sessions = gauge(
+            r,
+            "oncilla_agent_sessions",
+            "Application sessions open on this agent.",
+        );
+        let leases = gauge(
+            r,
+            "oncilla_agent_map_leases",
+            "Same-node mappings handed to local processes and not yet given back.",
+        );
+        let rdma = gauge(
+            r,
+            "oncilla_rdma_registrations",
+            "RDMA memory registrations held for allocations on this node (one per pool extent per port).",
+        );
+        let agent = Arc::clone(agent);
+        self.sample(Box::new(move || {
+            let u = agent.usage();
+            let capacity = agent.pool().capacity();
+            for (state, v) in [
+                ("capacity", capacity),
+                ("used", u.used),
+                ("free", u.free),
+                ("refilling", u.scrubbing),
+                ("largest_free", u.largest_free),
+            ] {
+                pool.with_label_values(&[state]).set(i64_of(v));
+            }
+            page.set(i64_of(agent.pool().page_size()));
+            allocations.set(i64_of(agent.allocations() as u64));
+            sessions.set(i64_of(agent.sessions() as u64));
+            leases.set(i64_of(agent.leases().len() as u64));
+            rdma.set(i64_of(agent.rdma_registrations() as u64));
+        }));
+    }
+
+    /// The master role's gauges: nodes as it sees them, its table and its
+    /// recovery window.
+    pub fn watch_master(&self, master: &Arc<Master<GrpcAgentLink>>) {
+        let r = &self.registry;
+        let nodes = gauge_vec(
+            r,
+            "oncilla_master_nodes",
+            "Nodes the master knows, by state (up, suspect, down).",
+            &["state"],
+        );
+        let age = float_gauge_vec(
+            r,
+            "oncilla_master_node_heartbeat_age_seconds",
+            "Time since the master last heard from each node.",
+            &["node"],
+        );
+        let node_bytes = gauge_vec(
+            r,
+            "oncilla_master_node_bytes",
+            "Each node's memory as the master accounts it: capacity, and reserved by allocations.",
+            &["node", "state"],
+        );
+        let allocs = gauge_vec(
+            r,
+            "oncilla_master_allocations",
+            "Allocations in the master's table, by kind and health.",
+            &["kind", "health"],
+        );
+        let alloc_bytes = gauge_vec(
+            r,
+            "oncilla_master_allocation_bytes",
+            "Bytes of the allocations in the master's table, by kind and health.",
+            &["kind", "health"],
+        );
+        let recovering = gauge(
+            r,
+            "oncilla_master_recovering",
+            "1 while the master waits for agents to re-register after a start (it refuses to change its table), else 0.",
+        );
+        let left = float_gauge(
+            r,
+            "oncilla_master_recovery_remaining_seconds",
+            "Time left in the master's recovery window.",
+        );
+        let master = Arc::clone(master);
+        self.sample(Box::new(move || {
+            let list = master.nodes();
+            // Nodes come and go: labels are rebuilt each scrape.
+            age.reset();
+            node_bytes.reset();
+            let mut by_state = [0i64; 3];
+            for n in &list {
+                by_state[match n.state {
+                    NodeState::Up => 0,
+                    NodeState::Suspect => 1,
+                    NodeState::Down => 2,
+                }] += 1;
+                let name = n.info.name.as_str();
+                age.with_label_values(&[name])
+                    .set(n.last_heartbeat_ms_ago as f64 / 1000.0);
+                node_bytes
+                    .with_label_values(&[name, "capacity"])
+                    .set(i64_of(n.info.capacity));
+                node_bytes
+                    .with_label_values(&[name, "reserved"])
+                    .set(i64_of(n.used));
+            }
+            for (state, n) in ["up", "suspect", "down"].iter().zip(by_state) {
+                nodes.with_label_values(&[state]).set(n);
+            }
+            allocs.reset();
+            alloc_bytes.reset();
+            for ((kind, health), (count, bytes)) in master.census() {
+                let labels = [kind_label(kind), health_label(health)];
+                allocs.with_label_values(&labels).set(i64_of(count));
+                alloc_bytes.with_label_values(&labels).set(i64_of(bytes));
+            }
+            let d = master.recovering();
+            recovering.set(i64::from(!d.is_zero()));
+            left.set(d.as_secs_f64());
+        }));
+    }
+
+    /// Every family in the Prometheus text format (0.0.4), sampled now.
+    pub fn render(&self) -> Vec<u8> {
+        for s in self
+            .samplers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            s();
+        }
+        self.data.sample();
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "metrics could not be encoded");
+        }
+        out
+    }
+}
+
+fn kind_label(k: Kind) -> &'static str {
+    match k {
+        Kind::LocalHost => "local_host",
+        Kind::RemoteHost => "remote_host",
+        Kind::LocalGpu => "local_gpu",
+        Kind::RemoteGpu => "remote_gpu",
+    }
+}
+
+fn health_label(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "healthy",
+        Health::Degraded => "degraded",
+        Health::Lost => "lost",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_renders_and_names_follow_the_conventions() {
+        let m = Metrics::new();
+        m.data.read.done(4096, std::time::Duration::from_micros(30));
+        m.data.refused(oncilla_proto::wire::Status::OutOfBounds);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(
+            text.contains("oncilla_data_requests_total{fabric=\"tcp\",op=\"read\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("oncilla_data_bytes_total{fabric=\"tcp\",op=\"read\"} 4096"),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            let mut f = line.split_whitespace().skip(2);
+            let (name, kind) = (f.next().unwrap(), f.next().unwrap());
+            assert!(name.starts_with("oncilla_"), "{name}");
+            match kind {
+                "counter" => assert!(name.ends_with("_total"), "{name}"),
+                "histogram" => assert!(name.ends_with("_seconds"), "{name}"),
+                _ => {}
+            }
+        }
+    }
+}
