@@ -7,9 +7,14 @@
 # line saying why and the run goes on). The verbs steps need
 # libibverbs-dev, cmake, clang/libclang-dev and pkg-config; the guest
 # qemu-system-x86, linux-image-amd64, busybox-static, cpio, rdma-core and
-# ibverbs-providers (.ci/run installs them all).
+# ibverbs-providers (.ci/run installs them all); the manifest check
+# kubernetes-validate (pip); the metrics tests prometheus (promtool and the
+# server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The Kubernetes manifests, offline against the API schemas.
+deploy/kubernetes/validate.sh
 
 cargo test --workspace
 

@@ -2,7 +2,9 @@
 //! endpoint refuses a scraper without the token, serves text that
 //! `promtool check metrics` accepts, and moves with what the cluster does;
 //! a real Prometheus server scrapes the cluster and answers PromQL for a
-//! value the test changed. Loopback only; every wait bounded. Tests that
+//! value the test changed, and every query of the Grafana dashboard
+//! (`deploy/grafana/oncilla.json`) is valid there and reads only metrics
+//! the daemons serve. Loopback only; every wait bounded. Tests that
 //! need promtool or prometheus (Debian's `prometheus`, installed by
 //! `.ci/run`) print one line and skip where they are missing.
 #![allow(clippy::unwrap_used)]
@@ -232,5 +234,59 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
     eprintln!("PromQL {q} = {seen:?}");
     let allocs = r#"sum(oncilla_master_allocations{kind="remote_host"})"#;
     assert!(Cluster::eventually(BOUND, || query(&listen, allocs) == Some(1.0)));
+
+    // Every query of the Grafana dashboard is valid PromQL here and
+    // names only metrics the daemons serve.
+    let t = token(&c);
+    let served: String = ["master", "node-0", "node-1"]
+        .iter()
+        .map(|d| get(&c.metrics_addr(d).unwrap(), "/metrics", Some(&t)).1)
+        .collect();
+    for expr in dashboard_queries() {
+        let (code, body) = get(
+            &listen,
+            &format!("/api/v1/query?query={}", encode(&expr)),
+            None,
+        );
+        assert_eq!(code, 200, "dashboard query {expr}: {body}");
+        for name in metric_names(&expr) {
+            assert!(
+                served.contains(&format!("# TYPE {name} ")),
+                "the dashboard uses {name}, which no daemon serves"
+            );
+        }
+    }
     drop(a);
+}
+
+/// The PromQL of every panel of `deploy/grafana/oncilla.json`.
+fn dashboard_queries() -> Vec<String> {
+    let text = include_str!("../../deploy/grafana/oncilla.json");
+    let d: serde_json::Value = serde_json::from_str(text).unwrap();
+    let queries: Vec<String> = d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(queries.len() >= 9, "the dashboard lost its panels");
+    queries
+}
+
+/// The `oncilla_*` metric families `expr` reads (histogram series named
+/// by their family).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("oncilla_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        names.push(name.strip_suffix("_bucket").unwrap_or(name).to_string());
+        rest = &tail[end..];
+    }
+    names
 }

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Validates the manifests of this folder offline against the Kubernetes
+# schemas of every version they are meant for (kubernetes-validate bundles
+# them; .ci/run installs it with pip). Strict: unknown fields fail. Where
+# kubernetes-validate is missing it prints one line and passes.
+set -euo pipefail
+cd "$(dirname "$0")"
+# The module, so that a pip install outside PATH still counts.
+if ! python3 -m kubernetes_validate --version >/dev/null 2>&1; then
+  echo "skipped: kubernetes-validate not installed (pip install kubernetes-validate)"
+  exit 0
+fi
+# gRPC probes are GA from 1.27.
+for version in 1.27.0 1.30.0 1.33.0; do
+  python3 -m kubernetes_validate --strict --quiet -k "$version" ./*.yaml
+done
+echo "kubernetes manifests valid for 1.27, 1.30 and 1.33 (strict)"
