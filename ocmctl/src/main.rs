@@ -9,6 +9,7 @@ mod data;
 mod demo;
 mod master;
 mod runwith;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -191,6 +192,9 @@ enum Cmd {
     /// Start a local cluster (master and agents as processes), move data
     /// through it, verify it, print what happened, and tear it down.
     Demo(demo::Args),
+    /// Nodes and allocations, refreshed every --interval until Ctrl-C (or
+    /// --count frames); redraws on a terminal, appends frames elsewhere.
+    Top(top::Args),
     /// Start a local cluster, run a program against it (liboncilla finds
     /// agent node-0 through ONCILLA_SOCKET and ONCILLA_TOKEN_FILE), and
     /// tear the cluster down: `ocmctl run -- ./my-app args`.
@@ -471,6 +475,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             );
         }
         Cmd::Demo(args) => demo::run(&args)?,
+        Cmd::Top(args) => top::run(&args)?,
         Cmd::Run(args) => runwith::run(&args)?,
         Cmd::Bench(bench) => oncilla_bench::run(&bench, &daemon())?,
     }

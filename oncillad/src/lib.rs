@@ -278,9 +278,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 reason: e.to_string(),
             })?;
         let (held, leases, map_keys) = (agent.held(), agent.leases(), keys.clone());
+        let transfers = Arc::clone(&metrics.data);
         std::thread::Builder::new()
             .name("oncilla-map".into())
-            .spawn(move || fabric::shm::serve(map_listener, held, leases, map_keys))
+            .spawn(move || fabric::shm::serve(map_listener, held, leases, map_keys, transfers))
             .map_err(|source| bind_error("map", data_addr, source))?;
 
         let master =

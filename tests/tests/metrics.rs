@@ -106,6 +106,16 @@ fn every_daemon_serves_metrics_that_promtool_accepts_and_that_move() {
         "{m}"
     );
     assert_eq!(sample(&m, r#"oncilla_master_nodes{state="up"}"#), Some(2.0));
+    // Same-node memory is granted by the map socket (fabric shm).
+    let local = ocm.alloc(1 << 20, Kind::LocalHost).unwrap();
+    local.copy_in(0, &[3u8; 4096]).unwrap();
+    let node0 = get(&c.metrics_addr("node-0").unwrap(), "/metrics", Some(&t)).1;
+    let maps = sample(
+        &node0,
+        r#"oncilla_data_requests_total{fabric="shm",op="map"}"#,
+    );
+    assert!(maps.is_some_and(|n| n >= 1.0), "{node0}");
+    drop(local);
     assert_eq!(sample(&m, "oncilla_master_recovering"), Some(0.0));
 
     let promtool = Path::new("/usr/bin/promtool");

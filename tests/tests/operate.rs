@@ -107,3 +107,36 @@ fn each_daemon_tells_systemd_it_is_ready_once() {
     drop(c);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn ocmctl_top_shows_nodes_and_allocations_frame_after_frame() {
+    let c = Cluster::start(2, "16MiB");
+    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-1", "--name", "seen-by-top"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c.ocmctl(&["top", "--count", "2", "--interval", "200ms"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let frames: Vec<&str> = text.split("--- frame ").skip(1).collect();
+    assert_eq!(frames.len(), 2, "{text}");
+    for f in frames {
+        assert!(f.contains("2 nodes, 1 allocations"), "{f}");
+        assert!(
+            f.contains("node-0") && f.contains("node-1") && f.contains("seen-by-top"),
+            "{f}"
+        );
+    }
+    let out = c.ocmctl(&["top", "--count", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+    assert_eq!(v["allocations"][0]["name"], "seen-by-top");
+    let bad = c.ocmctl(&["top", "--interval", "10ms"]);
+    assert!(!bad.status.success());
+}

@@ -338,6 +338,21 @@ impl Agent {
         }
     }
 
+    /// Device memory held here for `REMOTE_GPU` allocations: extents and
+    /// bytes.
+    pub fn gpu_held(&self) -> (u64, u64) {
+        let mut out = (0, 0);
+        for h in self.held.iter() {
+            for e in &h.value().extents {
+                if matches!(e.memory, crate::memory::held::Backing::Gpu(_)) {
+                    out.0 += 1;
+                    out.1 += e.len;
+                }
+            }
+        }
+        out
+    }
+
     /// RDMA memory registrations held for allocations here.
     pub fn rdma_registrations(&self) -> usize {
         self.held.iter().map(|h| h.value().keys.count()).sum()

@@ -42,6 +42,7 @@ use super::Within;
 use crate::listen::{AcceptBackoff, Pending, Place, Ticket};
 use crate::memory::held::{Held, HeldTable};
 use crate::memory::lease::Leases;
+use crate::metrics::data::Transfers;
 
 /// Most map connections (leases, and connections on their way to one)
 /// at once; each is served by its own thread.
@@ -58,7 +59,13 @@ const MAX_REQUESTS: usize = 1 << 16;
 
 /// Serves mapping requests until the listener fails; each connection (a
 /// lease) on its own thread, for as long as the process keeps it open.
-pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, keys: Keyring) {
+pub fn serve(
+    listener: UnixListener,
+    held: HeldTable,
+    leases: Arc<Leases>,
+    keys: Keyring,
+    metrics: Arc<Transfers>,
+) {
     let live = Arc::new(AtomicUsize::new(0));
     let pending = Pending::new(MAX_MAP_PENDING, MAX_MAP_PENDING);
     let mut backoff = AcceptBackoff::new("map");
@@ -80,6 +87,7 @@ pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, keys:
         };
         let (held, leases, keys) = (Arc::clone(&held), Arc::clone(&leases), keys.clone());
         let live = Arc::clone(&live);
+        let metrics = Arc::clone(&metrics);
         let spawned = std::thread::Builder::new()
             .name("oncilla-lease".into())
             .spawn(move || {
@@ -88,7 +96,8 @@ pub fn serve(listener: UnixListener, held: HeldTable, leases: Arc<Leases>, keys:
                     registered: None,
                     holding: Vec::new(),
                 };
-                if let Err(e) = serve_one(stream, &held, &keys, &mut lease, ticket, &live) {
+                let served = serve_one(stream, &held, &keys, &mut lease, ticket, &live, &metrics);
+                if let Err(e) = served {
                     tracing::debug!(error = %e, "map connection ended");
                 }
             });
@@ -122,6 +131,7 @@ fn serve_one(
     lease: &mut Lease,
     ticket: Ticket,
     live: &AtomicUsize,
+    metrics: &Transfers,
 ) -> Result<(), wire::WireError> {
     let until = Instant::now() + REQUEST_DEADLINE;
     let Some(_place) = super::accept(
@@ -155,6 +165,7 @@ fn serve_one(
             Err(e) => return Err(e.into()),
         }
         let req = Request::decode(&head)?;
+        let started = Instant::now();
         if lease.registered.is_some_and(|(id, _)| id != req.alloc_id) {
             let msg = "one allocation per map connection";
             let reply = Reply {
@@ -219,6 +230,10 @@ fn serve_one(
                     .encode();
                     send_with_fd(&mut stream, &frame, part.file.fd().as_raw_fd())?;
                 }
+                metrics.map.done(
+                    usize::try_from(req.len).unwrap_or(usize::MAX),
+                    started.elapsed(),
+                );
             }
             Err((status, msg)) => {
                 let reply = Reply {

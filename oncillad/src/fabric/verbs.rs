@@ -44,11 +44,32 @@ use crate::memory::keys::Retired;
 use crate::memory::keys::{GpuRegistration, Keys};
 use crate::pool::Pool;
 
+/// How the node's RDMA work went so far (read by the metrics).
+#[derive(Debug, Default)]
+pub struct RdmaCounts {
+    /// Queue pairs made towards clients.
+    pub pairs: std::sync::atomic::AtomicU64,
+    /// Queue pairs the HCA or the client's endpoint refused.
+    pub pair_failures: std::sync::atomic::AtomicU64,
+    /// Host memory registrations refused.
+    pub host_failures: std::sync::atomic::AtomicU64,
+    /// Device memory registered (GPUDirect RDMA).
+    pub gpu: std::sync::atomic::AtomicU64,
+    /// Device memory registrations refused.
+    pub gpu_failures: std::sync::atomic::AtomicU64,
+}
+
+fn count(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The node's RDMA state.
 pub struct Rdma {
     /// What was found and opened at start (the opened devices move to
     /// `ports`), and why verbs is unavailable.
     probe: Probe,
+    /// Outcomes so far, for metrics.
+    pub counts: RdmaCounts,
     /// The opened ports by index (stable for the agent's life: keys and
     /// retired keys name ports by it); `None` once its device went away.
     #[cfg(feature = "verbs")]
@@ -175,6 +196,7 @@ impl Rdma {
             }
         }
         let me = Rdma {
+            counts: RdmaCounts::default(),
             #[cfg(feature = "verbs")]
             ports: std::sync::RwLock::new(
                 std::mem::take(&mut probe.devices)
@@ -365,8 +387,10 @@ impl Rdma {
                     })?;
                     // SAFETY: the caller keeps the range mapped while the
                     // keys live; the agent posts nothing on it.
-                    let mr = unsafe { self.fresh(port, dev, addr, len) }
-                        .map_err(VerbsError::Register)?;
+                    let mr = unsafe { self.fresh(port, dev, addr, len) }.map_err(|e| {
+                        count(&self.counts.host_failures);
+                        VerbsError::Register(e)
+                    })?;
                     regions[i].push(RdmaRegion {
                         device: dev.port.device.clone(),
                         port: dev.port.port,
@@ -428,7 +452,12 @@ impl Rdma {
         if let Some(why) = self.unavailable() {
             return Err(VerbsError::Unavailable(why));
         }
-        self.connect_on(client, port_index)
+        let made = self.connect_on(client, port_index);
+        count(match &made {
+            Ok(_) => &self.counts.pairs,
+            Err(_) => &self.counts.pair_failures,
+        });
+        made
     }
 
     #[cfg(feature = "verbs")]
@@ -481,7 +510,12 @@ impl Rdma {
         if let Some(why) = self.unavailable() {
             return Err(VerbsError::GpuUnavailable(why));
         }
-        self.register_gpu_on(mem)
+        let registered = self.register_gpu_on(mem);
+        count(match &registered {
+            Ok(_) => &self.counts.gpu,
+            Err(_) => &self.counts.gpu_failures,
+        });
+        registered
     }
 
     #[cfg(feature = "verbs")]

@@ -42,12 +42,14 @@ pub enum HelloRefusal {
 pub struct Transfers {
     pub read: OpMetrics,
     pub write: OpMetrics,
+    /// Same-node mappings granted (fabric `shm`, op `map`; the bytes are
+    /// the lengths mapped, then copied by the client itself).
+    pub map: OpMetrics,
     refusals: [IntCounter; 5],
     hello: [IntCounter; 3],
     connections: IntGaugeVec,
-    evictions: IntCounterVec,
+    evictions: [super::Mirror; 2],
     listener: Mutex<Option<(Arc<Pending>, Arc<Seats>)>>,
-    evicted_seen: Mutex<(u64, u64)>,
 }
 
 /// Latency buckets: 10 µs to 10 s.
@@ -116,14 +118,15 @@ impl Transfers {
         super::register(r, &hello);
         super::register(r, &connections);
         super::register(r, &evictions);
-        let op = |name: &str| OpMetrics {
-            requests: requests.with_label_values(&["tcp", name]),
-            bytes: bytes.with_label_values(&["tcp", name]),
-            seconds: seconds.with_label_values(&["tcp", name]),
+        let op = |fabric: &str, name: &str| OpMetrics {
+            requests: requests.with_label_values(&[fabric, name]),
+            bytes: bytes.with_label_values(&[fabric, name]),
+            seconds: seconds.with_label_values(&[fabric, name]),
         };
         Self {
-            read: op("read"),
-            write: op("write"),
+            read: op("tcp", "read"),
+            write: op("tcp", "write"),
+            map: op("shm", "map"),
             refusals: [
                 "no_such_allocation",
                 "out_of_bounds",
@@ -134,9 +137,9 @@ impl Transfers {
             .map(|r| refusals.with_label_values(&[r])),
             hello: ["wrong_token", "bad_version", "no_seat"].map(|r| hello.with_label_values(&[r])),
             connections,
-            evictions,
+            evictions: ["pending", "idle"]
+                .map(|s| super::Mirror::new(evictions.with_label_values(&[s]))),
             listener: Mutex::new(None),
-            evicted_seen: Mutex::new((0, 0)),
         }
     }
 
@@ -174,15 +177,8 @@ impl Transfers {
         self.connections
             .with_label_values(&["pending"])
             .set(n(pending.len()));
-        // The budgets count evictions themselves; add what is new since.
-        let mut seen = self.evicted_seen.lock().unwrap_or_else(|e| e.into_inner());
-        let (p, s) = (pending.evicted(), seats.evicted());
-        self.evictions
-            .with_label_values(&["pending"])
-            .inc_by(p.saturating_sub(seen.0));
-        self.evictions
-            .with_label_values(&["idle"])
-            .inc_by(s.saturating_sub(seen.1));
-        *seen = (p, s);
+        // The budgets count evictions themselves.
+        self.evictions[0].follow(pending.evicted());
+        self.evictions[1].follow(seats.evicted());
     }
 }

@@ -24,6 +24,42 @@ use crate::master::Master;
 /// Reads state into gauges just before a scrape.
 type Sampler = Box<dyn Fn() + Send + Sync>;
 
+/// A counter that follows a running total kept elsewhere (an atomic of
+/// the code it observes): each scrape adds what is new.
+pub(crate) struct Mirror {
+    counter: prometheus::IntCounter,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl Mirror {
+    pub(crate) fn new(counter: prometheus::IntCounter) -> Self {
+        Self {
+            counter,
+            seen: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn follow(&self, total: u64) {
+        let before = self.seen.swap(total, std::sync::atomic::Ordering::Relaxed);
+        self.counter.inc_by(total.saturating_sub(before));
+    }
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> prometheus::IntCounter {
+    let c =
+        prometheus::IntCounter::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
+    register(r, &c);
+    c
+}
+
+/// A counter family with `labels`, registered.
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::IntCounterVec {
+    let c = prometheus::IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+    register(r, &c);
+    c
+}
+
 /// Every metric family of this daemon.
 pub struct Metrics {
     registry: Registry,
@@ -131,6 +167,35 @@ impl Metrics {
             "oncilla_rdma_registrations",
             "RDMA memory registrations held for allocations on this node (one per pool extent per port).",
         );
+        let pairs = counter_vec(
+            r,
+            "oncilla_rdma_queue_pairs_total",
+            "Queue pairs this agent made towards clients (ConnectVerbs), by outcome.",
+            &["outcome"],
+        );
+        let reg_failures = counter_vec(
+            r,
+            "oncilla_rdma_registration_failures_total",
+            "RDMA memory registrations a port refused, by memory (host, gpu).",
+            &["memory"],
+        );
+        let gpu_regs = Mirror::new(counter(
+            r,
+            "oncilla_gpu_rdma_registrations_total",
+            "Device memory registered with the RDMA ports (GPUDirect RDMA).",
+        ));
+        let rdma_mirrors = [
+            Mirror::new(pairs.with_label_values(&["connected"])),
+            Mirror::new(pairs.with_label_values(&["failed"])),
+            Mirror::new(reg_failures.with_label_values(&["host"])),
+            Mirror::new(reg_failures.with_label_values(&["gpu"])),
+        ];
+        let gpu = gauge_vec(
+            r,
+            "oncilla_gpu_held",
+            "Device memory held on this node for REMOTE_GPU allocations: extents and bytes.",
+            &["what"],
+        );
         let agent = Arc::clone(agent);
         self.sample(Box::new(move || {
             let u = agent.usage();
@@ -149,6 +214,21 @@ impl Metrics {
             sessions.set(i64_of(agent.sessions() as u64));
             leases.set(i64_of(agent.leases().len() as u64));
             rdma.set(i64_of(agent.rdma_registrations() as u64));
+            let c = &agent.rdma().counts;
+            let load =
+                |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            for (m, total) in rdma_mirrors.iter().zip([
+                load(&c.pairs),
+                load(&c.pair_failures),
+                load(&c.host_failures),
+                load(&c.gpu_failures),
+            ]) {
+                m.follow(total);
+            }
+            gpu_regs.follow(load(&c.gpu));
+            let (extents, bytes) = agent.gpu_held();
+            gpu.with_label_values(&["extents"]).set(i64_of(extents));
+            gpu.with_label_values(&["bytes"]).set(i64_of(bytes));
         }));
     }
 
