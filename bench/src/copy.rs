@@ -83,6 +83,10 @@ pub struct CopyArgs {
     /// what TLS costs beside a run without it.
     #[arg(long, conflicts_with = "socket")]
     tls: bool,
+    /// Start the local cluster with metrics on every daemon, scraped once
+    /// a second while the benchmark runs (what serving them costs).
+    #[arg(long, conflicts_with = "socket")]
+    metrics: bool,
     #[command(flatten)]
     conn: oncilla_cluster::Conn,
     /// Print JSON instead of tables.
@@ -216,8 +220,14 @@ pub fn run(args: &CopyArgs, daemon: &Daemon) -> Result<(), BenchError> {
             // node-0 serves the benchmark's session; node-1 holds the bytes.
             let capacities = [64 << 20, need + (64 << 20)];
             let raw = rawtcp::spawn_local(args.raw_memory)?;
-            let config = crate::local(daemon, &capacities).tls(args.tls);
+            let config = crate::local(daemon, &capacities)
+                .tls(args.tls)
+                .metrics(args.metrics);
             oncilla_cluster::run(config, move |c| {
+                let _scraper = c
+                    .metrics_addr("master")
+                    .is_some()
+                    .then(|| Scraper::start(&c));
                 let master = c.master()?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());
                 opts.fabric = plan.fabric;
@@ -646,4 +656,53 @@ fn cpu_per_gib(ns: u64, bytes: u64) -> f64 {
 fn to_usize(v: u64) -> Result<usize, BenchError> {
     usize::try_from(v)
         .map_err(|_| BenchError::Failed(format!("{v} bytes do not fit in memory here")))
+}
+
+/// Scrapes every daemon's metrics once a second until dropped, as a
+/// Prometheus server would, so `--metrics` measures serving them too.
+struct Scraper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Scraper {
+    fn start(c: &oncilla_cluster::Handle) -> Self {
+        use std::io::{Read, Write};
+        let token = std::fs::read_to_string(c.metrics_token_file()).unwrap_or_default();
+        let addrs: Vec<String> = std::iter::once("master".to_string())
+            .chain((0..c.agents).map(oncilla_cluster::node_name))
+            .filter_map(|n| c.metrics_addr(&n))
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                for addr in &addrs {
+                    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let _ = write!(
+                        s,
+                        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+                    );
+                    let _ = s.read_to_end(&mut Vec::new());
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
