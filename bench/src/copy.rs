@@ -227,7 +227,7 @@ pub fn run(args: &CopyArgs, daemon: &Daemon) -> Result<(), BenchError> {
                 let _scraper = c
                     .metrics_addr("master")
                     .is_some()
-                    .then(|| Scraper::start(&c));
+                    .then(|| Scraper::start(c));
                 let master = c.master()?;
                 let mut opts = Options::new(c.socket(0), c.token.clone());
                 opts.fabric = plan.fabric;
