@@ -142,7 +142,12 @@ impl Master {
         self.rt
             .block_on(client::through_recovery(|| f(self.client.clone()), waiting))
             .map(tonic::Response::into_inner)
-            .map_err(|s| MasterError::Rpc(client::unreachable("master", &self.addr, s)))
+            .map_err(|s| {
+                MasterError::Rpc(match self.tls {
+                    Some(_) => client::unreachable("master", &self.addr, s),
+                    None => client::unreachable_plain("master", &self.addr, s),
+                })
+            })
     }
 
     /// Every node the master knows.

@@ -199,9 +199,22 @@ pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Stat
         | tonic::Code::Cancelled
             if !status.message().starts_with(what) =>
         {
-            let detail = std::error::Error::source(&status)
-                .map(|s| format!(" ({s})"))
-                .unwrap_or_default();
+            // Every cause, innermost last, each once (tonic repeats
+            // "transport error" down the chain).
+            let mut causes: Vec<String> = Vec::new();
+            let mut next = std::error::Error::source(&status);
+            while let Some(e) = next {
+                let s = e.to_string();
+                if !causes.contains(&s) && s != status.message() {
+                    causes.push(s);
+                }
+                next = e.source();
+            }
+            let detail = if causes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", causes.join(": "))
+            };
             tonic::Status::unavailable(format!(
                 "{what} unreachable at {addr}: {}{detail}",
                 status.message()
@@ -209,4 +222,36 @@ pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Stat
         }
         _ => status,
     }
+}
+
+/// [`unreachable`] for a call made without TLS: where the connection was
+/// made and then broken or garbled (what a plaintext client sees of a TLS
+/// listener), the message says to pass the cluster CA.
+pub fn unreachable_plain(what: &str, addr: &str, status: tonic::Status) -> tonic::Status {
+    let status = unreachable(what, addr, status);
+    let text = status.message().to_ascii_lowercase();
+    let broken = [
+        "h2 protocol error",
+        "connection error",
+        "broken pipe",
+        "connection reset",
+    ]
+    .iter()
+    .any(|m| text.contains(m));
+    if !broken
+        || !matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Internal
+        )
+    {
+        return status;
+    }
+    let message = if status.message().starts_with(what) {
+        status.message().to_string()
+    } else {
+        format!("{what} unreachable at {addr}: {}", status.message())
+    };
+    tonic::Status::unavailable(format!(
+        "{message}; if the cluster uses TLS, pass its CA (--tls-ca or ONCILLA_TLS_CA)"
+    ))
 }

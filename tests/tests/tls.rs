@@ -103,7 +103,10 @@ fn applications_and_operators_work_through_a_tls_cluster() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "plain gRPC reached a TLS master");
-    assert!(err.contains("master unreachable"), "{err}");
+    assert!(
+        err.contains("master unreachable") && err.contains("--tls-ca"),
+        "{err}"
+    );
 }
 
 /// Accepts one connection and relays it to `to`, recording every byte

@@ -101,6 +101,8 @@ impl AgentLink for GrpcAgentLink {
 #[derive(Clone)]
 pub struct MasterLink {
     addr: String,
+    /// Dialled without TLS (a failure may then mean the master wants it).
+    plain: bool,
     client: MasterClient,
 }
 
@@ -117,12 +119,23 @@ impl MasterLink {
     ) -> Result<Self, client::AddrError> {
         Ok(Self {
             addr: addr.to_string(),
+            plain: tls.is_none(),
             client: client::master(client::lazy_as(addr, credential, tls)?),
         })
     }
 
+    /// A failed membership call, as the agent core sees it.
+    fn failed(&self, s: Status) -> LinkError {
+        let message = self.wrap(s.clone()).message().to_string();
+        link_error(&s, message)
+    }
+
     fn wrap(&self, s: Status) -> Status {
-        client::unreachable("master", &self.addr, s)
+        if self.plain {
+            client::unreachable_plain("master", &self.addr, s)
+        } else {
+            client::unreachable("master", &self.addr, s)
+        }
     }
 
     // What the session service forwards: the master's status goes back to
@@ -165,7 +178,7 @@ impl MasterPort for MasterLink {
             let r = self.client.clone().register(call).await;
             let reply = r
                 .map(tonic::Response::into_inner)
-                .map_err(|s| failed("master", &self.addr, s))?;
+                .map_err(|s| self.failed(s))?;
             release.extend_from_slice(&reply.release);
             last = Some(reply);
         }
@@ -180,8 +193,7 @@ impl MasterPort for MasterLink {
             .clone()
             .heartbeat(pb::HeartbeatRequest::from(req))
             .await;
-        r.map(|r| r.into_inner().into())
-            .map_err(|s| failed("master", &self.addr, s))
+        r.map(|r| r.into_inner().into()).map_err(|s| self.failed(s))
     }
 }
 
