@@ -253,3 +253,53 @@ fn plaintext_peers_get_nothing_from_tls_listeners() {
 
     c.still_serves();
 }
+
+/// Peers that finish the TLS handshake and then say nothing, or stop
+/// reading, hold nothing for long: the hello deadline closes the
+/// protocol's end, and the tunnel's threads follow it.
+#[test]
+fn silent_tls_peers_leave_no_threads_behind() {
+    let c = Cluster::start_tls(2, "64MiB");
+    let tls = c.tls.clone().unwrap();
+    let addr = data_addr(&c, "node-1");
+    let tunnel_threads = |c: &Cluster| {
+        c.agent_threads(1)
+            .iter()
+            .filter(|(name, _)| name.starts_with("oncilla-tls"))
+            .count()
+    };
+    let before = tunnel_threads(&c);
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let tcp = TcpStream::connect(&addr).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        held.push(
+            tunnel::connect(tcp, tls.data(), "127.0.0.1", until, Duration::from_secs(60)).unwrap(),
+        );
+    }
+    // The agent's side finishes its handshake a moment after ours.
+    assert!(
+        Cluster::eventually(Duration::from_secs(3), || tunnel_threads(&c) >= before + 40),
+        "20 tunnels should hold 40 relay threads on the agent, not {}: {:?}",
+        tunnel_threads(&c),
+        c.agent_threads(1)
+            .iter()
+            .map(|t| t.0.clone())
+            .collect::<Vec<_>>()
+    );
+    // Past the 5 s hello deadline every one is closed by the agent.
+    assert!(
+        Cluster::eventually(Duration::from_secs(15), || tunnel_threads(&c) <= before),
+        "{} relay threads left on the agent",
+        tunnel_threads(&c)
+    );
+    for mut s in held {
+        let mut b = [0u8; 1];
+        assert_eq!(
+            s.read(&mut b).unwrap_or(0),
+            0,
+            "a silent peer was sent bytes"
+        );
+    }
+    c.still_serves();
+}
