@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncilla_proto::wire::Status;
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntGaugeVec, Registry};
 
 use crate::listen::{Pending, Seats};
 
@@ -59,65 +57,55 @@ const BUCKETS: [f64; 13] = [
 
 impl Transfers {
     pub(super) fn new(r: &Registry) -> Self {
-        fn fail<T>(name: &str, e: prometheus::Error) -> T {
-            super::unreachable_metric(name, &e)
-        }
-        let requests = IntCounterVec::new(
-            Opts::new("oncilla_data_requests_total", "Data requests served, by fabric and operation (read: bytes out of the pool, write: bytes into it)."),
+        let requests = super::counter_vec(
+            r,
+            "oncilla_data_requests_total",
+            "Data requests served, by fabric and operation (read: bytes out of the pool, write: bytes into it).",
             &["fabric", "op"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_requests_total", e));
-        let bytes = IntCounterVec::new(
-            Opts::new(
-                "oncilla_data_bytes_total",
-                "Bytes moved by served data requests, by fabric and operation.",
+        );
+        let bytes = super::counter_vec(
+            r,
+            "oncilla_data_bytes_total",
+            "Bytes moved by served data requests, by fabric and operation.",
+            &["fabric", "op"],
+        );
+        let name = "oncilla_data_request_duration_seconds";
+        let seconds = super::registered(
+            r,
+            name,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    name,
+                    "Time from a data request's header to its last byte sent or received, by fabric and operation.",
+                )
+                .buckets(BUCKETS.to_vec()),
+                &["fabric", "op"],
             ),
-            &["fabric", "op"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_bytes_total", e));
-        let seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "oncilla_data_request_duration_seconds",
-                "Time from a data request's header to its last byte sent or received, by fabric and operation.",
-            )
-            .buckets(BUCKETS.to_vec()),
-            &["fabric", "op"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_request_duration_seconds", e));
-        let refusals = IntCounterVec::new(
-            Opts::new(
-                "oncilla_data_request_refusals_total",
-                "Data requests refused, by reason.",
-            ),
+        );
+        let refusals = super::counter_vec(
+            r,
+            "oncilla_data_request_refusals_total",
+            "Data requests refused, by reason.",
             &["reason"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_request_refusals_total", e));
-        let hello = IntCounterVec::new(
-            Opts::new("oncilla_data_connection_refusals_total", "Data connections turned away at their hello, by reason (wrong_token, bad_version, no_seat: every seat busy)."),
+        );
+        let hello = super::counter_vec(
+            r,
+            "oncilla_data_connection_refusals_total",
+            "Data connections turned away at their hello, by reason (wrong_token, bad_version, no_seat: every seat busy).",
             &["reason"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_connection_refusals_total", e));
-        let connections = IntGaugeVec::new(
-            Opts::new(
-                "oncilla_data_connections",
-                "Open data connections: authenticated, or pending (still in their hello).",
-            ),
+        );
+        let connections = super::gauge_vec(
+            r,
+            "oncilla_data_connections",
+            "Open data connections: authenticated, or pending (still in their hello).",
             &["state"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_connections", e));
-        let evictions = IntCounterVec::new(
-            Opts::new("oncilla_data_connection_evictions_total", "Data connections closed to make room: pending (a stranger's hello over budget) or idle (an authenticated connection between requests)."),
+        );
+        let evictions = super::counter_vec(
+            r,
+            "oncilla_data_connection_evictions_total",
+            "Data connections closed to make room: pending (a stranger's hello over budget) or idle (an authenticated connection between requests).",
             &["state"],
-        )
-        .unwrap_or_else(|e| fail("oncilla_data_connection_evictions_total", e));
-        for c in [&requests, &bytes] {
-            super::register(r, c);
-        }
-        super::register(r, &seconds);
-        super::register(r, &refusals);
-        super::register(r, &hello);
-        super::register(r, &connections);
-        super::register(r, &evictions);
+        );
         let op = |fabric: &str, name: &str| OpMetrics {
             requests: requests.with_label_values(&[fabric, name]),
             bytes: bytes.with_label_values(&[fabric, name]),

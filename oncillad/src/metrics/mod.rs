@@ -45,21 +45,6 @@ impl Mirror {
     }
 }
 
-fn counter(r: &Registry, name: &str, help: &str) -> prometheus::IntCounter {
-    let c =
-        prometheus::IntCounter::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
-    register(r, &c);
-    c
-}
-
-/// A counter family with `labels`, registered.
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::IntCounterVec {
-    let c = prometheus::IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| unreachable_metric(name, &e));
-    register(r, &c);
-    c
-}
-
 /// Every metric family of this daemon.
 pub struct Metrics {
     registry: Registry,
@@ -68,40 +53,47 @@ pub struct Metrics {
     pub data: Arc<data::Transfers>,
 }
 
-/// Registers `c` with `r`. Names are fixed and distinct, so this fails
-/// only on a programming error, which is logged, never a panic.
-fn register<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: &C) {
+/// `made` (a family built from constant options), registered with `r`.
+/// Options and names are constants: a bad one is a bug in this module,
+/// caught by its test; a clash at registration is logged, never a panic.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(
+    r: &Registry,
+    name: &str,
+    made: prometheus::Result<C>,
+) -> C {
+    let c = made.unwrap_or_else(|e| unreachable_metric(name, &e));
     if let Err(e) = r.register(Box::new(c.clone())) {
-        tracing::error!(error = %e, "a metric could not be registered");
+        tracing::error!(error = %e, metric = name, "a metric could not be registered");
     }
+    c
 }
 
-/// A gauge family with `labels`, registered.
-fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    // The options are constants: a bad one is caught by the tests.
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| unreachable_metric(name, &e));
-    register(r, &g);
-    g
+fn counter(r: &Registry, name: &str, help: &str) -> prometheus::IntCounter {
+    registered(r, name, prometheus::IntCounter::new(name, help))
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::IntCounterVec {
+    registered(
+        r,
+        name,
+        prometheus::IntCounterVec::new(Opts::new(name, help), labels),
+    )
 }
 
 fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    let g = IntGauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
-    register(r, &g);
-    g
+    registered(r, name, IntGauge::new(name, help))
 }
 
-fn float_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    let g = GaugeVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| unreachable_metric(name, &e));
-    register(r, &g);
-    g
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    registered(r, name, IntGaugeVec::new(Opts::new(name, help), labels))
 }
 
 fn float_gauge(r: &Registry, name: &str, help: &str) -> Gauge {
-    let g = Gauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
-    register(r, &g);
-    g
+    registered(r, name, Gauge::new(name, help))
+}
+
+fn float_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    registered(r, name, GaugeVec::new(Opts::new(name, help), labels))
 }
 
 /// A metric whose constant options prometheus refused: a bug in this
