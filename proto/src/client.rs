@@ -224,7 +224,7 @@ pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Stat
     }
 }
 
-/// [`unreachable`] for a call made without TLS: where the connection was
+/// [`unreachable()`] for a call made without TLS: where the connection was
 /// made and then broken or garbled (what a plaintext client sees of a TLS
 /// listener), the message says to pass the cluster CA.
 pub fn unreachable_plain(what: &str, addr: &str, status: tonic::Status) -> tonic::Status {

@@ -69,19 +69,14 @@ pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 /// connection (and lets go of the allocation it was reading or writing).
 /// Set once per connection as the socket's send and receive timeouts.
 pub const STALL_DEADLINE: Duration = Duration::from_secs(10);
-/// The slowest a request's bytes may move once they start (1 MiB/s): a
-/// peer that reads or sends a little now and then restarts the socket's
-/// stall timeout each time, so every request also gets a whole deadline
-/// of [`STALL_DEADLINE`] plus its length at this rate.
-pub const MIN_RATE: u64 = 1 << 20;
+/// The slowest a request's bytes may move once they start: every request
+/// gets a whole deadline of [`STALL_DEADLINE`] plus its length at this
+/// rate (see [`sock::Deadline::for_transfer`]).
+pub use oncilla_proto::wire::sock::MIN_RATE;
 
 /// When a request of `len` bytes must be over (see [`MIN_RATE`]).
 fn deadline(len: usize) -> sock::Deadline {
-    let len = u64::try_from(len).unwrap_or(u64::MAX);
-    sock::Deadline {
-        at: Instant::now() + STALL_DEADLINE + Duration::from_millis(len / (MIN_RATE / 1000)),
-        base: STALL_DEADLINE,
-    }
+    sock::Deadline::for_transfer(len, STALL_DEADLINE)
 }
 /// An authenticated connection idle this long between requests is closed
 /// (clients replace a pooled connection that turns out closed).

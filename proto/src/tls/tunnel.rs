@@ -11,8 +11,7 @@
 //! sends it. They share the rustls session under a lock held only while
 //! encrypting or decrypting, never across a blocking call. Bounds: the
 //! handshake fits in the caller's deadline; each relayed piece must leave
-//! within the stall time plus its length at [`crate::wire::sock`]'s minimum
-//! rate, so a peer that stops reading, or trickles, ends the tunnel; when
+//! within the stall time plus its length at [`sock::MIN_RATE`], so a peer that stops reading, or trickles, ends the tunnel; when
 //! either end closes or fails, both sockets are shut down and both threads
 //! end.
 //!
@@ -33,9 +32,6 @@ use crate::wire::sock;
 const PIECE: usize = 64 << 10;
 /// Stack of a relay thread (its buffers are on the heap).
 const RELAY_STACK: usize = 256 << 10;
-/// The slowest a relayed piece may leave (1 MiB/s, as the data server's
-/// own rate floor).
-const MIN_RATE: u64 = 1 << 20;
 
 /// A data connection: plain TCP, or the plaintext end of a TLS tunnel.
 #[derive(Debug)]
@@ -346,12 +342,12 @@ fn encrypt(
 }
 
 /// Sends one relayed piece, all of it within the stall time plus its
-/// length at [`MIN_RATE`].
+/// length at [`sock::MIN_RATE`].
 fn send(tcp: &TcpStream, wire: &[u8], stall: Duration) -> io::Result<()> {
-    let len = u64::try_from(wire.len()).unwrap_or(u64::MAX);
-    let deadline = sock::Deadline {
-        at: Instant::now() + stall + Duration::from_millis(len / (MIN_RATE / 1000)),
-        base: stall,
-    };
-    sock::send_by(tcp, wire, &[], deadline)
+    sock::send_by(
+        tcp,
+        wire,
+        &[],
+        sock::Deadline::for_transfer(wire.len(), stall),
+    )
 }

@@ -29,6 +29,24 @@ pub struct Deadline {
     pub base: Duration,
 }
 
+/// The slowest a transfer's bytes may move once they start (1 MiB/s): a
+/// peer that reads or sends a little now and then restarts the socket's
+/// stall timeout each time, so every transfer also gets a whole deadline
+/// of the stall time plus its length at this rate.
+pub const MIN_RATE: u64 = 1 << 20;
+
+impl Deadline {
+    /// For a transfer of `len` bytes on a socket whose timeouts are
+    /// `stall`: `stall` plus `len` at [`MIN_RATE`] from now.
+    pub fn for_transfer(len: usize, stall: Duration) -> Self {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
+        Self {
+            at: Instant::now() + stall + Duration::from_millis(len / (MIN_RATE / 1000)),
+            base: stall,
+        }
+    }
+}
+
 /// Which of the socket's timeouts a slow transfer shortens.
 #[derive(Clone, Copy)]
 enum Direction {
