@@ -109,12 +109,21 @@ fn every_daemon_serves_metrics_that_promtool_accepts_and_that_move() {
     // Same-node memory is granted by the map socket (fabric shm).
     let local = ocm.alloc(1 << 20, Kind::LocalHost).unwrap();
     local.copy_in(0, &[3u8; 4096]).unwrap();
-    let node0 = get(&c.metrics_addr("node-0").unwrap(), "/metrics", Some(&t)).1;
-    let maps = sample(
-        &node0,
-        r#"oncilla_data_requests_total{fabric="shm",op="map"}"#,
+    // The agent counts a grant once its last file is sent, which can be
+    // just after the client has mapped it and copied.
+    let node0 = c.metrics_addr("node-0").unwrap();
+    let maps = || {
+        let text = get(&node0, "/metrics", Some(&t)).1;
+        sample(
+            &text,
+            r#"oncilla_data_requests_total{fabric="shm",op="map"}"#,
+        )
+    };
+    assert!(
+        Cluster::eventually(Duration::from_secs(5), || maps().is_some_and(|n| n >= 1.0)),
+        "no map grant counted: {:?}",
+        maps()
     );
-    assert!(maps.is_some_and(|n| n >= 1.0), "{node0}");
     drop(local);
     assert_eq!(sample(&m, "oncilla_master_recovering"), Some(0.0));
 
