@@ -2,7 +2,8 @@
 //! of this process: the plan is made once, before any byte moves
 //! ([`DevicePlan::of`]), and run here without handing back to the caller:
 //! on the device, by GPUDirect RDMA, through this GPU's page-locked staging
-//! ring, or through a host buffer.
+//! ring, or, with no device memory of this process on either side, as
+//! [`crate::between`] plans it.
 //!
 //! The staging rings are the session's ([`crate::staging`]). It never
 //! chooses a fabric: a direct copy is planned only where every piece
@@ -33,8 +34,7 @@ pub(crate) enum DevicePlan {
     /// while the previous one goes to the device on a CUDA stream (or the
     /// other way).
     Staged { into_device: bool },
-    /// No device memory of this process: through a host buffer, chunk by
-    /// chunk.
+    /// No device memory of this process: [`crate::between`].
     Host,
 }
 
@@ -104,7 +104,7 @@ pub(crate) fn copy(
         (DevicePlan::Staged { .. }, Some(s), None) => {
             stage_out(staging, s, src_offset, dst, dst_offset, len)
         }
-        _ => through_host(dst, dst_offset, src, src_offset, len),
+        _ => crate::between::copy(data, dst, dst_offset, src, src_offset, len),
     }
 }
 
@@ -200,29 +200,6 @@ fn direct(
         }
     }
     Ok(DeviceOutcome::Moved)
-}
-
-/// Host memory (or memory an agent holds) on both sides: through a local
-/// buffer, chunk by chunk.
-fn through_host(
-    dst: &Allocation,
-    dst_offset: u64,
-    src: &Allocation,
-    src_offset: u64,
-    len: u64,
-) -> Result<()> {
-    let chunk = len.min(crate::fabric::tcp::CHUNK * 4);
-    let mut buf =
-        vec![0u8; usize::try_from(chunk).map_err(|_| Error::Internal("chunk too large".into()))?];
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(chunk);
-        let part = &mut buf[..usize::try_from(n).unwrap_or(0)];
-        src.copy_out(src_offset + done, part)?;
-        dst.copy_in(dst_offset + done, part)?;
-        done += n;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@
 mod affinity;
 mod allocation;
 mod batch;
+mod between;
 pub mod capi;
 mod client;
 mod descriptor;

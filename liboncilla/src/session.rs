@@ -125,11 +125,17 @@ impl Oncilla {
     ///   page-locked staging ring, the fabric filling one buffer while the
     ///   previous one goes to the device on a CUDA stream.
     /// - Out of GPU memory of this process: the same ring the other way.
-    /// - Otherwise (host memory, or GPU memory an agent holds) through a
-    ///   local buffer, chunk by chunk.
+    /// - Otherwise (host memory, or GPU memory an agent holds) with no
+    ///   bounce through this process where none is needed: a side mapped
+    ///   here is read into or written out of directly by the fabric, and
+    ///   between two allocations both elsewhere the destination's agent
+    ///   pulls the bytes from the source's (only device memory an agent
+    ///   holds is filled through a buffer here).
     ///
     /// # Errors
-    /// [`crate::Error::OutOfBounds`] for either range; fabric and GPU failures.
+    /// [`crate::Error::OutOfBounds`] for either range;
+    /// [`crate::Error::InvalidArgument`] for overlapping ranges of one
+    /// allocation; fabric and GPU failures.
     pub fn copy(
         &self,
         dst: &Allocation,

@@ -36,6 +36,9 @@ pub struct Registered {
     pub master_incarnation: u64,
     /// Allocation ids to release (freed while the agent was away).
     pub release: Vec<u64>,
+    /// The data addresses of every node the master knows: the only
+    /// places this agent may pull bytes from for a client.
+    pub peers: Vec<String>,
 }
 
 /// An agent's periodic report.
@@ -55,6 +58,8 @@ pub struct HeartbeatReply {
     /// False: register again (unknown node or a new start).
     pub known: bool,
     pub release: Vec<u64>,
+    /// As [`Registered::peers`], current.
+    pub peers: Vec<String>,
 }
 
 /// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.

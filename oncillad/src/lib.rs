@@ -13,6 +13,7 @@ pub mod listen;
 pub mod master;
 pub mod memory;
 pub mod metrics;
+pub mod peers;
 pub mod pool;
 
 use std::net::SocketAddr;
@@ -256,11 +257,16 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let held = agent.held();
         let data_keys = keys.clone();
         let data_tls = config.tls.as_ref().map(|t| Arc::clone(t.serve.data()));
+        let pulls = fabric::pull::Pulls {
+            peers: agent.peers(),
+            tls: trust.clone(),
+            stall: fabric::tcp::STALL_DEADLINE,
+        };
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())
             .spawn({
                 let transfers = Arc::clone(&metrics.data);
-                move || fabric::tcp::serve(data, held, data_keys, data_tls, transfers)
+                move || fabric::tcp::serve(data, held, data_keys, data_tls, pulls, transfers)
             })
             .map_err(|source| bind_error("data", data_addr, source))?;
 

@@ -22,7 +22,7 @@ proptest! {
     #![proptest_config(config())]
 
     /// Any 48 bytes: a request header is accepted exactly when its op is
-    /// READ or WRITE, and then re-encodes to the same bytes (the seven
+    /// READ, WRITE or PULL, and then re-encodes to the same bytes (the seven
     /// reserved bytes as zero).
     #[test]
     fn request_headers(bytes in prop::array::uniform32(any::<u8>()), tail in prop::array::uniform16(any::<u8>())) {
@@ -31,13 +31,41 @@ proptest! {
         b[32..].copy_from_slice(&tail);
         match Request::decode(&b) {
             Ok(r) => {
-                prop_assert!(b[0] == 1 || b[0] == 2);
+                prop_assert!((1..=3).contains(&b[0]));
                 let mut canonical = b;
                 canonical[1..8].fill(0);
                 prop_assert_eq!(r.encode(), canonical);
                 prop_assert_eq!(Request::decode(&r.encode()).unwrap(), r);
             }
-            Err(WireError::BadOp(op)) => prop_assert!(op == b[0] && op != 1 && op != 2),
+            Err(WireError::BadOp(op)) => prop_assert!(op == b[0] && !(1..=3).contains(&op)),
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Any bytes as a pull's source record: accepted exactly when the
+    /// address is 1..=255 bytes of UTF-8, and then encodes back to the
+    /// same bytes.
+    #[test]
+    fn pull_sources(head in prop::collection::vec(any::<u8>(), wire::SOURCE_LEN), addr in prop::collection::vec(any::<u8>(), 0..300)) {
+        let head: [u8; wire::SOURCE_LEN] = head.try_into().unwrap();
+        match wire::Source::decode_head(&head) {
+            Ok((s, n)) => {
+                prop_assert!((1..=wire::MAX_ADDR).contains(&n));
+                let bytes = &addr[..n.min(addr.len())];
+                if let Ok(s) = s.with_addr(bytes) {
+                    let mut whole = head.to_vec();
+                    whole.extend_from_slice(bytes);
+                    if bytes.len() == n {
+                        prop_assert_eq!(s.encode().unwrap(), whole);
+                    }
+                } else {
+                    prop_assert!(std::str::from_utf8(bytes).is_err());
+                }
+            }
+            Err(WireError::BadSource(_)) => {
+                let n = u16::from_le_bytes([head[32], head[33]]) as usize;
+                prop_assert!(n == 0 || n > wire::MAX_ADDR);
+            }
             Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
     }

@@ -11,47 +11,15 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind};
-use support::Cluster;
+use support::{get, sample, Cluster};
 
 const BOUND: Duration = Duration::from_secs(40);
-
-/// One HTTP/1.1 GET; the status code and the body (code 0: nothing
-/// listens there yet).
-fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, body.to_string())
-}
-
-/// The value of the sample `series` (name and labels as printed) in
-/// `text`, if present.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
 
 fn token(c: &Cluster) -> String {
     std::fs::read_to_string(c.metrics_token_file()).unwrap()

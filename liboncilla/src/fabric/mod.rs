@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use oncilla_model::fabric::Rdma;
 use oncilla_proto::credential::Credential;
 use oncilla_proto::tls::ClientTls;
-use oncilla_proto::wire::{Op, Request};
+use oncilla_proto::wire::{dial, Op, Request};
 
 use crate::descriptor::{Descriptor, Extent};
 use crate::error::{Error, Result};
@@ -274,7 +274,13 @@ impl DataPath {
         for (i, extent, at, _, n) in desc.pieces(t.offset, len) {
             let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
             rest = tail;
-            let rdma = match self.hop(extent, routes[i])? {
+            let hop = match (self.hop(extent, routes[i])?, &head) {
+                // An agent pulls through its TCP data port, whatever
+                // reaches it for this process's own bytes.
+                (Hop::Verbs, IoBuf::Pull(_)) => Hop::Tcp,
+                (hop, _) => hop,
+            };
+            let rdma = match hop {
                 Hop::Mapped => {
                     let ptr = mapping.and_then(|m| m.ptr_for(at, n)).ok_or_else(|| {
                         Error::Internal(format!(
@@ -376,6 +382,7 @@ fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) -> Request {
         op: match buf {
             IoBuf::Read(_) => Op::Read,
             IoBuf::Write(_) => Op::Write,
+            IoBuf::Pull(_) => Op::Pull,
         },
         alloc_id: d.id,
         key: d.key,
@@ -443,7 +450,7 @@ fn deal<'s, 'a>(
 
 /// Refuses copies through a mapping whose allocation was released or
 /// whose agent stopped: its bytes would be nobody's.
-fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()> {
+pub(crate) fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()> {
     let Some(m) = local else {
         return Ok(());
     };
@@ -466,8 +473,9 @@ fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()> {
     }
 }
 
-/// The client half of the handshake every agent socket starts with.
-/// `fail` turns a transport problem into the caller's error.
+/// The client half of the handshake every agent socket starts with
+/// ([`oncilla_proto::wire::dial::greet`]), as this crate's error: `fail`
+/// turns a transport problem into the caller's.
 ///
 /// # Errors
 /// [`Error::PermissionDenied`] when the agent refuses the credential, else `fail(..)`.
@@ -476,13 +484,14 @@ pub(crate) fn greet(
     credential: &Credential,
     fail: impl Fn(String) -> Error,
 ) -> Result<()> {
-    use oncilla_proto::wire::{self, Welcome};
-    wire::write_hello(stream, credential.as_bytes()).map_err(|e| fail(e.to_string()))?;
-    let (code, msg) = wire::read_welcome(stream).map_err(|e| fail(e.to_string()))?;
-    match code {
-        Welcome::Ok => Ok(()),
-        Welcome::Denied => Err(Error::PermissionDenied(msg)),
-        Welcome::BadVersion => Err(fail(msg)),
+    dial::greet(stream, credential.as_bytes()).map_err(|e| dialed(e, fail))
+}
+
+/// A failed dial or handshake as this crate's error.
+pub(crate) fn dialed(e: dial::DialError, fail: impl Fn(String) -> Error) -> Error {
+    match e {
+        dial::DialError::Denied(msg) => Error::PermissionDenied(msg),
+        dial::DialError::Unreachable(msg) | dial::DialError::BadVersion(msg) => fail(msg),
     }
 }
 

@@ -492,6 +492,13 @@ impl super::Transport for Memcpy {
                 IoBuf::Read(b) => unsafe {
                     std::ptr::copy_nonoverlapping(*ptr, b.as_mut_ptr(), b.len());
                 },
+                // Copies between allocations plan pulls only into
+                // extents that are not mapped (`crate::between`).
+                IoBuf::Pull(_) => {
+                    return Err(Error::Internal(
+                        "a pull was planned into a mapped extent".into(),
+                    ))
+                }
             }
         }
         Ok(())

@@ -11,16 +11,15 @@
 //! used exactly as a plain socket.
 
 use std::collections::HashMap;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use oncilla_proto::credential::Credential;
-use oncilla_proto::tls::tunnel::{self, DataStream};
+use oncilla_proto::tls::tunnel::DataStream;
 use oncilla_proto::tls::ClientTls;
 use oncilla_proto::wire::sock::{self, RecvBuf};
-use oncilla_proto::wire::{self, Reply, Request, Status, REPLY_LEN};
+use oncilla_proto::wire::{self, dial, Reply, Request, Source, Status, REPLY_LEN};
 
 use crate::error::{Error, Result};
 
@@ -44,6 +43,17 @@ const RECV_CAP: usize = REPLY_LEN + SMALL_READ + wire::MAX_MESSAGE as usize;
 pub enum IoBuf<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
+    /// No caller memory: the agent fills the range from another agent's
+    /// memory itself (a third-party copy).
+    Pull(Pull),
+}
+
+/// The source of a [`IoBuf::Pull`]: `len` bytes at `src.offset` of
+/// another allocation, all in one extent of the agent at `src.addr`.
+#[derive(Debug, Clone)]
+pub struct Pull {
+    pub src: Source,
+    pub len: usize,
 }
 
 impl IoBuf<'_> {
@@ -51,15 +61,18 @@ impl IoBuf<'_> {
         match self {
             IoBuf::Read(b) => b.len(),
             IoBuf::Write(b) => b.len(),
+            IoBuf::Pull(p) => p.len,
         }
     }
 
-    /// Where the bytes start (the verbs engine registers them).
+    /// Where the bytes start (the verbs engine registers them); a pull
+    /// has none here.
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub fn as_ptr(&self) -> *const u8 {
         match self {
             IoBuf::Read(b) => b.as_ptr(),
             IoBuf::Write(b) => b.as_ptr(),
+            IoBuf::Pull(_) => std::ptr::null(),
         }
     }
 
@@ -73,6 +86,13 @@ impl IoBuf<'_> {
             IoBuf::Write(b) => {
                 let (h, t) = b.split_at(n);
                 (IoBuf::Write(h), IoBuf::Write(t))
+            }
+            IoBuf::Pull(p) => {
+                let n = n.min(p.len);
+                let mut tail = p.clone();
+                tail.src.offset += n as u64;
+                tail.len -= n;
+                (IoBuf::Pull(Pull { len: n, ..p }), IoBuf::Pull(tail))
             }
         }
     }
@@ -159,34 +179,14 @@ impl TcpFabric {
     }
 
     fn connect(&self, peer: &Peer<'_>) -> Result<Conn> {
-        let sockaddr = peer
-            .addr
-            .to_socket_addrs()
-            .map_err(|e| peer.unreachable(format!("cannot resolve: {e}")))?
-            .next()
-            .ok_or_else(|| peer.unreachable("address resolves to nothing".into()))?;
-        let tcp = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)
-            .map_err(|e| peer.unreachable(format!("cannot connect: {e}")))?;
-        tcp.set_nodelay(true)
-            .map_err(|e| peer.unreachable(e.to_string()))?;
-        let mut stream = match &self.tls {
-            Some(tls) => tunnel::connect(
-                tcp,
-                tls.data(),
-                oncilla_proto::tls::host_of(peer.addr),
-                Instant::now() + CONNECT_TIMEOUT,
-                IO_TIMEOUT,
-            )
-            .map_err(|e| peer.unreachable(format!("TLS: {e}")))?,
-            None => DataStream::Tcp(tcp),
-        };
-        stream
-            .set_read_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| peer.unreachable(e.to_string()))?;
-        stream
-            .set_write_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| peer.unreachable(e.to_string()))?;
-        super::greet(&mut stream, &self.credential, |m| peer.unreachable(m))?;
+        let stream = dial::dial(
+            peer.addr,
+            self.tls.as_ref(),
+            self.credential.as_bytes(),
+            CONNECT_TIMEOUT,
+            IO_TIMEOUT,
+        )
+        .map_err(|e| super::dialed(e, |m| peer.unreachable(m)))?;
         Ok(Conn {
             stream,
             recv: RecvBuf::new(RECV_CAP),
@@ -260,6 +260,7 @@ fn exchange(
         replied: done > 0,
     };
     let io = |e: std::io::Error| peer.unreachable(format!("connection lost: {e}"));
+    let mut record: Vec<u8>;
     while done < chunks.len() {
         while sent < chunks.len() && sent - done < WINDOW {
             let Chunk { req, buf } = &chunks[sent];
@@ -274,6 +275,15 @@ fn exchange(
                 IoBuf::Read(_) => {
                     reads_in_flight += 1;
                     &[]
+                }
+                IoBuf::Pull(p) => {
+                    // Checked when the copy was planned; a refusal here
+                    // leaves the stream in step (nothing was sent).
+                    record = p
+                        .src
+                        .encode()
+                        .map_err(|e| broken(done, peer.protocol(e.to_string())))?;
+                    &record
                 }
             };
             sock::send(fd, &head, body).map_err(|e| broken(done, io(e)))?;

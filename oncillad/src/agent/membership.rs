@@ -106,6 +106,7 @@ async fn register(agent: &Agent, master: &impl MasterPort) -> Result<Duration, L
     agent.set_master_incarnation(reply.master_incarnation);
     agent.ack_ended(&ended);
     agent.release_all(&reply.release);
+    agent.peers().set(reply.peers);
     tracing::info!(
         node = %agent.node().name,
         held,
@@ -130,6 +131,7 @@ async fn heartbeat(agent: &Agent, master: &impl MasterPort) -> Result<bool, Link
     if reply.known {
         agent.ack_ended(&ended);
         agent.release_all(&reply.release);
+        agent.peers().set(reply.peers);
     }
     Ok(reply.known)
 }

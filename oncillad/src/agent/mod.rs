@@ -30,6 +30,7 @@ use crate::fabric::verbs::Rdma;
 use crate::memory::held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdings};
 use crate::memory::keys::Keys;
 use crate::memory::lease::Leases;
+use crate::peers::Peers;
 use crate::pool::Pool;
 
 /// The agent core.
@@ -53,6 +54,9 @@ pub struct Agent {
     /// Set when what `info` reports changed (an RDMA port went away): the
     /// membership loop registers again so the master learns it.
     info_changed: AtomicBool,
+    /// The cluster's data addresses, as the master last said (the data
+    /// server pulls only from these).
+    peers: Arc<Peers>,
 }
 
 impl Agent {
@@ -70,7 +74,13 @@ impl Agent {
             wake: Notify::new(),
             master_incarnation: AtomicU64::new(0),
             info_changed: AtomicBool::new(false),
+            peers: Arc::default(),
         }
+    }
+
+    /// The cluster's data addresses, kept current by the membership loop.
+    pub fn peers(&self) -> Arc<Peers> {
+        Arc::clone(&self.peers)
     }
 
     /// This start of the agent (see [`Registration::incarnation`]).

@@ -2,6 +2,7 @@
 //! server applies — the token handshake and a request's allocation, access
 //! key and bounds — live here once, so each fabric serves only its transfer.
 
+pub mod pull;
 pub mod shm;
 pub mod tcp;
 pub mod verbs;
@@ -22,8 +23,10 @@ use crate::metrics::data::HelloRefusal;
 /// handshake deadline: a peer that drips bytes is cut when it passes, not
 /// when one read waits too long). The token is checked first, so a peer
 /// without it learns nothing but the refusal (not even the version spoken
-/// here); then the version; then `room` takes the connection's place among
-/// authenticated ones or says why there is none. `heard` is called as soon
+/// here); then the version; then `room`, given the secret the client
+/// presented (a pull presents it again to the agent it reads from), takes
+/// the connection's place among authenticated ones or says why there is
+/// none. `heard` is called as soon
 /// as the whole hello is in (the connection has spoken: see
 /// [`crate::listen::Ticket::heard`]). `Ok(Some(place))` when
 /// the client may go on; `Ok(None)` when it was refused (and told why).
@@ -35,7 +38,7 @@ pub(crate) fn accept<S: Timed, P>(
     keys: &Keyring,
     until: Instant,
     heard: impl FnOnce(),
-    room: impl FnOnce() -> Result<P, &'static str>,
+    room: impl FnOnce(&[u8]) -> Result<P, &'static str>,
     refused: impl FnOnce(HelloRefusal),
 ) -> Result<Option<P>, wire::WireError> {
     let mut stream = Within { stream, until };
@@ -65,7 +68,7 @@ pub(crate) fn accept<S: Timed, P>(
         wire::write_welcome(&mut stream, Welcome::BadVersion, &msg)?;
         return Ok(None);
     }
-    match room() {
+    match room(&presented) {
         Ok(place) => {
             wire::write_welcome(&mut stream, Welcome::Ok, "")?;
             Ok(Some(place))
@@ -232,7 +235,7 @@ mod tests {
             &keys(),
             until,
             || {},
-            || Ok::<_, &str>(()),
+            |_| Ok::<_, &str>(()),
             |_| {},
         );
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
@@ -281,7 +284,7 @@ mod tests {
             &keys(),
             until,
             || {},
-            || Err::<(), _>("too many data connections"),
+            |_| Err::<(), _>("too many data connections"),
             |_| {},
         );
         assert!(matches!(got, Ok(None)));
@@ -314,7 +317,7 @@ mod tests {
             &keys(),
             until,
             || {},
-            || Ok::<_, &str>(()),
+            |_| Ok::<_, &str>(()),
             |_| {},
         );
         let took = started.elapsed();

@@ -139,7 +139,7 @@ fn serve_one(
         keys,
         until,
         || ticket.heard(),
-        || Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections"),
+        |_| Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections"),
         |_| {},
     )?
     else {

@@ -45,10 +45,11 @@ use std::time::{Duration, Instant};
 use oncilla_proto::credential::Keyring;
 use oncilla_proto::tls::tunnel::{self, DataStream};
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, REQUEST_LEN};
+use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
 
 use oncilla_cuda::DeviceMem;
 
+use super::pull::{Puller, Pulls};
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket};
 use crate::memory::held::{Backing, HeldTable};
 use crate::metrics::data::Transfers;
@@ -88,12 +89,13 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
 const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
 /// Accepts data connections until the listener fails; over TLS with
-/// `tls`.
+/// `tls`; pulls dial as `pulls` says.
 pub fn serve(
     listener: TcpListener,
     held: HeldTable,
     keys: Keyring,
     tls: Option<Arc<rustls::ServerConfig>>,
+    pulls: Pulls,
     metrics: Arc<Transfers>,
 ) {
     let seats = Seats::new(MAX_CONNECTIONS);
@@ -122,12 +124,13 @@ pub fn serve(
         let seats = Arc::clone(&seats);
         let tls = tls.clone();
         let metrics = Arc::clone(&metrics);
+        let pulls = pulls.clone();
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(move || {
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
-                    Connection::new(stream, held, metrics).run(&keys, ticket, &seats, until)
+                    Connection::new(stream, held, pulls, metrics).run(&keys, ticket, &seats, until)
                 });
                 match served {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
@@ -162,19 +165,27 @@ struct Connection {
     recv: RecvBuf,
     /// Staging for device memory, made on the first GPU request.
     bounce: Option<Vec<u8>>,
+    pulls: Pulls,
+    puller: Puller,
+    /// What the client presented in its hello: a pull presents it to the
+    /// source agent, so it reaches only what the client itself may.
+    secret: Vec<u8>,
 }
 
 /// Bytes of device memory moved per driver call on the TCP path.
 const GPU_BOUNCE: usize = 4 << 20;
 
 impl Connection {
-    fn new(stream: DataStream, held: HeldTable, metrics: Arc<Transfers>) -> Self {
+    fn new(stream: DataStream, held: HeldTable, pulls: Pulls, metrics: Arc<Transfers>) -> Self {
         Self {
             stream,
             held,
             metrics,
             recv: RecvBuf::new(RECV_AHEAD),
             bounce: None,
+            pulls,
+            puller: Puller::default(),
+            secret: Vec::new(),
         }
     }
 
@@ -186,14 +197,19 @@ impl Connection {
         until: Instant,
     ) -> Result<(), wire::WireError> {
         let dup = self.stream.as_fd().try_clone_to_owned()?;
+        let mut secret = Vec::new();
         let seat = super::accept(
             &mut self.stream,
             keys,
             until,
             || ticket.heard(),
-            || seats.take(dup, "too many data connections"),
+            |presented| {
+                secret = presented.to_vec();
+                seats.take(dup, "too many data connections")
+            },
             |why| self.metrics.hello_refused(why),
         );
+        self.secret = secret;
         drop(ticket);
         let Some(mut seat) = seat? else {
             return Ok(());
@@ -238,6 +254,21 @@ impl Connection {
     }
 
     fn serve_one(&mut self, req: &Request, started: Instant) -> Result<(), wire::WireError> {
+        // A pull's source record comes next: read first, so every refusal
+        // below leaves the stream in step.
+        let source = match req.op {
+            Op::Pull => match self.read_source() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    // The record's length cannot be trusted: the stream
+                    // is out of step.
+                    self.metrics.refused(Status::Internal);
+                    self.fail(Status::Internal, &e.to_string())?;
+                    return Err(e);
+                }
+            },
+            Op::Read | Op::Write => None,
+        };
         if req.len > wire::MAX_IO {
             let msg = format!(
                 "request of {} bytes is above the {} byte limit",
@@ -262,6 +293,13 @@ impl Connection {
         let ptr = match &extent.memory {
             // `authorize` proved `ok.at + len` lies inside the extent.
             Backing::Pool(m) => m.ptr(extent.at + ok.at),
+            Backing::Gpu(_) if source.is_some() => {
+                let msg = format!(
+                    "allocation {} is device memory: pulls fill host memory only; copy through the client",
+                    req.alloc_id
+                );
+                return self.refuse(req, Status::Internal, &msg);
+            }
             Backing::Gpu(m) => return self.serve_gpu(req, &m.mem, ok.at, len, started),
             Backing::InProcess { gpu } => {
                 let msg = format!(
@@ -294,8 +332,34 @@ impl Connection {
                 self.ack_write()?;
                 self.metrics.write.done(len, started.elapsed());
             }
+            Op::Pull => {
+                let Some(src) = source else {
+                    return Err(io::Error::other("a pull without its source").into());
+                };
+                // `ok.held` keeps the destination held until the pull ends.
+                match self.puller.pull(&self.pulls, &self.secret, &src, memory) {
+                    Ok(()) => {
+                        self.ack_write()?;
+                        self.metrics.pull.done(len, started.elapsed());
+                    }
+                    Err((status, msg)) => {
+                        self.metrics.refused(status);
+                        self.fail(status, &msg)?;
+                    }
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Reads a pull's source record (its fixed part, then the address).
+    fn read_source(&mut self) -> Result<Source, wire::WireError> {
+        let mut head = [0u8; SOURCE_LEN];
+        self.recv.read_exact(&self.stream, &mut head)?;
+        let (src, n) = Source::decode_head(&head)?;
+        let mut addr = [0u8; wire::MAX_ADDR];
+        self.recv.read_exact(&self.stream, &mut addr[..n])?;
+        src.with_addr(&addr[..n])
     }
 
     /// Device memory goes through the connection's bounce buffer, a
@@ -369,6 +433,11 @@ impl Connection {
                 }
                 self.ack_write()?;
                 self.metrics.write.done(len, started.elapsed());
+            }
+            // Refused before device memory is reached (`serve_one`).
+            Op::Pull => {
+                self.metrics.refused(Status::Internal);
+                return self.fail(Status::Internal, "pulls fill host memory only");
             }
         }
         Ok(())

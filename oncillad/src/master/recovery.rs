@@ -46,9 +46,10 @@ impl<L: AgentLink> Master<L> {
         }
         let name = info.name.clone();
         self.check_incumbent(&name, req.incarnation).await?;
-        let (release, dead) = {
+        let (release, dead, peers) = {
             let mut st = self.lock();
-            self.reconcile(&mut st, info, &req)
+            let (release, dead) = self.reconcile(&mut st, info, &req);
+            (release, dead, data_addrs(&st))
         };
         for session in &dead {
             self.end_session(session).await;
@@ -58,6 +59,7 @@ impl<L: AgentLink> Master<L> {
                 .unwrap_or(u64::MAX),
             master_incarnation: self.incarnation,
             release,
+            peers,
         })
         .inspect(|r| {
             tracing::info!(node = %name, released = r.release.len(), dead_sessions = dead.len(), "node registered");
@@ -204,7 +206,7 @@ impl<L: AgentLink> Master<L> {
     /// those the master does not know, to release). Unknown nodes, and
     /// nodes that restarted without registering, must register.
     pub async fn heartbeat(&self, req: Heartbeat) -> HeartbeatReply {
-        let release = {
+        let (release, peers) = {
             let mut st = self.lock();
             let Some(n) = st.nodes.get_mut(&req.name) else {
                 return HeartbeatReply::default();
@@ -221,11 +223,13 @@ impl<L: AgentLink> Master<L> {
                 n.sessions.live.remove(s);
             }
             let st = &*st;
-            req.held
+            let release = req
+                .held
                 .iter()
                 .copied()
                 .filter(|id| !st.allocs.contains_key(id) && !st.reserving.contains(id))
-                .collect::<Vec<u64>>()
+                .collect::<Vec<u64>>();
+            (release, data_addrs(st))
         };
         if !release.is_empty() {
             tracing::info!(node = %req.name, ids = ?release, "node holds allocations the master has freed; releasing them");
@@ -236,8 +240,17 @@ impl<L: AgentLink> Master<L> {
         HeartbeatReply {
             known: true,
             release,
+            peers,
         }
     }
+}
+
+/// Every known node's data address (see [`Registered::peers`]).
+fn data_addrs(st: &State) -> Vec<String> {
+    st.nodes
+        .values()
+        .map(|n| n.info.data_addr.clone())
+        .collect()
 }
 
 /// Whether the session `who` names is known to have ended: its agent has

@@ -40,6 +40,9 @@ pub enum HelloRefusal {
 pub struct Transfers {
     pub read: OpMetrics,
     pub write: OpMetrics,
+    /// Third-party copies: bytes this agent read from another agent into
+    /// its pool for a client (fabric `tcp`, op `pull`).
+    pub pull: OpMetrics,
     /// Same-node mappings granted (fabric `shm`, op `map`; the bytes are
     /// the lengths mapped, then copied by the client itself).
     pub map: OpMetrics,
@@ -114,6 +117,7 @@ impl Transfers {
         Self {
             read: op("tcp", "read"),
             write: op("tcp", "write"),
+            pull: op("tcp", "pull"),
             map: op("shm", "map"),
             refusals: [
                 "no_such_allocation",

@@ -62,6 +62,7 @@ impl From<pb::RegisterReply> for Registered {
             heartbeat_interval_ms: r.heartbeat_interval_ms,
             master_incarnation: r.master_incarnation,
             release: r.release,
+            peers: r.peers,
         }
     }
 }
@@ -72,6 +73,7 @@ impl From<Registered> for pb::RegisterReply {
             heartbeat_interval_ms: r.heartbeat_interval_ms,
             master_incarnation: r.master_incarnation,
             release: r.release,
+            peers: r.peers,
         }
     }
 }
@@ -105,6 +107,7 @@ impl From<pb::HeartbeatReply> for HeartbeatReply {
         Self {
             known: h.known,
             release: h.release,
+            peers: h.peers,
         }
     }
 }
@@ -114,6 +117,7 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
         Self {
             known: h.known,
             release: h.release,
+            peers: h.peers,
         }
     }
 }

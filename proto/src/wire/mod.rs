@@ -9,16 +9,24 @@
 //! welcome (server) : code u8 (0 ok, 1 denied, 2 bad version) | msg_len u16 | msg
 //! request (client) : op u8 | 7 reserved | alloc_id u64 | key [16] | offset u64 | len u64   (48 bytes)
 //!                    a WRITE is followed by `len` payload bytes
+//!                    a PULL is followed by a source record (below)
 //! reply   (server) : status u32 | reserved u32 | len u64                                   (16 bytes)
 //!                    followed by `len` bytes: the data of an ok READ, or a
 //!                    UTF-8 message when status != 0
+//! source  (client) : alloc_id u64 | key [16] | offset u64 | addr_len u16 | addr   (34 + addr_len bytes)
 //! ```
+//!
+//! A PULL asks the agent to fill `len` bytes of its allocation from the
+//! source: another allocation's bytes, held by the agent whose data port is
+//! `addr`, which it reads itself (a third-party copy: the bytes never pass
+//! through the client). Its ok reply carries no data.
 //!
 //! `offset` is relative to the start of the allocation; the agent checks it
 //! against the extents it holds before touching memory. This module only
 //! encodes and decodes; it never validates against state. [`sock`] moves
 //! the encoded bytes through a socket.
 
+pub mod dial;
 pub mod sock;
 
 use std::io::{self, Read, Write};
@@ -26,7 +34,7 @@ use std::io::{self, Read, Write};
 /// Connection magic.
 pub const MAGIC: [u8; 4] = *b"OCLD";
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Size of a request header.
 pub const REQUEST_LEN: usize = 48;
 /// Size of a reply header.
@@ -49,6 +57,8 @@ pub enum WireError {
     BadStatus(u32),
     #[error("token longer than {max} bytes", max = crate::auth::MAX_TOKEN_LEN)]
     TokenTooLong,
+    #[error("bad pull source: {0}")]
+    BadSource(&'static str),
     #[error("i/o on data connection: {0}")]
     Io(#[from] io::Error),
 }
@@ -140,6 +150,80 @@ pub fn read_welcome(r: &mut impl Read) -> Result<(Welcome, String), WireError> {
 pub enum Op {
     Read = 1,
     Write = 2,
+    /// Fill the range from a [`Source`] on another agent.
+    Pull = 3,
+}
+
+/// Fixed part of a [`Source`] record.
+pub const SOURCE_LEN: usize = 34;
+/// Longest data-port address a [`Source`] may name.
+pub const MAX_ADDR: usize = 255;
+
+/// Where a PULL's bytes come from: bytes `[offset, offset + len)` (the
+/// request's `len`) of allocation `alloc_id`, reached with `key` at the
+/// data port `addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub alloc_id: u64,
+    pub key: [u8; KEY_LEN],
+    pub offset: u64,
+    pub addr: String,
+}
+
+impl Source {
+    /// Encodes the record.
+    ///
+    /// # Errors
+    /// [`WireError::BadSource`] for an address longer than [`MAX_ADDR`].
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let addr = self.addr.as_bytes();
+        if addr.is_empty() || addr.len() > MAX_ADDR {
+            return Err(WireError::BadSource("address empty or too long"));
+        }
+        let mut b = Vec::with_capacity(SOURCE_LEN + addr.len());
+        b.extend_from_slice(&self.alloc_id.to_le_bytes());
+        b.extend_from_slice(&self.key);
+        b.extend_from_slice(&self.offset.to_le_bytes());
+        // At most MAX_ADDR, checked above.
+        #[allow(clippy::cast_possible_truncation)]
+        b.extend_from_slice(&(addr.len() as u16).to_le_bytes());
+        b.extend_from_slice(addr);
+        Ok(b)
+    }
+
+    /// Decodes the fixed part: the record less its address, and the
+    /// address's length (checked against [`MAX_ADDR`]).
+    ///
+    /// # Errors
+    /// [`WireError::BadSource`] for an empty or too long address.
+    pub fn decode_head(b: &[u8; SOURCE_LEN]) -> Result<(Self, usize), WireError> {
+        let mut key = [0u8; KEY_LEN];
+        key.copy_from_slice(&b[8..24]);
+        let addr_len = usize::from(u16::from_le_bytes([b[32], b[33]]));
+        if addr_len == 0 || addr_len > MAX_ADDR {
+            return Err(WireError::BadSource("address empty or too long"));
+        }
+        Ok((
+            Self {
+                alloc_id: le_u64(&b[0..8]),
+                key,
+                offset: le_u64(&b[24..32]),
+                addr: String::new(),
+            },
+            addr_len,
+        ))
+    }
+
+    /// Sets the address from its bytes.
+    ///
+    /// # Errors
+    /// [`WireError::BadSource`] when they are not UTF-8.
+    pub fn with_addr(mut self, addr: &[u8]) -> Result<Self, WireError> {
+        self.addr = std::str::from_utf8(addr)
+            .map_err(|_| WireError::BadSource("address is not UTF-8"))?
+            .to_string();
+        Ok(self)
+    }
 }
 
 /// One data request header.
@@ -172,6 +256,7 @@ impl Request {
         let op = match b[0] {
             1 => Op::Read,
             2 => Op::Write,
+            3 => Op::Pull,
             other => return Err(WireError::BadOp(other)),
         };
         let mut key = [0u8; KEY_LEN];
@@ -355,6 +440,30 @@ mod tests {
         let mut bad = r.encode();
         bad[0] = 9;
         assert!(matches!(Request::decode(&bad), Err(WireError::BadOp(9))));
+    }
+
+    #[test]
+    fn source_roundtrip_and_refusals() {
+        let s = Source {
+            alloc_id: 7,
+            key: [3; KEY_LEN],
+            offset: 1 << 33,
+            addr: "127.0.0.1:7001".into(),
+        };
+        let b = s.encode().unwrap();
+        let (head, n) = Source::decode_head(b[..SOURCE_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(n, s.addr.len());
+        assert_eq!(head.with_addr(&b[SOURCE_LEN..]).unwrap(), s);
+        let long = Source {
+            addr: "a".repeat(MAX_ADDR + 1),
+            ..s.clone()
+        };
+        assert!(matches!(long.encode(), Err(WireError::BadSource(_))));
+        let mut empty = b.clone();
+        empty[32..34].copy_from_slice(&0u16.to_le_bytes());
+        assert!(Source::decode_head(empty[..SOURCE_LEN].try_into().unwrap()).is_err());
+        let (head, _) = Source::decode_head(b[..SOURCE_LEN].try_into().unwrap()).unwrap();
+        assert!(head.with_addr(&[0xff, 0xfe]).is_err());
     }
 
     #[test]

@@ -113,6 +113,20 @@ impl Shared<'_> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The `len` bytes from `at`, or `None` when they are not all inside.
+    pub fn part(&self, at: usize, len: usize) -> Option<Self> {
+        if at.checked_add(len)? > self.len {
+            return None;
+        }
+        Some(Self {
+            // SAFETY: `at + len <= self.len`, so the result lies inside the
+            // range `new`'s caller vouched for, for the same lifetime.
+            ptr: unsafe { self.ptr.add(at) },
+            len,
+            _memory: PhantomData,
+        })
+    }
 }
 
 /// What a send carries after its header.

@@ -1,0 +1,195 @@
+//! Copies between two allocations with no device memory of this process
+//! on either side: planned segment by segment (a segment lies in one
+//! extent of each side) and run as one data-path call, every node at once,
+//! with no byte bounced through this process that need not be:
+//!
+//! - both sides mapped here: a memory move between the mappings;
+//! - the destination mapped: the fabric reads the source straight into
+//!   the mapping;
+//! - the source mapped: the fabric writes straight out of the mapping;
+//! - neither: the destination's agent pulls the bytes from the source's
+//!   agent (a third-party copy, [`IoBuf::Pull`]), except into device
+//!   memory an agent holds, which goes through a buffer here.
+//!
+//! It never decides routes: a side is mapped exactly when its extent's
+//! route says so ([`Hop::Mapped`]). Overlapping ranges of one allocation
+//! are refused: segments run in parallel, so no order could be promised.
+
+use oncilla_proto::wire::{Source, MAX_ADDR};
+
+use crate::allocation::Allocation;
+use crate::descriptor::Extent;
+use crate::error::{Error, Result};
+use crate::fabric::tcp::{IoBuf, Pull};
+use crate::fabric::{check_lease, DataPath, Transfer};
+use crate::route::Hop;
+
+/// Bytes of a segment that must go through this process, moved per step.
+const BOUNCE: u64 = 16 << 20;
+
+/// One piece of the copy: `len` bytes at `dst_at` of the destination and
+/// `src_at` of the source, each inside one extent.
+struct Segment<'a> {
+    dst: Side<'a>,
+    src: Side<'a>,
+    len: u64,
+}
+
+/// One side of a segment: its extent, allocation offset, and where it is
+/// mapped in this process, if it is.
+struct Side<'a> {
+    extent: &'a Extent,
+    at: u64,
+    mapped: Option<*mut u8>,
+}
+
+/// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
+///
+/// # Errors
+/// [`Error::OutOfBounds`] for either range; [`Error::InvalidArgument`] for
+/// overlapping ranges of one allocation; fabric failures (the first met;
+/// every segment still runs to its end).
+pub(crate) fn copy(
+    data: &DataPath,
+    dst: &Allocation,
+    dst_offset: u64,
+    src: &Allocation,
+    src_offset: u64,
+    len: u64,
+) -> Result<()> {
+    dst.desc.check_range(dst_offset, len)?;
+    src.desc.check_range(src_offset, len)?;
+    if dst.desc.id == src.desc.id && dst_offset < src_offset + len && src_offset < dst_offset + len
+    {
+        return Err(Error::InvalidArgument(format!(
+            "bytes {src_offset}..{} and {dst_offset}..{} of allocation {} overlap; copy through a buffer",
+            src_offset + len,
+            dst_offset + len,
+            dst.desc.id
+        )));
+    }
+    check_lease(&dst.desc, dst.local.as_deref())?;
+    check_lease(&src.desc, src.local.as_deref())?;
+    let segments = segments(data, dst, dst_offset, src, src_offset, len)?;
+    let mut transfers = Vec::with_capacity(segments.len());
+    let mut bounced = Vec::new();
+    for s in &segments {
+        let n = usize::try_from(s.len).map_err(|_| too_large())?;
+        match (s.dst.mapped, s.src.mapped) {
+            (Some(to), Some(from)) => {
+                // SAFETY: both pointers come from `Mapping::ptr_for`, which
+                // checked that `n` bytes from each lie in a mapping that the
+                // borrowed handles keep mapped until this returns; a move
+                // is right even where the two overlap (they cannot: the
+                // ranges of one allocation were checked above).
+                unsafe { std::ptr::copy(from, to, n) };
+            }
+            (Some(to), None) => transfers.push(Transfer {
+                target: src.target(),
+                offset: s.src.at,
+                // SAFETY: as above, `n` bytes at `to` are mapped for the
+                // whole call; segments are disjoint ranges of `dst`, so no
+                // two buffers alias, and the source is another allocation
+                // or a disjoint range of this one. The fabric fills it with
+                // system calls or the HCA; other processes that write these
+                // bytes at the same time are unordered with it, as with
+                // any two writers (ARCHITECTURE, "Coherence").
+                buf: IoBuf::Read(unsafe { std::slice::from_raw_parts_mut(to, n) }),
+            }),
+            (None, Some(from)) => transfers.push(Transfer {
+                target: dst.target(),
+                offset: s.dst.at,
+                // SAFETY: as above, read-only.
+                buf: IoBuf::Write(unsafe { std::slice::from_raw_parts(from, n) }),
+            }),
+            (None, None)
+                if s.dst.extent.gpu.is_none() && s.src.extent.data_addr.len() <= MAX_ADDR =>
+            {
+                transfers.push(Transfer {
+                    target: dst.target(),
+                    offset: s.dst.at,
+                    buf: IoBuf::Pull(Pull {
+                        src: Source {
+                            alloc_id: src.desc.id,
+                            key: src.desc.key,
+                            offset: s.src.at,
+                            addr: s.src.extent.data_addr.clone(),
+                        },
+                        len: n,
+                    }),
+                })
+            }
+            (None, None) => bounced.push(s),
+        }
+    }
+    let moved = data.run(transfers);
+    let bounced = bounced
+        .into_iter()
+        .try_for_each(|s| bounce(dst, s.dst.at, src, s.src.at, s.len));
+    moved.and(bounced)
+}
+
+/// The copy's segments, in destination order.
+fn segments<'a>(
+    data: &DataPath,
+    dst: &'a Allocation,
+    dst_offset: u64,
+    src: &'a Allocation,
+    src_offset: u64,
+    len: u64,
+) -> Result<Vec<Segment<'a>>> {
+    let side =
+        |a: &'a Allocation, i: usize, extent: &'a Extent, at: u64, n: u64| -> Result<Side<'a>> {
+            let mapped = match data.hop(extent, a.routes[i])? {
+                Hop::Mapped => Some(a.local.as_ref().and_then(|m| m.ptr_for(at, n)).ok_or_else(
+                    || {
+                        Error::Internal(format!(
+                            "allocation {}: a mapped extent is not in the mapping",
+                            a.desc.id
+                        ))
+                    },
+                )?),
+                Hop::Tcp | Hop::Verbs => None,
+            };
+            Ok(Side { extent, at, mapped })
+        };
+    let mut out = Vec::new();
+    for (i, d_extent, d_at, _, d_len) in dst.desc.pieces(dst_offset, len) {
+        let s_start = src_offset + (d_at - dst_offset);
+        for (j, s_extent, s_at, _, n) in src.desc.pieces(s_start, d_len) {
+            let at = d_at + (s_at - s_start);
+            out.push(Segment {
+                dst: side(dst, i, d_extent, at, n)?,
+                src: side(src, j, s_extent, s_at, n)?,
+                len: n,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Moves one segment through a buffer here, a step at a time: into
+/// device memory an agent holds, which no agent pulls into.
+fn bounce(
+    dst: &Allocation,
+    dst_offset: u64,
+    src: &Allocation,
+    src_offset: u64,
+    len: u64,
+) -> Result<()> {
+    let step = len.min(BOUNCE);
+    let mut buf = vec![0u8; usize::try_from(step).map_err(|_| too_large())?];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(step);
+        let part = &mut buf[..usize::try_from(n).map_err(|_| too_large())?];
+        src.copy_out(src_offset + done, part)?;
+        dst.copy_in(dst_offset + done, part)?;
+        done += n;
+    }
+    Ok(())
+}
+
+fn too_large() -> Error {
+    Error::Internal("copy larger than the address space".into())
+}
