@@ -68,6 +68,24 @@ fn applications_and_operators_work_through_a_tls_cluster() {
         assert!(back == data, "bytes from {node} came back different");
         a.free().expect("free");
     }
+    // A copy between two allocations elsewhere: node-0's agent pulls from
+    // node-1's over TLS, trusting the cluster CA.
+    let remote = |node: &str| {
+        ocm.alloc_with(
+            &AllocSpec::new(3 << 20, Kind::RemoteHost)
+                .on_nodes([node])
+                .fabric(Fabric::Tcp),
+        )
+        .unwrap()
+    };
+    let (from, to) = (remote("node-1"), remote("node-0"));
+    let data = pattern(3 << 20, 0x5d);
+    from.copy_in(0, &data).unwrap();
+    ocm.copy(&to, 0, &from, 0, 3 << 20).expect("pull over TLS");
+    let mut back = vec![0u8; 3 << 20];
+    to.copy_out(0, &mut back).unwrap();
+    assert!(back == data, "pulled bytes came back different");
+    drop((from, to));
 
     // Operators: gRPC to the master and data ports over TLS.
     let v: serde_json::Value = serde_json::from_str(&ok(&c.ocmctl(&["nodes", "--json"]))).unwrap();
