@@ -9,6 +9,8 @@
 //!   baseline ([`rawtcp`]); clients at once as threads and as processes
 //!   ([`procbench`]); a batch against one copy at a time.
 //! - `placement` ([`bandwidth`]): copy bandwidth by where the bytes live.
+//! - `gpu` ([`gpu`]): `copy` between every pair of kinds (GPU ones where
+//!   there is a GPU) beside cudaMemcpy, memcpy and `copy_in`/`copy_out`.
 //! - `raw-server` ([`rawtcp`]): the raw TCP baseline's server.
 //! - `soak` ([`soak`]): fault injection with verification.
 //! - `flood` ([`flood`]): copy latency while hostile connections are held
@@ -28,6 +30,7 @@ pub mod bandwidth;
 pub mod copy;
 pub mod error;
 pub mod flood;
+pub mod gpu;
 pub mod pages;
 pub mod probe;
 pub mod procbench;
@@ -51,6 +54,11 @@ pub enum Bench {
     /// Copy bandwidth by placement: one remote node, three striped,
     /// same-node shared memory, and a plain memcpy.
     Placement(bandwidth::PlacementArgs),
+    /// `copy` between every pair of kinds (local/remote host/GPU) by size,
+    /// beside cudaMemcpy with page-locked memory, memcpy and
+    /// `copy_in`/`copy_out` of the same bytes, with a ratio column; the
+    /// host pairs only where there is no GPU.
+    Gpu(gpu::GpuArgs),
     /// Serve the raw TCP baseline that `bench copy --raw` measures against
     /// (run it beside the target agent).
     RawServer(copy::RawServerArgs),
@@ -76,6 +84,7 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::Alloc(args) => alloc::run(args, daemon),
         Bench::Copy(args) => copy::run(args, daemon),
         Bench::Placement(args) => bandwidth::run(args, daemon),
+        Bench::Gpu(args) => gpu::run(args, daemon),
         Bench::RawServer(args) => copy::raw_server(args),
         Bench::CopyWorker(args) => procbench::worker(args),
         Bench::Soak(args) => soak::run(args, daemon),
