@@ -15,7 +15,7 @@
 //! ```
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -378,6 +378,9 @@ fn load(
     let per_chunk = (chunk / ROW) as u64;
     let mut buf = vec![0u8; chunk];
     let started = Instant::now();
+    // On a terminal one line redrawn; elsewhere (a log) a line a quarter.
+    let redraw = std::io::stderr().is_terminal();
+    let mut shown = 0;
     let mut first = 0;
     while first < rows {
         let n = per_chunk.min(rows - first);
@@ -389,7 +392,13 @@ fn load(
         table.copy_in(first * ROW as u64, bytes)?;
         out.write_all(bytes).map_err(io)?;
         first += n;
-        eprint!("\rloading: {:>3}%", first * 100 / rows);
+        let percent = first * 100 / rows;
+        if redraw {
+            eprint!("\rloading: {percent:>3}%");
+        } else if percent >= shown + 25 || first == rows {
+            shown = percent - percent % 25;
+            eprintln!("loading: {percent:>3}%");
+        }
     }
     out.flush().map_err(io)?;
     drop(out);
@@ -402,6 +411,7 @@ fn load(
         nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
     )
     .map_err(|e| Failure::Io(format!("posix_fadvise: {e}")))?;
-    eprintln!("\rloaded in {:.2} s", started.elapsed().as_secs_f64());
+    let back = if redraw { "\r" } else { "" };
+    eprintln!("{back}loaded in {:.2} s", started.elapsed().as_secs_f64());
     Ok(answer)
 }
