@@ -123,8 +123,18 @@ pub fn run(args: &GpuArgs, daemon: &Daemon) -> Result<(), BenchError> {
             }));
             return Ok(());
         }
-        println!("Oncilla::copy between kinds, best of {repeat}, GB/s (10^9 bytes/s); device: {device}");
-        let mut t = Table::new(&["SIZE", "FROM", "TO", "GB/s", "BASELINE", "BASE GB/s", "RATIO"]);
+        println!(
+            "Oncilla::copy between kinds, best of {repeat}, GB/s (10^9 bytes/s); device: {device}"
+        );
+        let mut t = Table::new(&[
+            "SIZE",
+            "FROM",
+            "TO",
+            "GB/s",
+            "BASELINE",
+            "BASE GB/s",
+            "RATIO",
+        ]);
         for r in &rows {
             t.row(vec![
                 HumanBytes(r.size).to_string(),
@@ -224,7 +234,9 @@ impl Baselines {
         let (mut htod, mut dtoh, mut dtod) = (0.0, 0.0, 0.0);
         if let Some((_, _, a, b)) = allocs.iter().find(|a| a.1 == Kind::LocalGpu) {
             let (Some(dev), Some(other)) = (a.device_mem(), b.device_mem()) else {
-                return Err(BenchError::Failed("a local-gpu allocation without device memory".into()));
+                return Err(BenchError::Failed(
+                    "a local-gpu allocation without device memory".into(),
+                ));
             };
             let gpu = Gpu::open(dev.gpu().index()).map_err(gpu_failed)?;
             let mut ring = PinnedRing::new(&gpu, 1, data.len()).map_err(gpu_failed)?;
@@ -232,7 +244,9 @@ impl Baselines {
             pinned.copy_from_slice(data);
             htod = best(repeat, size, || dev.write(0, pinned).map_err(gpu_failed))?;
             dtoh = best(repeat, size, || dev.read(0, pinned).map_err(gpu_failed))?;
-            dtod = best(repeat, size, || other.copy_from(0, dev, 0, size).map_err(gpu_failed))?;
+            dtod = best(repeat, size, || {
+                other.copy_from(0, dev, 0, size).map_err(gpu_failed)
+            })?;
         }
         Ok(Self {
             memcpy,
