@@ -40,14 +40,6 @@ pub struct GpuArgs {
 
 const DEFAULT_SIZES: [u64; 4] = [1 << 20, 16 << 20, 64 << 20, 1 << 30];
 
-/// The kinds, by the names `ocmctl` uses.
-const KINDS: [(&str, Kind); 4] = [
-    ("local-host", Kind::LocalHost),
-    ("remote-host", Kind::RemoteHost),
-    ("local-gpu", Kind::LocalGpu),
-    ("remote-gpu", Kind::RemoteGpu),
-];
-
 /// One measured pair.
 struct Row {
     size: u64,
@@ -95,9 +87,9 @@ pub fn run(args: &GpuArgs, daemon: &Daemon) -> Result<(), BenchError> {
                 format!("none ({why})")
             }
         };
-        let kinds: Vec<_> = KINDS
-            .iter()
-            .filter(|(_, k)| gpu.is_ok() || matches!(k, Kind::LocalHost | Kind::RemoteHost))
+        let kinds: Vec<Kind> = Kind::ALL
+            .into_iter()
+            .filter(|k| gpu.is_ok() || !k.is_gpu())
             .collect();
         let progress = std::io::stderr().is_terminal() && !json;
         let mut rows = Vec::new();
@@ -154,14 +146,15 @@ pub fn run(args: &GpuArgs, daemon: &Daemon) -> Result<(), BenchError> {
 /// Every pair of `kinds` at `size`, then each row's baseline.
 fn one_size(
     ocm: &Oncilla,
-    kinds: &[&(&'static str, Kind)],
+    kinds: &[Kind],
     size: u64,
     repeat: usize,
 ) -> Result<Vec<Row>, BenchError> {
     let len = usize::try_from(size).map_err(|_| BenchError::Usage("--size too large".into()))?;
     let data = pattern(len, size);
     let mut allocs = Vec::new();
-    for &&(name, kind) in kinds {
+    for &kind in kinds {
+        let name = kind.name();
         let spec = match kind {
             Kind::RemoteHost | Kind::RemoteGpu => AllocSpec::new(size, kind).on_nodes(["node-1"]),
             _ => AllocSpec::new(size, kind),

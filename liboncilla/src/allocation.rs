@@ -205,6 +205,23 @@ impl Allocation {
     /// opened with the TCP fabric); use [`Allocation::copy_in`] and
     /// [`Allocation::copy_out`] for those.
     pub fn localbuf(&mut self) -> Result<&mut [u8]> {
+        let (ptr, len) = self.local_range()?;
+        // SAFETY: the mapping is valid for `len` contiguous bytes (checked
+        // by `local_range`) for as long as `self` lives, and `&mut self`
+        // makes this the only reference into it from this process for the
+        // slice's lifetime.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    /// Where an allocation that lies wholly in this node's memory, mapped
+    /// in one piece, starts in this process, and its length: for views
+    /// that other code keeps (the Python bindings' NumPy and DLPack
+    /// views). The range stays mapped while this handle lives; nothing
+    /// here orders access to it (see [`Allocation::localbuf`] for a slice).
+    ///
+    /// # Errors
+    /// As [`Allocation::localbuf`].
+    pub fn local_range(&self) -> Result<(*mut u8, usize)> {
         let id = self.desc.id;
         let ptr = self
             .local
@@ -217,11 +234,7 @@ impl Allocation {
             })?;
         let len = usize::try_from(self.desc.size)
             .map_err(|_| Error::Internal("offset beyond the address space".into()))?;
-        // SAFETY: the mapping is valid for `size` contiguous bytes (checked
-        // by `contiguous`) for as long as `self` lives, and `&mut self`
-        // makes this the only reference into it from this process for the
-        // slice's lifetime.
-        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+        Ok((ptr, len))
     }
 
     /// Frees the allocation now. A persistent allocation that other
@@ -241,6 +254,50 @@ impl Allocation {
     /// As [`Allocation::free`], never [`Error::InUse`].
     pub fn force_free(self) -> Result<()> {
         self.release(true)
+    }
+
+    /// Frees the allocation now (`force`: even while other processes are
+    /// attached), through a handle that stays usable when the free is
+    /// refused: for bindings whose objects outlive a failed call. Once it
+    /// succeeds (or someone else freed it) the handle is inert: copies
+    /// fail and dropping it does nothing.
+    ///
+    /// # Errors
+    /// As [`Allocation::free`] and [`Allocation::force_free`].
+    pub fn try_free(&mut self, force: bool) -> Result<()> {
+        if self.done {
+            return Err(Error::NotFound(format!(
+                "no such allocation: {} was freed through this handle",
+                self.desc.id
+            )));
+        }
+        let outcome = self.client.free_id(self.desc.id, force);
+        if matches!(outcome, Ok(()) | Err(Error::NotFound(_))) {
+            self.done = true;
+            self.local = None;
+            self.device = None;
+        }
+        outcome
+    }
+
+    /// Detaches this process from a persistent (or named) allocation now,
+    /// as dropping the handle does, and reports the outcome.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an allocation of this session (free
+    /// it instead); [`Error::NotFound`] once someone freed it; control-path
+    /// failures.
+    pub fn detach(mut self) -> Result<()> {
+        if self.desc.owner.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "allocation {} belongs to this session: free it (only persistent allocations are detached)",
+                self.desc.id
+            )));
+        }
+        self.done = true;
+        self.local = None;
+        self.device = None;
+        self.client.detach_id(self.desc.id)
     }
 
     /// A local GPU allocation's device memory (for kernels); `None` for

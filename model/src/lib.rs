@@ -35,9 +35,59 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in this order.
+    pub const ALL: [Kind; 4] = [
+        Kind::LocalHost,
+        Kind::RemoteHost,
+        Kind::LocalGpu,
+        Kind::RemoteGpu,
+    ];
+
     /// Whether the bytes are device memory.
     pub fn is_gpu(self) -> bool {
         matches!(self, Kind::LocalGpu | Kind::RemoteGpu)
+    }
+
+    /// The name `ocmctl` and the Python bindings use: `local-host`,
+    /// `remote-host`, `local-gpu`, `remote-gpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::LocalHost => "local-host",
+            Kind::RemoteHost => "remote-host",
+            Kind::LocalGpu => "local-gpu",
+            Kind::RemoteGpu => "remote-gpu",
+        }
+    }
+}
+
+impl std::str::FromStr for Kind {
+    type Err = UnknownName;
+
+    /// A kind by its [`Kind::name`].
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownName::new("kind", s, Kind::ALL.map(Kind::name)))
+    }
+}
+
+/// A kind or policy name that is none of the known ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {given}: expected one of {expected}")]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub given: String,
+    pub expected: String,
+}
+
+impl UnknownName {
+    fn new<const N: usize>(what: &'static str, given: &str, names: [&str; N]) -> Self {
+        Self {
+            what,
+            given: echo::echo(given),
+            expected: names.join(", "),
+        }
     }
 }
 
@@ -53,4 +103,31 @@ pub enum Policy {
     Spread,
     /// As few nodes as possible.
     Pack,
+}
+
+impl Policy {
+    /// Every policy, in this order.
+    pub const ALL: [Policy; 3] = [Policy::LocalFirst, Policy::Spread, Policy::Pack];
+
+    /// The name `ocmctl` and the Python bindings use: `local-first`,
+    /// `spread`, `pack`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::LocalFirst => "local-first",
+            Policy::Spread => "spread",
+            Policy::Pack => "pack",
+        }
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = UnknownName;
+
+    /// A policy by its [`Policy::name`].
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| UnknownName::new("policy", s, Policy::ALL.map(Policy::name)))
+    }
 }

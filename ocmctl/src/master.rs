@@ -8,7 +8,7 @@ use liboncilla::Descriptor;
 use oncilla_bench::table::Table;
 use oncilla_cluster::Master;
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::pb::{self, MemKind, NodeState};
+use oncilla_proto::pb::{self, NodeState};
 use serde_json::{json, Value};
 
 use crate::CliError;
@@ -42,11 +42,10 @@ fn placement(a: &pb::Allocation) -> String {
         return "-".into();
     };
     let mut out = if p.nodes.is_empty() {
-        match pb::Policy::try_from(p.policy) {
-            Ok(pb::Policy::Spread) => "spread".to_string(),
-            Ok(pb::Policy::Pack) => "pack".to_string(),
-            _ => "local-first".to_string(),
-        }
+        oncilla_proto::convert::policy(p.policy)
+            .unwrap_or_default()
+            .name()
+            .to_string()
     } else {
         let nodes: Vec<String> = p
             .nodes
@@ -106,13 +105,10 @@ fn health(h: i32) -> &'static str {
 }
 
 fn kind(k: i32) -> &'static str {
-    match MemKind::try_from(k) {
-        Ok(MemKind::LocalHost) => "local-host",
-        Ok(MemKind::RemoteHost) => "remote-host",
-        Ok(MemKind::LocalGpu) => "local-gpu",
-        Ok(MemKind::RemoteGpu) => "remote-gpu",
-        _ => "unknown",
-    }
+    oncilla_proto::convert::kind(k)
+        .ok()
+        .flatten()
+        .map_or("unknown", oncilla_model::Kind::name)
 }
 
 fn owner(a: &pb::Allocation) -> String {

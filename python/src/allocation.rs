@@ -1,0 +1,375 @@
+//! `oncilla.Allocation`: one allocation as Python holds it: copies from
+//! and into any buffer-protocol object with the GIL released, free and
+//! detach, the context manager, placement (`kind`, `nodes`, `extents`,
+//! `repr`) and the zero-copy views ([`crate::views`]).
+//!
+//! Lifetimes: every view keeps this object alive, and this object keeps
+//! the memory. Once any view was handed out, leaving a `with` block only
+//! closes the handle and the memory is released with the object (when the
+//! last view goes); an explicit `free()` is then refused rather than pull
+//! memory from under a view. It never frees what it did not open.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use liboncilla::{Descriptor, Oncilla};
+use oncilla_model::size::HumanBytes;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::buffer::{Held, Raw};
+use crate::errors::{to_py, InUse, NotFound};
+use crate::views;
+
+/// An allocation (see the module docs).
+#[pyclass(module = "oncilla", name = "Allocation", frozen, weakref)]
+pub struct Allocation {
+    /// The handle; `None` once freed or detached through this object.
+    slot: Mutex<Option<Arc<liboncilla::Allocation>>>,
+    /// The session, for copies between allocations.
+    session: Oncilla,
+    /// Where the bytes are (kept for `repr` and `extents` after a free).
+    desc: Descriptor,
+    /// A view of the memory was handed out.
+    exported: AtomicBool,
+    /// Freed, detached or closed through this object.
+    closed: AtomicBool,
+}
+
+impl Allocation {
+    pub fn new(session: Oncilla, inner: liboncilla::Allocation) -> Self {
+        Self {
+            desc: inner.descriptor().clone(),
+            slot: Mutex::new(Some(Arc::new(inner))),
+            session,
+            exported: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<liboncilla::Allocation>>> {
+        // Holds only an `Option<Arc>`: a panic elsewhere cannot leave it
+        // half-written.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The open handle.
+    ///
+    /// # Errors
+    /// `NotFound` once freed or detached through this object.
+    pub fn handle(&self) -> PyResult<Arc<liboncilla::Allocation>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(self.gone());
+        }
+        self.lock().clone().ok_or_else(|| self.gone())
+    }
+
+    fn gone(&self) -> PyErr {
+        NotFound::new_err(format!(
+            "no such allocation: {} was freed or detached through this handle",
+            self.desc.id
+        ))
+    }
+
+    /// The session it was opened in.
+    pub fn session(&self) -> &Oncilla {
+        &self.session
+    }
+
+    /// Marks the memory as seen by a view: from now on it lives as long
+    /// as this object.
+    pub fn export(&self) {
+        self.exported.store(true, Ordering::Release);
+    }
+
+    /// Frees (`force`) or detaches, or only closes the handle when views
+    /// were handed out.
+    fn release(&self, py: Python<'_>, how: Release) -> PyResult<()> {
+        if self.exported.load(Ordering::Acquire) {
+            if how == Release::Close {
+                self.closed.store(true, Ordering::Release);
+                return Ok(());
+            }
+            return Err(InUse::new_err(format!(
+                "allocation {} has views (NumPy, memoryview, DLPack or CUDA array interface) that may still be alive; it is released with this object once they are gone, or leave its `with` block",
+                self.desc.id
+            )));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(self.gone());
+        }
+        let mut slot = self.lock();
+        let Some(arc) = slot.take() else {
+            return Err(self.gone());
+        };
+        let mut inner = match Arc::try_unwrap(arc) {
+            Ok(inner) => inner,
+            Err(arc) => {
+                *slot = Some(arc);
+                return Err(InUse::new_err(format!(
+                    "allocation {} is being copied on another thread; free it once that copy returns",
+                    self.desc.id
+                )));
+            }
+        };
+        drop(slot);
+        let persistent = inner.descriptor().owner.is_none();
+        let (outcome, inner) = py.allow_threads(move || {
+            let outcome = match how {
+                Release::Free => inner.try_free(false),
+                Release::ForceFree => inner.try_free(true),
+                Release::Close if persistent => return (inner.detach(), None),
+                Release::Close => inner.try_free(false),
+            };
+            (outcome, Some(inner))
+        });
+        match outcome {
+            Ok(()) => {
+                self.closed.store(true, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                // Refused (in use, unreachable): the handle stays usable;
+                // a failed detach leaves nothing to keep.
+                match inner {
+                    Some(inner) => *self.lock() = Some(Arc::new(inner)),
+                    None => self.closed.store(true, Ordering::Release),
+                }
+                Err(to_py(e))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Release {
+    Free,
+    ForceFree,
+    /// The end of a `with` block: free a session allocation, detach a
+    /// persistent one.
+    Close,
+}
+
+#[pymethods]
+impl Allocation {
+    /// The allocation's id.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.desc.id
+    }
+
+    /// Its size in bytes.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.desc.size
+    }
+
+    fn __len__(&self) -> usize {
+        usize::try_from(self.desc.size).unwrap_or(usize::MAX)
+    }
+
+    /// Its kind, as an `oncilla.Kind` member.
+    #[getter]
+    fn kind<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        py.import("oncilla")?
+            .getattr("Kind")?
+            .call1((self.desc.kind.name(),))
+    }
+
+    /// Its name, for a named allocation.
+    #[getter]
+    fn name(&self) -> Option<String> {
+        self.desc.name.clone()
+    }
+
+    /// True for a persistent (or named) allocation: it outlives this
+    /// session, and leaving a `with` block detaches instead of freeing.
+    #[getter]
+    fn persistent(&self) -> bool {
+        self.desc.owner.is_none()
+    }
+
+    /// The nodes holding its bytes, in the order of the bytes.
+    #[getter]
+    fn nodes(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for e in &self.desc.extents {
+            if !out.contains(&e.node) {
+                out.push(e.node.clone());
+            }
+        }
+        out
+    }
+
+    /// Every extent: `offset` and `len` in the allocation, `node`, `gpu`
+    /// (the device index, or None for host memory) and the `fabric` this
+    /// process uses for it.
+    #[getter]
+    fn extents<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let fabrics = self.handle().map(|h| h.fabrics()).unwrap_or_default();
+        let list = PyList::empty(py);
+        for (i, e) in self.desc.extents.iter().enumerate() {
+            let d = PyDict::new(py);
+            d.set_item("offset", e.alloc_offset)?;
+            d.set_item("len", e.len)?;
+            d.set_item("node", &e.node)?;
+            d.set_item("gpu", e.gpu)?;
+            d.set_item("fabric", fabrics.get(i).map(ToString::to_string))?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed.load(Ordering::Acquire) {
+            ", closed"
+        } else {
+            ""
+        };
+        let name = self
+            .desc
+            .name
+            .as_ref()
+            .map_or(String::new(), |n| format!(", name={n:?}"));
+        format!(
+            "Allocation(id={}, size={} ({}), kind={}{name}, nodes={:?}, extents={}{state})",
+            self.desc.id,
+            self.desc.size,
+            HumanBytes(self.desc.size),
+            self.desc.kind.name(),
+            self.nodes(),
+            self.desc.extents.len(),
+        )
+    }
+
+    /// Writes the bytes of `data` (any object with the buffer protocol)
+    /// at `offset`; returns once they are visible to every later reader.
+    fn copy_in(&self, py: Python<'_>, offset: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let held = Held::read(data)?;
+        let (ptr, len) = held.range();
+        let raw = Raw { ptr, len };
+        let h = self.handle()?;
+        // SAFETY: `held` keeps the exporter's buffer alive and in place
+        // until it is dropped, after this call, with the GIL back; the copy
+        // only reads it.
+        let outcome = py.allow_threads(move || h.copy_in(offset, unsafe { raw.bytes() }));
+        drop(held);
+        outcome.map_err(to_py)
+    }
+
+    /// Reads `n` bytes at `offset` into new `bytes`.
+    fn copy_out<'py>(
+        &self,
+        py: Python<'py>,
+        offset: u64,
+        n: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let h = self.handle()?;
+        PyBytes::new_with(py, n, |buf| {
+            py.allow_threads(|| h.copy_out(offset, buf)).map_err(to_py)
+        })
+    }
+
+    /// Reads `len(buffer)` bytes at `offset` into `buffer` (any writable
+    /// object with the buffer protocol: bytearray, a NumPy array, ...).
+    fn copy_out_into(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        buffer: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let held = Held::write(buffer)?;
+        let (ptr, len) = held.range();
+        let raw = Raw { ptr, len };
+        let h = self.handle()?;
+        // SAFETY: `held` keeps the writable buffer alive and in place until
+        // it is dropped, after this call; nothing in Rust refers to it
+        // meanwhile (other Python threads touching it race as they would
+        // with any C extension that fills a buffer).
+        let outcome = py.allow_threads(move || h.copy_out(offset, unsafe { raw.bytes_mut() }));
+        drop(held);
+        outcome.map_err(to_py)
+    }
+
+    /// Copies `n` bytes from `src` at `src_offset` to this allocation at
+    /// `offset`, between any two kinds (`oncilla.copy`).
+    fn copy_from(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        src: &Allocation,
+        src_offset: u64,
+        n: u64,
+    ) -> PyResult<()> {
+        let (dst, from) = (self.handle()?, src.handle()?);
+        let session = self.session.clone();
+        py.allow_threads(move || session.copy(&dst, offset, &from, src_offset, n))
+            .map_err(to_py)
+    }
+
+    /// Frees it now. Refused (`InUse`) while views of it may be alive, and
+    /// for a persistent allocation other processes are attached to.
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
+        self.release(py, Release::Free)
+    }
+
+    /// Frees it even while other processes are attached.
+    fn force_free(&self, py: Python<'_>) -> PyResult<()> {
+        self.release(py, Release::ForceFree)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Frees a session allocation, detaches a persistent one; with views
+    /// alive, only closes the handle (the memory goes with the last view).
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        self.release(py, Release::Close)?;
+        Ok(false)
+    }
+
+    /// A writable `memoryview` of a local host allocation's memory, with
+    /// no copy (the agent's pool, mapped here); it keeps the allocation
+    /// alive.
+    fn view<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        views::memoryview(slf)
+    }
+
+    /// NumPy's array interface: `numpy.asarray(alloc)` is a view of a local
+    /// host allocation's memory (uint8), no copy.
+    #[getter]
+    fn __array_interface__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        views::array_interface(slf)
+    }
+
+    /// DLPack: `torch.from_dlpack(alloc)` (GPU memory of this process) or
+    /// `numpy.from_dlpack(alloc)` (local host memory), no copy.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = (stream, max_version);
+        views::dlpack(slf, dl_device, copy)
+    }
+
+    /// `(device type, device id)` as DLPack names them.
+    fn __dlpack_device__(slf: &Bound<'_, Self>) -> PyResult<(i32, i32)> {
+        views::dlpack_device(slf)
+    }
+
+    /// The CUDA array interface of a local GPU allocation (CuPy, Numba,
+    /// PyTorch): its device memory as uint8, no copy.
+    #[getter]
+    fn __cuda_array_interface__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        views::cuda_array_interface(slf)
+    }
+}

@@ -1,0 +1,143 @@
+//! `oncilla.Session` and `oncilla.connect()`: a session with the local
+//! agent (the environment liboncilla reads: `ONCILLA_SOCKET`, and a token
+//! only for operators), and what it makes: allocations, attachments, and
+//! copies between allocations. Every call that waits releases the GIL.
+
+use std::path::PathBuf;
+
+use liboncilla::{Oncilla, Options};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+use crate::allocation::Allocation;
+use crate::errors::to_py;
+use crate::spec::{self, Placement};
+
+/// A session with the local agent; allocations made through it end with
+/// it (or with the process) unless persistent.
+#[pyclass(module = "oncilla", name = "Session", frozen)]
+pub struct Session {
+    inner: Oncilla,
+}
+
+/// Connects to the local agent as liboncilla does: `ONCILLA_SOCKET` (or
+/// `socket`), `ONCILLA_FABRIC`, `ONCILLA_STREAMS` and the other
+/// `ONCILLA_*` settings.
+#[pyfunction]
+#[pyo3(signature = (socket=None))]
+pub fn connect(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Session> {
+    let inner = py
+        .allow_threads(move || {
+            let mut opts = Options::from_env()?;
+            if let Some(s) = socket {
+                opts.socket = s;
+            }
+            Oncilla::connect_with(opts)
+        })
+        .map_err(to_py)?;
+    Ok(Session { inner })
+}
+
+#[pymethods]
+impl Session {
+    /// The name of this node.
+    #[getter]
+    fn node(&self) -> String {
+        self.inner.node().to_string()
+    }
+
+    /// This session's id, as `ocmctl allocs` shows it.
+    #[getter]
+    fn session_id(&self) -> String {
+        self.inner.session_id().to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Session(node={:?}, id={:?})",
+            self.inner.node(),
+            self.inner.session_id()
+        )
+    }
+
+    /// Allocates `size` bytes of `kind` (a name as `ocmctl` prints it, or
+    /// an `oncilla.Kind`; remote host memory by default), placed by `policy` or on `nodes` (with
+    /// `weights`), striped in `stripe`-byte units, optionally `name`d
+    /// (which makes it persistent), `persistent`, `shared` with other
+    /// users, on GPU `gpu`, reached over `fabric`.
+    #[pyo3(signature = (size, kind=None, *, policy=None, nodes=None, weights=None, stripe=None, name=None, persistent=false, shared=false, gpu=None, fabric=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        size: u64,
+        kind: Option<Bound<'_, PyAny>>,
+        policy: Option<Bound<'_, PyAny>>,
+        nodes: Option<Vec<String>>,
+        weights: Option<Vec<u32>>,
+        stripe: Option<u64>,
+        name: Option<String>,
+        persistent: bool,
+        shared: bool,
+        gpu: Option<u32>,
+        fabric: Option<String>,
+    ) -> PyResult<Allocation> {
+        let kind = match &kind {
+            Some(k) => spec::kind(k)?,
+            None => liboncilla::Kind::RemoteHost,
+        };
+        let spec = spec::alloc_spec(
+            size,
+            kind,
+            Placement {
+                policy,
+                nodes,
+                weights,
+                stripe,
+                name,
+                persistent,
+                shared,
+                gpu,
+                fabric,
+            },
+        )?;
+        let session = self.inner.clone();
+        let inner = py
+            .allow_threads(move || session.alloc_with(&spec))
+            .map_err(to_py)?;
+        Ok(Allocation::new(self.inner.clone(), inner))
+    }
+
+    /// Attaches a persistent allocation by name (`str`) or id (`int`).
+    fn attach(&self, py: Python<'_>, alloc: &Bound<'_, PyAny>) -> PyResult<Allocation> {
+        let session = self.inner.clone();
+        let inner = if let Ok(id) = alloc.extract::<u64>() {
+            py.allow_threads(move || session.attach_id(id))
+        } else if let Ok(name) = alloc.extract::<String>() {
+            py.allow_threads(move || session.attach(&name))
+        } else {
+            return Err(PyTypeError::new_err(
+                "attach takes an allocation's name (str) or id (int)",
+            ));
+        }
+        .map_err(to_py)?;
+        Ok(Allocation::new(self.inner.clone(), inner))
+    }
+
+    /// Copies `n` bytes from `src` at `src_offset` to `dst` at
+    /// `dst_offset`, between any two kinds.
+    fn copy(
+        &self,
+        py: Python<'_>,
+        dst: &Allocation,
+        dst_offset: u64,
+        src: &Allocation,
+        src_offset: u64,
+        n: u64,
+    ) -> PyResult<()> {
+        let (d, s) = (dst.handle()?, src.handle()?);
+        let session = self.inner.clone();
+        py.allow_threads(move || session.copy(&d, dst_offset, &s, src_offset, n))
+            .map_err(to_py)
+    }
+}

@@ -1,0 +1,306 @@
+//! Zero-copy views of an allocation's memory in this process: a
+//! `memoryview` and NumPy's array interface for local host memory (the
+//! agent's pool, mapped here), DLPack for both (`kDLCPU` / `kDLCUDA`), and
+//! the CUDA array interface for local GPU memory.
+//!
+//! Every view holds a strong reference to the Python `Allocation` (the
+//! memoryview through the ctypes array it wraps, NumPy and CUDA consumers
+//! through the object they were given, DLPack through the capsule's
+//! context), and the allocation is marked exported before its address is
+//! read, so it never releases the memory while a view may remain
+//! ([`Allocation::export`]). It never copies.
+
+use std::ffi::{c_void, CStr};
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::allocation::Allocation;
+use crate::errors::{to_py, InvalidArgument};
+
+/// DLPack's device types.
+const KDL_CPU: i32 = 1;
+const KDL_CUDA: i32 = 2;
+
+/// Where the memory is in this process.
+enum Memory {
+    Host { ptr: usize, len: usize },
+    Device { ptr: u64, len: usize, index: u32 },
+}
+
+impl Memory {
+    fn device(&self) -> (i32, i32) {
+        match self {
+            Memory::Host { .. } => (KDL_CPU, 0),
+            Memory::Device { index, .. } => (KDL_CUDA, i32::try_from(*index).unwrap_or(i32::MAX)),
+        }
+    }
+}
+
+/// What a view needs: host or device memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Host,
+    Device,
+    Either,
+}
+
+/// Finds `a`'s memory for a view of the kind `want`, and marks `a`
+/// exported before reading the address (a refusal marks nothing).
+fn memory(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
+    let h = a.handle()?;
+    let device = h.device_mem().is_some();
+    match (want, device) {
+        (Want::Host, true) => {
+            return Err(InvalidArgument::new_err(format!(
+                "allocation {} is GPU memory: it has no {what}; use __dlpack__ or __cuda_array_interface__",
+                h.id()
+            )))
+        }
+        (Want::Device, false) => {
+            return Err(InvalidArgument::new_err(format!(
+                "allocation {} is not local GPU memory: it has no {what}; local host memory has __array_interface__ and view()",
+                h.id()
+            )))
+        }
+        (_, false) => {
+            h.local_range().map_err(to_py)?;
+        }
+        _ => {}
+    }
+    drop(h);
+    // From here on nothing frees the memory under a view; a free that
+    // came first shows as a closed handle.
+    a.export();
+    let h = a.handle()?;
+    if let Some(dev) = h.device_mem() {
+        let ptr = dev.device_ptr(0).map_err(|e| to_py(e.into()))?;
+        let len = usize::try_from(dev.len()).unwrap_or(usize::MAX);
+        return Ok(Memory::Device {
+            ptr,
+            len,
+            index: dev.gpu().index(),
+        });
+    }
+    let (ptr, len) = h.local_range().map_err(to_py)?;
+    Ok(Memory::Host {
+        ptr: ptr as usize,
+        len,
+    })
+}
+
+fn host_only(a: &Allocation, what: &str) -> PyResult<(usize, usize)> {
+    match memory(a, Want::Host, what)? {
+        Memory::Host { ptr, len } => Ok((ptr, len)),
+        Memory::Device { .. } => Err(InvalidArgument::new_err(format!(
+            "no {what} for GPU memory"
+        ))),
+    }
+}
+
+/// A writable `memoryview` over local host memory: a ctypes array at the
+/// mapping's address that holds the allocation.
+pub fn memoryview<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let (ptr, len) = host_only(slf.get(), "memoryview")?;
+    let ctypes = py.import("ctypes")?;
+    let array = ctypes
+        .getattr("c_ubyte")?
+        .mul(len)?
+        .call_method1("from_address", (ptr,))?;
+    array.setattr("_oncilla_allocation", slf)?;
+    // ctypes says "<B"; cast to plain "B" so slices can be assigned.
+    py.import("builtins")?
+        .getattr("memoryview")?
+        .call1((array,))?
+        .call_method1("cast", ("B",))
+}
+
+/// NumPy's array interface (version 3) over local host memory.
+pub fn array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
+    let py = slf.py();
+    let (ptr, len) = host_only(slf.get(), "NumPy array interface")?;
+    let d = PyDict::new(py);
+    d.set_item("shape", (len,))?;
+    d.set_item("typestr", "|u1")?;
+    d.set_item("data", (ptr, false))?;
+    d.set_item("strides", py.None())?;
+    d.set_item("version", 3)?;
+    Ok(d)
+}
+
+/// The CUDA array interface (version 3) over local GPU memory. Copies
+/// into it are synchronous, so no stream needs waiting on.
+pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
+    let py = slf.py();
+    let Memory::Device { ptr, len, .. } = memory(slf.get(), Want::Device, "CUDA array interface")?
+    else {
+        return Err(InvalidArgument::new_err(
+            "only a local GPU allocation has a CUDA array interface",
+        ));
+    };
+    let d = PyDict::new(py);
+    d.set_item("shape", (len,))?;
+    d.set_item("typestr", "|u1")?;
+    d.set_item("data", (ptr, false))?;
+    d.set_item("strides", py.None())?;
+    d.set_item("stream", py.None())?;
+    d.set_item("version", 3)?;
+    Ok(d)
+}
+
+/// `__dlpack_device__`.
+pub fn dlpack_device(slf: &Bound<'_, Allocation>) -> PyResult<(i32, i32)> {
+    Ok(memory(slf.get(), Want::Either, "DLPack device")?.device())
+}
+
+#[repr(C)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// A DLPack tensor with what it points at: its shape and the allocation
+/// it keeps alive. `tensor` first, so the tensor's address is the box's.
+#[repr(C)]
+struct Managed {
+    tensor: DLManagedTensor,
+    shape: [i64; 1],
+    owner: Option<Py<Allocation>>,
+}
+
+const DLTENSOR: &CStr = c"dltensor";
+/// DLPack's unsigned integer type code.
+const KDL_UINT: u8 = 1;
+
+/// `__dlpack__`: a "dltensor" capsule over the memory (uint8, one
+/// dimension), never a copy.
+pub fn dlpack<'py>(
+    slf: &Bound<'py, Allocation>,
+    dl_device: Option<Bound<'py, PyAny>>,
+    copy: Option<bool>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    if copy == Some(true) {
+        return Err(PyBufferError::new_err(
+            "oncilla exports its memory without copying; copy=True is not supported",
+        ));
+    }
+    let memory = memory(slf.get(), Want::Either, "DLPack tensor")?;
+    if let Some(want) = dl_device {
+        let want: (i32, i32) = want.extract()?;
+        if want != memory.device() {
+            return Err(PyBufferError::new_err(format!(
+                "allocation is on DLPack device {:?}, asked for {want:?}; copy it with oncilla.copy first",
+                memory.device()
+            )));
+        }
+    }
+    let (data, len) = match memory {
+        Memory::Host { ptr, len } => (ptr as *mut c_void, len),
+        // A device address, carried as a pointer as DLPack does.
+        Memory::Device { ptr, len, .. } => (ptr as usize as *mut c_void, len),
+    };
+    let (device_type, device_id) = memory.device();
+    let mut managed = Box::new(Managed {
+        tensor: DLManagedTensor {
+            dl_tensor: DLTensor {
+                data,
+                device: DLDevice {
+                    device_type,
+                    device_id,
+                },
+                ndim: 1,
+                dtype: DLDataType {
+                    code: KDL_UINT,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_managed),
+        },
+        shape: [i64::try_from(len).unwrap_or(i64::MAX)],
+        owner: Some(slf.clone().unbind()),
+    });
+    // The box's contents never move: these point into it.
+    managed.tensor.dl_tensor.shape = managed.shape.as_mut_ptr();
+    let raw = Box::into_raw(managed);
+    // SAFETY: `raw` is a live, exclusively owned box.
+    unsafe { (*raw).tensor.manager_ctx = raw.cast() };
+    // SAFETY: the GIL is held; `raw` points at a `Managed` whose first
+    // field is the `DLManagedTensor` DLPack consumers read; the name is a
+    // static C string; the destructor frees it unless a consumer took it
+    // (renamed "used_dltensor", whose deleter the consumer calls).
+    let capsule =
+        unsafe { ffi::PyCapsule_New(raw.cast(), DLTENSOR.as_ptr(), Some(capsule_destructor)) };
+    if capsule.is_null() {
+        // SAFETY: the capsule was not made, so the box is still ours.
+        drop(unsafe { Box::from_raw(raw) });
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a new, owned reference returned by PyCapsule_New.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
+}
+
+/// The tensor's deleter: drops the box (and with it the reference to the
+/// allocation) with the GIL held; consumers call it from any thread.
+unsafe extern "C" fn delete_managed(tensor: *mut DLManagedTensor) {
+    if tensor.is_null() {
+        return;
+    }
+    // SAFETY: every tensor handed out is the first field of a `Managed`
+    // boxed in `dlpack`, whose address `manager_ctx` holds; DLPack calls the
+    // deleter once.
+    let managed = unsafe { Box::from_raw((*tensor).manager_ctx.cast::<Managed>()) };
+    Python::with_gil(|_| drop(managed));
+}
+
+/// The capsule's destructor: a capsule no consumer took still owns its
+/// tensor.
+unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by the interpreter with the GIL held on a capsule;
+    // only an untaken one still carries the name "dltensor", and then its
+    // pointer is the tensor `dlpack` made.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let tensor =
+                ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr()).cast::<DLManagedTensor>();
+            if !tensor.is_null() {
+                if let Some(delete) = (*tensor).deleter {
+                    delete(tensor);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+"""`import oncilla` against a real local cluster (conftest.py): every call,
+every kind pair (GPU pairs skip with the reason where there is no GPU),
+zero-copy views proven by writing through them, view lifetimes, errors,
+batches as futures and from asyncio, and threads copying at once with the
+GIL released. Every loop is bounded."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import oncilla
+from conftest import allocation_ids
+
+MiB = 1 << 20
+
+
+def pattern(n: int, seed: int) -> bytes:
+    return ((np.arange(n, dtype=np.uint64) * 31 + seed) % 251).astype(np.uint8).tobytes()
+
+
+def gpu_or_skip(ocm):
+    try:
+        a = ocm.alloc(MiB, "local-gpu")
+    except oncilla.NoGpu as e:
+        pytest.skip(f"no GPU: {e}")
+    a.free()
+
+
+def test_connect_names_the_node_and_session(ocm):
+    assert ocm.node == "node-0"
+    assert ocm.session_id.startswith("node-0-")
+    assert "node-0" in repr(ocm)
+    assert isinstance(oncilla.__version__, str)
+
+
+def test_alloc_takes_kinds_and_policies_by_name_or_member(ocm):
+    with ocm.alloc(3 * MiB + 5, oncilla.Kind.REMOTE_HOST, policy=oncilla.Policy.SPREAD, stripe=MiB) as a:
+        assert a.kind is oncilla.Kind.REMOTE_HOST
+        assert a.size == 3 * MiB + 5 and len(a) == a.size
+        assert a.nodes == ["node-0", "node-1", "node-2"]
+        ext = a.extents
+        assert [e["offset"] for e in ext] == [0, MiB, 2 * MiB, 3 * MiB]
+        assert sum(e["len"] for e in ext) == a.size
+        assert all(e["gpu"] is None and e["fabric"] in ("shm", "tcp", "verbs") for e in ext)
+        r = repr(a)
+        assert f"id={a.id}" in r and "remote-host" in r and "node-2" in r and "extents=4" in r
+    with ocm.alloc(MiB, "remote-host", nodes=["node-1", "node-2"], weights=[3, 1], policy="pack") as a:
+        assert a.nodes == ["node-1", "node-2"]
+        assert a.extents[0]["len"] == 3 * MiB // 4
+    with ocm.alloc(4096, "local-host") as a:
+        assert a.nodes == ["node-0"] and a.kind == "local-host"
+
+
+def test_copy_in_and_out_with_every_buffer_kind(ocm):
+    with ocm.alloc(2 * MiB, nodes=["node-1"]) as a:
+        data = pattern(MiB, 1)
+        for obj in (data, bytearray(data), memoryview(data), np.frombuffer(data, np.uint8),
+                    array.array("B", data)):
+            a.copy_in(7, obj)
+            assert a.copy_out(7, MiB) == data
+        into = bytearray(MiB)
+        a.copy_out_into(7, into)
+        assert bytes(into) == data
+        arr = np.zeros(MiB // 8, np.uint64)
+        a.copy_out_into(7, arr)
+        assert arr.tobytes() == data
+        a.copy_in(0, b"")
+        assert a.copy_out(0, 0) == b""
+        with pytest.raises((BufferError, ValueError), match="contiguous"):
+            a.copy_in(0, np.zeros((64, 64), np.uint8)[:, ::2])
+        with pytest.raises((BufferError, TypeError)):
+            a.copy_out_into(0, data)  # bytes are read-only
+        with pytest.raises(TypeError):
+            a.copy_in(0, "a str is no buffer")
+
+
+def test_every_host_kind_pair_copies(ocm):
+    n = 3 * MiB + 123
+    specs = {
+        "local-host": dict(kind="local-host"),
+        "remote-host": dict(kind="remote-host", nodes=["node-1"]),
+        "striped": dict(kind="remote-host", policy="spread", stripe=MiB),
+    }
+    allocs = {k: (ocm.alloc(n + 8192, **s), ocm.alloc(n + 8192, **s)) for k, s in specs.items()}
+    try:
+        for i, (src_kind, (src, _)) in enumerate(allocs.items()):
+            data = pattern(n, i)
+            src.copy_in(4096, data)
+            for dst_kind, (one, two) in allocs.items():
+                dst = two if dst_kind == src_kind else one
+                oncilla.copy(dst, 11, src, 4096, n)
+                assert dst.copy_out(11, n) == data, f"{src_kind} -> {dst_kind}"
+        with pytest.raises(oncilla.InvalidArgument, match="overlap"):
+            src.copy_from(10, src, 0, 100)
+    finally:
+        for one, two in allocs.values():
+            one.free()
+            two.free()
+
+
+def test_gpu_kind_pairs(ocm):
+    gpu_or_skip(ocm)
+    n = 4 * MiB
+    kinds = ["local-host", "remote-host", "local-gpu", "remote-gpu"]
+    allocs = [ocm.alloc(n, k, nodes=["node-1"] if k.startswith("remote") else None) for k in kinds]
+    data = pattern(n, 9)
+    for i, src in enumerate(allocs):
+        src.copy_in(0, data)
+        for j, dst in enumerate(allocs):
+            if i != j:
+                oncilla.copy(dst, 0, src, 0, n)
+                assert dst.copy_out(0, n) == data, f"{kinds[i]} -> {kinds[j]}"
+    gpu = allocs[2]
+    assert gpu.__dlpack_device__()[0] == 2
+    cai = gpu.__cuda_array_interface__
+    assert cai["shape"] == (n,) and cai["data"][0] != 0
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    t = torch.from_dlpack(gpu)
+    assert t.is_cuda and t.numel() == n
+    assert bytes(t[:16].cpu().numpy()) == data[:16]
+    t[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8, device=t.device)
+    torch.cuda.synchronize()
+    assert gpu.copy_out(0, 4) == bytes([1, 2, 3, 4])
+
+
+def test_numpy_view_is_the_memory_itself(ocm):
+    with ocm.alloc(MiB, "local-host") as a:
+        v = np.asarray(a)
+        assert v.dtype == np.uint8 and v.shape == (MiB,)
+        ptr = a.__array_interface__["data"][0]
+        assert v.__array_interface__["data"][0] == ptr
+        v[:5] = np.frombuffer(b"hello", np.uint8)
+        assert a.copy_out(0, 5) == b"hello"  # written through the view
+        a.copy_in(100, b"world")
+        assert bytes(v[100:105]) == b"world"  # seen through the view, no copy made
+        m = a.view()
+        assert m.nbytes == MiB and not m.readonly
+        m[10:13] = b"abc"
+        assert a.copy_out(10, 3) == b"abc"
+        d = np.from_dlpack(a)
+        assert d.__array_interface__["data"][0] == ptr
+        a.copy_in(20, b"\x07")
+        assert d[20] == 7  # the DLPack tensor is the same memory
+        assert a.__dlpack_device__() == (1, 0)
+        del v, m, d
+
+
+def test_a_view_keeps_its_allocation_alive(ocm, cluster):
+    with ocm.alloc(MiB, "local-host") as a:
+        ident = a.id
+        a.copy_in(0, b"kept")
+        v = np.asarray(a)
+        m = a.view()
+        with pytest.raises(oncilla.InUse, match="views"):
+            a.free()
+    # The block closed the handle; the memory is still valid and held.
+    assert bytes(v[:4]) == b"kept"
+    v[:4] = np.frombuffer(b"more", np.uint8)
+    assert bytes(m[:4]) == b"more"
+    assert ident in allocation_ids(cluster)
+    with pytest.raises(oncilla.NotFound):
+        a.copy_out(0, 4)
+    del a, v, m
+    for _ in range(3):
+        gc.collect()
+    assert ident not in allocation_ids(cluster), "the last view's end did not free it"
+
+
+def test_views_of_remote_memory_are_refused(ocm):
+    a = ocm.alloc(MiB, nodes=["node-1"])
+    with pytest.raises(oncilla.InvalidArgument, match="not local host memory"):
+        a.view()
+    with pytest.raises(oncilla.InvalidArgument):
+        np.asarray(a)
+    with pytest.raises(oncilla.InvalidArgument, match="CUDA array interface"):
+        a.__cuda_array_interface__
+    # A refused view marks nothing: the allocation still frees at once.
+    a.free()
+
+
+def test_errors_are_typed(ocm, cluster):
+    with ocm.alloc(MiB, nodes=["node-1"]) as a:
+        with pytest.raises(oncilla.OutOfBounds):
+            a.copy_in(MiB - 2, b"abc")
+        with pytest.raises(oncilla.OutOfBounds):
+            a.copy_out(MiB, 1)
+    assert issubclass(oncilla.OutOfBounds, oncilla.OncillaError)
+    with pytest.raises(ValueError, match="unknown kind"):
+        ocm.alloc(MiB, "bogus")
+    with pytest.raises(ValueError, match="unknown policy"):
+        ocm.alloc(MiB, policy="random")
+    with pytest.raises(ValueError, match="one per node"):
+        ocm.alloc(MiB, nodes=["node-1"], weights=[1, 2])
+    with pytest.raises(TypeError):
+        ocm.alloc(MiB, 3)
+    with pytest.raises(oncilla.CapacityExhausted):
+        ocm.alloc(1 << 40)
+    with pytest.raises(oncilla.NotFound):
+        ocm.attach("no-such-name")
+    with pytest.raises(oncilla.InvalidArgument):
+        ocm.alloc(MiB, nodes=["node-9"])
+    a = ocm.alloc(MiB)
+    a.free()
+    with pytest.raises(oncilla.NotFound):
+        a.free()
+    with pytest.raises(oncilla.NotFound):
+        a.copy_in(0, b"x")
+    with pytest.raises(oncilla.AgentUnreachable):
+        oncilla.connect(socket="/nonexistent/oncilla.sock")
+
+
+def test_named_allocations_attach_detach_and_in_use(ocm, cluster):
+    other = oncilla.connect()  # a second session of this process
+    a = ocm.alloc(MiB, name="py-named", nodes=["node-2"])
+    assert a.persistent and a.name == "py-named"
+    a.copy_in(0, b"shared")
+    with pytest.raises(oncilla.AlreadyExists):
+        ocm.alloc(MiB, name="py-named")
+    with other.attach("py-named") as b:
+        assert b.copy_out(0, 6) == b"shared"
+        with pytest.raises(oncilla.InUse):
+            a.free()
+    third = oncilla.connect()
+    with third.attach(a.id) as c:  # by id
+        assert c.id == a.id and c.copy_out(0, 6) == b"shared"
+    # Leaving the blocks detached the others; now it frees.
+    a.free()
+    assert a.id not in allocation_ids(cluster)
+
+
+def test_batches_are_futures_and_awaitables(ocm):
+    with ocm.alloc(8 * MiB, policy="spread", stripe=MiB) as a:
+        parts = [pattern(MiB, i) for i in range(8)]
+        b = oncilla.Batch()
+        for i, p in enumerate(parts):
+            b.copy_in(a, i * MiB, p)
+        assert len(b) == 8
+        assert b.submit().result(timeout=60) is None
+        outs = [bytearray(MiB) for _ in range(8)]
+
+        async def read_all():
+            batch = oncilla.Batch()
+            for i, o in enumerate(outs):
+                batch.copy_out_into(a, i * MiB, o)
+            await batch
+
+        asyncio.run(read_all())
+        assert [bytes(o) for o in outs] == parts
+        bad = oncilla.Batch().copy_in(a, 0, b"ok").copy_in(a, 8 * MiB, b"past the end")
+        with pytest.raises(oncilla.OutOfBounds):
+            bad.wait(timeout=60)
+        with pytest.raises(oncilla.InvalidArgument):
+            bad.copy_in(a, 0, b"late")
+
+
+def test_threads_copy_at_once_with_the_gil_released(ocm):
+    n = 4 * MiB
+    with ocm.alloc(4 * n, policy="spread", stripe=MiB) as a:
+        errors = []
+
+        def worker(k):
+            try:
+                data = pattern(n, k)
+                for _ in range(5):
+                    a.copy_in(k * n, data)
+                    out = np.empty(n, np.uint8)
+                    a.copy_out_into(k * n, out)
+                    assert out.tobytes() == data
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert not any(t.is_alive() for t in threads)
+
+        # With a switch interval of 1000 s, the main thread can run while a
+        # worker is inside its copies only if the copies release the GIL.
+        state = {"started": False, "done": False, "seen_running": False}
+
+        def copier():
+            buf = bytearray(n)
+            state["started"] = True
+            for _ in range(50):
+                a.copy_out_into(0, buf)
+            state["done"] = True
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1000.0)
+        try:
+            t = threading.Thread(target=copier)
+            t.start()
+            for _ in range(10_000_000):
+                if state["started"]:
+                    break
+            state["seen_running"] = state["started"] and not state["done"]
+        finally:
+            sys.setswitchinterval(old)
+        t.join(timeout=120)
+        assert state["done"]
+        assert state["seen_running"], "the main thread only ran after every copy: the GIL was held"
