@@ -9,7 +9,7 @@
 # qemu-system-x86, linux-image-amd64, busybox-static, cpio, rdma-core and
 # ibverbs-providers (.ci/run installs them all); the manifest check
 # kubernetes-validate (pip); the metrics tests prometheus (promtool and the
-# server); the Python tests pytest and numpy (pip).
+# server); the Python tests maturin, pytest and numpy (pip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,8 +18,8 @@ deploy/kubernetes/validate.sh
 
 cargo test --workspace
 
-# The Python bindings: pytest against a local cluster (python/run-tests.sh
-# builds the extension with this debug build).
+# The Python bindings: `pip install ./python`, then pytest against a local
+# cluster (python/run-tests.sh).
 python/run-tests.sh
 
 # One feature set for every verbs step, so they share one build.
