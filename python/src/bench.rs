@@ -10,7 +10,8 @@ use crate::allocation::Allocation;
 use crate::errors::to_py;
 
 /// Seconds each of `repeat` Rust `copy_out`s of `n` bytes at `offset` of
-/// `alloc` took (into one buffer allocated beforehand), GIL released.
+/// `alloc` took, into one buffer that an untimed first copy faulted in
+/// (as Python's reused array is), GIL released.
 #[pyfunction]
 pub fn _rust_copy_out_seconds(
     py: Python<'_>,
@@ -22,6 +23,7 @@ pub fn _rust_copy_out_seconds(
     let h = alloc.handle()?;
     py.allow_threads(move || {
         let mut buf = vec![0u8; n];
+        h.copy_out(offset, &mut buf)?;
         let mut out = Vec::with_capacity(repeat);
         for _ in 0..repeat {
             let started = Instant::now();
