@@ -22,7 +22,7 @@ use crate::descriptor::Extent;
 use crate::error::{Error, Result};
 use crate::fabric::tcp::{IoBuf, Pull};
 use crate::fabric::{check_lease, DataPath, Transfer};
-use crate::route::Hop;
+use crate::route::{Hop, Route};
 
 /// Bytes of a segment that must go through this process, moved per step.
 const BOUNCE: u64 = 16 << 20;
@@ -35,12 +35,14 @@ struct Segment<'a> {
     len: u64,
 }
 
-/// One side of a segment: its extent, allocation offset, and where it is
-/// mapped in this process, if it is.
+/// One side of a segment: its extent, allocation offset, where it is
+/// mapped in this process, if it is, and whether its agent may be asked
+/// over TCP (not where verbs was demanded without fallback).
 struct Side<'a> {
     extent: &'a Extent,
     at: u64,
     mapped: Option<*mut u8>,
+    tcp: bool,
 }
 
 /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
@@ -102,31 +104,40 @@ pub(crate) fn copy(
                 // SAFETY: as above, read-only.
                 buf: IoBuf::Write(unsafe { std::slice::from_raw_parts(from, n) }),
             }),
-            (None, None)
-                if s.dst.extent.gpu.is_none() && s.src.extent.data_addr.len() <= MAX_ADDR =>
-            {
-                transfers.push(Transfer {
-                    target: dst.target(),
-                    offset: s.dst.at,
-                    buf: IoBuf::Pull(Pull {
-                        src: Source {
-                            alloc_id: src.desc.id,
-                            key: src.desc.key,
-                            offset: s.src.at,
-                            addr: s.src.extent.data_addr.clone(),
-                        },
-                        len: n,
-                    }),
-                })
-            }
+            (None, None) if pullable(s) => transfers.push(Transfer {
+                target: dst.target(),
+                offset: s.dst.at,
+                buf: IoBuf::Pull(Pull {
+                    src: Source {
+                        alloc_id: src.desc.id,
+                        key: src.desc.key,
+                        offset: s.src.at,
+                        addr: s.src.extent.data_addr.clone(),
+                    },
+                    len: n,
+                }),
+            }),
             (None, None) => bounced.push(s),
         }
     }
-    let moved = data.run(transfers);
-    let bounced = bounced
-        .into_iter()
-        .try_for_each(|s| bounce(dst, s.dst.at, src, s.src.at, s.len));
-    moved.and(bounced)
+    let mut outcome = data.run(transfers);
+    // Every segment runs; the first failure is the outcome.
+    for s in bounced {
+        let moved = bounce(dst, s.dst.at, src, s.src.at, s.len);
+        if outcome.is_ok() {
+            outcome = moved;
+        }
+    }
+    outcome
+}
+
+/// Whether the destination's agent can pull the segment: host memory
+/// there, its agent reachable over TCP, and a source address the wire can
+/// carry.
+fn pullable(s: &Segment<'_>) -> bool {
+    s.dst.extent.gpu.is_none()
+        && s.dst.tcp
+        && (1..=MAX_ADDR).contains(&s.src.extent.data_addr.len())
 }
 
 /// The copy's segments, in destination order.
@@ -151,7 +162,13 @@ fn segments<'a>(
                 )?),
                 Hop::Tcp | Hop::Verbs => None,
             };
-            Ok(Side { extent, at, mapped })
+            let tcp = !matches!(a.routes[i], Route::Verbs { fallback: false });
+            Ok(Side {
+                extent,
+                at,
+                mapped,
+                tcp,
+            })
         };
     let mut out = Vec::new();
     for (i, d_extent, d_at, _, d_len) in dst.desc.pieces(dst_offset, len) {

@@ -39,6 +39,8 @@ pub struct Registered {
     /// The data addresses of every node the master knows: the only
     /// places this agent may pull bytes from for a client.
     pub peers: Vec<String>,
+    /// Changes whenever `peers` does.
+    pub peers_version: u64,
 }
 
 /// An agent's periodic report.
@@ -50,6 +52,8 @@ pub struct Heartbeat {
     pub incarnation: u64,
     pub held: Vec<u64>,
     pub ended_sessions: Vec<String>,
+    /// The version of the peer list the agent holds.
+    pub peers_version: u64,
 }
 
 /// The master's answer to a heartbeat.
@@ -58,8 +62,10 @@ pub struct HeartbeatReply {
     /// False: register again (unknown node or a new start).
     pub known: bool,
     pub release: Vec<u64>,
-    /// As [`Registered::peers`], current.
+    /// As [`Registered::peers`], sent only when `peers_version` differs
+    /// from the agent's (empty otherwise).
     pub peers: Vec<String>,
+    pub peers_version: u64,
 }
 
 /// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.

@@ -260,7 +260,6 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let pulls = fabric::pull::Pulls {
             peers: agent.peers(),
             tls: trust.clone(),
-            stall: fabric::tcp::STALL_DEADLINE,
         };
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())

@@ -124,6 +124,17 @@ _POOL_LOCK = threading.Lock()
 _POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
 
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it makes its own pool."""
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     """The threads batches run on (each copy releases the GIL)."""
     global _POOL
@@ -142,12 +153,15 @@ class Batch:
     (its result is ``None`` once every copy is done; its exception the first
     failure) or ``await batch`` from ``asyncio``. A training loop prefetches
     the next chunk this way while it computes on the current one. The
-    objects given stay referenced until the batch ends.
+    objects given stay referenced until the batch ends. A submitted batch
+    cannot be cancelled: its copies are already moving bytes into the
+    buffers given (cancelling a task that awaits it leaves them to finish).
     """
 
     def __init__(self) -> None:
         self._ops: List[Callable[[], None]] = []
         self._future: Optional[concurrent.futures.Future] = None
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._ops)
@@ -168,37 +182,49 @@ class Batch:
         return self
 
     def _add(self, op: Callable[[], None]) -> None:
-        if self._future is not None:
-            raise InvalidArgument("this batch was submitted already; make a new one")
-        self._ops.append(op)
+        with self._lock:
+            if self._future is not None:
+                raise InvalidArgument("this batch was submitted already; make a new one")
+            self._ops.append(op)
 
     def submit(self) -> concurrent.futures.Future:
-        """Starts every copy and returns at once."""
-        if self._future is not None:
-            return self._future
-        pool = _pool()
-        parts = [pool.submit(op) for op in self._ops]
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        self._future = done
-        if not parts:
+        """Starts every copy and returns at once (again: the same future)."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            # Running from now on: it can no longer be cancelled.
+            done.set_running_or_notify_cancel()
+            self._future = done
+            ops = list(self._ops)
+        if not ops:
             done.set_result(None)
             return done
-        left = [len(parts)]
+        left = [len(ops)]
+        errors: List[BaseException] = []
         lock = threading.Lock()
 
-        def finished(_: concurrent.futures.Future) -> None:
+        def finished(part: concurrent.futures.Future) -> None:
+            error = part.exception()
             with lock:
+                if error is not None:
+                    errors.append(error)
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                first = next((p.exception() for p in parts if p.exception() is not None), None)
-                if first is not None:
-                    done.set_exception(first)
+                if errors:
+                    done.set_exception(errors[0])
                 else:
                     done.set_result(None)
 
-        for p in parts:
-            p.add_done_callback(finished)
+        pool = _pool()
+        for op in ops:
+            try:
+                part = pool.submit(op)
+            except RuntimeError as e:  # the pool shut down (interpreter exit)
+                part = concurrent.futures.Future()
+                part.set_exception(e)
+            part.add_done_callback(finished)
         return done
 
     def wait(self, timeout: Optional[float] = None) -> None:

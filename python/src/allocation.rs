@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::buffer::{Held, Raw};
-use crate::errors::{to_py, InUse, NotFound};
+use crate::errors::{to_py, InUse, InvalidArgument, NotFound};
 use crate::views;
 
 /// An allocation (see the module docs).
@@ -34,6 +34,8 @@ pub struct Allocation {
     exported: AtomicBool,
     /// Freed, detached or closed through this object.
     closed: AtomicBool,
+    /// A free or detach is running (the GIL released, the handle taken).
+    releasing: AtomicBool,
 }
 
 impl Allocation {
@@ -44,6 +46,7 @@ impl Allocation {
             session,
             exported: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
         }
     }
 
@@ -61,7 +64,14 @@ impl Allocation {
         if self.closed.load(Ordering::Acquire) {
             return Err(self.gone());
         }
-        self.lock().clone().ok_or_else(|| self.gone())
+        match self.lock().clone() {
+            Some(h) => Ok(h),
+            None if self.releasing.load(Ordering::Acquire) => Err(InUse::new_err(format!(
+                "allocation {} is being freed on another thread",
+                self.desc.id
+            ))),
+            None => Err(self.gone()),
+        }
     }
 
     fn gone(&self) -> PyErr {
@@ -112,6 +122,7 @@ impl Allocation {
                 )));
             }
         };
+        self.releasing.store(true, Ordering::Release);
         drop(slot);
         let persistent = inner.descriptor().owner.is_none();
         let (outcome, inner) = py.allow_threads(move || {
@@ -123,10 +134,15 @@ impl Allocation {
             };
             (outcome, Some(inner))
         });
-        match outcome {
+        let result = match outcome {
             Ok(()) => {
                 self.closed.store(true, Ordering::Release);
                 Ok(())
+            }
+            // Gone already (someone freed it): nothing left to keep.
+            Err(e @ liboncilla::Error::NotFound(_)) => {
+                self.closed.store(true, Ordering::Release);
+                Err(to_py(e))
             }
             Err(e) => {
                 // Refused (in use, unreachable): the handle stays usable;
@@ -137,8 +153,44 @@ impl Allocation {
                 }
                 Err(to_py(e))
             }
-        }
+        };
+        self.releasing.store(false, Ordering::Release);
+        result
     }
+}
+
+impl Drop for Allocation {
+    /// The last reference went (the object, or the last view of it): the
+    /// allocation is freed (or detached) as liboncilla's drop does, on a
+    /// thread of its own so the interpreter does not wait on the network
+    /// with the GIL held.
+    fn drop(&mut self) {
+        let Some(handle) = self.lock().take() else {
+            return;
+        };
+        // Where no thread can be started, the refused closure (and the
+        // handle in it) is dropped right here instead.
+        let _ = std::thread::Builder::new()
+            .name("oncilla-release".into())
+            .spawn(move || drop(handle));
+    }
+}
+
+/// Refuses a buffer that is memory of `h` itself (a view of it): the copy
+/// would read and write the same bytes at once.
+fn refuse_own_memory(h: &liboncilla::Allocation, buf: Raw) -> PyResult<()> {
+    let Ok((ptr, len)) = h.local_range() else {
+        // Not mapped in one piece: no view of it exists.
+        return Ok(());
+    };
+    let (mine, theirs) = (ptr as usize, buf.ptr as usize);
+    if buf.len > 0 && theirs < mine + len && mine < theirs + buf.len {
+        return Err(InvalidArgument::new_err(format!(
+            "the buffer is memory of allocation {} itself (a view of it); copy within an allocation through a separate buffer",
+            h.id()
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +301,7 @@ impl Allocation {
         let (ptr, len) = held.range();
         let raw = Raw { ptr, len };
         let h = self.handle()?;
+        refuse_own_memory(&h, raw)?;
         // SAFETY: `held` keeps the exporter's buffer alive and in place
         // until it is dropped, after this call, with the GIL back; the copy
         // only reads it.
@@ -265,6 +318,11 @@ impl Allocation {
         n: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let h = self.handle()?;
+        // Checked before the bytes object is made: a huge `n` is an error,
+        // not an allocation.
+        h.descriptor()
+            .check_range(offset, n as u64)
+            .map_err(to_py)?;
         PyBytes::new_with(py, n, |buf| {
             py.allow_threads(|| h.copy_out(offset, buf)).map_err(to_py)
         })
@@ -282,6 +340,7 @@ impl Allocation {
         let (ptr, len) = held.range();
         let raw = Raw { ptr, len };
         let h = self.handle()?;
+        refuse_own_memory(&h, raw)?;
         // SAFETY: `held` keeps the writable buffer alive and in place until
         // it is dropped, after this call; nothing in Rust refers to it
         // meanwhile (other Python threads touching it race as they would

@@ -47,35 +47,16 @@ enum Want {
     Either,
 }
 
-/// Finds `a`'s memory for a view of the kind `want`, and marks `a`
-/// exported before reading the address (a refusal marks nothing).
-fn memory(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
+/// Finds `a`'s memory for a view of the kind `want`; marks nothing.
+fn locate(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
     let h = a.handle()?;
-    let device = h.device_mem().is_some();
-    match (want, device) {
-        (Want::Host, true) => {
+    if let Some(dev) = h.device_mem() {
+        if want == Want::Host {
             return Err(InvalidArgument::new_err(format!(
                 "allocation {} is GPU memory: it has no {what}; use __dlpack__ or __cuda_array_interface__",
                 h.id()
-            )))
+            )));
         }
-        (Want::Device, false) => {
-            return Err(InvalidArgument::new_err(format!(
-                "allocation {} is not local GPU memory: it has no {what}; local host memory has __array_interface__ and view()",
-                h.id()
-            )))
-        }
-        (_, false) => {
-            h.local_range().map_err(to_py)?;
-        }
-        _ => {}
-    }
-    drop(h);
-    // From here on nothing frees the memory under a view; a free that
-    // came first shows as a closed handle.
-    a.export();
-    let h = a.handle()?;
-    if let Some(dev) = h.device_mem() {
         let ptr = dev.device_ptr(0).map_err(|e| to_py(e.into()))?;
         let len = usize::try_from(dev.len()).unwrap_or(usize::MAX);
         return Ok(Memory::Device {
@@ -84,11 +65,27 @@ fn memory(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
             index: dev.gpu().index(),
         });
     }
+    if want == Want::Device {
+        return Err(InvalidArgument::new_err(format!(
+            "allocation {} is not local GPU memory: it has no {what}; local host memory has __array_interface__ and view()",
+            h.id()
+        )));
+    }
     let (ptr, len) = h.local_range().map_err(to_py)?;
     Ok(Memory::Host {
         ptr: ptr as usize,
         len,
     })
+}
+
+/// [`locate`], for a view about to be handed out: once every check has
+/// passed, `a` is marked exported (nothing frees the memory under a view
+/// from then on), and the address read after that. The GIL is held from
+/// here until the view is returned.
+fn memory(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
+    locate(a, want, what)?;
+    a.export();
+    locate(a, want, what)
 }
 
 fn host_only(a: &Allocation, what: &str) -> PyResult<(usize, usize)> {
@@ -153,7 +150,8 @@ pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound
 
 /// `__dlpack_device__`.
 pub fn dlpack_device(slf: &Bound<'_, Allocation>) -> PyResult<(i32, i32)> {
-    Ok(memory(slf.get(), Want::Either, "DLPack device")?.device())
+    // A query: it hands out nothing, so it marks nothing.
+    Ok(locate(slf.get(), Want::Either, "DLPack device")?.device())
 }
 
 #[repr(C)]
@@ -213,16 +211,16 @@ pub fn dlpack<'py>(
             "oncilla exports its memory without copying; copy=True is not supported",
         ));
     }
-    let memory = memory(slf.get(), Want::Either, "DLPack tensor")?;
     if let Some(want) = dl_device {
         let want: (i32, i32) = want.extract()?;
-        if want != memory.device() {
+        let here = locate(slf.get(), Want::Either, "DLPack tensor")?.device();
+        if want != here {
             return Err(PyBufferError::new_err(format!(
-                "allocation is on DLPack device {:?}, asked for {want:?}; copy it with oncilla.copy first",
-                memory.device()
+                "allocation is on DLPack device {here:?}, asked for {want:?}; copy it with oncilla.copy first"
             )));
         }
     }
+    let memory = memory(slf.get(), Want::Either, "DLPack tensor")?;
     let (data, len) = match memory {
         Memory::Host { ptr, len } => (ptr as *mut c_void, len),
         // A device address, carried as a pointer as DLPack does.
@@ -274,7 +272,9 @@ pub fn dlpack<'py>(
 }
 
 /// The tensor's deleter: drops the box (and with it the reference to the
-/// allocation) with the GIL held; consumers call it from any thread.
+/// allocation) with the GIL held; consumers call it from any thread. After
+/// the interpreter has finalized (a consumer's tensor freed at exit) the
+/// box is leaked: there is no Python left to release the reference to.
 unsafe extern "C" fn delete_managed(tensor: *mut DLManagedTensor) {
     if tensor.is_null() {
         return;
@@ -283,7 +283,15 @@ unsafe extern "C" fn delete_managed(tensor: *mut DLManagedTensor) {
     // boxed in `dlpack`, whose address `manager_ctx` holds; DLPack calls the
     // deleter once.
     let managed = unsafe { Box::from_raw((*tensor).manager_ctx.cast::<Managed>()) };
-    Python::with_gil(|_| drop(managed));
+    // SAFETY: a query the C API allows at any time, GIL or not.
+    if unsafe { ffi::Py_IsInitialized() } == 0 {
+        std::mem::forget(managed);
+        return;
+    }
+    // No panic may leave this C callback.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Python::with_gil(|_| drop(managed));
+    }));
 }
 
 /// The capsule's destructor: a capsule no consumer took still owns its

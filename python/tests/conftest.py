@@ -66,8 +66,15 @@ def cluster():
         proc.kill()
         _, err = proc.communicate(timeout=STOP_LIMIT)
         pytest.exit(f"the local cluster did not start within {START_LIMIT:.0f} s: {err}", 2)
+    # A token from the caller's environment would win over the cluster's
+    # token file: the suite uses this cluster's only.
+    env.setdefault("ONCILLA_TOKEN", None)
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     yield env
     for k, v in saved.items():
         if v is None:
@@ -91,9 +98,11 @@ def ocm(cluster):
 
 def allocation_ids(cluster) -> set:
     """The ids of every allocation the master lists (`ocmctl allocs`)."""
+    env = {**os.environ, **{k: v for k, v in cluster.items() if v is not None}}
+    env.pop("ONCILLA_TOKEN", None)
     out = subprocess.run(
         [str(ocmctl()), "allocs", "--json"],
-        env={**os.environ, **cluster},
+        env=env,
         capture_output=True,
         text=True,
         timeout=30,

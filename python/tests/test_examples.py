@@ -23,7 +23,7 @@ def rust_scan() -> pathlib.Path:
 
 
 def test_the_python_scan_matches_the_rust_scan(cluster):
-    env = {**os.environ, **cluster}
+    env = {k: v for k, v in {**os.environ, **cluster}.items() if v is not None}
     py = subprocess.run(
         [sys.executable, str(ROOT / "python" / "examples" / "scan.py"), "--rows", ROWS, "--chunk", str(1 << 20)],
         env=env, capture_output=True, text=True, timeout=300,

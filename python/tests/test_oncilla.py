@@ -170,7 +170,50 @@ def test_a_view_keeps_its_allocation_alive(ocm, cluster):
     del a, v, m
     for _ in range(3):
         gc.collect()
-    assert ident not in allocation_ids(cluster), "the last view's end did not free it"
+    ids = set()
+    for _ in range(50):  # the release runs on a thread of its own
+        ids = allocation_ids(cluster)
+        if ident not in ids:
+            break
+    assert ident not in ids, "the last view's end did not free it"
+
+
+def test_dlpack_keeps_its_allocation_and_queries_mark_nothing(ocm, cluster):
+    a = ocm.alloc(MiB, "local-host")
+    assert a.__dlpack_device__() == (1, 0)
+    a.free()  # a query handed nothing out: the free goes through
+    with ocm.alloc(MiB, "local-host") as a:
+        ident = a.id
+        a.copy_in(0, b"dl")
+        d = np.from_dlpack(a)
+    assert bytes(d[:2]) == b"dl"
+    assert ident in allocation_ids(cluster)
+    del a, d
+    for _ in range(3):
+        gc.collect()
+    ids = set()
+    for _ in range(50):  # the release runs on a thread of its own
+        ids = allocation_ids(cluster)
+        if ident not in ids:
+            break
+    assert ident not in ids, "the DLPack tensor's end did not free it"
+    unused = ocm.alloc(MiB, "local-host")
+    cap = unused.__dlpack__()
+    del cap  # never consumed: the capsule's destructor lets go
+    gc.collect()
+    unused.__exit__(None, None, None)
+
+
+def test_a_view_of_an_allocation_cannot_be_its_own_buffer(ocm):
+    with ocm.alloc(MiB, "local-host") as a:
+        v = np.asarray(a)
+        with pytest.raises(oncilla.InvalidArgument, match="itself"):
+            a.copy_in(0, v[8:16])
+        with pytest.raises(oncilla.InvalidArgument, match="itself"):
+            a.copy_out_into(0, v[100:200])
+        with pytest.raises(oncilla.OutOfBounds):
+            a.copy_out(0, 1 << 60)  # refused before any bytes object is made
+        del v
 
 
 def test_views_of_remote_memory_are_refused(ocm):
@@ -284,28 +327,36 @@ def test_threads_copy_at_once_with_the_gil_released(ocm):
         assert not errors, errors
         assert not any(t.is_alive() for t in threads)
 
-        # With a switch interval of 1000 s, the main thread can run while a
-        # worker is inside its copies only if the copies release the GIL.
-        state = {"started": False, "done": False, "seen_running": False}
+        # With a switch interval of 1000 s nothing takes the GIL from a
+        # thread that holds it: the main thread can run while the worker is
+        # still copying only if its copies release it. The worker copies
+        # until the main thread says stop (at most 500 copies).
+        stop = threading.Event()
+        state = {"started": False, "copies": 0, "stopped_early": False}
 
         def copier():
-            buf = bytearray(n)
+            buf = bytearray(MiB)
             state["started"] = True
-            for _ in range(50):
+            for _ in range(500):
                 a.copy_out_into(0, buf)
-            state["done"] = True
+                state["copies"] += 1
+                if stop.is_set():
+                    state["stopped_early"] = True
+                    return
 
         old = sys.getswitchinterval()
         sys.setswitchinterval(1000.0)
         try:
             t = threading.Thread(target=copier)
             t.start()
-            for _ in range(10_000_000):
+            for _ in range(100_000_000):
                 if state["started"]:
                     break
-            state["seen_running"] = state["started"] and not state["done"]
+            stop.set()
         finally:
             sys.setswitchinterval(old)
         t.join(timeout=120)
-        assert state["done"]
-        assert state["seen_running"], "the main thread only ran after every copy: the GIL was held"
+        assert not t.is_alive()
+        assert state["stopped_early"], (
+            f"the main thread ran only after all {state['copies']} copies: the GIL was held"
+        )

@@ -106,7 +106,10 @@ async fn register(agent: &Agent, master: &impl MasterPort) -> Result<Duration, L
     agent.set_master_incarnation(reply.master_incarnation);
     agent.ack_ended(&ended);
     agent.release_all(&reply.release);
-    agent.peers().set(reply.peers);
+    let interval = Duration::from_millis(reply.heartbeat_interval_ms.max(50));
+    let peers = agent.peers();
+    peers.heartbeat(interval);
+    peers.set(reply.peers_version, reply.peers);
     tracing::info!(
         node = %agent.node().name,
         held,
@@ -114,7 +117,7 @@ async fn register(agent: &Agent, master: &impl MasterPort) -> Result<Duration, L
         released = reply.release.len(),
         "registered with master"
     );
-    Ok(Duration::from_millis(reply.heartbeat_interval_ms.max(50)))
+    Ok(interval)
 }
 
 async fn heartbeat(agent: &Agent, master: &impl MasterPort) -> Result<bool, LinkError> {
@@ -126,12 +129,16 @@ async fn heartbeat(agent: &Agent, master: &impl MasterPort) -> Result<bool, Link
             incarnation: agent.incarnation(),
             held: agent.held_ids(),
             ended_sessions: ended.clone(),
+            peers_version: agent.peers().version(),
         })
         .await?;
     if reply.known {
         agent.ack_ended(&ended);
         agent.release_all(&reply.release);
-        agent.peers().set(reply.peers);
+        let peers = agent.peers();
+        if reply.peers_version != peers.version() {
+            peers.set(reply.peers_version, reply.peers);
+        }
     }
     Ok(reply.known)
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use oncilla_proto::tls::tunnel::DataStream;
 use oncilla_proto::tls::ClientTls;
 use oncilla_proto::wire::dial::{self, DialError};
-use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
+use oncilla_proto::wire::sock::{self, Deadline, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REPLY_LEN};
 
 use crate::peers::Peers;
@@ -27,9 +27,11 @@ use crate::peers::Peers;
 pub const READ: usize = 4 << 20;
 /// How long dialing a source may take, TLS included.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long a pull naming an address the master has not told of waits for
-/// the next membership update (a node that has just joined).
-const JOIN_WAIT: Duration = Duration::from_secs(2);
+/// A source that makes no progress for this long ends the pull, and every
+/// read has this plus its length at [`sock::MIN_RATE`]: with the wait for
+/// an address ([`crate::peers::MAX_WAIT`]) and the dial, a pull of 4 MiB
+/// (what clients send) ends within 22 s, inside a client's 30 s.
+pub const STALL: Duration = Duration::from_secs(5);
 
 /// What every pull of this agent shares: where it may dial and how.
 #[derive(Debug, Clone)]
@@ -37,9 +39,6 @@ pub struct Pulls {
     pub peers: Arc<Peers>,
     /// The cluster CA, when data ports speak TLS.
     pub tls: Option<ClientTls>,
-    /// A reply or payload of the source that makes no progress for this
-    /// long ends the pull.
-    pub stall: Duration,
 }
 
 /// A client connection's outbound side: the connection its last pull
@@ -58,9 +57,18 @@ struct Outbound {
 /// Why a pull failed: the status and message the client is answered.
 pub type Refusal = (Status, String);
 
+/// A failed read of a pull; `replied` once any reply arrived (a reused
+/// connection that failed before that was stale, and is dialed again).
+struct Failed {
+    refusal: Refusal,
+    replied: bool,
+}
+
 impl Puller {
     /// Fills `dst` with `dst.len()` bytes of `src`, read from its agent
-    /// with `secret` (the client's). On any failure the outbound
+    /// with `secret` (the client's). A kept connection that turns out
+    /// closed before its first reply (the source dropped it: idle, or its
+    /// seat was taken) is replaced once; on any other failure the
     /// connection is dropped, so a half-read stream is never reused.
     ///
     /// # Errors
@@ -74,45 +82,48 @@ impl Puller {
         src: &Source,
         dst: Shared<'_>,
     ) -> Result<(), Refusal> {
-        if !pulls.peers.admits(&src.addr, JOIN_WAIT) {
+        if !pulls.peers.admits(&src.addr) {
             return Err((
-                Status::NoSuchAllocation,
+                Status::Internal,
                 format!(
                     "pull source {:?} is not the data address of any node of this cluster",
                     src.addr
                 ),
             ));
         }
-        let mut out = match self.open.take() {
-            Some(o) if o.addr == src.addr => o,
-            _ => dial_source(pulls, secret, &src.addr)?,
+        let (mut out, mut kept) = match self.open.take() {
+            Some(o) if o.addr == src.addr => (o, true),
+            _ => (dial_source(pulls, secret, &src.addr)?, false),
         };
-        let outcome = read_all(pulls, &mut out, src, dst);
-        if outcome.is_ok() {
-            self.open = Some(out);
+        loop {
+            match read_all(&mut out, src, dst) {
+                Ok(()) => {
+                    self.open = Some(out);
+                    return Ok(());
+                }
+                Err(Failed { replied: false, .. }) if kept => {
+                    out = dial_source(pulls, secret, &src.addr)?;
+                    kept = false;
+                }
+                Err(f) => return Err(f.refusal),
+            }
         }
-        outcome
     }
 }
 
 fn dial_source(pulls: &Pulls, secret: &[u8], addr: &str) -> Result<Outbound, Refusal> {
-    let stream = dial::dial(
-        addr,
-        pulls.tls.as_ref(),
-        secret,
-        CONNECT_TIMEOUT,
-        pulls.stall,
-    )
-    .map_err(|e| match e {
-        DialError::Denied(msg) => (
-            Status::NoSuchAllocation,
-            format!("pull source {addr} refused the connection: {msg}"),
-        ),
-        DialError::Unreachable(msg) | DialError::BadVersion(msg) => (
-            Status::Internal,
-            format!("pull source {addr} unreachable: {msg}"),
-        ),
-    })?;
+    let stream = dial::dial(addr, pulls.tls.as_ref(), secret, CONNECT_TIMEOUT, STALL).map_err(
+        |e| match e {
+            DialError::Denied(msg) => (
+                Status::Internal,
+                format!("pull source {addr} refused the connection: {msg}"),
+            ),
+            DialError::Unreachable(msg) | DialError::BadVersion(msg) => (
+                Status::Internal,
+                format!("pull source {addr} unreachable: {msg}"),
+            ),
+        },
+    )?;
     Ok(Outbound {
         addr: addr.to_string(),
         stream,
@@ -120,16 +131,24 @@ fn dial_source(pulls: &Pulls, secret: &[u8], addr: &str) -> Result<Outbound, Ref
     })
 }
 
+/// Receives `len` bytes into `into` within a transfer's deadline.
+fn receive(out: &mut Outbound, into: Shared<'_>) -> std::io::Result<()> {
+    let n = into.len();
+    out.recv
+        .read_into_by(&out.stream, into, Deadline::for_transfer(n, STALL))
+}
+
 /// Sends every read of the pull, then receives each reply straight into
 /// its part of `dst`, in order.
-fn read_all(
-    pulls: &Pulls,
-    out: &mut Outbound,
-    src: &Source,
-    dst: Shared<'_>,
-) -> Result<(), Refusal> {
-    let lost = |e: std::io::Error| {
-        (
+fn read_all(out: &mut Outbound, src: &Source, dst: Shared<'_>) -> Result<(), Failed> {
+    let mut replied = false;
+    let fail = |replied: bool, status: Status, msg: String| Failed {
+        refusal: (status, msg),
+        replied,
+    };
+    let lost = |replied: bool, e: std::io::Error| {
+        fail(
+            replied,
             Status::Internal,
             format!("pull source {}: connection lost: {e}", src.addr),
         )
@@ -140,15 +159,19 @@ fn read_all(
     for i in 0..reads {
         let at = i * READ;
         let n = (len - at).min(READ);
+        let offset = src.offset.checked_add(at as u64).ok_or_else(|| {
+            fail(
+                true,
+                Status::OutOfBounds,
+                "pull source offset overflows".into(),
+            )
+        })?;
         heads.extend_from_slice(
             &Request {
                 op: Op::Read,
                 alloc_id: src.alloc_id,
                 key: src.key,
-                offset: src
-                    .offset
-                    .checked_add(at as u64)
-                    .ok_or_else(|| (Status::OutOfBounds, "pull source offset overflows".into()))?,
+                offset,
                 len: n as u64,
             }
             .encode(),
@@ -156,31 +179,43 @@ fn read_all(
     }
     // At most MAX_IO / READ headers (a few hundred bytes): the socket takes
     // them while the source answers.
-    sock::send(&out.stream, &heads, &[][..]).map_err(lost)?;
+    sock::send(&out.stream, &heads, &[][..]).map_err(|e| lost(false, e))?;
     for i in 0..reads {
         let at = i * READ;
         let n = (len - at).min(READ);
-        let head = out
-            .recv
-            .header::<REPLY_LEN>(&out.stream, REPLY_LEN)
-            .map_err(lost)?;
-        let reply = Reply::decode(&head)
-            .map_err(|e| (Status::Internal, format!("pull source {}: {e}", src.addr)))?;
+        let mut head = [0u8; REPLY_LEN];
+        // SAFETY: `head` is a local array, reached through no reference
+        // while the receive writes it.
+        let into = unsafe { Shared::new(head.as_mut_ptr(), REPLY_LEN) };
+        receive(out, into).map_err(|e| lost(replied, e))?;
+        replied = true;
+        let reply = Reply::decode(&head).map_err(|e| {
+            fail(
+                true,
+                Status::Internal,
+                format!("pull source {}: {e}", src.addr),
+            )
+        })?;
         if reply.status != Status::Ok {
-            let mut msg = vec![0u8; usize::try_from(reply.len.min(wire::MAX_MESSAGE)).unwrap_or(0)];
-            out.recv.read_exact(&out.stream, &mut msg).map_err(lost)?;
+            let mut msg = [0u8; wire::MAX_MESSAGE as usize];
+            let m = usize::try_from(reply.len.min(wire::MAX_MESSAGE)).unwrap_or(0);
+            // SAFETY: as `head`, for the first `m` bytes of `msg`.
+            let into = unsafe { Shared::new(msg.as_mut_ptr(), m) };
+            receive(out, into).map_err(|e| lost(true, e))?;
             let status = match reply.status {
                 Status::NoSuchAllocation | Status::BadKey => Status::NoSuchAllocation,
                 Status::OutOfBounds => Status::OutOfBounds,
                 _ => Status::Internal,
             };
-            return Err((
+            return Err(fail(
+                true,
                 status,
-                format!("pull source: {}", String::from_utf8_lossy(&msg)),
+                format!("pull source: {}", String::from_utf8_lossy(&msg[..m])),
             ));
         }
         if reply.len != n as u64 {
-            return Err((
+            return Err(fail(
+                true,
                 Status::Internal,
                 format!(
                     "pull source {} sent {} bytes, asked for {n}",
@@ -190,14 +225,98 @@ fn read_all(
         }
         let part = dst
             .part(at, n)
-            .ok_or_else(|| (Status::Internal, "pull read outside its range".into()))?;
-        out.recv
-            .read_into_by(
-                &out.stream,
-                part,
-                sock::Deadline::for_transfer(n, pulls.stall),
-            )
-            .map_err(lost)?;
+            .ok_or_else(|| fail(true, Status::Internal, "pull read outside its range".into()))?;
+        receive(out, part).map_err(|e| lost(true, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A source agent that answers every READ with `len` bytes of `seed`,
+    /// closing each connection after `per_conn` requests.
+    fn source_agent(per_conn: usize, conns: usize) -> (String, std::thread::JoinHandle<usize>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let mut served = 0;
+            for _ in 0..conns {
+                let (mut s, _) = l.accept().unwrap();
+                wire::read_hello(&mut s).unwrap();
+                wire::write_welcome(&mut s, wire::Welcome::Ok, "").unwrap();
+                for _ in 0..per_conn {
+                    let mut head = [0u8; wire::REQUEST_LEN];
+                    s.read_exact(&mut head).unwrap();
+                    let req = Request::decode(&head).unwrap();
+                    let reply = Reply {
+                        status: Status::Ok,
+                        len: req.len,
+                    };
+                    s.write_all(&reply.encode()).unwrap();
+                    s.write_all(&vec![req.offset as u8; req.len as usize])
+                        .unwrap();
+                    served += 1;
+                }
+            }
+            served
+        });
+        (addr, t)
+    }
+
+    #[test]
+    fn a_kept_connection_the_source_closed_is_replaced_once() {
+        // The source closes each connection after one request: the second
+        // pull finds its kept connection dead before any reply and dials
+        // again.
+        let (addr, agent) = source_agent(1, 2);
+        let peers = Arc::new(Peers::default());
+        peers.set(1, [addr.clone()]);
+        let pulls = Pulls { peers, tls: None };
+        let mut puller = Puller::default();
+        let src = |offset| Source {
+            alloc_id: 1,
+            key: [0; 16],
+            offset,
+            addr: addr.clone(),
+        };
+        let mut dst = vec![0u8; 8192];
+        for offset in [7, 9] {
+            // SAFETY: `dst` is a local buffer reached through no reference
+            // while the pull fills it.
+            let into = unsafe { Shared::new(dst.as_mut_ptr(), dst.len()) };
+            puller.pull(&pulls, b"secret", &src(offset), into).unwrap();
+            assert!(dst.iter().all(|&b| b == offset as u8), "pull at {offset}");
+        }
+        drop(puller);
+        assert_eq!(agent.join().unwrap(), 2);
+    }
+
+    #[test]
+    fn an_address_that_is_no_peer_is_never_dialed() {
+        let bait = TcpListener::bind("127.0.0.1:0").unwrap();
+        bait.set_nonblocking(true).unwrap();
+        let peers = Arc::new(Peers::default());
+        peers.heartbeat(Duration::from_millis(1));
+        peers.set(1, ["127.0.0.1:1".to_string()]);
+        let pulls = Pulls { peers, tls: None };
+        let mut dst = [0u8; 16];
+        // SAFETY: as above.
+        let into = unsafe { Shared::new(dst.as_mut_ptr(), dst.len()) };
+        let src = Source {
+            alloc_id: 1,
+            key: [0; 16],
+            offset: 0,
+            addr: bait.local_addr().unwrap().to_string(),
+        };
+        let (status, msg) = Puller::default()
+            .pull(&pulls, b"secret", &src, into)
+            .unwrap_err();
+        assert_eq!(status, Status::Internal);
+        assert!(msg.contains("not the data address"), "{msg}");
+        assert!(bait.accept().is_err(), "the bait was dialed");
+    }
 }

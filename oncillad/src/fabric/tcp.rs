@@ -336,6 +336,10 @@ impl Connection {
                 let Some(src) = source else {
                     return Err(io::Error::other("a pull without its source").into());
                 };
+                // Nothing to move: no source to dial.
+                if len == 0 {
+                    return self.ack_write();
+                }
                 // `ok.held` keeps the destination held until the pull ends.
                 match self.puller.pull(&self.pulls, &self.secret, &src, memory) {
                     Ok(()) => {

@@ -46,10 +46,10 @@ impl<L: AgentLink> Master<L> {
         }
         let name = info.name.clone();
         self.check_incumbent(&name, req.incarnation).await?;
-        let (release, dead, peers) = {
+        let (release, dead, (peers_version, peers)) = {
             let mut st = self.lock();
             let (release, dead) = self.reconcile(&mut st, info, &req);
-            (release, dead, data_addrs(&st))
+            (release, dead, refresh_peers(&mut st).clone())
         };
         for session in &dead {
             self.end_session(session).await;
@@ -60,6 +60,7 @@ impl<L: AgentLink> Master<L> {
             master_incarnation: self.incarnation,
             release,
             peers,
+            peers_version,
         })
         .inspect(|r| {
             tracing::info!(node = %name, released = r.release.len(), dead_sessions = dead.len(), "node registered");
@@ -206,7 +207,7 @@ impl<L: AgentLink> Master<L> {
     /// those the master does not know, to release). Unknown nodes, and
     /// nodes that restarted without registering, must register.
     pub async fn heartbeat(&self, req: Heartbeat) -> HeartbeatReply {
-        let (release, peers) = {
+        let (release, (peers_version, peers)) = {
             let mut st = self.lock();
             let Some(n) = st.nodes.get_mut(&req.name) else {
                 return HeartbeatReply::default();
@@ -229,7 +230,13 @@ impl<L: AgentLink> Master<L> {
                 .copied()
                 .filter(|id| !st.allocs.contains_key(id) && !st.reserving.contains(id))
                 .collect::<Vec<u64>>();
-            (release, data_addrs(st))
+            // The list travels only to an agent that lacks this version.
+            let peers = if req.peers_version == st.peers.0 {
+                (st.peers.0, Vec::new())
+            } else {
+                st.peers.clone()
+            };
+            (release, peers)
         };
         if !release.is_empty() {
             tracing::info!(node = %req.name, ids = ?release, "node holds allocations the master has freed; releasing them");
@@ -241,16 +248,23 @@ impl<L: AgentLink> Master<L> {
             known: true,
             release,
             peers,
+            peers_version,
         }
     }
 }
 
-/// Every known node's data address (see [`Registered::peers`]).
-fn data_addrs(st: &State) -> Vec<String> {
-    st.nodes
+/// Every known node's data address (see [`Registered::peers`]), with a
+/// new version when it changed since the last time.
+fn refresh_peers(st: &mut State) -> &(u64, Vec<String>) {
+    let now: Vec<String> = st
+        .nodes
         .values()
         .map(|n| n.info.data_addr.clone())
-        .collect()
+        .collect();
+    if now != st.peers.1 || st.peers.0 == 0 {
+        st.peers = (st.peers.0 + 1, now);
+    }
+    &st.peers
 }
 
 /// Whether the session `who` names is known to have ended: its agent has

@@ -76,6 +76,9 @@ pub(super) struct State {
     /// not adopted again.
     pub freed_adopted: BTreeSet<u64>,
     pub next_id: u64,
+    /// Every node's data address, and its version (bumped when it
+    /// changes): what agents may pull from.
+    pub peers: (u64, Vec<String>),
 }
 
 impl State {

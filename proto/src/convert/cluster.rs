@@ -63,6 +63,7 @@ impl From<pb::RegisterReply> for Registered {
             master_incarnation: r.master_incarnation,
             release: r.release,
             peers: r.peers,
+            peers_version: r.peers_version,
         }
     }
 }
@@ -74,6 +75,7 @@ impl From<Registered> for pb::RegisterReply {
             master_incarnation: r.master_incarnation,
             release: r.release,
             peers: r.peers,
+            peers_version: r.peers_version,
         }
     }
 }
@@ -86,6 +88,7 @@ impl From<pb::HeartbeatRequest> for Heartbeat {
             incarnation: h.incarnation,
             held: h.held,
             ended_sessions: h.ended_sessions,
+            peers_version: h.peers_version,
         }
     }
 }
@@ -98,6 +101,7 @@ impl From<Heartbeat> for pb::HeartbeatRequest {
             incarnation: h.incarnation,
             held: h.held,
             ended_sessions: h.ended_sessions,
+            peers_version: h.peers_version,
         }
     }
 }
@@ -108,6 +112,7 @@ impl From<pb::HeartbeatReply> for HeartbeatReply {
             known: h.known,
             release: h.release,
             peers: h.peers,
+            peers_version: h.peers_version,
         }
     }
 }
@@ -118,6 +123,7 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
             known: h.known,
             release: h.release,
             peers: h.peers,
+            peers_version: h.peers_version,
         }
     }
 }
