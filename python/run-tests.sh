@@ -1,15 +1,34 @@
 #!/usr/bin/env bash
-# The Python bindings' tests (deploy/check.sh runs this): installs the
-# package the way the README says, `pip install ./python` (maturin, a
-# release build in this workspace's target/), into target/python-site
-# rather than the interpreter's own site-packages, then runs the pytest
-# suite against it; the suite starts its own local cluster with
-# target/debug/ocmctl. Needs pytest, numpy and maturin (.ci/run installs
-# them), so the build runs offline (--no-build-isolation).
+# The Python bindings' tests (deploy/check.sh runs this): builds the wheel
+# the way `pip install ./python` does (maturin, a release build in this
+# workspace's target/; offline with --no-build-isolation), installs that
+# one abi3 wheel into a private directory per interpreter (never the
+# interpreter's own site-packages), and runs the pytest suite with
+# python3 and with every other CPython among 3.9, 3.12 and 3.13 that pyenv
+# has here (one line each where one is missing). The suite starts its own
+# local cluster with target/debug/ocmctl. Needs maturin, pytest and numpy
+# for each interpreter (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -p ocmctl -p oncilla-examples
-site=target/python-site
-rm -rf "$site"
-python3 -m pip install --quiet --root-user-action=ignore --no-build-isolation --no-deps --target "$site" ./python
-PYTHONPATH=$PWD/$site${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -q -rs -p no:cacheprovider python/tests "$@"
+rm -rf target/wheels
+python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
+wheel=$(ls target/wheels/oncilla-*-abi3-*.whl)
+run() {
+  local py=$1 site=target/python-site-$2
+  shift 2
+  rm -rf "$site"
+  "$py" -m pip install --quiet --root-user-action=ignore --no-deps --target "$site" "$wheel"
+  echo "python/tests with $("$py" --version)"
+  PYTHONPATH=$PWD/$site${PYTHONPATH:+:$PYTHONPATH} "$py" -m pytest -q -rs -p no:cacheprovider python/tests "$@"
+}
+run python3 default "$@"
+pyenv=${PYENV_ROOT:-$HOME/.pyenv}/versions
+for minor in 3.9 3.12 3.13; do
+  py=$(ls -d "$pyenv/$minor".*/bin/python3 2>/dev/null | tail -1 || true)
+  if [ -z "$py" ]; then
+    echo "skipped: no CPython $minor here (pyenv); the wheel was tested with $(python3 --version) only"
+    continue
+  fi
+  run "$py" "$minor" "$@"
+done

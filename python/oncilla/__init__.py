@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import enum
 import os
+import sys
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -49,6 +50,14 @@ from ._oncilla import (  # noqa: F401  (re-exported)
     __version__,
     connect,
 )
+
+if sys.version_info >= (3, 12):
+    # PEP 688: setting `__buffer__` on a class installs its buffer slots
+    # (the extension's class gets them no other way under the 3.9 stable
+    # ABI), so memoryview(alloc) and bytes-like use work directly.
+    for _name in ("__buffer__", "__release_buffer__"):
+        setattr(Allocation, _name, Allocation.__dict__[_name])
+    del _name
 
 __all__ = [
     "AgentUnreachable",

@@ -139,6 +139,9 @@ class Allocation:
     def __exit__(self, *exc: Any) -> bool: ...
     def view(self) -> memoryview:
         """A writable memoryview of local host memory, no copy."""
+    def __buffer__(self, flags: int) -> memoryview:
+        """PEP 688: ``memoryview(alloc)`` on CPython 3.12 and later."""
+    def __release_buffer__(self, view: memoryview) -> None: ...
     @property
     def __array_interface__(self) -> Dict[str, Any]:
         """NumPy's array interface of local host memory (uint8)."""

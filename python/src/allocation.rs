@@ -399,6 +399,18 @@ impl Allocation {
         views::memoryview(slf)
     }
 
+    /// PEP 688 (CPython 3.12 and later): `memoryview(alloc)` of a local
+    /// host allocation, as [`Allocation::view`].
+    fn __buffer__<'py>(slf: &Bound<'py, Self>, flags: i32) -> PyResult<Bound<'py, PyAny>> {
+        let _ = flags;
+        views::memoryview(slf)
+    }
+
+    /// PEP 688: the memoryview `__buffer__` returned is released on its own.
+    fn __release_buffer__(&self, view: &Bound<'_, PyAny>) {
+        let _ = view;
+    }
+
     /// NumPy's array interface: `numpy.asarray(alloc)` is a view of a local
     /// host allocation's memory (uint8), no copy.
     #[getter]

@@ -152,6 +152,20 @@ def test_numpy_view_is_the_memory_itself(ocm):
         del v, m, d
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 12),
+    reason="memoryview(alloc) needs CPython >= 3.12 (PEP 688) under the 3.9 stable ABI; alloc.view() is tested instead",
+)
+def test_memoryview_of_the_allocation_itself(ocm):
+    with ocm.alloc(MiB, "local-host") as a:
+        m = memoryview(a)
+        assert m.nbytes == MiB and m.format == "B" and not m.readonly
+        m[40:43] = b"xyz"
+        assert a.copy_out(40, 3) == b"xyz"
+        assert np.frombuffer(a, np.uint8)[40] == ord("x")
+        del m
+
+
 def test_a_view_keeps_its_allocation_alive(ocm, cluster):
     with ocm.alloc(MiB, "local-host") as a:
         ident = a.id
