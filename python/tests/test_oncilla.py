@@ -25,6 +25,19 @@ def pattern(n: int, seed: int) -> bytes:
     return ((np.arange(n, dtype=np.uint64) * 31 + seed) % 251).astype(np.uint8).tobytes()
 
 
+def assert_freed(cluster, ident: int, why: str) -> None:
+    """The master stops listing `ident` (the release runs on a thread of
+    its own after the last reference goes); at most 50 listings."""
+    for _ in range(3):
+        gc.collect()
+    ids = set()
+    for _ in range(50):
+        ids = allocation_ids(cluster)
+        if ident not in ids:
+            return
+    assert ident not in ids, why
+
+
 def gpu_or_skip(ocm):
     try:
         a = ocm.alloc(MiB, "local-gpu")
@@ -182,14 +195,7 @@ def test_a_view_keeps_its_allocation_alive(ocm, cluster):
     with pytest.raises(oncilla.NotFound):
         a.copy_out(0, 4)
     del a, v, m
-    for _ in range(3):
-        gc.collect()
-    ids = set()
-    for _ in range(50):  # the release runs on a thread of its own
-        ids = allocation_ids(cluster)
-        if ident not in ids:
-            break
-    assert ident not in ids, "the last view's end did not free it"
+    assert_freed(cluster, ident, "the last view's end did not free it")
 
 
 def test_dlpack_keeps_its_allocation_and_queries_mark_nothing(ocm, cluster):
@@ -203,14 +209,7 @@ def test_dlpack_keeps_its_allocation_and_queries_mark_nothing(ocm, cluster):
     assert bytes(d[:2]) == b"dl"
     assert ident in allocation_ids(cluster)
     del a, d
-    for _ in range(3):
-        gc.collect()
-    ids = set()
-    for _ in range(50):  # the release runs on a thread of its own
-        ids = allocation_ids(cluster)
-        if ident not in ids:
-            break
-    assert ident not in ids, "the DLPack tensor's end did not free it"
+    assert_freed(cluster, ident, "the DLPack tensor's end did not free it")
     unused = ocm.alloc(MiB, "local-host")
     cap = unused.__dlpack__()
     del cap  # never consumed: the capsule's destructor lets go
