@@ -15,7 +15,6 @@ use std::time::Instant;
 use liboncilla::{AllocSpec, Allocation, Kind, Oncilla, Options};
 use oncilla_cluster::Daemon;
 use oncilla_cuda::pinned::PinnedRing;
-use oncilla_cuda::Gpu;
 use oncilla_model::size::HumanBytes;
 use serde_json::json;
 
@@ -154,18 +153,19 @@ fn one_size(
     let data = pattern(len, size);
     let mut allocs = Vec::new();
     for &kind in kinds {
-        let name = kind.name();
         let spec = match kind {
             Kind::RemoteHost | Kind::RemoteGpu => AllocSpec::new(size, kind).on_nodes(["node-1"]),
             _ => AllocSpec::new(size, kind),
         };
-        allocs.push((name, kind, ocm.alloc_with(&spec)?, ocm.alloc_with(&spec)?));
+        allocs.push((kind, ocm.alloc_with(&spec)?, ocm.alloc_with(&spec)?));
     }
     let mut rows = Vec::new();
     let mut back = vec![0u8; len];
-    for (from, _, src, _) in &allocs {
+    for (from, src, _) in &allocs {
+        let from = from.name();
         src.copy_in(0, &data)?;
-        for (to, _, one, two) in &allocs {
+        for (to, one, two) in &allocs {
+            let to = to.name();
             let dst = if from == to { two } else { one };
             let gbps = best(repeat, size, || Ok(ocm.copy(dst, 0, src, 0, size)?))?;
             back.fill(0);
@@ -207,7 +207,8 @@ struct Baselines {
     dtod: f64,
 }
 
-type Allocs = [(&'static str, Kind, Allocation, Allocation)];
+/// Two allocations of each kind measured.
+type Allocs = [(Kind, Allocation, Allocation)];
 
 impl Baselines {
     fn measure(allocs: &Allocs, data: &[u8], repeat: usize) -> Result<Self, BenchError> {
@@ -219,20 +220,19 @@ impl Baselines {
         })?;
         let remote = allocs
             .iter()
-            .find(|a| a.1 == Kind::RemoteHost)
-            .map(|a| &a.2)
+            .find(|a| a.0 == Kind::RemoteHost)
+            .map(|a| &a.1)
             .ok_or_else(|| BenchError::Failed("no remote-host allocation".into()))?;
         let copy_out = best(repeat, size, || Ok(remote.copy_out(0, &mut buf)?))?;
         let copy_in = best(repeat, size, || Ok(remote.copy_in(0, data)?))?;
         let (mut htod, mut dtoh, mut dtod) = (0.0, 0.0, 0.0);
-        if let Some((_, _, a, b)) = allocs.iter().find(|a| a.1 == Kind::LocalGpu) {
+        if let Some((_, a, b)) = allocs.iter().find(|a| a.0 == Kind::LocalGpu) {
             let (Some(dev), Some(other)) = (a.device_mem(), b.device_mem()) else {
                 return Err(BenchError::Failed(
                     "a local-gpu allocation without device memory".into(),
                 ));
             };
-            let gpu = Gpu::open(dev.gpu().index()).map_err(gpu_failed)?;
-            let mut ring = PinnedRing::new(&gpu, 1, data.len()).map_err(gpu_failed)?;
+            let mut ring = PinnedRing::new(dev.gpu(), 1, data.len()).map_err(gpu_failed)?;
             let pinned = ring.wait_slot(0).map_err(gpu_failed)?;
             pinned.copy_from_slice(data);
             htod = best(repeat, size, || dev.write(0, pinned).map_err(gpu_failed))?;

@@ -273,9 +273,7 @@ impl Allocation {
         }
         let outcome = self.client.free_id(self.desc.id, force);
         if matches!(outcome, Ok(()) | Err(Error::NotFound(_))) {
-            self.done = true;
-            self.local = None;
-            self.device = None;
+            self.finish();
         }
         outcome
     }
@@ -294,9 +292,7 @@ impl Allocation {
                 self.desc.id
             )));
         }
-        self.done = true;
-        self.local = None;
-        self.device = None;
+        self.finish();
         self.client.detach_id(self.desc.id)
     }
 
@@ -307,10 +303,16 @@ impl Allocation {
     }
 
     fn release(mut self, force: bool) -> Result<()> {
+        self.finish();
+        self.client.free_id(self.desc.id, force)
+    }
+
+    /// Marks the handle done (its drop frees and detaches nothing) and lets
+    /// go of the mapping and the device memory.
+    fn finish(&mut self) {
         self.done = true;
         self.local = None;
         self.device = None;
-        self.client.free_id(self.desc.id, force)
     }
 }
 

@@ -65,10 +65,7 @@ impl std::str::FromStr for Kind {
 
     /// A kind by its [`Kind::name`].
     fn from_str(s: &str) -> Result<Self, UnknownName> {
-        Kind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownName::new("kind", s, Kind::ALL.map(Kind::name)))
+        by_name("kind", Kind::ALL, Kind::name, s)
     }
 }
 
@@ -81,14 +78,20 @@ pub struct UnknownName {
     pub expected: String,
 }
 
-impl UnknownName {
-    fn new<const N: usize>(what: &'static str, given: &str, names: [&str; N]) -> Self {
-        Self {
+/// The one of `all` whose `name` is `given`, or which names there are.
+fn by_name<T: Copy, const N: usize>(
+    what: &'static str,
+    all: [T; N],
+    name: fn(T) -> &'static str,
+    given: &str,
+) -> Result<T, UnknownName> {
+    all.into_iter()
+        .find(|t| name(*t) == given)
+        .ok_or_else(|| UnknownName {
             what,
             given: echo::echo(given),
-            expected: names.join(", "),
-        }
-    }
+            expected: all.map(name).join(", "),
+        })
 }
 
 /// How the master chooses nodes for an opaque request (no named nodes).
@@ -125,9 +128,6 @@ impl std::str::FromStr for Policy {
 
     /// A policy by its [`Policy::name`].
     fn from_str(s: &str) -> Result<Self, UnknownName> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| UnknownName::new("policy", s, Policy::ALL.map(Policy::name)))
+        by_name("policy", Policy::ALL, Policy::name, s)
     }
 }

@@ -81,6 +81,24 @@ impl Allocation {
         ))
     }
 
+    /// Runs `copy` on the open handle and the bytes of `held` with the GIL
+    /// released; `held` is released (the GIL back) only after it returns.
+    /// A buffer that is this allocation's own memory is refused first.
+    fn with_buffer(
+        &self,
+        py: Python<'_>,
+        held: Held<'_>,
+        copy: impl FnOnce(&liboncilla::Allocation, Raw) -> liboncilla::Result<()> + Send,
+    ) -> PyResult<()> {
+        let (ptr, len) = held.range();
+        let raw = Raw { ptr, len };
+        let h = self.handle()?;
+        refuse_own_memory(&h, raw)?;
+        let outcome = py.allow_threads(move || copy(&h, raw));
+        drop(held);
+        outcome.map_err(to_py)
+    }
+
     /// The session it was opened in.
     pub fn session(&self) -> &Oncilla {
         &self.session
@@ -174,6 +192,24 @@ impl Drop for Allocation {
             .name("oncilla-release".into())
             .spawn(move || drop(handle));
     }
+}
+
+/// Copies `n` bytes from `src` at `src_offset` to `dst` at `dst_offset`
+/// through `session`, with the GIL released (`Allocation.copy_from`,
+/// `Session.copy`, `oncilla.copy`).
+pub fn copy_between(
+    py: Python<'_>,
+    session: &Oncilla,
+    dst: &Allocation,
+    dst_offset: u64,
+    src: &Allocation,
+    src_offset: u64,
+    n: u64,
+) -> PyResult<()> {
+    let (d, s) = (dst.handle()?, src.handle()?);
+    let session = session.clone();
+    py.allow_threads(move || session.copy(&d, dst_offset, &s, src_offset, n))
+        .map_err(to_py)
 }
 
 /// Refuses a buffer that is memory of `h` itself (a view of it): the copy
@@ -297,17 +333,12 @@ impl Allocation {
     /// Writes the bytes of `data` (any object with the buffer protocol)
     /// at `offset`; returns once they are visible to every later reader.
     fn copy_in(&self, py: Python<'_>, offset: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let held = Held::read(data)?;
-        let (ptr, len) = held.range();
-        let raw = Raw { ptr, len };
-        let h = self.handle()?;
-        refuse_own_memory(&h, raw)?;
-        // SAFETY: `held` keeps the exporter's buffer alive and in place
-        // until it is dropped, after this call, with the GIL back; the copy
-        // only reads it.
-        let outcome = py.allow_threads(move || h.copy_in(offset, unsafe { raw.bytes() }));
-        drop(held);
-        outcome.map_err(to_py)
+        self.with_buffer(py, Held::read(data)?, move |h, raw| {
+            // SAFETY: `with_buffer` keeps the exporter's buffer alive and
+            // in place until the copy has returned; the copy only reads it.
+            let bytes = unsafe { raw.bytes() };
+            h.copy_in(offset, bytes)
+        })
     }
 
     /// Reads `n` bytes at `offset` into new `bytes`.
@@ -336,18 +367,14 @@ impl Allocation {
         offset: u64,
         buffer: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let held = Held::write(buffer)?;
-        let (ptr, len) = held.range();
-        let raw = Raw { ptr, len };
-        let h = self.handle()?;
-        refuse_own_memory(&h, raw)?;
-        // SAFETY: `held` keeps the writable buffer alive and in place until
-        // it is dropped, after this call; nothing in Rust refers to it
-        // meanwhile (other Python threads touching it race as they would
-        // with any C extension that fills a buffer).
-        let outcome = py.allow_threads(move || h.copy_out(offset, unsafe { raw.bytes_mut() }));
-        drop(held);
-        outcome.map_err(to_py)
+        self.with_buffer(py, Held::write(buffer)?, move |h, raw| {
+            // SAFETY: `with_buffer` keeps the writable buffer alive and in
+            // place until the copy has returned; nothing in Rust refers to
+            // it meanwhile (other Python threads touching it race as they
+            // would with any C extension that fills a buffer).
+            let bytes = unsafe { raw.bytes_mut() };
+            h.copy_out(offset, bytes)
+        })
     }
 
     /// Copies `n` bytes from `src` at `src_offset` to this allocation at
@@ -360,10 +387,7 @@ impl Allocation {
         src_offset: u64,
         n: u64,
     ) -> PyResult<()> {
-        let (dst, from) = (self.handle()?, src.handle()?);
-        let session = self.session.clone();
-        py.allow_threads(move || session.copy(&dst, offset, &from, src_offset, n))
-            .map_err(to_py)
+        copy_between(py, &self.session, self, offset, src, src_offset, n)
     }
 
     /// Frees it now. Refused (`InUse`) while views of it may be alive, and

@@ -9,7 +9,7 @@ use liboncilla::{Oncilla, Options};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use crate::allocation::Allocation;
+use crate::allocation::{self, Allocation};
 use crate::errors::to_py;
 use crate::spec::{self, Placement};
 
@@ -135,9 +135,6 @@ impl Session {
         src_offset: u64,
         n: u64,
     ) -> PyResult<()> {
-        let (d, s) = (dst.handle()?, src.handle()?);
-        let session = self.inner.clone();
-        py.allow_threads(move || session.copy(&d, dst_offset, &s, src_offset, n))
-            .map_err(to_py)
+        allocation::copy_between(py, &self.inner, dst, dst_offset, src, src_offset, n)
     }
 }
