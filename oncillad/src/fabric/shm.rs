@@ -219,6 +219,9 @@ fn serve_one(
                 .encode();
                 let mut head = reply.to_vec();
                 head.extend_from_slice(&grant.encode());
+                metrics
+                    .map
+                    .served(usize::try_from(req.len).unwrap_or(usize::MAX));
                 stream.write_all(&head)?;
                 for part in memory.parts() {
                     // From here the file is never reused for anything else.
@@ -230,10 +233,7 @@ fn serve_one(
                     .encode();
                     send_with_fd(&mut stream, &frame, part.file.fd().as_raw_fd())?;
                 }
-                metrics.map.done(
-                    usize::try_from(req.len).unwrap_or(usize::MAX),
-                    started.elapsed(),
-                );
+                metrics.map.took(started.elapsed());
             }
             Err((status, msg)) => {
                 let reply = Reply {

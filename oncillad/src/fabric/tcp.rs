@@ -322,15 +322,17 @@ impl Connection {
                     len: req.len,
                 }
                 .encode();
+                self.metrics.read.served(len);
                 // The kernel copies the bytes out before `send` returns.
                 sock::send_by(&self.stream, &head, memory, deadline(len))?;
-                self.metrics.read.done(len, started.elapsed());
+                self.metrics.read.took(started.elapsed());
             }
             Op::Write => {
                 self.recv
                     .read_into_by(&self.stream, memory, deadline(len))?;
+                self.metrics.write.served(len);
                 self.ack_write()?;
-                self.metrics.write.done(len, started.elapsed());
+                self.metrics.write.took(started.elapsed());
             }
             Op::Pull => {
                 let Some(src) = source else {
@@ -343,8 +345,9 @@ impl Connection {
                 // `ok.held` keeps the destination held until the pull ends.
                 match self.puller.pull(&self.pulls, &self.secret, &src, memory) {
                     Ok(()) => {
+                        self.metrics.pull.served(len);
                         self.ack_write()?;
-                        self.metrics.pull.done(len, started.elapsed());
+                        self.metrics.pull.took(started.elapsed());
                     }
                     Err((status, msg)) => {
                         self.metrics.refused(status);
@@ -406,6 +409,7 @@ impl Connection {
                     len: req.len,
                 }
                 .encode();
+                self.metrics.read.served(len);
                 self.stream.write_all(&head)?;
                 self.stream.write_all(&bounce[..first])?;
                 let mut done = first;
@@ -418,7 +422,7 @@ impl Connection {
                     self.stream.write_all(&bounce[..n])?;
                     done += n;
                 }
-                self.metrics.read.done(len, started.elapsed());
+                self.metrics.read.took(started.elapsed());
             }
             Op::Write => {
                 let mut done = 0;
@@ -435,8 +439,9 @@ impl Connection {
                     self.metrics.refused(Status::Internal);
                     return self.fail(Status::Internal, &e.to_string());
                 }
+                self.metrics.write.served(len);
                 self.ack_write()?;
-                self.metrics.write.done(len, started.elapsed());
+                self.metrics.write.took(started.elapsed());
             }
             // Refused before device memory is reached (`serve_one`).
             Op::Pull => {

@@ -1,8 +1,12 @@
 //! The TCP data server's metrics: requests, bytes and durations per
 //! operation, requests refused by reason, connections (authenticated and
-//! still in their hello) and connections refused or evicted. The server
-//! records a request once it is done, with handles resolved here once (no
-//! label lookup, no lock on the way).
+//! still in their hello) and connections refused or evicted, with handles
+//! resolved here once (no label lookup, no lock on the way).
+//!
+//! A request is counted before the reply that completes it leaves (the
+//! ack of a write or pull, the bytes of a read or map), so a client that
+//! has seen its request done finds it in the next scrape; its duration is
+//! observed once the reply is out.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,10 +24,15 @@ pub struct OpMetrics {
 }
 
 impl OpMetrics {
-    /// A request of `len` bytes served in `took`.
-    pub fn done(&self, len: usize, took: Duration) {
+    /// A request of `len` bytes served: called before its completing
+    /// reply is sent.
+    pub fn served(&self, len: usize) {
         self.requests.inc();
         self.bytes.inc_by(u64::try_from(len).unwrap_or(u64::MAX));
+    }
+
+    /// The time from its header to its reply sent.
+    pub fn took(&self, took: Duration) {
         self.seconds.observe(took.as_secs_f64());
     }
 }

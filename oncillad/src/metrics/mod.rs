@@ -350,7 +350,8 @@ mod tests {
     #[test]
     fn every_family_renders_and_names_follow_the_conventions() {
         let m = Metrics::new();
-        m.data.read.done(4096, std::time::Duration::from_micros(30));
+        m.data.read.served(4096);
+        m.data.read.took(std::time::Duration::from_micros(30));
         m.data.refused(oncilla_proto::wire::Status::OutOfBounds);
         let text = String::from_utf8(m.render()).unwrap();
         assert!(
