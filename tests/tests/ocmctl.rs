@@ -56,7 +56,7 @@ fn fragmentation_is_visible_and_served_in_pieces() {
     assert!(
         Cluster::eventually(Duration::from_secs(10), || {
             let n = node1();
-            n["largest_free"] == 2 << 20 && n["scrubbing"] == 0
+            n["largest_free"] == 2 << 20 && n["scrubbing"] == 0 && n["free"] == 4 << 20
         }),
         "{}",
         node1()

@@ -202,3 +202,38 @@ fn writes_through_localbuf_are_seen_from_another_node() {
     a.copy_out(4000, &mut back).unwrap();
     assert_eq!(&back, b"hello");
 }
+
+/// Memory force-freed while another session still maps it is on its way
+/// back: the node's pool counts it so, and an allocation that needs it
+/// waits for the holder to let go instead of failing for want of room;
+/// it then sees none of the old bytes.
+#[test]
+fn memory_freed_under_a_mapping_serves_the_next_allocation_once_let_go() {
+    const SIZE: usize = 6 << 20;
+    let c = Cluster::start(2, "8MiB");
+    let owner = c.client(0);
+    let holder = c.client(0);
+    let mut a = owner
+        .alloc_with(&AllocSpec::new(SIZE as u64, Kind::LocalHost).named("mapped-twice"))
+        .unwrap();
+    a.localbuf().unwrap().fill(0xAB);
+    let mut h = holder.attach("mapped-twice").unwrap();
+    assert!(h.localbuf().unwrap().iter().all(|&b| b == 0xAB));
+    a.force_free().unwrap();
+
+    // The holder lets go a little later, while the next allocation waits.
+    let letting_go = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(h);
+    });
+    let mut next = owner
+        .alloc_with(&AllocSpec::new(SIZE as u64, Kind::LocalHost))
+        .unwrap_or_else(|e| panic!("the freed memory never came back: {e}"));
+    letting_go.join().unwrap();
+    assert!(
+        next.localbuf().unwrap().iter().all(|&b| b == 0),
+        "the next allocation saw the freed bytes"
+    );
+    next.free().unwrap();
+    assert_eq!(c.allocation_count(), 0);
+}

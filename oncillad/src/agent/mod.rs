@@ -327,10 +327,8 @@ impl Agent {
     /// and every local mapping of it are gone.
     pub fn release(&self, alloc_id: u64) -> Option<Arc<Held>> {
         let held = self.held.remove(&alloc_id).map(|(_, h)| h);
-        // Its RDMA keys stop working now, even while a TCP copy or a local
-        // mapping still holds the memory.
         if let Some(h) = &held {
-            h.keys.revoke();
+            h.release();
         }
         self.leases.revoke(alloc_id);
         held

@@ -109,6 +109,18 @@ impl Held {
         (end <= e.alloc_offset + e.len).then_some(i)
     }
 
+    /// Its allocation is gone: its RDMA keys stop working now, and its
+    /// pool memory counts as on its way back even while a TCP copy or a
+    /// local mapping that began before still holds it.
+    pub fn release(&self) {
+        self.keys.revoke();
+        for e in &self.extents {
+            if let Some(m) = e.pool() {
+                m.release();
+            }
+        }
+    }
+
     /// Constant-time check of a presented access key.
     pub fn key_matches(&self, presented: &[u8; KEY_LEN]) -> bool {
         oncilla_proto::auth::ct_eq(&self.key, presented)

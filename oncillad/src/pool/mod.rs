@@ -21,6 +21,7 @@ mod refill;
 mod slab;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -135,7 +136,7 @@ pub enum PoolError {
     },
     #[error("cannot lock {} of pool memory: the locked-memory limit (RLIMIT_MEMLOCK) is {limit}; raise it (`ulimit -l unlimited`, LimitMEMLOCK=infinity in systemd, or CAP_IPC_LOCK in a container) or lower --capacity", HumanBytes(*.len))]
     MemlockLimit { len: u64, limit: String },
-    #[error("pool has {} free (largest hole {}) and {} still being scrubbed, cannot reserve {}", HumanBytes(*.free), HumanBytes(*.largest), HumanBytes(*.scrubbing), HumanBytes(*.requested))]
+    #[error("pool has {} free (largest hole {}) and {} freed but not back yet (held by a copy or mapping, or being scrubbed), cannot reserve {}", HumanBytes(*.free), HumanBytes(*.largest), HumanBytes(*.scrubbing), HumanBytes(*.requested))]
     Exhausted {
         requested: u64,
         free: u64,
@@ -167,8 +168,9 @@ pub struct PoolStats {
     pub capacity: u64,
     /// Held by allocations.
     pub used: u64,
-    /// Freed (or cut off a file an allocation took), waiting for the
-    /// refiller.
+    /// On its way back: freed (or cut off a file an allocation took) and
+    /// waiting for the refiller, or freed while a copy or a local mapping
+    /// that began before the free still holds it.
     pub scrubbing: u64,
     /// Ready to hand out.
     pub free: u64,
@@ -226,11 +228,29 @@ impl Inner {
             .map_or(std::ptr::null_mut(), std::ptr::NonNull::as_ptr)
     }
 
-    /// Queues a freed extent for the refiller.
-    fn retire(&self, offset: u64, len: u64, parts: Vec<Part>, restore: Vec<(u64, Part)>) {
+    /// Counts `len` bytes of an extent whose allocation is gone as on
+    /// their way back, while a copy or mapping still holds them.
+    fn release(&self, len: u64) {
         let mut st = self.lock();
         st.used -= len;
         st.scrubbing += len;
+    }
+
+    /// Queues a freed extent for the refiller; `released`: its bytes were
+    /// already counted as on their way back ([`Self::release`]).
+    fn retire(
+        &self,
+        offset: u64,
+        len: u64,
+        released: bool,
+        parts: Vec<Part>,
+        restore: Vec<(u64, Part)>,
+    ) {
+        let mut st = self.lock();
+        if !released {
+            st.used -= len;
+            st.scrubbing += len;
+        }
         st.held_runs -= parts.len();
         st.dirty.push_back(Refill::Freed {
             offset,
@@ -426,6 +446,7 @@ impl Pool {
                             inner: Arc::clone(&self.inner),
                             offset,
                             len,
+                            released: AtomicBool::new(false),
                             parts: c.parts,
                             restore: c.restore,
                         }),
@@ -500,9 +521,21 @@ pub struct PoolExtent {
     parts: Vec<Part>,
     /// What backed it before it got a file of its own.
     restore: Vec<(u64, Part)>,
+    /// Its allocation is gone ([`Self::release`]).
+    released: AtomicBool,
 }
 
 impl PoolExtent {
+    /// Its allocation is gone: from now its bytes count as on their way
+    /// back, so a reservation waits for them (as for the refiller) instead
+    /// of failing while a copy or mapping that began before the free
+    /// finishes. Idempotent.
+    pub fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.inner.release(self.len);
+        }
+    }
+
     /// Offset of the extent inside the pool.
     pub fn offset(&self) -> u64 {
         self.offset
@@ -538,6 +571,7 @@ impl Drop for PoolExtent {
         self.inner.retire(
             self.offset,
             self.len,
+            *self.released.get_mut(),
             std::mem::take(&mut self.parts),
             std::mem::take(&mut self.restore),
         );
@@ -790,6 +824,38 @@ mod tests {
             }
             other => panic!("expected exhaustion, got {:?}", other.map(|e| e.len())),
         }
+    }
+
+    /// Memory released while something still holds it counts as on its
+    /// way back: a reservation that needs it waits for the holder, once
+    /// counted however often it is released.
+    #[test]
+    fn released_memory_still_held_is_waited_for() {
+        let p = pool(16, 16);
+        let all: Vec<Arc<PoolExtent>> = p
+            .reserve(16 * PAGE)
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let holder = all.clone();
+        for e in &all {
+            e.release();
+            e.release();
+        }
+        drop(all);
+        let s = p.stats();
+        assert_eq!((s.used, s.scrubbing, s.free), (0, 16 * PAGE, 0));
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(holder);
+        });
+        let again = p.reserve(16 * PAGE).unwrap();
+        letting_go.join().unwrap();
+        assert!(again.iter().all(is_zero));
+        drop(again);
+        let s = p.stats();
+        assert_eq!(s.used + s.scrubbing + s.free, 16 * PAGE);
     }
 
     /// A new reservation never shows bytes of an old one, even when it is
