@@ -138,6 +138,17 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
     let metrics = metrics::Metrics::new();
+    // Bound before any role starts, so once a node is seen up its metrics
+    // port accepts; it is served once every family is registered (below).
+    let metrics_listener = match config.metrics.clone() {
+        Some((addr, token)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| bind_error("metrics", addr, source))?;
+            Some((listener, addr, token))
+        }
+        None => None,
+    };
     let (master_ready, master_ready_rx) = watch::channel(false);
     let (agent_ready, agent_ready_rx) = watch::channel(false);
     let mut router = tcp_server.add_optional_service(master_token.map(|token| {
@@ -331,10 +342,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         tracing::info!(listen = %grpc_addr, "master role ready");
     }
     router = router.add_service(health_service);
-    if let Some((addr, token)) = config.metrics.clone() {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| bind_error("metrics", addr, source))?;
+    if let Some((listener, addr, token)) = metrics_listener {
         let bound = listener
             .local_addr()
             .map_err(|source| bind_error("metrics", addr, source))?;

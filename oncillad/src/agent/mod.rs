@@ -119,13 +119,15 @@ impl Agent {
     pub fn sweep_rdma(&self) {
         let gone = self.rdma.sweep();
         for (port, label) in &gone {
-            for e in self.held.iter() {
-                forget_port(e.value(), *port);
-            }
+            // Said first: dropping the last registration lets the device
+            // go, and whoever removed it may look for this line then.
             tracing::warn!(
                 port = %label,
                 "RDMA port went away: its queue pairs and registrations are dropped; clients reach this node over tcp"
             );
+            for e in self.held.iter() {
+                forget_port(e.value(), *port);
+            }
         }
         if !gone.is_empty() {
             self.info_changed.store(true, Ordering::SeqCst);

@@ -138,7 +138,9 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::NodeList>, Status> {
         Ok(Response::new(pb::NodeList {
             nodes: self.core.nodes().into_iter().map(Into::into).collect(),
-            recovering_ms: u64::try_from(self.core.recovering().as_millis()).unwrap_or(u64::MAX),
+            // Rounded up: 0 only once the window is over.
+            recovering_ms: u64::try_from(self.core.recovering().as_micros().div_ceil(1000))
+                .unwrap_or(u64::MAX),
         }))
     }
 

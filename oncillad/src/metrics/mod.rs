@@ -1,8 +1,8 @@
 //! The daemon's Prometheus metrics: one registry, the families in it, and
 //! the samplers that read state at scrape time (pool, sessions, listeners,
 //! the master's table). Counters and histograms on the data path are
-//! recorded by the servers themselves through [`data::Transfers`], after a
-//! request is done and outside any lock. The endpoint that serves them is
+//! recorded by the servers themselves through [`data::Transfers`], before
+//! the reply that completes a request and outside any lock. The endpoint that serves them is
 //! [`serve`].
 //!
 //! It only observes: nothing here changes a pool, a table or a connection.
