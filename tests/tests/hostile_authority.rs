@@ -399,11 +399,22 @@ fn ids_cannot_be_probed_through_the_data_port() {
     let held = ask(data1, me.credential.as_bytes(), &probe(a.id()));
     let absent = ask(data1, me.credential.as_bytes(), &probe(a.id() + 1000));
     assert_eq!(held.0, wire::Status::NoSuchAllocation, "{}", held.1);
+    // Alike but for the id and the agent's age in seconds (the probes may
+    // fall either side of a second).
+    let shape = |msg: &str| {
+        let mut out = String::new();
+        for ch in msg.chars() {
+            if !ch.is_ascii_digit() {
+                out.push(ch);
+            } else if !out.ends_with('#') {
+                out.push('#');
+            }
+        }
+        out
+    };
     assert_eq!(
-        held.1.replace(&format!(": {} (", a.id()), ": ID ("),
-        absent
-            .1
-            .replace(&format!(": {} (", a.id() + 1000), ": ID ("),
+        shape(&held.1),
+        shape(&absent.1),
         "a wrong key and an unknown id answer alike"
     );
     let mut back = [0u8; 4];

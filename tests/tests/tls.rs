@@ -144,10 +144,15 @@ fn recording_proxy(to: String) -> (String, Arc<Mutex<Vec<u8>>>) {
                 from.set_read_timeout(Some(Duration::from_secs(30)))
                     .unwrap();
                 while let Ok(n) = from.read(&mut buf) {
-                    if n == 0 || to.write_all(&buf[..n]).is_err() {
+                    if n == 0 {
                         break;
                     }
+                    // Recorded before it is passed on, so whatever the
+                    // far side has received is already in `seen`.
                     seen.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
                 }
                 let _ = to.shutdown(std::net::Shutdown::Both);
             })

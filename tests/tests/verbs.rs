@@ -405,7 +405,17 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     old.copy_in(0, &bytes(4 << 20, 1)).unwrap();
     let stale = old.descriptor().clone();
     old.free().unwrap();
-    // The next tenant gets the same memory (the pool has no other room).
+    // Once the old memory is back (and reported), the next tenant gets it:
+    // the whole pool is one free hole and placement takes its start.
+    assert!(
+        Cluster::eventually(Duration::from_secs(10), || {
+            c.node("node-1").is_some_and(|n| {
+                n["free"] == 8 << 20 && n["largest_free"] == 8 << 20 && n["scrubbing"] == 0
+            })
+        }),
+        "node-1's pool never came back whole: {:?}",
+        c.node("node-1")
+    );
     let new = on(&ocm, 4 << 20, &["node-1"]);
     assert_eq!(
         new.descriptor().extents[0].pool_offset,
