@@ -124,6 +124,11 @@ impl<L: AgentLink> Master<L> {
         }
         for (node, from, to) in changes {
             let allocations = degraded_on(&st, &node);
+            // A tick that came late saw an up node already down: it was
+            // suspect on the way, and the log says so in order.
+            if (from, to) == (NodeState::Up, NodeState::Down) {
+                tracing::warn!(%node, to = NodeState::Suspect.name(), "node missed heartbeats");
+            }
             match to {
                 NodeState::Up => {
                     tracing::info!(%node, from = from.name(), "node up again");
