@@ -261,14 +261,9 @@ impl DeviceMem {
     /// # Errors
     /// Out of bounds; driver failures.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), CudaError> {
-        self.check(offset, src.len() as u64)?;
-        self.gpu.bind()?;
-        // SAFETY: the destination range lies inside this allocation
-        // (checked) and the context that owns it is current; `src` is a
-        // live host slice of exactly the length copied.
-        unsafe { result::memcpy_htod_sync(self.ptr + offset, src) }
-            .and_then(|()| null_sync())
-            .map_err(|e| self.gpu.fail("cuMemcpyHtoD", e))
+        // SAFETY: `src` is a live host slice of exactly the length copied,
+        // borrowed for the whole call.
+        unsafe { self.write_from(offset, src.as_ptr(), src.len()) }
     }
 
     /// Copies `dst.len()` bytes from `offset` into `dst`.
@@ -276,12 +271,53 @@ impl DeviceMem {
     /// # Errors
     /// Out of bounds; driver failures.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), CudaError> {
-        self.check(offset, dst.len() as u64)?;
+        // SAFETY: `dst` is a live host slice of exactly the length copied,
+        // exclusively borrowed for the whole call.
+        unsafe { self.read_into(offset, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// Copies `len` bytes of host memory at `src` to `offset`; returns when
+    /// the bytes are on the device. From memory registered with the driver
+    /// ([`crate::hostreg`]) or page-locked this is one DMA; from pageable
+    /// memory the driver stages it.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes until this returns
+    /// (memory other processes write meanwhile yields some mix of their
+    /// bytes, as any copy of shared memory does).
+    ///
+    /// # Errors
+    /// Out of bounds; driver failures.
+    pub unsafe fn write_from(&self, offset: u64, src: *const u8, len: usize) -> Result<(), CudaError> {
+        self.check(offset, len as u64)?;
+        self.gpu.bind()?;
+        // SAFETY: the destination range lies inside this allocation
+        // (checked) and the context that owns it is current; `src` is
+        // readable for `len` bytes until we return (the caller's
+        // contract), and we return only once the copy has ended.
+        unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, src.cast(), len) }
+            .result()
+            .and_then(|()| null_sync())
+            .map_err(|e| self.gpu.fail("cuMemcpyHtoD", e))
+    }
+
+    /// Copies `len` bytes from `offset` into host memory at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes until this returns,
+    /// and not read through a Rust reference meanwhile.
+    ///
+    /// # Errors
+    /// Out of bounds; driver failures.
+    pub unsafe fn read_into(&self, offset: u64, dst: *mut u8, len: usize) -> Result<(), CudaError> {
+        self.check(offset, len as u64)?;
         self.gpu.bind()?;
         // SAFETY: the source range lies inside this allocation (checked),
-        // its context is current, and `dst` is a live, exclusively
-        // borrowed host slice of exactly the length copied.
-        unsafe { result::memcpy_dtoh_sync(dst, self.ptr + offset) }
+        // its context is current, and `dst` is writable for `len` bytes
+        // until we return (the caller's contract); cuMemcpyDtoH returns
+        // once the bytes are in host memory.
+        unsafe { sys::cuMemcpyDtoH_v2(dst.cast(), self.ptr + offset, len) }
+            .result()
             .map_err(|e| self.gpu.fail("cuMemcpyDtoH", e))
     }
 

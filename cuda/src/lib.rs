@@ -15,10 +15,14 @@
 //!   stream, an event per buffer).
 //! - [`host`]: the host-memory side of the same pipeline (a worker thread
 //!   instead of a device), used where there is no GPU.
+//! - [`hostreg`]: host memory registered with the driver once and kept
+//!   ([`hostreg::PinCache`]), so copies between it and a device are one
+//!   DMA.
 //! - [`kernel`]: kernels compiled at run time with NVRTC.
 
 pub mod gpu;
 pub mod host;
+pub mod hostreg;
 pub mod kernel;
 pub mod pinned;
 pub mod pipeline;

@@ -276,7 +276,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             .name("oncilla-data-accept".into())
             .spawn({
                 let transfers = Arc::clone(&metrics.data);
-                move || fabric::tcp::serve(data, held, data_keys, data_tls, pulls, transfers)
+                let rings = Arc::new(fabric::device::staging_rings());
+                move || {
+                    fabric::tcp::serve(data, held, data_keys, data_tls, pulls, rings, transfers)
+                }
             })
             .map_err(|source| bind_error("data", data_addr, source))?;
 

@@ -2,6 +2,7 @@
 //! server applies — the token handshake and a request's allocation, access
 //! key and bounds — live here once, so each fabric serves only its transfer.
 
+pub mod device;
 pub mod pull;
 pub mod shm;
 pub mod tcp;

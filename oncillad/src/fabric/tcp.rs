@@ -12,8 +12,10 @@
 //! `docs/benchmarks.md` measures what that copy costs.
 //!
 //! Device memory (`REMOTE_GPU` extents) cannot be handed to the socket: it
-//! moves through a per-connection bounce buffer, one driver copy per 4 MiB
-//! piece; local GPU memory of another process is refused with the reason.
+//! moves through one of the agent's page-locked staging rings, the device
+//! copy of one buffer overlapping the socket's transfer of the next
+//! ([`super::device`]); reads, writes and pulls into it alike. Local GPU
+//! memory of another process is refused with the reason.
 //!
 //! Limits against peers that stall: the hello must be done within
 //! [`HANDSHAKE_DEADLINE`] and waits in a small budget of its own
@@ -49,6 +51,7 @@ use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN,
 
 use oncilla_cuda::DeviceMem;
 
+use super::device::{self, Failure, StagingRings, RING_WAIT};
 use super::pull::{Puller, Pulls};
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket};
 use crate::memory::held::{Backing, HeldTable};
@@ -89,13 +92,15 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
 const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
 /// Accepts data connections until the listener fails; over TLS with
-/// `tls`; pulls dial as `pulls` says.
+/// `tls`; pulls dial as `pulls` says; device memory is staged through
+/// `rings`.
 pub fn serve(
     listener: TcpListener,
     held: HeldTable,
     keys: Keyring,
     tls: Option<Arc<rustls::ServerConfig>>,
     pulls: Pulls,
+    rings: Arc<StagingRings>,
     metrics: Arc<Transfers>,
 ) {
     let seats = Seats::new(MAX_CONNECTIONS);
@@ -125,12 +130,13 @@ pub fn serve(
         let tls = tls.clone();
         let metrics = Arc::clone(&metrics);
         let pulls = pulls.clone();
+        let rings = Arc::clone(&rings);
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(move || {
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
-                    Connection::new(stream, held, pulls, metrics).run(&keys, ticket, &seats, until)
+                    Connection::new(stream, held, pulls, rings, metrics).run(&keys, ticket, &seats, until)
                 });
                 match served {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
@@ -163,8 +169,8 @@ struct Connection {
     held: HeldTable,
     metrics: Arc<Transfers>,
     recv: RecvBuf,
-    /// Staging for device memory, made on the first GPU request.
-    bounce: Option<Vec<u8>>,
+    /// The agent's staging rings for device memory.
+    rings: Arc<StagingRings>,
     pulls: Pulls,
     puller: Puller,
     /// What the client presented in its hello: a pull presents it to the
@@ -172,17 +178,20 @@ struct Connection {
     secret: Vec<u8>,
 }
 
-/// Bytes of device memory moved per driver call on the TCP path.
-const GPU_BOUNCE: usize = 4 << 20;
-
 impl Connection {
-    fn new(stream: DataStream, held: HeldTable, pulls: Pulls, metrics: Arc<Transfers>) -> Self {
+    fn new(
+        stream: DataStream,
+        held: HeldTable,
+        pulls: Pulls,
+        rings: Arc<StagingRings>,
+        metrics: Arc<Transfers>,
+    ) -> Self {
         Self {
             stream,
             held,
             metrics,
             recv: RecvBuf::new(RECV_AHEAD),
-            bounce: None,
+            rings,
             pulls,
             puller: Puller::default(),
             secret: Vec::new(),
@@ -293,14 +302,7 @@ impl Connection {
         let ptr = match &extent.memory {
             // `authorize` proved `ok.at + len` lies inside the extent.
             Backing::Pool(m) => m.ptr(extent.at + ok.at),
-            Backing::Gpu(_) if source.is_some() => {
-                let msg = format!(
-                    "allocation {} is device memory: pulls fill host memory only; copy through the client",
-                    req.alloc_id
-                );
-                return self.refuse(req, Status::Internal, &msg);
-            }
-            Backing::Gpu(m) => return self.serve_gpu(req, &m.mem, ok.at, len, started),
+            Backing::Gpu(m) => return self.serve_gpu(req, source, &m.mem, ok.at, len, started),
             Backing::InProcess { gpu } => {
                 let msg = format!(
                     "allocation {} is local GPU memory (GPU {gpu}) of the process that made it; only that process can copy to or from it",
@@ -369,87 +371,110 @@ impl Connection {
         src.with_addr(&addr[..n])
     }
 
-    /// Device memory goes through the connection's bounce buffer, a
-    /// [`GPU_BOUNCE`] piece at a time: the reply header first, then each
-    /// piece as it comes off the device (writes: each piece as it comes off
-    /// the socket).
+    /// Device memory goes through a staging ring lent for the request
+    /// ([`super::device`]): reads send the header once the first buffer is
+    /// off the device, writes are acknowledged once every byte is on it,
+    /// pulls fill it from the source agent a buffer at a time.
     fn serve_gpu(
         &mut self,
         req: &Request,
+        source: Option<Source>,
         mem: &DeviceMem,
         at: u64,
         len: usize,
         started: Instant,
     ) -> Result<(), wire::WireError> {
-        let mut bounce = self.bounce.take().unwrap_or_else(|| vec![0u8; GPU_BOUNCE]);
-        let outcome = self.serve_gpu_with(req, mem, at, len, &mut bounce, started);
-        self.bounce = Some(bounce);
-        outcome
-    }
-
-    fn serve_gpu_with(
-        &mut self,
-        req: &Request,
-        mem: &DeviceMem,
-        at: u64,
-        len: usize,
-        bounce: &mut [u8],
-        started: Instant,
-    ) -> Result<(), wire::WireError> {
-        match req.op {
+        if req.op == Op::Pull && len == 0 {
+            return self.ack_write();
+        }
+        let rings = Arc::clone(&self.rings);
+        let mut ring = match rings.take(mem.gpu().index(), RING_WAIT) {
+            Ok(r) => r,
+            Err(e) => return self.refuse(req, Status::Internal, &e.to_string()),
+        };
+        let failure = match req.op {
             Op::Read => {
-                // The first piece before the header, so a failing device
-                // gets a clean error reply instead of a broken stream.
-                let first = len.min(GPU_BOUNCE);
-                if let Err(e) = mem.read(at, &mut bounce[..first]) {
-                    return self.fail(Status::Internal, &e.to_string());
-                }
                 let head = Reply {
                     status: Status::Ok,
                     len: req.len,
                 }
                 .encode();
-                self.metrics.read.served(len);
-                self.stream.write_all(&head)?;
-                self.stream.write_all(&bounce[..first])?;
-                let mut done = first;
-                while done < len {
-                    let n = (len - done).min(GPU_BOUNCE);
-                    // The header is out: a failure now can only end the
-                    // connection (the client sees it break).
-                    mem.read(at + done as u64, &mut bounce[..n])
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                    self.stream.write_all(&bounce[..n])?;
-                    done += n;
+                let (stream, metrics) = (&mut self.stream, &self.metrics);
+                let mut counted = false;
+                let sent = device::read(&mut ring.download(mem, at), req.len, &head, |b| {
+                    // Counted before the reply that completes it.
+                    if !std::mem::replace(&mut counted, true) {
+                        metrics.read.served(len);
+                    }
+                    stream.write_all(b)
+                });
+                match sent {
+                    Ok(()) => {
+                        self.metrics.read.took(started.elapsed());
+                        return Ok(());
+                    }
+                    Err(f) => f,
                 }
-                self.metrics.read.took(started.elapsed());
             }
             Op::Write => {
-                let mut done = 0;
-                let mut failed = None;
-                while done < len {
-                    let n = (len - done).min(GPU_BOUNCE);
-                    self.recv.read_exact(&self.stream, &mut bounce[..n])?;
-                    if failed.is_none() {
-                        failed = mem.write(at + done as u64, &bounce[..n]).err();
+                let (stream, recv) = (&self.stream, &mut self.recv);
+                match device::write(&mut ring.upload(mem, at), req.len, |buf| {
+                    recv.read_exact(stream, buf)
+                }) {
+                    Ok(()) => {
+                        self.metrics.write.served(len);
+                        self.ack_write()?;
+                        self.metrics.write.took(started.elapsed());
+                        return Ok(());
                     }
-                    done += n;
+                    Err(f) => f,
                 }
-                if let Some(e) = failed {
-                    self.metrics.refused(Status::Internal);
-                    return self.fail(Status::Internal, &e.to_string());
-                }
-                self.metrics.write.served(len);
-                self.ack_write()?;
-                self.metrics.write.took(started.elapsed());
             }
-            // Refused before device memory is reached (`serve_one`).
             Op::Pull => {
-                self.metrics.refused(Status::Internal);
-                return self.fail(Status::Internal, "pulls fill host memory only");
+                let Some(src) = source else {
+                    return Err(io::Error::other("a pull without its source").into());
+                };
+                let (puller, pulls, secret) = (&mut self.puller, &self.pulls, &self.secret);
+                let pulled = device::pull(
+                    &mut ring.upload(mem, at),
+                    req.len,
+                    |c, buf| {
+                        let part = Source {
+                            offset: src.offset.saturating_add(c.offset),
+                            ..src.clone()
+                        };
+                        // SAFETY: `buf` is a staging buffer this request
+                        // holds (lent ring), reached through no other
+                        // reference while the pull fills it.
+                        let into = unsafe { Shared::new(buf.as_mut_ptr(), buf.len()) };
+                        puller.pull(pulls, secret, &part, into)
+                    },
+                    |e| (Status::Internal, e.to_string()),
+                );
+                drop(ring);
+                return match pulled {
+                    Ok(()) => {
+                        self.metrics.pull.served(len);
+                        self.ack_write()?;
+                        self.metrics.pull.took(started.elapsed());
+                        Ok(())
+                    }
+                    Err((status, msg)) => {
+                        self.metrics.refused(status);
+                        self.fail(status, &msg)
+                    }
+                };
             }
+        };
+        drop(ring);
+        match failure {
+            Failure::Device { error, unread } => {
+                self.recv.skip(&self.stream, unread)?;
+                self.metrics.refused(Status::Internal);
+                self.fail(Status::Internal, &error.to_string())
+            }
+            Failure::Broken(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     /// Acknowledges a write whose bytes are all in place.
