@@ -288,7 +288,12 @@ impl DeviceMem {
     ///
     /// # Errors
     /// Out of bounds; driver failures.
-    pub unsafe fn write_from(&self, offset: u64, src: *const u8, len: usize) -> Result<(), CudaError> {
+    pub unsafe fn write_from(
+        &self,
+        offset: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), CudaError> {
         self.check(offset, len as u64)?;
         self.gpu.bind()?;
         // SAFETY: the destination range lies inside this allocation

@@ -63,11 +63,9 @@ impl HostPinner for DriverPinner {
         // function's contract); the context is current (bind above).
         // PORTABLE makes the registration count in every context, so a
         // copy on any device of the process DMAs from it.
-        unsafe {
-            sys::cuMemHostRegister_v2(addr as *mut _, len, sys::CU_MEMHOSTREGISTER_PORTABLE)
-        }
-        .result()
-        .map_err(|e| self.gpu.fail("cuMemHostRegister", e))
+        unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+            .result()
+            .map_err(|e| self.gpu.fail("cuMemHostRegister", e))
     }
 
     fn unpin(&self, addr: usize) -> Result<(), CudaError> {
@@ -105,7 +103,10 @@ impl Pin {
 
     /// Whether `[addr, addr + len)` lies inside.
     pub fn covers(&self, addr: usize, len: usize) -> bool {
-        addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len)
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|e| e <= self.addr + self.len)
     }
 }
 

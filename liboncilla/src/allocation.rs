@@ -108,6 +108,7 @@ impl Allocation {
                 alloc.desc.id,
                 &alloc.desc.key,
                 &local,
+                &client.staging.pins,
             )?;
             alloc.local = Some(Arc::new(mapping));
         }

@@ -8,8 +8,9 @@
 //!   the mapping;
 //! - the source mapped: the fabric writes straight out of the mapping;
 //! - neither: the destination's agent pulls the bytes from the source's
-//!   agent (a third-party copy, [`IoBuf::Pull`]), except into device
-//!   memory an agent holds, which goes through a buffer here.
+//!   agent (a third-party copy, [`IoBuf::Pull`]), into its pool or its
+//!   device memory alike; only a destination this process may reach over
+//!   verbs alone (no TCP to ask for a pull) goes through a buffer here.
 //!
 //! It never decides routes: a side is mapped exactly when its extent's
 //! route says so ([`Hop::Mapped`]). Overlapping ranges of one allocation
@@ -131,13 +132,10 @@ pub(crate) fn copy(
     outcome
 }
 
-/// Whether the destination's agent can pull the segment: host memory
-/// there, its agent reachable over TCP, and a source address the wire can
-/// carry.
+/// Whether the destination's agent can pull the segment: its agent
+/// reachable over TCP, and a source address the wire can carry.
 fn pullable(s: &Segment<'_>) -> bool {
-    s.dst.extent.gpu.is_none()
-        && s.dst.tcp
-        && (1..=MAX_ADDR).contains(&s.src.extent.data_addr.len())
+    s.dst.tcp && (1..=MAX_ADDR).contains(&s.src.extent.data_addr.len())
 }
 
 /// The copy's segments, in destination order.
@@ -185,8 +183,8 @@ fn segments<'a>(
     Ok(out)
 }
 
-/// Moves one segment through a buffer here, a step at a time: into
-/// device memory an agent holds, which no agent pulls into.
+/// Moves one segment through a buffer here, a step at a time: where the
+/// destination's agent cannot be asked to pull it.
 fn bounce(
     dst: &Allocation,
     dst_offset: u64,

@@ -277,9 +277,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             .spawn({
                 let transfers = Arc::clone(&metrics.data);
                 let rings = Arc::new(fabric::device::staging_rings());
-                move || {
-                    fabric::tcp::serve(data, held, data_keys, data_tls, pulls, rings, transfers)
-                }
+                move || fabric::tcp::serve(data, held, data_keys, data_tls, pulls, rings, transfers)
             })
             .map_err(|source| bind_error("data", data_addr, source))?;
 

@@ -7,8 +7,10 @@
 //! page tables, once, instead of taking a fault on the first touch of
 //! every page in the middle of the application's copies and loops.
 //!
-//! It owns the mapping and unmaps it on drop. It never frees the allocation
-//! (the handle does, after dropping the mapping).
+//! It owns the mapping and unmaps it on drop, after releasing its
+//! registration with the GPU driver (made by device copies, kept in the
+//! session's [`PinCache`]). It never frees the allocation (the handle
+//! does, after dropping the mapping).
 
 use std::io::{IoSliceMut, Read, Write};
 use std::num::NonZeroUsize;
@@ -16,10 +18,12 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use oncilla_cuda::hostreg::PinCache;
 use oncilla_proto::credential::Credential;
 use oncilla_proto::wire::{
     self, MapFile, MapGrant, Op, Reply, Request, Status, GRANT_LEN, KEY_LEN, MAP_FILE_LEN,
@@ -62,6 +66,9 @@ pub struct Mapping {
     lease: UnixStream,
     /// The node whose agent serves it (this one).
     node: String,
+    /// The session's registrations with the GPU driver: this mapping's is
+    /// released before it is unmapped.
+    pins: Arc<PinCache>,
 }
 
 // SAFETY: the mapping is process-wide memory owned by this value; moving it
@@ -83,6 +90,7 @@ impl Mapping {
         id: u64,
         key: &[u8; KEY_LEN],
         extents: &[&Extent],
+        pins: &Arc<PinCache>,
     ) -> Result<Self> {
         let path = oncilla_proto::map_socket(socket);
         let fail = |reason: String| Error::AgentUnreachable {
@@ -199,6 +207,7 @@ impl Mapping {
             extents: mapped,
             lease: stream,
             node: extents.first().map_or_else(String::new, |e| e.node.clone()),
+            pins: Arc::clone(pins),
         })
     }
 
@@ -237,6 +246,12 @@ impl Mapping {
                 .as_ptr()
                 .wrapping_add(m.at + usize::try_from(within).unwrap_or(usize::MAX))
         })
+    }
+
+    /// The whole mapped range in this process (start, length): what is
+    /// registered with the GPU driver, once, for device copies.
+    pub fn range(&self) -> (*mut u8, usize) {
+        (self.base.as_ptr(), self.map_len)
     }
 
     /// The start of the allocation when all of its `size` bytes are mapped
@@ -459,6 +474,10 @@ fn reserve_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Registered memory must be unregistered while it is still mapped.
+        // No copy uses the registration now (each holds the mapping while
+        // it runs), so this unregisters at once.
+        self.pins.release(self.base.as_ptr() as usize, self.map_len);
         // SAFETY: exactly the mapping made in `open`, unmapped once.
         if let Err(e) = unsafe { munmap(self.base.cast(), self.map_len) } {
             tracing::warn!(error = %e, "cannot unmap local allocation");

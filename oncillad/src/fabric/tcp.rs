@@ -136,7 +136,8 @@ pub fn serve(
             .spawn(move || {
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
-                    Connection::new(stream, held, pulls, rings, metrics).run(&keys, ticket, &seats, until)
+                    Connection::new(stream, held, pulls, rings, metrics)
+                        .run(&keys, ticket, &seats, until)
                 });
                 match served {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),

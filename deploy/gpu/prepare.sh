@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds what a GPU machine runs for the project's GPU check (deploy/gpu/check.sh) and lays it out in
+# .gpu/ at the repository's root (git ignores it): release binaries and the GPU test binaries, stripped;
+# the Python wheel with its tests, examples and benchmark; the check and its summary. A GPU machine
+# needs no Rust toolchain: copy .gpu/ there and run `bash .gpu/check.sh` (logs go to $OUT, default
+# .gpu/out).
+#
+# Usage, from anywhere in the repository:  deploy/gpu/prepare.sh [BEFORE_REV]
+# BEFORE_REV (optional) also builds `ocmctl` of that revision into .gpu/before/, so the check measures
+# `bench gpu` and `bench copy` before and after in one run (no regression of the host pairs).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(git -C "$here" rev-parse --show-toplevel); cd "$root"
+before=${1:-}
+cargo build --release --workspace --bins --examples
+cargo test --release -p oncilla-tests -p oncilla-cuda --no-run
+rm -rf .gpu target/wheels && mkdir -p .gpu/release/deps .gpu/wheel .gpu/python
+R=target/release
+cp "$R/ocmctl" "$R/oncillad" "$R/scan" .gpu/release/
+# The newest test binary of a crate (cargo names them NAME-HASH).
+newest() { ls -t "$R"/deps/"$1"-* | grep -vE '\.(d|rlib|rmeta|so)$' | head -1; }
+cp "$(newest cluster)" "$(newest oncilla_cuda)" .gpu/release/deps/
+strip .gpu/release/* .gpu/release/deps/* 2>/dev/null || true
+python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
+cp target/wheels/*.whl .gpu/wheel/
+cp -r python/tests python/examples python/bench .gpu/python/
+cp "$here/check.sh" "$here/summary.py" .gpu/
+if [ -n "$before" ]; then
+  tree=$(mktemp -d)
+  git worktree add --detach "$tree" "$before" >/dev/null
+  (cd "$tree" && CARGO_TARGET_DIR="$root/target/before" cargo build --release -p ocmctl)
+  git worktree remove --force "$tree"
+  mkdir -p .gpu/before
+  cp target/before/release/ocmctl target/before/release/oncillad .gpu/before/
+  strip .gpu/before/* 2>/dev/null || true
+  git rev-parse --short "$before" > .gpu/before/REVISION
+fi
+git rev-parse --short HEAD > .gpu/REVISION
+du -sh .gpu   # the device tool carries at most 64 MiB in all
