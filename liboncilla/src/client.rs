@@ -204,12 +204,13 @@ impl Client {
     }
 }
 
+/// This executable's file name, as the agent accepts it.
 fn program_name() -> String {
-    std::env::args()
+    std::env::args_os()
         .next()
         .as_deref()
         .map(Path::new)
         .and_then(Path::file_name)
-        .map(|n| n.to_string_lossy().into_owned())
+        .map(|n| oncilla_model::alloc::program_name(&n.to_string_lossy()))
         .unwrap_or_default()
 }

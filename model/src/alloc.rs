@@ -15,6 +15,13 @@ pub const MAX_ALLOCATION: u64 = 1 << 50;
 pub const KEY_LEN: usize = 16;
 /// Longest allocation name.
 pub const MAX_NAME: usize = 128;
+/// Longest program name a session may give: a file name's limit on Linux
+/// (`NAME_MAX`), which is what clients send (their executable's name).
+pub const MAX_PROGRAM: usize = 255;
+/// Most nodes one request may name (a cluster of 1,024 agents, with room).
+pub const MAX_SPEC_NODES: usize = 4096;
+/// Longest node name a request may give.
+pub const MAX_NODE_NAME: usize = 255;
 /// Largest allocation id (2^53 - 1: exact wherever ids travel as JSON
 /// numbers). Ids count up from 1 and are never reused; the master refuses
 /// to allocate past this rather than wrap.
@@ -49,6 +56,41 @@ pub enum Invalid {
     LocalGpu,
     #[error("an access key is {KEY_LEN} bytes, not {0}")]
     KeyLength(usize),
+    /// The program name as [`echo`] quotes it, and its length.
+    #[error("program name {0} is not a file name: {1} bytes (at most {MAX_PROGRAM}), no control characters")]
+    Program(String, usize),
+    #[error("{0} nodes named; a request names at most {MAX_SPEC_NODES}")]
+    TooManyNodes(usize),
+    /// The node name as [`echo`] quotes it, and its length.
+    #[error("node name {0} is too long: {1} bytes, at most {MAX_NODE_NAME}")]
+    NodeNameTooLong(String, usize),
+}
+
+/// Checks the program name a session gives (shown to operators and kept
+/// with every allocation the session owns, so it is bounded and holds no
+/// control characters that could forge a log line).
+///
+/// # Errors
+/// [`Invalid::Program`] (quoting a bounded prefix).
+pub fn check_program(program: &str) -> Result<(), Invalid> {
+    if program.len() > MAX_PROGRAM || program.chars().any(char::is_control) {
+        return Err(Invalid::Program(echo(program), program.len()));
+    }
+    Ok(())
+}
+
+/// A program name as [`check_program`] accepts it, made from any string
+/// (what a client sends for its executable's name): control characters
+/// become `?`, and it is cut at a character boundary to [`MAX_PROGRAM`].
+pub fn program_name(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len().min(MAX_PROGRAM));
+    for c in raw.chars().map(|c| if c.is_control() { '?' } else { c }) {
+        if out.len() + c.len_utf8() > MAX_PROGRAM {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Checks an allocation name: it starts with a letter and holds letters,
@@ -126,6 +168,16 @@ impl AllocSpec {
         }
         if !name.is_empty() {
             check_name(&name)?;
+        }
+        if placement.nodes.len() > MAX_SPEC_NODES {
+            return Err(Invalid::TooManyNodes(placement.nodes.len()));
+        }
+        if let Some(n) = placement
+            .nodes
+            .iter()
+            .find(|n| n.node.len() > MAX_NODE_NAME)
+        {
+            return Err(Invalid::NodeNameTooLong(echo(&n.node), n.node.len()));
         }
         Ok(Self {
             size,
@@ -378,5 +430,58 @@ mod tests {
         assert_eq!(a.first_gap(), None);
         a.size = 40;
         assert_eq!(a.first_gap(), Some((30, 40)));
+    }
+
+    #[test]
+    fn program_names_are_file_names() {
+        assert!(check_program("scan").is_ok());
+        assert!(check_program(&"p".repeat(MAX_PROGRAM)).is_ok());
+        let long = "p".repeat(25 << 20);
+        let e = check_program(&long).unwrap_err().to_string();
+        assert!(e.contains("26214400 bytes") && e.len() < 300, "{e}");
+        assert!(check_program("evil\nsession opened").is_err());
+        // What clients send is always accepted.
+        for raw in [long.as_str(), "a\u{7}b", &"é".repeat(200)] {
+            let p = program_name(raw);
+            assert!(check_program(&p).is_ok(), "{p:?}");
+        }
+        assert_eq!(program_name("a\tb"), "a?b");
+        assert_eq!(
+            program_name(&"é".repeat(200)).len(),
+            254,
+            "cut at a character"
+        );
+    }
+
+    #[test]
+    fn requests_name_a_bounded_number_of_bounded_nodes() {
+        let place = |n: usize, len: usize| Placement {
+            nodes: (0..n)
+                .map(|i| NodeShare {
+                    node: format!("{i:0len$}"),
+                    weight: 1,
+                })
+                .collect(),
+            ..Placement::default()
+        };
+        let spec = |p| {
+            AllocSpec::new(
+                4096,
+                Kind::RemoteHost,
+                p,
+                String::new(),
+                false,
+                Fabric::Auto,
+            )
+        };
+        assert!(spec(place(MAX_SPEC_NODES, 8)).is_ok());
+        assert_eq!(
+            spec(place(MAX_SPEC_NODES + 1, 8)),
+            Err(Invalid::TooManyNodes(MAX_SPEC_NODES + 1))
+        );
+        assert!(matches!(
+            spec(place(1, MAX_NODE_NAME + 1)),
+            Err(Invalid::NodeNameTooLong(_, 256))
+        ));
     }
 }

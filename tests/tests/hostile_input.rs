@@ -486,3 +486,78 @@ fn bind_unix_replaces_only_a_stale_socket() {
     assert!(up, "the agent on a stale socket did not come up");
     c.still_serves();
 }
+
+/// Opens a session on agent 0's socket with `program` as its name, as a
+/// raw client can; the refusal's code and message. The session, once
+/// open, lives until the returned stream is dropped.
+fn open_session_named(
+    c: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    program: String,
+) -> Result<tonic::Streaming<pb::SessionEvent>, (tonic::Code, String)> {
+    use oncilla_proto::client;
+    use oncilla_proto::credential::AttachCredential;
+    use tonic::service::interceptor::InterceptedService;
+    let socket = c.socket(0);
+    rt.block_on(async {
+        let channel = client::unix(&socket).await.unwrap();
+        let mut s = client::session(InterceptedService::new(channel, AttachCredential::none()));
+        s.open(pb::OpenRequest {
+            pid: std::process::id(),
+            program,
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|e| (e.code(), e.message().to_string()))
+    })
+}
+
+/// A session opened with a 25 MiB program name, three allocations and a
+/// master restart kept the node out of the cluster: its re-registration
+/// (which carries every allocation's owner) grew past the message limit,
+/// and every open logged the whole name. Now a program name is a file
+/// name (at most 255 bytes, no control characters), refused with a
+/// bounded message where it enters; the longest accepted name owns
+/// allocations that survive a master restart, with the node back.
+#[test]
+fn a_huge_program_name_is_refused_where_it_enters() {
+    let mut c = Cluster::start(2, "32MiB");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (what, program) in [
+        ("a 25 MiB program name", "p".repeat(25 << 20)),
+        ("a forged log line", "scan\nINFO session opened".to_string()),
+        ("256 bytes", "p".repeat(256)),
+    ] {
+        let r = open_session_named(&c, &rt, program);
+        assert_bounded_refusal(what, r, "is not a file name");
+    }
+    // The longest accepted name, on allocations that the master must
+    // learn again from the agents after it restarts.
+    let _session = open_session_named(&c, &rt, "p".repeat(255)).expect("a 255-byte name");
+    let log = c.log("node-0");
+    assert!(log.contains("session opened"), "{log}");
+    assert!(log.len() < 1 << 20, "the agent logged {} bytes", log.len());
+    let ocm = c.client(0);
+    let kept: Vec<_> = (0..3)
+        .map(|i| {
+            let a = ocm
+                .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).named(format!("kept{i}")))
+                .unwrap();
+            a.copy_in(0, b"survives").unwrap();
+            a
+        })
+        .collect();
+    c.kill_master();
+    c.start_master();
+    c.wait_nodes_up(2);
+    for a in &kept {
+        let mut back = [0u8; 8];
+        a.copy_out(0, &mut back).unwrap();
+        assert_eq!(&back, b"survives");
+    }
+    drop(kept);
+    c.still_serves();
+}

@@ -103,6 +103,10 @@ impl session_server::Session for SessionService {
             .get::<tonic::transport::server::UdsConnectInfo>()
             .and_then(|i| i.peer_cred);
         let r = req.into_inner();
+        // Kept with every allocation the session owns and sent in each
+        // registration of the node: bounded here, where it enters.
+        oncilla_model::alloc::check_program(&r.program)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let pid = peer
             .and_then(|c| c.pid())
             .and_then(|p| u32::try_from(p).ok())
