@@ -1,7 +1,9 @@
 //! A cluster CA and the certificates its daemons serve, for clusters whose
 //! TCP listeners speak TLS (`ocmctl tls-ca`, `ocmctl tls-cert`, and local
-//! clusters started with TLS), and the one way files with secrets are
-//! written here (mode 0600 whatever was there).
+//! clusters started with TLS), and the one way files are written here:
+//! a new file of exactly the mode asked (whatever the umask), made beside
+//! the path and renamed onto it, so a symlink or a file someone planted at
+//! the path is replaced, never followed or written into.
 //!
 //! It only makes files; what trusts them is `oncilla_proto::tls`. A CA's
 //! key never leaves the directory it was made in; operators who have their
@@ -48,23 +50,85 @@ pub struct CertFiles {
     pub key: PathBuf,
 }
 
-/// Writes `bytes` to `path`, readable and writable by its owner only (an
-/// existing file is truncated and made private too).
+/// Writes `bytes` to `path`, readable and writable by its owner only.
 ///
 /// # Errors
-/// The file cannot be written.
+/// As [`write_new`].
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
+    write_new(path, bytes, 0o600)
+}
+
+/// Writes `bytes` to `path`, writable by its owner only, readable by all
+/// (certificates).
+///
+/// # Errors
+/// As [`write_new`].
+pub fn write_public(path: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
+    write_new(path, bytes, 0o644)
+}
+
+/// Writes `bytes` to a new file of exactly `mode` beside `path` (created
+/// with `O_CREAT | O_EXCL | O_NOFOLLOW` under a random name, so nothing
+/// planted can be opened instead), then renames it onto `path`: whatever
+/// was at `path` (a file, a symlink) is replaced, never written into or
+/// followed. In a sticky directory (`/tmp`) someone else's file at `path`
+/// makes the rename fail (`EPERM`): their file is left as it was.
+///
+/// # Errors
+/// `path` names no file; the file cannot be made, written or renamed.
+pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), std::io::Error> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = dir.join(format!(
+        ".{}.{:016x}.tmp",
+        name.to_string_lossy(),
+        rand::random::<u64>()
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    // An existing file keeps its mode on open.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(bytes)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(mode)
+        .open(&tmp)?;
+    let written = (|| {
+        // The umask may have taken bits off, or added none: exactly `mode`.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Makes directory `dir` (and its parents) where it is missing, the ones
+/// made here of mode 0755 whatever the umask: no one else may add or
+/// replace files in them.
+///
+/// # Errors
+/// A directory cannot be made.
+pub fn make_dir(dir: &Path) -> Result<(), std::io::Error> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        make_dir(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn ca_params() -> CertificateParams {
@@ -89,7 +153,7 @@ pub fn make_ca(dir: &Path) -> Result<PathBuf, CertError> {
             return Err(CertError::Exists { path: path.clone() });
         }
     }
-    std::fs::create_dir_all(dir).map_err(|source| CertError::Io {
+    make_dir(dir).map_err(|source| CertError::Io {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -100,7 +164,7 @@ pub fn make_ca(dir: &Path) -> Result<PathBuf, CertError> {
         move |source| CertError::Io { path, source }
     };
     write_private(&key_path, key.serialize_pem().as_bytes()).map_err(io(&key_path))?;
-    std::fs::write(&cert_path, cert.pem()).map_err(io(&cert_path))?;
+    write_public(&cert_path, cert.pem().as_bytes()).map_err(io(&cert_path))?;
     Ok(cert_path)
 }
 
@@ -161,7 +225,7 @@ pub fn make_cert(
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &ca, &ca_key)?;
-    std::fs::create_dir_all(out).map_err(|source| CertError::Io {
+    make_dir(out).map_err(|source| CertError::Io {
         path: out.to_path_buf(),
         source,
     })?;
@@ -173,7 +237,7 @@ pub fn make_cert(
         path: files.key.clone(),
         source,
     })?;
-    std::fs::write(&files.cert, cert.pem()).map_err(|source| CertError::Io {
+    write_public(&files.cert, cert.pem().as_bytes()).map_err(|source| CertError::Io {
         path: files.cert.clone(),
         source,
     })?;

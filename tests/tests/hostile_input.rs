@@ -561,3 +561,163 @@ fn a_huge_program_name_is_refused_where_it_enters() {
     drop(kept);
     c.still_serves();
 }
+
+/// Runs ocmctl with `args` against `c`'s token under umask 000 (what a
+/// careless shell or service manager may hand it).
+fn ocmctl_umask0(c: &Cluster, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Command::new(support::bin("ocmctl"));
+    cmd.args(args).env("ONCILLA_TOKEN_FILE", c.token_file());
+    // SAFETY: umask(2) is async-signal-safe and touches only the child's
+    // own file-creation mask; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+            Ok(())
+        });
+    }
+    cmd.output().unwrap()
+}
+
+/// `ocmctl node-keys --out` and `tls-cert --out` followed a symlink planted
+/// at the path, or wrote into a file another user planted there (in a
+/// 1777 directory), who then read the node keys (the cluster-wide session
+/// key among them) and a TLS private key; under umask 000 the CA and
+/// certificates came out world-writable. Now every file is made new beside
+/// its path, of exactly its mode, and renamed onto it: the symlink's target
+/// and the planted file (read through the attacker's open handle) keep
+/// their bytes, and the keys land only in a file of mode 0600.
+#[test]
+fn output_files_never_follow_or_reuse_what_was_planted() {
+    use std::io::{Read as _, Seek as _};
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !nix::unistd::geteuid().is_root() {
+        println!("skipped: needs root to plant files as another user");
+        return;
+    }
+    let c = Cluster::start(1, "16MiB");
+    let root = std::env::temp_dir().join(format!("oncilla-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let sticky = root.join("tmp");
+    std::fs::create_dir_all(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let nobody = nix::unistd::Uid::from_raw(65534);
+    let chown = |p: &Path| {
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            p,
+            Some(nobody),
+            None,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+    };
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    let keys_in = |p: &Path| {
+        let text = std::fs::read_to_string(p).unwrap();
+        assert!(text.contains("node-1"), "{p:?} holds {text:?}");
+        assert_eq!(mode(p), 0o600, "{p:?}");
+        assert_eq!(
+            std::fs::metadata(p).unwrap().uid(),
+            0,
+            "{p:?} is not root's own"
+        );
+    };
+
+    // A symlink another user planted, pointing at root's file.
+    let victim = root.join("victim");
+    std::fs::write(&victim, "victim\n").unwrap();
+    let link = sticky.join("keys");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    chown(&link);
+    let out = c.ocmctl(&["node-keys", "node-1", "--out", link.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "victim\n");
+    assert!(!std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    keys_in(&link);
+
+    // A world-readable file another user planted and holds open.
+    let planted = sticky.join("planted");
+    std::fs::write(&planted, "attacker\n").unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+    chown(&planted);
+    let mut held = std::fs::File::open(&planted).unwrap();
+    let out = c.ocmctl(&["node-keys", "node-1", "--out", planted.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut seen = String::new();
+    held.rewind().unwrap();
+    held.read_to_string(&mut seen).unwrap();
+    assert_eq!(seen, "attacker\n", "the attacker's file received the keys");
+    keys_in(&planted);
+
+    // Under umask 000: exact modes, and no directory others may write.
+    let fresh = root.join("fresh");
+    std::fs::create_dir_all(&fresh).unwrap();
+    let out = ocmctl_umask0(
+        &c,
+        &[
+            "node-keys".as_ref(),
+            "node-1".as_ref(),
+            "--out".as_ref(),
+            fresh.join("k").as_os_str(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    keys_in(&fresh.join("k"));
+    let ca = root.join("ca");
+    let out = ocmctl_umask0(&c, &["tls-ca".as_ref(), "--out".as_ref(), ca.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let certs = ca.join("certs");
+    let out = ocmctl_umask0(
+        &c,
+        &[
+            "tls-cert".as_ref(),
+            "node-1".as_ref(),
+            "--host".as_ref(),
+            "127.0.0.1".as_ref(),
+            "--ca".as_ref(),
+            ca.as_os_str(),
+            "--out".as_ref(),
+            certs.as_os_str(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (p, want) in [
+        (ca.clone(), 0o755),
+        (ca.join("ca.pem"), 0o644),
+        (ca.join("ca-key.pem"), 0o600),
+        (certs.clone(), 0o755),
+        (certs.join("node-1.pem"), 0o644),
+        (certs.join("node-1-key.pem"), 0o600),
+    ] {
+        assert_eq!(mode(&p), want, "{p:?}: {:o}", mode(&p));
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&sticky)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    std::fs::remove_dir_all(&root).unwrap();
+    c.still_serves();
+}
