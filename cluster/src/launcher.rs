@@ -178,6 +178,8 @@ impl Handle {
         }
         let tf = self.token_file().display().to_string();
         let hb = self.shared.config.heartbeat_ms.to_string();
+        // Kept in the cluster's directory: quotas set survive a restart.
+        let quotas = self.dir.join("quotas.toml").display().to_string();
         let mut args: Vec<String> = [
             "--master",
             "--listen",
@@ -186,6 +188,8 @@ impl Handle {
             &tf,
             "--heartbeat-ms",
             &hb,
+            "--quota-file",
+            &quotas,
         ]
         .iter()
         .map(|a| a.to_string())

@@ -236,4 +236,27 @@ impl Master {
         })
         .map(|_| ())
     }
+
+    /// Every quota and what each user holds.
+    ///
+    /// # Errors
+    /// The call fails.
+    pub fn quotas(&self) -> Result<oncilla_model::quota::Report, MasterError> {
+        self.call(|mut c| async move { c.list_quotas(pb::ListQuotasRequest {}).await })
+            .map(Into::into)
+    }
+
+    /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
+    ///
+    /// # Errors
+    /// The call fails (the master keeps no quota file, among others).
+    pub fn set_quota(
+        &self,
+        who: oncilla_model::quota::Subject,
+        limits: Option<oncilla_model::quota::Limits>,
+    ) -> Result<oncilla_model::quota::Report, MasterError> {
+        let req = oncilla_proto::convert::quota_request(who, limits);
+        self.call(|mut c| async move { c.set_quota(req).await })
+            .map(Into::into)
+    }
 }

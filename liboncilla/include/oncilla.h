@@ -59,6 +59,9 @@ typedef enum ocm_status_t {
   OCM_E_TOKEN = 14,
   // A bug, an unexpected answer, or a panic caught at the boundary.
   OCM_E_INTERNAL = 15,
+  // The request would take this process's user past a quota (the
+  // message names it; `ocmctl quota` shows them).
+  OCM_E_QUOTA = 16,
 } ocm_status_t;
 
 // How the master places an allocation that names no nodes (an `int` in

@@ -65,6 +65,9 @@ pub enum ocm_status_t {
     OCM_E_TOKEN = 14,
     /// A bug, an unexpected answer, or a panic caught at the boundary.
     OCM_E_INTERNAL = 15,
+    /// The request would take this process's user past a quota (the
+    /// message names it; `ocmctl quota` shows them).
+    OCM_E_QUOTA = 16,
 }
 
 use ocm_status_t::*;
@@ -187,6 +190,7 @@ impl From<Error> for Fail {
             | Error::NodeUnreachable { .. } => OCM_E_UNREACHABLE,
             Error::NotFound(_) => OCM_E_NOT_FOUND,
             Error::CapacityExhausted(_) => OCM_E_NO_MEMORY,
+            Error::QuotaExceeded(_) => OCM_E_QUOTA,
             Error::PermissionDenied(_) => OCM_E_PERMISSION,
             Error::InvalidArgument(_) => OCM_E_INVALID,
             Error::AlreadyExists(_) => OCM_E_EXISTS,
@@ -691,6 +695,7 @@ fn strerror(code: c_int) -> &'static CStr {
         13 => c"GPU driver failure",
         14 => c"no usable cluster token",
         15 => c"internal error",
+        16 => c"quota exceeded",
         _ => c"unknown status code",
     }
 }

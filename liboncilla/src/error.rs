@@ -18,6 +18,11 @@ pub enum Error {
     /// The cluster has not enough free memory; the message says where what is free.
     #[error("{0}")]
     CapacityExhausted(String),
+    /// The request would take this process's user past one of their
+    /// quotas; the message names the limit, what is in use, and how to
+    /// get room.
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// Wrong token or access key, or another session's allocation.
     #[error("{0}")]
     PermissionDenied(String),
@@ -95,8 +100,10 @@ impl From<tonic::Status> for Error {
         // A node that is down is FAILED_PRECONDITION whatever the reason
         // says; an unknown named node (NodeDown on INVALID_ARGUMENT) stays
         // an invalid argument, as it always was.
-        if let Some((Reason::NoGpu, _)) = reason(&s) {
-            return Self::NoGpu(msg);
+        match reason(&s) {
+            Some((Reason::NoGpu, _)) => return Self::NoGpu(msg),
+            Some((Reason::Quota, _)) => return Self::QuotaExceeded(msg),
+            _ => {}
         }
         match s.code() {
             Code::NotFound => Self::NotFound(msg),
@@ -133,6 +140,12 @@ mod tests {
         // Text that looks like a reason is only text.
         let text = Status::failed_precondition("no GPU on n1");
         assert!(matches!(Error::from(text), Error::NodeDown(_)));
+        let quota = with_reason(Code::ResourceExhausted, "over", Reason::Quota, "");
+        assert!(matches!(Error::from(quota), Error::QuotaExceeded(m) if m == "over"));
+        assert!(matches!(
+            Error::from(Status::resource_exhausted("full")),
+            Error::CapacityExhausted(_)
+        ));
         let agent = with_reason(Code::Internal, "agent said no", Reason::AgentFailed, "n3");
         assert!(matches!(Error::from(agent), Error::Internal(_)));
         assert!(matches!(

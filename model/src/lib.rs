@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod echo;
 pub mod fabric;
 pub mod node;
+pub mod quota;
 pub mod size;
 
 pub use fabric::Fabric;

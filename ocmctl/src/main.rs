@@ -8,6 +8,7 @@
 mod data;
 mod demo;
 mod master;
+mod quota;
 mod runwith;
 mod top;
 
@@ -199,6 +200,10 @@ enum Cmd {
     /// agent node-0 through ONCILLA_SOCKET and ONCILLA_TOKEN_FILE), and
     /// tear the cluster down: `ocmctl run -- ./my-app args`.
     Run(runwith::Args),
+    /// Users' quotas (what each may hold) and what each holds; set and
+    /// clear them (the master keeps them in its --quota-file).
+    #[command(subcommand)]
+    Quota(quota::QuotaCmd),
     /// Measure the cluster (prints tables; see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(Bench),
@@ -477,6 +482,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Demo(args) => demo::run(&args)?,
         Cmd::Top(args) => top::run(&args)?,
         Cmd::Run(args) => runwith::run(&args)?,
+        Cmd::Quota(cmd) => quota::run(&cmd)?,
         Cmd::Bench(bench) => oncilla_bench::run(&bench, &daemon())?,
     }
     Ok(())

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use oncilla_model::quota::Quotas;
 use oncilla_model::size::{parse_size, SizeError};
 use std::sync::Arc;
 
@@ -108,6 +109,11 @@ pub struct Cli {
     /// A secret of its own: it opens only the metrics.
     #[arg(long, env = "ONCILLA_METRICS_TOKEN_FILE", value_name = "PATH")]
     pub metrics_token_file: Option<PathBuf>,
+    /// Master: file keeping users' quotas (TOML; read at start, written by
+    /// `ocmctl quota set`, made on the first change). Without it quotas
+    /// cannot be set.
+    #[arg(long, env = "ONCILLA_QUOTA_FILE", value_name = "PATH")]
+    pub quota_file: Option<PathBuf>,
     /// TOML file with any of the settings above (snake_case keys).
     #[arg(long, env = "ONCILLA_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -143,6 +149,7 @@ struct FileConfig {
     tls_ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     metrics_token_file: Option<PathBuf>,
+    quota_file: Option<PathBuf>,
 }
 
 /// Why the configuration is unusable.
@@ -176,6 +183,10 @@ pub enum ConfigError {
     KeysName { keys: String, name: String },
     #[error("--metrics-listen needs --metrics-token-file (the token scrapers present)")]
     MetricsToken,
+    #[error("--quota-file is the master's; this daemon runs no master")]
+    QuotasOnAgent,
+    #[error(transparent)]
+    Quotas(#[from] crate::quota_file::QuotaFileError),
     #[error("TLS needs all of --tls-cert, --tls-key and --tls-ca; missing {0}")]
     TlsPartial(&'static str),
     #[error(transparent)]
@@ -221,6 +232,8 @@ pub struct Config {
     pub tls: Option<Tls>,
     /// Where to serve metrics and the token scrapers present; `None`: off.
     pub metrics: Option<(SocketAddr, Token)>,
+    /// The master's quota file and the quotas it held at start.
+    pub quotas: Option<(PathBuf, Quotas)>,
 }
 
 /// A daemon's TLS: what it serves and what it trusts.
@@ -353,9 +366,18 @@ impl Config {
             (Some(_), None) => return Err(ConfigError::MetricsToken),
             (Some(addr), Some(path)) => Some((addr, Token::resolve(None, Some(&path))?)),
         };
+        let quotas = match cli.quota_file.or(file.quota_file) {
+            Some(_) if !master => return Err(ConfigError::QuotasOnAgent),
+            Some(path) => {
+                let q = crate::quota_file::load(&path)?;
+                Some((path, q))
+            }
+            None => None,
+        };
         Ok(Self {
             tls,
             metrics,
+            quotas,
             master,
             agent,
             node_keys,
@@ -430,6 +452,18 @@ impl Config {
         match &self.metrics {
             Some((addr, _)) => line("metrics_listen", q(&addr.to_string())),
             None => line("# metrics_listen", q("(off)")),
+        }
+        match &self.quotas {
+            _ if !self.master => {}
+            Some((path, q_)) => line(
+                "quota_file",
+                format!(
+                    "{} # {} user quota(s)",
+                    q(&path.display().to_string()),
+                    q_.users.len()
+                ),
+            ),
+            None => line("# quota_file", q("(none: quotas cannot be set)")),
         }
         s
     }

@@ -39,6 +39,12 @@ pub enum CoreError {
     NoGpu(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// A user's request past one of their quotas.
+    #[error(transparent)]
+    Quota(#[from] oncilla_model::quota::Exceeded),
+    /// Quotas cannot be changed (no file to keep them in).
+    #[error("{0}")]
+    QuotaStore(String),
     #[error("agent {node} failed: {source}")]
     Agent {
         node: String,

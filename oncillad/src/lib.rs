@@ -15,6 +15,7 @@ pub mod memory;
 pub mod metrics;
 pub mod peers;
 pub mod pool;
+pub mod quota_file;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -153,7 +154,14 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let (agent_ready, agent_ready_rx) = watch::channel(false);
     let mut router = tcp_server.add_optional_service(master_token.map(|token| {
         let link = grpc::links::GrpcAgentLink::new(token.clone(), trust.clone());
-        let core = Arc::new(master::Master::new(link, config.liveness));
+        let (quotas, store) = match config.quotas.clone() {
+            Some((path, q)) => (
+                q,
+                Some(Box::new(quota_file::QuotaFile { path }) as Box<dyn master::QuotaStore>),
+            ),
+            None => (Default::default(), None),
+        };
+        let core = Arc::new(master::Master::new(link, config.liveness).with_quotas(quotas, store));
         tracing::info!(
             incarnation = format!("{:016x}", core.incarnation()),
             heartbeat_ms = config.liveness.heartbeat.as_millis(),

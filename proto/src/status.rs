@@ -19,6 +19,8 @@ pub enum Reason {
     AgentFailed,
     /// The master is in its recovery window (see [`retry_after`]).
     Recovering,
+    /// The request would take its user past a quota.
+    Quota,
 }
 
 impl Reason {
@@ -28,6 +30,7 @@ impl Reason {
             Reason::NodeDown => pb::ErrorReason::ErrorNodeDown,
             Reason::AgentFailed => pb::ErrorReason::ErrorAgentFailed,
             Reason::Recovering => pb::ErrorReason::ErrorRecovering,
+            Reason::Quota => pb::ErrorReason::ErrorQuota,
         }
     }
 }
@@ -70,6 +73,7 @@ pub fn reason(status: &Status) -> Option<(Reason, String)> {
         pb::ErrorReason::ErrorNodeDown => Reason::NodeDown,
         pb::ErrorReason::ErrorAgentFailed => Reason::AgentFailed,
         pb::ErrorReason::ErrorRecovering => Reason::Recovering,
+        pb::ErrorReason::ErrorQuota => Reason::Quota,
     };
     Some((reason, detail.node))
 }

@@ -22,6 +22,9 @@ class NotFound(OncillaError):
 class CapacityExhausted(OncillaError):
     """Not enough free memory; the message says where what is free."""
 
+class QuotaExceeded(CapacityExhausted):
+    """The request would take this user past a quota (the message names it)."""
+
 class PermissionDenied(OncillaError):
     """Wrong credential or key, or another session's allocation."""
 

@@ -39,6 +39,12 @@ create_exception!(
 );
 create_exception!(
     oncilla,
+    QuotaExceeded,
+    CapacityExhausted,
+    "The request would take this user past a quota (the message names it)."
+);
+create_exception!(
+    oncilla,
     PermissionDenied,
     OncillaError,
     "Wrong credential or key, or another session's allocation."
@@ -114,6 +120,7 @@ pub fn to_py(e: liboncilla::Error) -> PyErr {
         E::Unavailable(_) => Unavailable::new_err(msg),
         E::NotFound(_) => NotFound::new_err(msg),
         E::CapacityExhausted(_) => CapacityExhausted::new_err(msg),
+        E::QuotaExceeded(_) => QuotaExceeded::new_err(msg),
         E::PermissionDenied(_) => PermissionDenied::new_err(msg),
         E::InvalidArgument(_) => InvalidArgument::new_err(msg),
         E::NodeDown(_) => NodeDown::new_err(msg),
@@ -137,6 +144,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Unavailable", py.get_type::<Unavailable>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;
     m.add("CapacityExhausted", py.get_type::<CapacityExhausted>())?;
+    m.add("QuotaExceeded", py.get_type::<QuotaExceeded>())?;
     m.add("PermissionDenied", py.get_type::<PermissionDenied>())?;
     m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
     m.add("NodeDown", py.get_type::<NodeDown>())?;

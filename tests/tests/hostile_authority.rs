@@ -435,9 +435,20 @@ fn role() {
     let Ok(role) = std::env::var(ROLE_ENV) else {
         return; // only meaningful as a child of the test below
     };
-    assert_eq!(role, "other-user");
     let socket = std::env::var("ONCILLA_SOCKET").unwrap();
     let ocm = Oncilla::connect_with(Options::without_token(socket)).unwrap();
+    if role == "fair-share" {
+        // Another user beside a greedy one: served in full.
+        let a = ocm.alloc(16 << 20, Kind::RemoteHost).unwrap();
+        a.copy_in(0, b"mine").unwrap();
+        let mut back = [0u8; 4];
+        a.copy_out(0, &mut back).unwrap();
+        assert_eq!(&back, b"mine");
+        a.free().unwrap();
+        println!("fair-share ok");
+        return;
+    }
+    assert_eq!(role, "other-user");
     let err = ocm.attach("private").unwrap_err();
     assert!(
         matches!(&err, liboncilla::Error::PermissionDenied(m) if m.contains("private to the user")),
@@ -464,8 +475,6 @@ fn role() {
 /// attach it only when it was made shared, and never free it.
 #[test]
 fn another_users_process_reaches_only_shared_allocations() {
-    use std::os::unix::fs::PermissionsExt as _;
-    use std::os::unix::process::CommandExt as _;
     if !nix::unistd::geteuid().is_root() {
         println!("skipped: needs root to run a process as another user");
         return;
@@ -484,19 +493,37 @@ fn another_users_process_reaches_only_shared_allocations() {
         )
         .unwrap();
     open.copy_in(0, b"shared").unwrap();
-    // Let the other user reach agent 0's sockets (the operator's choice
-    // of who may use a node; the test's cluster is private to root).
-    let dir = c.socket(0).parent().unwrap().to_path_buf();
+    open_sockets_to_others(&c, 0);
+    run_role_as_other_user(&c, "other-user");
+    let mut back = [0u8; 6];
+    private.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"secret");
+    private.free().unwrap();
+    open.free().unwrap();
+    c.still_serves();
+}
+
+/// Lets user [`OTHER_UID`] reach agent `i`'s sockets (the operator's
+/// choice of who may use a node; the test's cluster is private to root).
+fn open_sockets_to_others(c: &Cluster, i: usize) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = c.socket(i).parent().unwrap().to_path_buf();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     for path in [
-        c.socket(0),
-        std::path::PathBuf::from(format!("{}.map", c.socket(0).display())),
+        c.socket(i),
+        std::path::PathBuf::from(format!("{}.map", c.socket(i).display())),
     ] {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
     }
+}
+
+/// Runs this test binary's [`role`] as user [`OTHER_UID`] on agent 0;
+/// asserts it printed "ROLE ok".
+fn run_role_as_other_user(c: &Cluster, role: &str) {
+    use std::os::unix::process::CommandExt as _;
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "role", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, "other-user")
+        .env(ROLE_ENV, role)
         .env("ONCILLA_SOCKET", c.socket(0))
         .env_remove("ONCILLA_TOKEN")
         .env_remove("ONCILLA_TOKEN_FILE")
@@ -506,14 +533,137 @@ fn another_users_process_reaches_only_shared_allocations() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("other-user ok"),
+        out.status.success() && stdout.contains(&format!("{role} ok")),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut back = [0u8; 6];
-    private.copy_out(0, &mut back).unwrap();
-    assert_eq!(&back, b"secret");
-    private.free().unwrap();
-    open.free().unwrap();
+}
+
+/// `ocmctl quota show --json` of the cluster.
+fn quotas(c: &Cluster) -> serde_json::Value {
+    let out = c.ocmctl(&["quota", "show", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// One application allocated all of the cluster as persistent allocations
+/// and exited: everyone, the operator included, got "not enough capacity"
+/// until an operator freed them. Now the operator sets a default quota
+/// (kept in the master's quota file); the greedy user (this process's,
+/// root: only the cluster token is exempt) is refused past it with a
+/// message naming the limit, its persistent allocations count against it
+/// after its process is gone and after a master restart, and another
+/// user's application and the operator still allocate, copy and free.
+#[test]
+fn a_greedy_user_is_held_to_its_quota_and_others_are_served() {
+    let mut c = Cluster::start(2, "64MiB");
+    let set = c.ocmctl(&[
+        "quota",
+        "set",
+        "--default",
+        "--bytes",
+        "48MiB",
+        "--persistent",
+        "3",
+    ]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let me = nix::unistd::getuid().as_raw();
+    {
+        let greedy = c.client(0);
+        let mut kept = Vec::new();
+        let mut refusal = None;
+        for i in 0..10 {
+            let spec = AllocSpec::new(8 << 20, Kind::RemoteHost).named(format!("hoard{i}"));
+            match greedy.alloc_with(&spec) {
+                Ok(a) => kept.push(a),
+                Err(e) => {
+                    refusal = Some(e);
+                    break;
+                }
+            }
+        }
+        assert_eq!(kept.len(), 3, "persistent allocations past the quota");
+        let e = refusal.unwrap();
+        assert!(
+            matches!(&e, liboncilla::Error::QuotaExceeded(m)
+                if m.contains("persistent allocations") && m.contains(&format!("uid {me}"))),
+            "{e}"
+        );
+        // Bytes: 24 MiB persistent, 24 MiB more, then no more.
+        let more = greedy.alloc(24 << 20, Kind::RemoteHost).unwrap();
+        let e = greedy.alloc(4096, Kind::RemoteHost).unwrap_err();
+        assert!(
+            matches!(&e, liboncilla::Error::QuotaExceeded(m) if m.contains("bytes")),
+            "{e}"
+        );
+        drop(more);
+        for a in kept {
+            // Persistent: they stay when this process lets go.
+            a.detach().unwrap();
+        }
+    }
+    let q = quotas(&c);
+    let mine = |q: &serde_json::Value| {
+        q["users"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["uid"] == me)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(mine(&q)["usage"]["persistent"], 3, "{q}");
+    assert_eq!(mine(&q)["usage"]["bytes"], 24 << 20, "{q}");
+    assert_eq!(q["default"]["bytes"], 48 << 20, "{q}");
+
+    // The operator is not held to any quota.
+    let out = c.ocmctl(&["alloc", "16MiB"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(c.ocmctl(&["free", &id]).status.success());
+    if nix::unistd::geteuid().is_root() {
+        open_sockets_to_others(&c, 0);
+        run_role_as_other_user(&c, "fair-share");
+    } else {
+        println!("skipped the other user's part: needs root to run a process as another user");
+    }
+
+    // A master restart keeps the quota (its file) and learns the usage
+    // again from the agents.
+    c.kill_master();
+    c.start_master();
+    c.wait_nodes_up(2);
+    let q = quotas(&c);
+    assert_eq!(q["default"]["persistent"], 3, "{q}");
+    assert_eq!(mine(&q)["usage"]["persistent"], 3, "{q}");
+    let e = c
+        .client(0)
+        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).named("one-more"))
+        .unwrap_err();
+    assert!(matches!(e, liboncilla::Error::QuotaExceeded(_)), "{e}");
+
+    // Freed by the operator, the room is the user's again.
+    for i in 0..3 {
+        let name = format!("hoard{i}");
+        let out = c.ocmctl(&["free", &name]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(mine(&quotas(&c)).is_null(), "nothing held, nothing listed");
     c.still_serves();
 }

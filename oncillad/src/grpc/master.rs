@@ -6,7 +6,7 @@ use std::sync::Arc;
 use oncilla_model::alloc::{AllocSpec, Owner};
 use oncilla_model::cluster::{AllocateRequest, Registration};
 use oncilla_proto::client;
-use oncilla_proto::convert::{alloc_ref, WireError};
+use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
 use oncilla_proto::credential::Authenticate;
 use oncilla_proto::pb::master_server::MasterServer;
 use oncilla_proto::pb::{self, master_server};
@@ -171,5 +171,23 @@ impl master_server::Master for MasterService {
         Caller::of(&req)?.operator("looking up an allocation")?;
         let target = alloc_ref(req.into_inner().alloc).map_err(invalid)?;
         reply(self.core.allocation(&target))
+    }
+
+    async fn list_quotas(
+        &self,
+        req: Request<pb::ListQuotasRequest>,
+    ) -> Result<Response<pb::QuotaList>, Status> {
+        Caller::of(&req)?.operator("listing quotas")?;
+        Ok(Response::new(self.core.quota_report().into()))
+    }
+
+    #[tracing::instrument(skip_all, fields(uid = req.get_ref().uid, default = req.get_ref().is_default))]
+    async fn set_quota(
+        &self,
+        req: Request<pb::SetQuotaRequest>,
+    ) -> Result<Response<pb::QuotaList>, Status> {
+        Caller::of(&req)?.operator("setting quotas")?;
+        let (who, limits) = quota_setting(req.into_inner()).map_err(invalid)?;
+        reply(self.core.set_quota(who, limits))
     }
 }

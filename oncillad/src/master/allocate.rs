@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 use oncilla_model::alloc::{Allocation, Extent, Invalid, KEY_LEN, MAX_EXTENTS, MAX_ID};
 use oncilla_model::cluster::{AllocateRequest, Piece, Range, Reservation, Reserved};
 use oncilla_model::fabric::{self, Memory, Rdma};
+use oncilla_model::quota::{self, Charge};
 use oncilla_model::{Fabric, Kind};
 
 use super::liveness::unix_ms;
@@ -49,7 +50,7 @@ impl<L: AgentLink> Master<L> {
         alloc.placement = spec.placement.clone();
         alloc.origin_node = origin_node.clone();
 
-        let (id, targets, fabrics) = {
+        let (id, targets, fabrics, charge) = {
             let mut st = self.lock();
             if let Some(&taken) = st.names.get(&spec.name) {
                 return Err(CoreError::NameTaken(spec.name, taken));
@@ -74,14 +75,24 @@ impl<L: AgentLink> Master<L> {
                     detail: format!("allocation ids are used up (the last is {MAX_ID})"),
                 });
             }
+            // The user's quota, with what is being reserved counted too,
+            // so concurrent requests cannot pass it together.
+            let charge = user.map(|uid| (uid, plan_charge(&plan, spec.size, persistent)));
+            if let Some((uid, c)) = &charge {
+                let usage = st.usage.get(uid).cloned().unwrap_or_default();
+                quota::check(*uid, st.quotas.of(*uid), &usage, c)?;
+            }
             let targets = hold(&mut st, plan)?;
+            if let Some((uid, c)) = &charge {
+                st.charge(*uid, c, true);
+            }
             let id = self.take_id(&mut st);
             alloc.id = id;
             if !spec.name.is_empty() {
                 // Held from now on, so a concurrent request cannot take it.
                 st.names.insert(spec.name.clone(), id);
             }
-            (id, targets, fabrics)
+            (id, targets, fabrics, charge)
         };
 
         let reserves = targets.iter().zip(&fabrics).map(|((p, addr, _), fabric)| {
@@ -115,7 +126,8 @@ impl<L: AgentLink> Master<L> {
         {
             let failed = targets[i].0.node.clone();
             tracing::warn!(alloc_id = id, node = %failed, error = %err, "reserve failed; rolling back");
-            self.rollback(id, &spec.name, &targets).await;
+            self.rollback(id, &spec.name, &targets, charge.as_ref())
+                .await;
             return Err(CoreError::Agent {
                 node: failed,
                 source: err,
@@ -156,7 +168,8 @@ impl<L: AgentLink> Master<L> {
                 extents,
                 "reserved in too many pieces; rolling back"
             );
-            self.rollback(id, &spec.name, &targets).await;
+            self.rollback(id, &spec.name, &targets, charge.as_ref())
+                .await;
             return Err(Invalid::Extents(extents).into());
         }
         alloc.access_key = key.to_vec();
@@ -174,13 +187,14 @@ impl<L: AgentLink> Master<L> {
         if let Some(who) = creator {
             st.attach_session(who, id);
         }
-        st.allocs.insert(
-            id,
+        // Counted against its user when it was planned.
+        st.insert(
             Record {
                 alloc,
                 lost: BTreeMap::new(),
                 adopted: false,
             },
+            true,
         );
         self.view(&st, id)
     }
@@ -207,7 +221,13 @@ impl<L: AgentLink> Master<L> {
 
     /// Undoes a failed allocation. Every target is released, the failed
     /// ones too: a reservation that timed out may still have happened.
-    async fn rollback(&self, id: u64, name: &str, targets: &[Target]) {
+    async fn rollback(
+        &self,
+        id: u64,
+        name: &str,
+        targets: &[Target],
+        charge: Option<&(u32, Charge)>,
+    ) {
         let releases = targets
             .iter()
             .map(|(_, addr, _)| self.link.release(addr, id));
@@ -220,6 +240,9 @@ impl<L: AgentLink> Master<L> {
         st.reserving.remove(&id);
         st.unreserve_gpus(targets);
         st.names.remove(name);
+        if let Some((uid, c)) = charge {
+            st.charge(*uid, c, false);
+        }
         for (p, _, _) in targets {
             if let (Some(n), None) = (st.nodes.get_mut(&p.node), p.gpu) {
                 n.reserved = n.reserved.saturating_sub(n.footprint(p.bytes()));
@@ -270,6 +293,21 @@ fn creator_fabric(
     };
     fabric::choose(&p.node, memory, origin, preference, &rdma)
         .map_err(|e| CoreError::InvalidArgument(e.to_string()))
+}
+
+/// What a planned allocation counts against its user: the bytes planned
+/// on each node (the agents' pieces tile them exactly, so the record's
+/// extents give back the same when it is freed).
+fn plan_charge(plan: &[Planned], size: u64, persistent: bool) -> Charge {
+    let mut nodes: BTreeMap<String, u64> = BTreeMap::new();
+    for p in plan {
+        *nodes.entry(p.node.clone()).or_default() += p.bytes();
+    }
+    Charge {
+        bytes: size,
+        nodes,
+        persistent,
+    }
 }
 
 /// Takes the planned shares out of their nodes' free room (host bytes, or

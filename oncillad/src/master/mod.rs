@@ -12,6 +12,7 @@
 //! - `allocate`: plan, reserve on every agent, commit or roll back;
 //! - `sessions`: free, attach, detach, a session's end;
 //! - `view`: what operators and clients are shown (health, usage);
+//! - `quotas`: showing and setting users' quotas (enforced by `allocate`);
 //! - `recovery`: registration, heartbeats, rebuilding after a restart;
 //! - `liveness`: when a silent node is suspect or down;
 //! - `placement`: which nodes hold which bytes (pure).
@@ -19,6 +20,7 @@
 mod allocate;
 pub mod liveness;
 pub mod placement;
+mod quotas;
 mod recovery;
 mod sessions;
 mod state;
@@ -35,6 +37,7 @@ use oncilla_model::node::PoolUsage;
 
 use crate::error::{CoreError, LinkError};
 pub use liveness::Liveness;
+pub use quotas::QuotaStore;
 use state::State;
 
 /// How the master reaches agents.
@@ -70,6 +73,8 @@ pub struct Master<L> {
     /// How long after `started` the table stays frozen.
     recovery: Duration,
     state: Mutex<State>,
+    /// Where quotas are kept; held while one is changed.
+    quota_store: Option<Mutex<Box<dyn QuotaStore>>>,
 }
 
 impl<L: AgentLink> Master<L> {
@@ -84,6 +89,7 @@ impl<L: AgentLink> Master<L> {
             started: Instant::now(),
             recovery: liveness.recovery(),
             state: Mutex::new(State::new()),
+            quota_store: None,
         }
     }
 

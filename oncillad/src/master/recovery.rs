@@ -298,13 +298,13 @@ fn adopt_record(st: &mut State, mut alloc: Allocation) {
         }
     }
     tracing::info!(alloc_id = id, name = %alloc.name, "allocation adopted from a node's report");
-    st.allocs.insert(
-        id,
+    st.insert(
         Record {
             alloc,
             lost: BTreeMap::new(),
             adopted: true,
         },
+        false,
     );
 }
 

@@ -1,12 +1,13 @@
 //! The master's table and its bookkeeping: nodes, allocation records,
-//! names, sessions and reservations in flight, with the pure functions that
-//! keep them consistent. Nothing here awaits, logs decisions or reaches an
+//! names, sessions, reservations in flight, and what each user holds
+//! against their quota, with the pure functions that keep them consistent. Nothing here awaits, logs decisions or reaches an
 //! agent; callers hold the master's lock around every use.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use oncilla_model::alloc::{AllocRef, Allocation, Owner};
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
+use oncilla_model::quota::{Charge, Quotas, Usage};
 
 use super::liveness::Seen;
 use super::placement::Planned;
@@ -79,6 +80,9 @@ pub(super) struct State {
     /// Every node's data address, and its version (bumped when it
     /// changes): what agents may pull from.
     pub peers: (u64, Vec<String>),
+    pub quotas: Quotas,
+    /// What each user's allocations (recorded, and being reserved) hold.
+    pub usage: BTreeMap<u32, Usage>,
 }
 
 impl State {
@@ -101,6 +105,29 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Counts `charge` against user `uid` (`add`), or gives it back.
+    pub fn charge(&mut self, uid: u32, charge: &Charge, add: bool) {
+        let usage = self.usage.entry(uid).or_default();
+        if add {
+            usage.add(charge);
+        } else {
+            usage.sub(charge);
+            if usage.is_empty() {
+                self.usage.remove(&uid);
+            }
+        }
+    }
+
+    /// Puts a record in the table, counting it against its user.
+    pub fn insert(&mut self, rec: Record, counted: bool) {
+        if !counted {
+            if let Some((uid, c)) = charge_of(&rec.alloc) {
+                self.charge(uid, &c, true);
+            }
+        }
+        self.allocs.insert(rec.alloc.id, rec);
     }
 
     /// Adds `who` to the processes attached to `id`.
@@ -130,6 +157,9 @@ impl State {
         let Some(rec) = self.allocs.remove(&id) else {
             return Vec::new();
         };
+        if let Some((uid, c)) = charge_of(&rec.alloc) {
+            self.charge(uid, &c, false);
+        }
         if self.names.get(&rec.alloc.name) == Some(&id) {
             self.names.remove(&rec.alloc.name);
         }
@@ -171,4 +201,22 @@ impl State {
                 .ok_or_else(|| CoreError::NoSuchName(name.clone())),
         }
     }
+}
+
+/// What `alloc` counts against its user's quota, and the user; `None` for
+/// an operator's allocation (no user).
+pub fn charge_of(alloc: &Allocation) -> Option<(u32, Charge)> {
+    let uid = alloc.user?;
+    let mut nodes: BTreeMap<String, u64> = BTreeMap::new();
+    for e in &alloc.extents {
+        *nodes.entry(e.node.clone()).or_default() += e.len;
+    }
+    Some((
+        uid,
+        Charge {
+            bytes: alloc.size,
+            nodes,
+            persistent: alloc.owner.is_none(),
+        },
+    ))
 }

@@ -8,6 +8,8 @@ pub use alloc::alloc_ref;
 pub use node::{node_state, node_state_wire};
 mod cluster;
 mod node;
+mod quota;
+pub use quota::{quota_request, quota_setting};
 pub mod rdma;
 
 use oncilla_model::{Fabric, Kind, Policy};

@@ -1,0 +1,234 @@
+//! `ocmctl quota`: users' quotas and what each user holds (`show`), and
+//! changing them (`set`, `clear`), through the master, which keeps them in
+//! its quota file. It never decides what a quota allows (the master does).
+
+use oncilla_bench::table::Table;
+use oncilla_cluster::Conn;
+use oncilla_model::quota::{Limits, Report, Subject};
+use oncilla_model::size::{parse_size, HumanBytes};
+use serde_json::{json, Value};
+
+use crate::CliError;
+
+/// `ocmctl quota` subcommands.
+#[derive(Debug, clap::Subcommand)]
+#[deny(missing_docs)]
+pub enum QuotaCmd {
+    /// The default quota, and every user with a quota of their own or
+    /// allocations: what they hold against their limits.
+    Show {
+        #[command(flatten)]
+        conn: Conn,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change the default quota or one user's; limits not given stay as
+    /// they are (a user without limits of their own starts from the
+    /// default's). `none` removes a limit.
+    Set {
+        #[command(flatten)]
+        who: Who,
+        /// Bytes of all the user's allocations together, e.g. 4GiB.
+        #[arg(long, value_name = "SIZE|none")]
+        bytes: Option<String>,
+        /// Bytes of the user's allocations on any one node.
+        #[arg(long, value_name = "SIZE|none")]
+        node_bytes: Option<String>,
+        /// Allocations (persistent ones included).
+        #[arg(long, value_name = "N|none")]
+        allocations: Option<String>,
+        /// Persistent (and named) allocations, which outlive their process.
+        #[arg(long, value_name = "N|none")]
+        persistent: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Drop one user's own limits: the default applies to them again.
+    Clear {
+        /// The user's uid.
+        #[arg(long, value_name = "UID")]
+        user: u32,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// Whose quota `set` changes.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct Who {
+    /// Everyone without a quota of their own.
+    #[arg(long)]
+    default: bool,
+    /// One user, by uid.
+    #[arg(long, value_name = "UID")]
+    user: Option<u32>,
+}
+
+/// Runs `ocmctl quota ...`.
+///
+/// # Errors
+/// Bad values; the master cannot be reached or refuses.
+pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
+    match cmd {
+        QuotaCmd::Show { conn, json } => {
+            let report = crate::connect(conn)?.quotas()?;
+            if *json {
+                oncilla_bench::report::print_json(&report_json(&report));
+            } else {
+                print!("{}", table(&report));
+                if !report.persistent {
+                    eprintln!(
+                        "note: this master keeps no quota file (oncillad --quota-file), so quotas cannot be set"
+                    );
+                }
+            }
+        }
+        QuotaCmd::Set {
+            who,
+            bytes,
+            node_bytes,
+            allocations,
+            persistent,
+            conn,
+        } => {
+            let master = crate::connect(conn)?;
+            let subject = match who.user {
+                Some(uid) => Subject::User(uid),
+                None => Subject::Default,
+            };
+            let now = master.quotas()?;
+            let mut limits = match subject {
+                Subject::Default => now.default,
+                Subject::User(uid) => now
+                    .users
+                    .iter()
+                    .find(|u| u.uid == uid)
+                    .and_then(|u| u.limits)
+                    .unwrap_or(now.default),
+            };
+            let size = |v: &str| parse_size(v).map_err(|e| e.to_string());
+            let count = |v: &str| v.parse::<u64>().map_err(|e| e.to_string());
+            for (flag, value, field, parse) in [
+                (
+                    "--bytes",
+                    bytes,
+                    &mut limits.bytes,
+                    &size as &dyn Fn(&str) -> _,
+                ),
+                ("--node-bytes", node_bytes, &mut limits.node_bytes, &size),
+                (
+                    "--allocations",
+                    allocations,
+                    &mut limits.allocations,
+                    &count,
+                ),
+                ("--persistent", persistent, &mut limits.persistent, &count),
+            ] {
+                if let Some(v) = value {
+                    *field = limit(flag, v, parse)?;
+                }
+            }
+            let report = master.set_quota(subject, Some(limits))?;
+            print!("{}", table(&report));
+        }
+        QuotaCmd::Clear { user, conn } => {
+            let report = crate::connect(conn)?.set_quota(Subject::User(*user), None)?;
+            print!("{}", table(&report));
+        }
+    }
+    Ok(())
+}
+
+/// One limit from the command line: `none`, or what `parse` makes of it.
+fn limit(
+    flag: &str,
+    value: &str,
+    parse: &dyn Fn(&str) -> Result<u64, String>,
+) -> Result<Option<u64>, CliError> {
+    if value == "none" {
+        return Ok(None);
+    }
+    parse(value)
+        .map(Some)
+        .map_err(|e| CliError::Other(format!("{flag} {value:?}: {e} (or `none` for no limit)")))
+}
+
+/// `used / limit` for a table cell.
+fn cell(used: Option<String>, limit: Option<String>) -> String {
+    format!(
+        "{} / {}",
+        used.unwrap_or_else(|| "-".into()),
+        limit.unwrap_or_else(|| "unlimited".into())
+    )
+}
+
+fn bytes(v: Option<u64>) -> Option<String> {
+    v.map(|b| HumanBytes(b).to_string())
+}
+
+fn count(v: Option<u64>) -> Option<String> {
+    v.map(|n| n.to_string())
+}
+
+/// The quotas as a table: the default first, then each user.
+pub fn table(r: &Report) -> String {
+    let mut t = Table::new(&[
+        "WHO",
+        "LIMITS",
+        "BYTES",
+        "ON ONE NODE",
+        "ALLOCATIONS",
+        "PERSISTENT",
+    ]);
+    let d = &r.default;
+    t.row(vec![
+        "default".into(),
+        "-".into(),
+        cell(None, bytes(d.bytes)),
+        cell(None, bytes(d.node_bytes)),
+        cell(None, count(d.allocations)),
+        cell(None, count(d.persistent)),
+    ]);
+    for u in &r.users {
+        let l = u.limits.unwrap_or(r.default);
+        t.row(vec![
+            format!("uid {}", u.uid),
+            if u.limits.is_some() { "own" } else { "default" }.into(),
+            cell(bytes(Some(u.usage.bytes)), bytes(l.bytes)),
+            cell(bytes(Some(u.usage.node_bytes)), bytes(l.node_bytes)),
+            cell(count(Some(u.usage.allocations)), count(l.allocations)),
+            cell(count(Some(u.usage.persistent)), count(l.persistent)),
+        ]);
+    }
+    t.render()
+}
+
+fn limits_json(l: &Limits) -> Value {
+    json!({
+        "bytes": l.bytes,
+        "node_bytes": l.node_bytes,
+        "allocations": l.allocations,
+        "persistent": l.persistent,
+    })
+}
+
+/// The quotas as JSON (`null` is no limit).
+pub fn report_json(r: &Report) -> Value {
+    json!({
+        "persistent": r.persistent,
+        "default": limits_json(&r.default),
+        "users": r.users.iter().map(|u| json!({
+            "uid": u.uid,
+            "own_limits": u.limits.is_some(),
+            "limits": limits_json(&u.limits.unwrap_or(r.default)),
+            "usage": {
+                "bytes": u.usage.bytes,
+                "node_bytes": u.usage.node_bytes,
+                "allocations": u.usage.allocations,
+                "persistent": u.usage.persistent,
+            },
+        })).collect::<Vec<_>>(),
+    })
+}

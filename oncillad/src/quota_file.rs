@@ -1,0 +1,181 @@
+//! The master's quota file (`--quota-file`): TOML, read at start, written
+//! whole by every change (`ocmctl quota set`), through a new file renamed
+//! onto it so a crash mid-write leaves the old table. A missing file is no
+//! quotas (it is made on the first change).
+//!
+//! ```toml
+//! [default]
+//! bytes = 1073741824
+//! [users.1000]
+//! allocations = 100
+//! persistent = 10
+//! ```
+//!
+//! It owns the format only; what quotas mean is `oncilla_model::quota`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use oncilla_model::quota::{Limits, Quotas};
+use serde::{Deserialize, Serialize};
+
+use crate::master::QuotaStore;
+
+/// Why the quota file is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaFileError {
+    #[error("cannot read quota file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("quota file {path}: {reason}")]
+    Parse { path: String, reason: String },
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLimits {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocations: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    persistent: Option<u64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileQuotas {
+    #[serde(default)]
+    default: FileLimits,
+    /// By uid (TOML keys are strings).
+    #[serde(default)]
+    users: BTreeMap<String, FileLimits>,
+}
+
+impl From<FileLimits> for Limits {
+    fn from(l: FileLimits) -> Self {
+        Self {
+            bytes: l.bytes,
+            node_bytes: l.node_bytes,
+            allocations: l.allocations,
+            persistent: l.persistent,
+        }
+    }
+}
+
+impl From<&Limits> for FileLimits {
+    fn from(l: &Limits) -> Self {
+        Self {
+            bytes: l.bytes,
+            node_bytes: l.node_bytes,
+            allocations: l.allocations,
+            persistent: l.persistent,
+        }
+    }
+}
+
+/// The quotas in `path`; none where the file does not exist yet.
+///
+/// # Errors
+/// The file cannot be read, is not TOML of this shape, or names a user
+/// that is not a uid.
+pub fn load(path: &Path) -> Result<Quotas, QuotaFileError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Quotas::default()),
+        Err(source) => {
+            return Err(QuotaFileError::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        }
+    };
+    let parse = |reason: String| QuotaFileError::Parse {
+        path: path.display().to_string(),
+        reason,
+    };
+    let file: FileQuotas = toml::from_str(&text).map_err(|e| parse(e.to_string()))?;
+    let mut users = BTreeMap::new();
+    for (uid, limits) in file.users {
+        let uid: u32 = uid
+            .parse()
+            .map_err(|_| parse(format!("users.{uid}: a user is a numeric uid")))?;
+        users.insert(uid, limits.into());
+    }
+    Ok(Quotas {
+        default: file.default.into(),
+        users,
+    })
+}
+
+/// Quotas kept in a file.
+pub struct QuotaFile {
+    pub path: PathBuf,
+}
+
+impl QuotaStore for QuotaFile {
+    fn save(&self, quotas: &Quotas) -> Result<(), String> {
+        let file = FileQuotas {
+            default: (&quotas.default).into(),
+            users: quotas
+                .users
+                .iter()
+                .map(|(uid, l)| (uid.to_string(), l.into()))
+                .collect(),
+        };
+        let text = toml::to_string(&file).map_err(|e| e.to_string())?;
+        let text = format!(
+            "# Oncilla quotas: `ocmctl quota set` writes this file; the master reads it at start.\n{text}"
+        );
+        let fail = |e: std::io::Error| format!("cannot write {}: {e}", self.path.display());
+        let tmp = self.path.with_extension("toml.new");
+        let written = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(fail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_survive_a_write_and_a_read() {
+        let dir = std::env::temp_dir().join(format!("oncilla-quota-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("quotas.toml");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(load(&path).unwrap(), Quotas::default(), "missing is none");
+        let mut q = Quotas::default();
+        q.default.bytes = Some(1 << 30);
+        q.users.insert(
+            1000,
+            Limits {
+                allocations: Some(3),
+                persistent: Some(0),
+                ..Limits::NONE
+            },
+        );
+        QuotaFile { path: path.clone() }.save(&q).unwrap();
+        assert_eq!(load(&path).unwrap(), q);
+        std::fs::write(&path, "[users.bob]\nbytes = 1\n").unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("numeric uid"), "{e}");
+        std::fs::write(&path, "[default]\nbyte = 1\n").unwrap();
+        assert!(load(&path).is_err(), "unknown keys are refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
