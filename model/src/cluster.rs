@@ -27,6 +27,10 @@ pub struct Registration {
     pub sessions: Vec<SessionReport>,
     /// Its next session number (sessions below it were opened).
     pub next_session_seq: u64,
+    /// The largest allocation id it holds (0: none), in every part of a
+    /// registration cut into several: the master never hands out an id a
+    /// part still on its way reports.
+    pub max_held_id: u64,
 }
 
 /// The master's answer to a registration.

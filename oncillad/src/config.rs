@@ -183,6 +183,8 @@ pub enum ConfigError {
     KeysName { keys: String, name: String },
     #[error("--metrics-listen needs --metrics-token-file (the token scrapers present)")]
     MetricsToken,
+    #[error("--metrics-token-file {0:?} holds the cluster token: give scrapers a secret of their own (it opens only the metrics)")]
+    MetricsTokenIsClusterToken(PathBuf),
     #[error("--quota-file is the master's; this daemon runs no master")]
     QuotasOnAgent,
     #[error(transparent)]
@@ -283,10 +285,10 @@ impl Config {
         let token = match (&keys_file, &token_value, &token_file) {
             (Some(_), None, None) if master => return Err(ConfigError::MasterWithKeys),
             (Some(_), None, None) => None,
-            _ => Some(Token::resolve(
-                token_value.as_deref(),
-                token_file.as_deref(),
-            )?),
+            _ => Some(
+                Token::resolve(token_value.as_deref(), token_file.as_deref())?
+                    .strong("cluster token")?,
+            ),
         };
         let loaded = keys_file.as_deref().map(NodeKeys::load).transpose()?;
         let name = match (cli.name.or(file.name), &loaded) {
@@ -364,7 +366,22 @@ impl Config {
         ) {
             (None, _) => None,
             (Some(_), None) => return Err(ConfigError::MetricsToken),
-            (Some(addr), Some(path)) => Some((addr, Token::resolve(None, Some(&path))?)),
+            (Some(addr), Some(path)) => {
+                let t = Token::resolve(None, Some(&path))?.strong("metrics token")?;
+                // A scraper's secret must open the metrics and nothing else.
+                let cluster = match (&token, &node_keys) {
+                    (Some(token), _) => token.matches(t.as_bytes()),
+                    (None, Some(keys)) => matches!(
+                        keys.authenticate(t.as_bytes()),
+                        Some(oncilla_proto::credential::Principal::Member)
+                    ),
+                    (None, None) => false,
+                };
+                if cluster {
+                    return Err(ConfigError::MetricsTokenIsClusterToken(path));
+                }
+                Some((addr, t))
+            }
         };
         let quotas = match cli.quota_file.or(file.quota_file) {
             Some(_) if !master => return Err(ConfigError::QuotasOnAgent),
@@ -516,7 +533,7 @@ mod tests {
         let file = dir.join("c.toml");
         std::fs::write(
             &file,
-            "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"t\"\nname = \"fromfile\"\nhugepages = \"off\"\n",
+            "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"0123456789abcdef0123456789abcdef\"\nname = \"fromfile\"\nhugepages = \"off\"\n",
         )
         .unwrap();
         let c = Config::load(cli(&["--config", file.to_str().unwrap(), "--name", "flag"])).unwrap();
@@ -534,18 +551,23 @@ mod tests {
     #[test]
     fn validates_roles_and_sizes() {
         assert!(matches!(
-            Config::load(cli(&["--token", "t"])),
+            Config::load(cli(&["--token", "0123456789abcdef0123456789abcdef"])),
             Err(ConfigError::NoRole)
         ));
         assert!(matches!(
-            Config::load(cli(&["--join", "m:1", "--token", "t"])),
+            Config::load(cli(&[
+                "--join",
+                "m:1",
+                "--token",
+                "0123456789abcdef0123456789abcdef"
+            ])),
             Err(ConfigError::NoCapacity)
         ));
         let err = Config::load(cli(&[
             "--join",
             "m:1",
             "--token",
-            "t",
+            "0123456789abcdef0123456789abcdef",
             "--capacity",
             "12XB",
         ]))
@@ -559,7 +581,7 @@ mod tests {
 
     #[test]
     fn tls_takes_all_three_files_and_a_private_key() {
-        let base = ["--master", "--token", "t"];
+        let base = ["--master", "--token", "0123456789abcdef0123456789abcdef"];
         let with = |extra: &[&str]| Config::load(cli(&[&base[..], extra].concat()));
         assert!(matches!(
             with(&["--tls-cert", "c.pem"]),
@@ -600,10 +622,67 @@ mod tests {
     }
 
     #[test]
+    fn the_metrics_token_is_a_secret_of_its_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let cluster = "0123456789abcdef0123456789abcdef";
+        let dir = std::env::temp_dir().join(format!("oncilla-cfg-mt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let private = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            p.display().to_string()
+        };
+        let same = private("same", cluster);
+        let own = private("own", "fedcba9876543210fedcba9876543210");
+        let keys = NodeKeys::derive(&Token::new(cluster).unwrap(), "n1").to_text();
+        let keys = private("keys", &keys);
+        fn metrics(file: &str) -> [&str; 4] {
+            [
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--metrics-token-file",
+                file,
+            ]
+        }
+        for role in [
+            vec!["--master", "--token", cluster],
+            vec![
+                "--join",
+                "m:1",
+                "--capacity",
+                "1MiB",
+                "--node-keys-file",
+                &keys,
+            ],
+        ] {
+            let e = Config::load(cli(&[&role[..], &metrics(&same)].concat())).unwrap_err();
+            assert!(
+                matches!(e, ConfigError::MetricsTokenIsClusterToken(_)),
+                "{e}"
+            );
+            assert!(Config::load(cli(&[&role[..], &metrics(&own)].concat())).is_ok());
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn advertises_reachable_address() {
-        let c = Config::load(cli(&["--master", "--token", "t", "--advertise", "node7"])).unwrap();
+        let c = Config::load(cli(&[
+            "--master",
+            "--token",
+            "0123456789abcdef0123456789abcdef",
+            "--advertise",
+            "node7",
+        ]))
+        .unwrap();
         assert_eq!(c.advertised("0.0.0.0:9".parse().unwrap()), "node7:9");
-        let c = Config::load(cli(&["--master", "--token", "t"])).unwrap();
+        let c = Config::load(cli(&[
+            "--master",
+            "--token",
+            "0123456789abcdef0123456789abcdef",
+        ]))
+        .unwrap();
         assert_eq!(c.advertised("127.0.0.2:9".parse().unwrap()), "127.0.0.2:9");
     }
 }

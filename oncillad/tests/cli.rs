@@ -22,7 +22,7 @@ fn agent_args(capacity: &str, sock: &std::path::Path) -> Vec<String> {
         "--join",
         "127.0.0.1:1",
         "--token",
-        "t",
+        "0123456789abcdef0123456789abcdef",
         "--capacity",
         capacity,
         "--listen",
@@ -61,7 +61,7 @@ fn help_documents_every_flag() {
 
 #[test]
 fn refuses_bad_configuration() {
-    let out = oncillad(&["--token", "t"]);
+    let out = oncillad(&["--token", "0123456789abcdef0123456789abcdef"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to run"));
 
@@ -73,7 +73,7 @@ fn refuses_bad_configuration() {
         "--join",
         "127.0.0.1:1",
         "--token",
-        "t",
+        "0123456789abcdef0123456789abcdef",
         "--capacity",
         "64PiB",
     ]);
@@ -115,7 +115,7 @@ fn refuses_capacity_it_cannot_lock() {
             "--join",
             "127.0.0.1:1",
             "--token",
-            "t",
+            "0123456789abcdef0123456789abcdef",
             "--capacity",
             "64MiB",
         ])
@@ -203,7 +203,13 @@ fn check_config_prints_the_merged_settings_without_secrets() {
     );
 
     let bad = Command::new(env!("CARGO_BIN_EXE_oncillad"))
-        .args(["--check-config", "--join", "m:7070", "--token", "t"])
+        .args([
+            "--check-config",
+            "--join",
+            "m:7070",
+            "--token",
+            "0123456789abcdef0123456789abcdef",
+        ])
         .env_remove("ONCILLA_TOKEN")
         .env_remove("ONCILLA_TOKEN_FILE")
         .env_remove("ONCILLA_CAPACITY")

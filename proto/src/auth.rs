@@ -11,6 +11,9 @@ use std::sync::Arc;
 pub const AUTH_METADATA: &str = "authorization";
 /// Longest token accepted, in bytes.
 pub const MAX_TOKEN_LEN: usize = 1024;
+/// Shortest token a daemon guards a cluster (or its metrics) with: a
+/// 1-byte token is guessed at once.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 /// Why no usable token was found.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +30,8 @@ pub enum TokenError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the {what} is {len} bytes; a daemon takes at least {MIN_TOKEN_LEN} (make one with `openssl rand -hex 16`)")]
+    Short { what: &'static str, len: usize },
     #[error("token file {path} has mode {mode:04o}: group or others may read or write it; run `chmod 600 {path}`")]
     Mode { path: String, mode: u32 },
     #[error("token file {path} is owned by uid {owner}, not by this user (uid {me}) or root; run `chown {me} {path}` or use your own token file")]
@@ -102,6 +107,18 @@ impl Token {
         let value = std::env::var("ONCILLA_TOKEN").ok();
         let file = std::env::var_os("ONCILLA_TOKEN_FILE");
         Self::resolve(value.as_deref(), file.as_deref().map(Path::new))
+    }
+
+    /// The token, when it is long enough to guard a daemon (the `what`
+    /// the error names: "cluster token", "metrics token").
+    ///
+    /// # Errors
+    /// [`TokenError::Short`] under [`MIN_TOKEN_LEN`] bytes.
+    pub fn strong(self, what: &'static str) -> Result<Self, TokenError> {
+        match self.0.len() {
+            len if len < MIN_TOKEN_LEN => Err(TokenError::Short { what, len }),
+            _ => Ok(self),
+        }
     }
 
     /// A fresh random token (128 bits, hex) for a new cluster.
@@ -199,6 +216,12 @@ mod tests {
         assert!(Token::new("has space").is_err());
         assert!(Token::new(&"x".repeat(1025)).is_err());
         assert!(Token::new("s3cr3t-token").is_ok());
+        let short = Token::new("s3cr3t-token").unwrap().strong("cluster token");
+        assert!(
+            matches!(&short, Err(e) if e.to_string().contains("cluster token is 12 bytes")),
+            "{short:?}"
+        );
+        assert!(Token::random().strong("cluster token").is_ok());
         assert!(matches!(
             Token::resolve(None, None),
             Err(TokenError::Missing)

@@ -401,6 +401,60 @@ fn a_token_file_others_can_read_is_refused() {
     c.still_serves();
 }
 
+/// A 1-byte cluster token was accepted, and so was the cluster token
+/// file as the metrics token (a scraper's secret then opened everything).
+/// Now a daemon refuses a token under 16 bytes and a metrics token that is
+/// the cluster token, saying which and how to make one.
+#[test]
+fn weak_and_shared_tokens_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::start(1, "16MiB");
+    let short = c.dir.join("short-token");
+    std::fs::write(&short, "x").unwrap();
+    std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let err = oncillad_refuses(&[
+        "--master".as_ref(),
+        "--listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--token-file".as_ref(),
+        short.as_os_str(),
+    ]);
+    assert!(
+        err.contains("cluster token is 1 bytes") && err.contains("at least 16"),
+        "{err}"
+    );
+    let token_file = std::path::PathBuf::from(c.token_file());
+    for (file, says) in [
+        (token_file.as_path(), "holds the cluster token"),
+        (short.as_path(), "metrics token is 1 bytes"),
+    ] {
+        let err = oncillad_refuses(&[
+            "--master".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--token-file".as_ref(),
+            token_file.as_os_str(),
+            "--metrics-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--metrics-token-file".as_ref(),
+            file.as_os_str(),
+        ]);
+        assert!(err.contains(says), "{err}");
+        // An agent refuses it too.
+        let socket = c.dir.join("weak.sock");
+        let mut args = agent_args(&c, "weak", &socket, &token_file);
+        args.extend([
+            "--metrics-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--metrics-token-file".as_ref(),
+            file.as_os_str(),
+        ]);
+        let err = oncillad_refuses(&args);
+        assert!(err.contains(says), "{err}");
+    }
+    c.still_serves();
+}
+
 /// Arguments for one more agent `name` of `c` on `socket`, with the
 /// token file `token`.
 fn agent_args<'a>(

@@ -397,7 +397,7 @@ impl Agent {
                 attached: s.attached.iter().copied().collect(),
             })
             .collect();
-        let held = self
+        let held: Vec<Allocation> = self
             .held
             .iter()
             .map(|e| {
@@ -423,7 +423,9 @@ impl Agent {
                 record
             })
             .collect();
+        let max_held_id = held.iter().map(|a| a.id).max().unwrap_or(0);
         let req = Registration {
+            max_held_id,
             node: self.info(),
             incarnation: self.incarnation,
             master_incarnation: self.master_incarnation.load(Ordering::SeqCst),

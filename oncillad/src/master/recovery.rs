@@ -14,7 +14,7 @@ use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
 use super::liveness::{unix_ms, Seen};
-use super::state::{Node, Record, State};
+use super::state::{charge_of, Node, Record, State};
 use super::{AgentLink, Master};
 use crate::error::CoreError;
 use oncilla_model::size::round_up;
@@ -152,6 +152,8 @@ impl<L: AgentLink> Master<L> {
 
         // Reports from an agent that knew another master are adopted.
         let adopt = req.master_incarnation != 0 && req.master_incarnation != self.incarnation;
+        // Also the ids of parts of this registration still on their way.
+        st.next_id = st.next_id.max(req.max_held_id.saturating_add(1));
         let mut release = Vec::new();
         for record in &req.held {
             let id = record.id;
@@ -161,8 +163,16 @@ impl<L: AgentLink> Master<L> {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
                     release.push(id);
                 } else if !rec.alloc.extents.iter().any(|e| e.node == name) {
+                    // Counted against its user again with these extents.
+                    let before = charge_of(&rec.alloc);
                     rec.alloc.extents.extend(record.extents.iter().cloned());
                     rec.alloc.extents.sort_by_key(|e| e.alloc_offset);
+                    let after = charge_of(&rec.alloc);
+                    for (charge, add) in [(before, false), (after, true)] {
+                        if let Some((uid, c)) = charge {
+                            st.charge(uid, &c, add);
+                        }
+                    }
                 } else if rec
                     .alloc
                     .extents

@@ -462,6 +462,7 @@ fn report(
         held,
         sessions,
         next_session_seq,
+        max_held_id: 0,
     }
 }
 
@@ -747,4 +748,18 @@ async fn quotas_bound_each_user_and_come_back_on_free_and_rollback() {
     m.set_quota(Subject::User(7), None).unwrap();
     m.allocate(remote(4096, &["a"], user(7))).await.unwrap();
     assert_eq!(usage(&m, 7), Some((3, 3 * 4096)));
+}
+
+/// An agent registers in parts; ids a part still on its way reports are
+/// never handed out meanwhile (that allocation's extents would have been
+/// released as "another allocation under a reused id").
+#[tokio::test]
+async fn ids_of_parts_not_yet_registered_are_never_reused() {
+    let m = master(FakeLink::default()).await;
+    let mut first_part = join("c", 1 << 20);
+    first_part.master_incarnation = 77;
+    first_part.max_held_id = 500;
+    m.register(first_part).await.unwrap();
+    let a = m.allocate(remote(4096, &["a"], None)).await.unwrap();
+    assert!(a.id > 500, "id {} reuses one a later part reports", a.id);
 }

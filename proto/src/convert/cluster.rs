@@ -32,6 +32,7 @@ impl TryFrom<pb::RegisterRequest> for Registration {
                 })
                 .collect::<Result<_, WireError>>()?,
             next_session_seq: r.next_session_seq,
+            max_held_id: r.max_held_id,
         })
     }
 }
@@ -52,6 +53,7 @@ impl From<Registration> for pb::RegisterRequest {
                 })
                 .collect(),
             next_session_seq: r.next_session_seq,
+            max_held_id: r.max_held_id,
         }
     }
 }
