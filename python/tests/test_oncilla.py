@@ -9,6 +9,8 @@ from __future__ import annotations
 import array
 import asyncio
 import gc
+import os
+import subprocess
 import sys
 import threading
 
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 import oncilla
-from conftest import allocation_ids
+from conftest import allocation_ids, ocmctl
 
 MiB = 1 << 20
 
@@ -373,3 +375,25 @@ def test_threads_copy_at_once_with_the_gil_released(ocm):
         assert state["stopped_early"], (
             f"the main thread ran only after all {state['copies']} copies: the GIL was held"
         )
+
+
+def test_a_quota_refusal_is_quota_exceeded(ocm, cluster):
+    """The operator holds this process's user to no persistent
+    allocation: a named one is refused as QuotaExceeded (a
+    CapacityExhausted), an unnamed one still works."""
+    uid = str(os.getuid())
+
+    def quota(*args):
+        out = subprocess.run([str(ocmctl()), "quota", *args], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+
+    quota("set", "--user", uid, "--persistent", "0")
+    try:
+        with pytest.raises(oncilla.QuotaExceeded, match="persistent allocations"):
+            ocm.alloc(MiB, name="over-quota")
+        assert issubclass(oncilla.QuotaExceeded, oncilla.CapacityExhausted)
+        with ocm.alloc(MiB) as a:
+            a.copy_in(0, b"fine")
+    finally:
+        quota("clear", "--user", uid)
