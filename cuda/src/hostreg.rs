@@ -16,7 +16,7 @@
 //! decides which memory is worth registering (the caller does) and never
 //! copies bytes.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::sys;
 
@@ -56,26 +56,55 @@ impl DriverPinner {
     }
 }
 
+impl DriverPinner {
+    /// Runs `f` with this pinner's device context current, then makes the
+    /// thread's previous context current again: registering (or freeing)
+    /// host memory must not move the application's thread to another
+    /// device.
+    fn in_context(&self, f: impl FnOnce() -> Result<(), CudaError>) -> Result<(), CudaError> {
+        let mut previous: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `previous` is a valid place for one context handle; the
+        // call only reads the thread's current context (null when none).
+        unsafe { sys::cuCtxGetCurrent(&raw mut previous) }
+            .result()
+            .map_err(|e| self.gpu.fail("cuCtxGetCurrent", e))?;
+        self.gpu.bind()?;
+        let outcome = f();
+        // SAFETY: `previous` is the handle the driver just gave for this
+        // thread (or null, which unbinds): making it current again has no
+        // other effect.
+        let restored = unsafe { sys::cuCtxSetCurrent(previous) }
+            .result()
+            .map_err(|e| self.gpu.fail("cuCtxSetCurrent", e));
+        outcome.and(restored)
+    }
+}
+
 impl HostPinner for DriverPinner {
     unsafe fn pin(&self, addr: usize, len: usize) -> Result<(), CudaError> {
-        self.gpu.bind()?;
-        // SAFETY: the caller keeps the range mapped until `unpin` (this
-        // function's contract); the context is current (bind above).
-        // PORTABLE makes the registration count in every context, so a
-        // copy on any device of the process DMAs from it.
-        unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+        self.in_context(|| {
+            // SAFETY: the caller keeps the range mapped until `unpin` (this
+            // function's contract); the context is current (in_context).
+            // PORTABLE makes the registration count in every context, so a
+            // copy on any device of the process DMAs from it.
+            unsafe {
+                sys::cuMemHostRegister_v2(addr as *mut _, len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+            }
             .result()
             .map_err(|e| self.gpu.fail("cuMemHostRegister", e))
+        })
     }
 
     fn unpin(&self, addr: usize) -> Result<(), CudaError> {
-        self.gpu.bind()?;
-        // SAFETY: `addr` starts a range this pinner registered (the cache
-        // unpins only what `pin` accepted, once); unregistering only
-        // unlocks the pages for the driver, the memory stays mapped.
-        unsafe { sys::cuMemHostUnregister(addr as *mut _) }
-            .result()
-            .map_err(|e| self.gpu.fail("cuMemHostUnregister", e))
+        self.in_context(|| {
+            // SAFETY: `addr` starts a range this pinner registered (the
+            // cache unpins only what `pin` accepted, once); unregistering
+            // only unlocks the pages for the driver, the memory stays
+            // mapped.
+            unsafe { sys::cuMemHostUnregister(addr as *mut _) }
+                .result()
+                .map_err(|e| self.gpu.fail("cuMemHostUnregister", e))
+        })
     }
 }
 
@@ -153,6 +182,10 @@ struct Entry {
 #[derive(Default)]
 struct State {
     entries: Vec<Entry>,
+    /// Registrations evicted while copies still held them: found again
+    /// (never registered twice, which the driver refuses) until the last
+    /// holder lets go.
+    evicted: Vec<Weak<Pin>>,
     /// Ranges the driver refused, until their memory goes.
     refused: Vec<(usize, usize)>,
     bytes: u64,
@@ -198,6 +231,16 @@ impl PinCache {
         if let Some(e) = st.entries.iter_mut().find(|e| e.pin.covers(addr, len)) {
             e.last_use = now;
             let pin = Arc::clone(&e.pin);
+            st.stats.hits += 1;
+            return Lookup::Pinned(pin);
+        }
+        st.evicted.retain(|w| w.strong_count() > 0);
+        if let Some(pin) = st
+            .evicted
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|p| p.covers(addr, len))
+        {
             st.stats.hits += 1;
             return Lookup::Pinned(pin);
         }
@@ -289,6 +332,9 @@ fn evict_one(st: &mut State) -> bool {
     let e = st.entries.swap_remove(i);
     st.bytes -= e.pin.len as u64;
     st.stats.evicted += 1;
+    if Arc::strong_count(&e.pin) > 1 {
+        st.evicted.push(Arc::downgrade(&e.pin));
+    }
     true
 }
 
@@ -426,6 +472,23 @@ mod tests {
         c.release(0x800_0000, 1 << 20);
         *d.refuse_from.lock().unwrap() = None;
         assert!(get(&c, &d, 0x800_0000, 1 << 20).is_some());
+    }
+
+    #[test]
+    fn an_evicted_range_still_in_use_is_found_not_registered_twice() {
+        let (d, c) = setup(1 << 20);
+        let held = get(&c, &d, 0x10_0000, 1 << 20).expect("pinned");
+        // Evicts the first while a copy holds it.
+        get(&c, &d, 0x40_0000, 1 << 20).expect("pinned");
+        assert_eq!(c.stats().evicted, 1);
+        let again = get(&c, &d, 0x10_0000, 1 << 20).expect("found again");
+        assert!(Arc::ptr_eq(&held, &again));
+        assert_eq!(c.stats().refused, 0, "the driver was not asked twice");
+        drop((held, again));
+        assert_eq!(d.pinned(), vec![(0x40_0000, 1 << 20)]);
+        // Once let go it is registered anew on demand.
+        get(&c, &d, 0x10_0000, 1 << 20).expect("pinned");
+        assert_eq!(c.stats().registered, 3);
     }
 
     #[test]

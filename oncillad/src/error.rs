@@ -39,6 +39,10 @@ pub enum CoreError {
     NoGpu(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    #[error(
+        "user {uid} has {open} sessions open on this node, the most one user may; end some first"
+    )]
+    TooManySessions { uid: u32, open: usize },
     /// A user's request past one of their quotas.
     #[error(transparent)]
     Quota(#[from] oncilla_model::quota::Exceeded),

@@ -284,7 +284,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             .name("oncilla-data-accept".into())
             .spawn({
                 let transfers = Arc::clone(&metrics.data);
-                let rings = Arc::new(fabric::device::staging_rings());
+                let rings = Arc::new(fabric::device::DeviceRings::new());
                 move || fabric::tcp::serve(data, held, data_keys, data_tls, pulls, rings, transfers)
             })
             .map_err(|source| bind_error("data", data_addr, source))?;

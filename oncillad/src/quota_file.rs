@@ -1,7 +1,9 @@
 //! The master's quota file (`--quota-file`): TOML, read at start, written
-//! whole by every change (`ocmctl quota set`), through a new file renamed
-//! onto it so a crash mid-write leaves the old table. A missing file is no
-//! quotas (it is made on the first change).
+//! whole by every change (`ocmctl quota set`), through a new file of mode
+//! 0600 renamed onto it (`auth::write_new`: a crash mid-write leaves the
+//! old table, and nothing planted at the path is followed). A missing file
+//! is no quotas (it is made on the first change); one that others may
+//! write is refused (anyone could raise their own quota).
 //!
 //! ```toml
 //! [default]
@@ -14,7 +16,6 @@
 //! It owns the format only; what quotas mean is `oncilla_model::quota`.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use oncilla_model::quota::{Limits, Quotas};
@@ -33,6 +34,10 @@ pub enum QuotaFileError {
     },
     #[error("quota file {path}: {reason}")]
     Parse { path: String, reason: String },
+    #[error("quota file {path} has mode {mode:04o}: group or others may change it (and so raise their own quota); run `chmod 600 {path}`")]
+    Mode { path: String, mode: u32 },
+    #[error("quota file {path} is owned by uid {owner}, not by this user (uid {me}) or root")]
+    Owner { path: String, owner: u32, me: u32 },
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -86,16 +91,36 @@ impl From<&Limits> for FileLimits {
 /// The file cannot be read, is not TOML of this shape, or names a user
 /// that is not a uid.
 pub fn load(path: &Path) -> Result<Quotas, QuotaFileError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Quotas::default()),
-        Err(source) => {
-            return Err(QuotaFileError::Read {
-                path: path.display().to_string(),
-                source,
-            })
-        }
+    use std::os::unix::fs::MetadataExt;
+    let shown = || path.display().to_string();
+    let read = |source| QuotaFileError::Read {
+        path: shown(),
+        source,
     };
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Quotas::default()),
+        Err(source) => return Err(read(source)),
+    };
+    // The open file's own metadata: what is checked is what is read.
+    let meta = f.metadata().map_err(read)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(QuotaFileError::Mode {
+            path: shown(),
+            mode,
+        });
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(QuotaFileError::Owner {
+            path: shown(),
+            owner: meta.uid(),
+            me,
+        });
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut f, &mut text).map_err(read)?;
     let parse = |reason: String| QuotaFileError::Parse {
         path: path.display().to_string(),
         reason,
@@ -133,18 +158,8 @@ impl QuotaStore for QuotaFile {
         let text = format!(
             "# Oncilla quotas: `ocmctl quota set` writes this file; the master reads it at start.\n{text}"
         );
-        let fail = |e: std::io::Error| format!("cannot write {}: {e}", self.path.display());
-        let tmp = self.path.with_extension("toml.new");
-        let written = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(fail)
+        oncilla_proto::auth::write_new(&self.path, text.as_bytes(), 0o600)
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
     }
 }
 
@@ -176,6 +191,17 @@ mod tests {
         assert!(e.contains("numeric uid"), "{e}");
         std::fs::write(&path, "[default]\nbyte = 1\n").unwrap();
         assert!(load(&path).is_err(), "unknown keys are refused");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("mode 0666") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            load(&path).unwrap(),
+            Quotas::default(),
+            "others may read it"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

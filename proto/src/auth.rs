@@ -1,5 +1,7 @@
-//! The cluster token: how it is loaded and validated, and constant-time
-//! comparison of secrets. How it (or a session's credential) is presented
+//! The cluster token: how it is loaded and validated, constant-time
+//! comparison of secrets, and how files that guard the cluster are read
+//! (private) and written (new, of exactly their mode, never through what
+//! someone planted at the path). How it (or a session's credential) is presented
 //! and checked on calls is [`crate::credential`]. This module never logs or
 //! prints a token.
 
@@ -162,6 +164,49 @@ fn check_private(
         });
     }
     Ok(())
+}
+
+/// Writes `bytes` to a new file of exactly `mode` beside `path` (created
+/// with `O_CREAT | O_EXCL | O_NOFOLLOW` under a random name, so nothing
+/// planted can be opened instead), then renames it onto `path`: whatever
+/// was at `path` (a file, a symlink) is replaced, never written into or
+/// followed. In a sticky directory (`/tmp`) someone else's file at `path`
+/// makes the rename fail (`EPERM`): their file is left as it was.
+///
+/// # Errors
+/// `path` names no file; the file cannot be made, written or renamed.
+pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), std::io::Error> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = dir.join(format!(
+        ".{}.{:016x}.tmp",
+        name.to_string_lossy(),
+        rand::random::<u64>()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(mode)
+        .open(&tmp)?;
+    let written = (|| {
+        // The umask may have taken bits off, or added none: exactly `mode`.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// `bytes` as lowercase hex digits (secrets' text forms).

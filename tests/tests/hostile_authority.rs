@@ -667,3 +667,93 @@ fn a_greedy_user_is_held_to_its_quota_and_others_are_served() {
     assert!(mine(&quotas(&c)).is_null(), "nothing held, nothing listed");
     c.still_serves();
 }
+
+/// Any application could fill its agent's session socket (4,096 idle
+/// HTTP/2 connections: new applications then failed at init) and open
+/// sessions without end (40,000 grew an agent by 500 MB). Now one user
+/// holds at most an eighth of the socket's connections and 1,024 sessions
+/// per agent, refused past them; another user's application is served
+/// throughout, and the greedy user is served again once it lets go.
+#[test]
+fn one_user_cannot_take_the_session_socket_or_open_sessions_without_end() {
+    const PER_USER: usize = 512;
+    const SESSIONS: usize = 1024;
+    let limit = support::raise_nofile(4096);
+    if limit < 2048 {
+        println!("skipped: {limit} descriptors; the attack holds {PER_USER} connections");
+        return;
+    }
+    let c = Cluster::start(1, "32MiB");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let socket = c.socket(0);
+    let open = |s: &mut client::SessionClient| {
+        rt.block_on(s.open(pb::OpenRequest {
+            pid: std::process::id(),
+            program: "greedy".into(),
+        }))
+        .map(tonic::Response::into_inner)
+    };
+    // Connections, each with a session on it, until the agent refuses one.
+    let mut conns = Vec::new();
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..PER_USER + 16 {
+        let channel = match rt.block_on(client::unix(&socket)) {
+            Ok(ch) => ch,
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        };
+        let mut s = client::session(InterceptedService::new(channel, AttachCredential::none()));
+        match open(&mut s) {
+            Ok(stream) => {
+                held.push(stream);
+                conns.push(s);
+            }
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    assert_eq!(conns.len(), PER_USER, "connections one user holds");
+    assert!(refused.is_some());
+    // More sessions on those connections, until the agent refuses one.
+    let mut too_many = None;
+    for i in 0..SESSIONS {
+        let n = conns.len();
+        match open(&mut conns[i % n]) {
+            Ok(stream) => held.push(stream),
+            Err(e) => {
+                too_many = Some(e);
+                break;
+            }
+        }
+    }
+    assert_eq!(held.len(), SESSIONS, "sessions one user holds");
+    let e = too_many.expect("a session past the limit was opened");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("sessions open on this node"), "{e}");
+    if nix::unistd::geteuid().is_root() {
+        open_sockets_to_others(&c, 0);
+        run_role_as_other_user(&c, "fair-share");
+    } else {
+        println!("skipped the other user's part: needs root to run a process as another user");
+    }
+    // Let go (the runtime's end closes the connections): the greedy user
+    // is served again, its places back as the agent sees them close.
+    drop(held);
+    drop(conns);
+    drop(rt);
+    assert!(
+        Cluster::eventually(Duration::from_secs(30), || {
+            liboncilla::Oncilla::connect_with(Options::new(c.socket(0), c.token.clone())).is_ok()
+        }),
+        "the user's places never came back"
+    );
+    c.still_serves();
+}

@@ -35,22 +35,9 @@ const SLACK: Duration = Duration::from_secs(4);
 /// Pending-handshake budgets (data port and map socket).
 const MAX_PENDING: usize = 64;
 
-/// Raises this process's soft RLIMIT_NOFILE towards `want` (never past the
-/// hard limit); daemons started afterwards inherit it. Returns the soft
-/// limit now in force.
-fn raise_nofile(want: u64) -> u64 {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    let target = want.min(hard).max(soft);
-    if target > soft {
-        setrlimit(Resource::RLIMIT_NOFILE, target, hard).expect("setrlimit");
-    }
-    target
-}
-
 /// How many hostile connections this process can hold next to a cluster.
 fn hostile_budget(want: usize) -> usize {
-    let limit = usize::try_from(raise_nofile(16_384)).unwrap_or(1024);
+    let limit = usize::try_from(support::raise_nofile(16_384)).unwrap_or(1024);
     want.min(limit.saturating_sub(300))
 }
 
@@ -379,7 +366,7 @@ fn idle_authenticated_connections_cannot_hold_every_seat() {
 
 #[test]
 fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
-    raise_nofile(16_384);
+    support::raise_nofile(16_384);
     let c = Cluster::start(1, "16MiB");
     // What an idle agent has open, plus a few: the flood exhausts the rest.
     let pid = c.agent_pid(0).expect("agent running");

@@ -58,6 +58,9 @@ pub enum Lease {
 pub struct Mapping {
     base: NonNull<u8>,
     map_len: usize,
+    /// The part of the reservation the files were mapped into (the rest
+    /// stays inaccessible): what the GPU driver registers.
+    mapped_len: usize,
     /// Ordered by `alloc_offset`.
     extents: Vec<Mapped>,
     /// The map connection, kept open as the lease on the memory: the agent
@@ -204,6 +207,7 @@ impl Mapping {
         Ok(Self {
             base: r.base,
             map_len: r.len,
+            mapped_len: r.used,
             extents: mapped,
             lease: stream,
             node: extents.first().map_or_else(String::new, |e| e.node.clone()),
@@ -248,10 +252,11 @@ impl Mapping {
         })
     }
 
-    /// The whole mapped range in this process (start, length): what is
-    /// registered with the GPU driver, once, for device copies.
+    /// The mapped range in this process (start, length), the pool
+    /// extents back to back: what is registered with the GPU driver, once,
+    /// for device copies.
     pub fn range(&self) -> (*mut u8, usize) {
-        (self.base.as_ptr(), self.map_len)
+        (self.base.as_ptr(), self.mapped_len)
     }
 
     /// The start of the allocation when all of its `size` bytes are mapped
@@ -477,7 +482,8 @@ impl Drop for Mapping {
         // Registered memory must be unregistered while it is still mapped.
         // No copy uses the registration now (each holds the mapping while
         // it runs), so this unregisters at once.
-        self.pins.release(self.base.as_ptr() as usize, self.map_len);
+        self.pins
+            .release(self.base.as_ptr() as usize, self.mapped_len);
         // SAFETY: exactly the mapping made in `open`, unmapped once.
         if let Err(e) = unsafe { munmap(self.base.cast(), self.map_len) } {
             tracing::warn!(error = %e, "cannot unmap local allocation");

@@ -667,8 +667,8 @@ mod tests {
     #[test]
     fn sessions_and_reports() {
         let a = agent();
-        let s = a.open_session(7, Some(0), "prog".into());
-        let t = a.open_session(8, None, "other".into());
+        let s = a.open_session(7, Some(0), "prog".into()).unwrap();
+        let t = a.open_session(8, None, "other".into()).unwrap();
         assert!(s.id.starts_with("n1-"));
         assert_eq!(a.session(&s.id).unwrap().pid, 7);
         a.note_attached(&t.id, 42, true);

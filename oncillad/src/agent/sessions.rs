@@ -26,9 +26,28 @@ pub struct SessionInfo {
     pub attached: BTreeSet<u64>,
 }
 
+/// Most sessions one user may have open on one agent: each costs the
+/// agent memory (about 12 kB) and a line in every registration.
+pub const MAX_SESSIONS_PER_USER: usize = 1024;
+
 impl Agent {
     /// Registers a new local session of process `pid`, user `uid`.
-    pub fn open_session(&self, pid: u32, uid: Option<u32>, program: String) -> SessionInfo {
+    ///
+    /// # Errors
+    /// [`CoreError::TooManySessions`] when the user has
+    /// [`MAX_SESSIONS_PER_USER`] open here.
+    pub fn open_session(
+        &self,
+        pid: u32,
+        uid: Option<u32>,
+        program: String,
+    ) -> Result<SessionInfo, CoreError> {
+        if let Some(uid) = uid {
+            let open = self.sessions.iter().filter(|s| s.uid == Some(uid)).count();
+            if open >= MAX_SESSIONS_PER_USER {
+                return Err(CoreError::TooManySessions { uid, open });
+            }
+        }
         let seq = self.next_session.fetch_add(1, Ordering::SeqCst);
         let id = oncilla_model::alloc::session_id(&self.node.name, rand::random::<u64>());
         let info = SessionInfo {
@@ -41,7 +60,7 @@ impl Agent {
         };
         self.sessions.insert(info.id.clone(), info.clone());
         tracing::info!(session = %info.id, pid, program = %info.program, "session opened");
-        info
+        Ok(info)
     }
 
     /// The process behind an open session, as the master records it.

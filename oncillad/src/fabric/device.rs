@@ -53,11 +53,31 @@ struct Pool<R> {
 /// The agent's rings of page-locked buffers on each device.
 pub type StagingRings = Rings<PinnedRing>;
 
-/// Rings of [`RING_SLOTS`] page-locked buffers of [`SLOT_LEN`] bytes.
-pub fn staging_rings() -> StagingRings {
-    Rings::new(RINGS_PER_GPU, |gpu| {
-        PinnedRing::new(&Gpu::open(gpu)?, RING_SLOTS, SLOT_LEN)
-    })
+/// The agent's staging rings: one set for reads and writes, another for
+/// pulls into device memory. A pull holds its ring while its source
+/// serves the read (which may take a ring of this very GPU), so pulls
+/// never wait on a ring only another pull could give back.
+pub struct DeviceRings {
+    pub serve: StagingRings,
+    pub pulls: StagingRings,
+}
+
+impl DeviceRings {
+    /// Rings of [`RING_SLOTS`] page-locked buffers of [`SLOT_LEN`] bytes,
+    /// [`RINGS_PER_GPU`] of each kind per GPU at most.
+    pub fn new() -> Self {
+        let pinned = |gpu| PinnedRing::new(&Gpu::open(gpu)?, RING_SLOTS, SLOT_LEN);
+        Self {
+            serve: Rings::new(RINGS_PER_GPU, pinned),
+            pulls: Rings::new(RINGS_PER_GPU, pinned),
+        }
+    }
+}
+
+impl Default for DeviceRings {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl<R> Rings<R> {
@@ -101,6 +121,9 @@ impl<R> Rings<R> {
                         if let Some(pool) = state.get_mut(&gpu) {
                             pool.made -= 1;
                         }
+                        drop(state);
+                        // Its place is free: a waiter may make one now.
+                        self.returned.notify_all();
                         Err(e)
                     }
                 };
@@ -167,7 +190,8 @@ impl<R> Drop for Lent<'_, R> {
             pool.free.push(ring);
         }
         drop(state);
-        self.rings.returned.notify_one();
+        // All: waiters for other GPUs share the condition variable.
+        self.rings.returned.notify_all();
     }
 }
 

@@ -51,7 +51,7 @@ use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN,
 
 use oncilla_cuda::DeviceMem;
 
-use super::device::{self, Failure, StagingRings, RING_WAIT};
+use super::device::{self, DeviceRings, Failure, RING_WAIT};
 use super::pull::{Puller, Pulls};
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket};
 use crate::memory::held::{Backing, HeldTable};
@@ -100,7 +100,7 @@ pub fn serve(
     keys: Keyring,
     tls: Option<Arc<rustls::ServerConfig>>,
     pulls: Pulls,
-    rings: Arc<StagingRings>,
+    rings: Arc<DeviceRings>,
     metrics: Arc<Transfers>,
 ) {
     let seats = Seats::new(MAX_CONNECTIONS);
@@ -171,7 +171,7 @@ struct Connection {
     metrics: Arc<Transfers>,
     recv: RecvBuf,
     /// The agent's staging rings for device memory.
-    rings: Arc<StagingRings>,
+    rings: Arc<DeviceRings>,
     pulls: Pulls,
     puller: Puller,
     /// What the client presented in its hello: a pull presents it to the
@@ -184,7 +184,7 @@ impl Connection {
         stream: DataStream,
         held: HeldTable,
         pulls: Pulls,
-        rings: Arc<StagingRings>,
+        rings: Arc<DeviceRings>,
         metrics: Arc<Transfers>,
     ) -> Self {
         Self {
@@ -388,8 +388,15 @@ impl Connection {
         if req.op == Op::Pull && len == 0 {
             return self.ack_write();
         }
+        // Pulls take rings of their own: a pull holds its ring while the
+        // source (maybe this agent, maybe this GPU) serves the read, which
+        // takes one of the others, so the two never wait on each other.
         let rings = Arc::clone(&self.rings);
-        let mut ring = match rings.take(mem.gpu().index(), RING_WAIT) {
+        let pool = match req.op {
+            Op::Pull => &rings.pulls,
+            Op::Read | Op::Write => &rings.serve,
+        };
+        let mut ring = match pool.take(mem.gpu().index(), RING_WAIT) {
             Ok(r) => r,
             Err(e) => return self.refuse(req, Status::Internal, &e.to_string()),
         };
@@ -400,14 +407,17 @@ impl Connection {
                     len: req.len,
                 }
                 .encode();
-                let (stream, metrics) = (&mut self.stream, &self.metrics);
+                let (stream, metrics) = (&self.stream, &self.metrics);
                 let mut counted = false;
+                // One deadline for the whole reply, as for pool memory: a
+                // peer that reads a byte now and then cannot hold the ring.
+                let by = deadline(len);
                 let sent = device::read(&mut ring.download(mem, at), req.len, &head, |b| {
                     // Counted before the reply that completes it.
                     if !std::mem::replace(&mut counted, true) {
                         metrics.read.served(len);
                     }
-                    stream.write_all(b)
+                    sock::send_by(stream, b, &[][..], by)
                 });
                 match sent {
                     Ok(()) => {
@@ -419,8 +429,9 @@ impl Connection {
             }
             Op::Write => {
                 let (stream, recv) = (&self.stream, &mut self.recv);
+                let by = deadline(len);
                 match device::write(&mut ring.upload(mem, at), req.len, |buf| {
-                    recv.read_exact(stream, buf)
+                    recv.read_exact_by(stream, buf, by)
                 }) {
                     Ok(()) => {
                         self.metrics.write.served(len);

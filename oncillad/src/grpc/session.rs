@@ -113,7 +113,7 @@ impl session_server::Session for SessionService {
             .unwrap_or(r.pid);
         let info = self
             .agent
-            .open_session(pid, peer.map(|c| c.uid()), r.program);
+            .open_session(pid, peer.map(|c| c.uid()), r.program)?;
         let (tx, rx) = mpsc::channel(1);
         let first = pb::SessionEvent {
             session_id: info.id.clone(),

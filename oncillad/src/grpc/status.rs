@@ -34,9 +34,9 @@ impl From<CoreError> for Status {
                 };
                 with_reason(Code::FailedPrecondition, msg, reason, &node)
             }
-            CoreError::CapacityExhausted { .. } | CoreError::Pool(PoolError::Exhausted { .. }) => {
-                Status::resource_exhausted(msg)
-            }
+            CoreError::CapacityExhausted { .. }
+            | CoreError::TooManySessions { .. }
+            | CoreError::Pool(PoolError::Exhausted { .. }) => Status::resource_exhausted(msg),
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
             CoreError::Quota(_) => with_reason(Code::ResourceExhausted, msg, Reason::Quota, ""),
             CoreError::QuotaStore(_) => Status::failed_precondition(msg),

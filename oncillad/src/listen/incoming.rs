@@ -2,7 +2,9 @@
 //! Unix socket), in place of tonic's `TcpIncoming` and tokio's
 //! `UnixListenerStream` (which retry a failing `accept` at once, forever):
 //! at most [`MAX_GRPC_CONNECTIONS`] open at once (more are closed as they
-//! arrive), a connection must send the HTTP/2 client preface within
+//! arrive), on the session socket at most [`MAX_GRPC_PER_USER`] of them
+//! from one user (the kernel's `SO_PEERCRED`), so one tenant cannot take
+//! every connection from the others; a connection must send the HTTP/2 client preface within
 //! [`PREFACE_DEADLINE`] and holds a place in a small [`Pending`] budget
 //! until it has, and accept errors back off ([`AcceptBackoff`]).
 //!
@@ -30,6 +32,9 @@ use super::{AcceptBackoff, Pending, Ticket};
 
 /// Most gRPC connections open at once.
 pub const MAX_GRPC_CONNECTIONS: usize = 4096;
+/// Of those, most from one user on the session socket: an eighth, so
+/// seven other users always find room.
+pub const MAX_GRPC_PER_USER: usize = MAX_GRPC_CONNECTIONS / 8;
 /// Most gRPC connections that have not yet sent their preface.
 pub const MAX_GRPC_PENDING: usize = 64;
 /// Of those, most from one address.
@@ -53,6 +58,12 @@ pub trait Listen: Unpin {
     /// Sets up an accepted connection.
     fn prepare(_io: &Self::Io) -> io::Result<()> {
         Ok(())
+    }
+
+    /// The user on the other end, where the kernel says (Unix sockets):
+    /// each gets at most [`MAX_GRPC_PER_USER`] connections.
+    fn user(_io: &Self::Io) -> Option<u32> {
+        None
     }
 }
 
@@ -78,6 +89,49 @@ impl Listen for UnixListener {
     fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, Option<IpAddr>)>> {
         UnixListener::poll_accept(self, cx).map_ok(|(s, _)| (s, None))
     }
+
+    fn user(io: &UnixStream) -> Option<u32> {
+        io.peer_cred().ok().map(|c| c.uid())
+    }
+}
+
+/// Open connections per user, shared with the connections' places.
+type PerUser = Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>;
+
+/// A user's place among the open connections; given back on drop.
+struct UserPlace {
+    users: PerUser,
+    uid: u32,
+}
+
+impl UserPlace {
+    /// A place for `uid`, or why there is none (the user holds the most).
+    fn take(users: &PerUser, uid: u32) -> Result<Self, io::Error> {
+        let mut map = users.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(uid).or_default();
+        if *n >= MAX_GRPC_PER_USER {
+            return Err(io::Error::other(format!(
+                "user {uid} holds {n} session-socket connections, the most one user may"
+            )));
+        }
+        *n += 1;
+        Ok(Self {
+            users: Arc::clone(users),
+            uid,
+        })
+    }
+}
+
+impl Drop for UserPlace {
+    fn drop(&mut self) {
+        let mut map = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// Accepted gRPC connections, limited as the module doc says.
@@ -88,6 +142,9 @@ pub struct Incoming<L: Listen = TcpListener> {
     backoff: AcceptBackoff,
     pause: Option<Pin<Box<Sleep>>>,
     full: AcceptBackoff,
+    users: PerUser,
+    /// Logs refusals past a user's share (rate-limited); never pauses.
+    over: AcceptBackoff,
 }
 
 impl<L: Listen> Incoming<L> {
@@ -100,10 +157,17 @@ impl<L: Listen> Incoming<L> {
             backoff: AcceptBackoff::new(L::NAME),
             pause: None,
             full: AcceptBackoff::new(L::NAME),
+            users: PerUser::default(),
+            over: AcceptBackoff::new(L::NAME),
         }
     }
 
-    fn take(&mut self, stream: L::Io, peer: Option<IpAddr>) -> io::Result<Guarded<L::Io>> {
+    fn take(
+        &mut self,
+        stream: L::Io,
+        peer: Option<IpAddr>,
+        user: Option<UserPlace>,
+    ) -> io::Result<Guarded<L::Io>> {
         let Ok(permit) = Arc::clone(&self.open).try_acquire_owned() else {
             return Err(io::Error::other(format!(
                 "too many gRPC connections ({MAX_GRPC_CONNECTIONS} open)"
@@ -115,6 +179,7 @@ impl<L: Listen> Incoming<L> {
             io: stream,
             preface: Some((ticket, 0, Box::pin(tokio::time::sleep(PREFACE_DEADLINE)))),
             _permit: permit,
+            _user: user,
         })
     }
 }
@@ -139,7 +204,17 @@ impl<L: Listen> tokio_stream::Stream for Incoming<L> {
                 }
             };
             self.backoff.ok();
-            match self.take(stream, peer) {
+            // A user past its share is refused alone: no pause for others.
+            let place = match L::user(&stream).map(|uid| UserPlace::take(&self.users, uid)) {
+                Some(Err(e)) => {
+                    drop(stream);
+                    let _ = self.over.failed(&e);
+                    continue;
+                }
+                Some(Ok(place)) => Some(place),
+                None => None,
+            };
+            match self.take(stream, peer, place) {
                 Ok(conn) => return Poll::Ready(Some(Ok(conn))),
                 Err(e) => {
                     // Dropped here; out of descriptors pauses like accept.
@@ -159,6 +234,8 @@ pub struct Guarded<Io> {
     /// Until the preface is in: the pending place, bytes seen, the deadline.
     preface: Option<(Ticket, usize, Pin<Box<Sleep>>)>,
     _permit: OwnedSemaphorePermit,
+    /// The connection's user's place, on the session socket.
+    _user: Option<UserPlace>,
 }
 
 impl<Io: Connected> Connected for Guarded<Io> {

@@ -94,6 +94,14 @@ impl<L: AgentLink> Master<L> {
             }
             (id, targets, fabrics, charge)
         };
+        let mut unwind = Unwind {
+            master: self,
+            id,
+            name: &spec.name,
+            targets: &targets,
+            charge: charge.as_ref(),
+            committed: false,
+        };
 
         let reserves = targets.iter().zip(&fabrics).map(|((p, addr, _), fabric)| {
             self.link.reserve(
@@ -126,8 +134,7 @@ impl<L: AgentLink> Master<L> {
         {
             let failed = targets[i].0.node.clone();
             tracing::warn!(alloc_id = id, node = %failed, error = %err, "reserve failed; rolling back");
-            self.rollback(id, &spec.name, &targets, charge.as_ref())
-                .await;
+            self.release_all(id, &targets).await;
             return Err(CoreError::Agent {
                 node: failed,
                 source: err,
@@ -168,8 +175,7 @@ impl<L: AgentLink> Master<L> {
                 extents,
                 "reserved in too many pieces; rolling back"
             );
-            self.rollback(id, &spec.name, &targets, charge.as_ref())
-                .await;
+            self.release_all(id, &targets).await;
             return Err(Invalid::Extents(extents).into());
         }
         alloc.access_key = key.to_vec();
@@ -181,6 +187,8 @@ impl<L: AgentLink> Master<L> {
             extents = alloc.extents.len(),
             "allocated"
         );
+        // Nothing fails from here on: the record takes over.
+        unwind.committed = true;
         let mut st = self.lock();
         st.reserving.remove(&id);
         st.unreserve_gpus(&targets);
@@ -219,15 +227,10 @@ impl<L: AgentLink> Master<L> {
         }
     }
 
-    /// Undoes a failed allocation. Every target is released, the failed
-    /// ones too: a reservation that timed out may still have happened.
-    async fn rollback(
-        &self,
-        id: u64,
-        name: &str,
-        targets: &[Target],
-        charge: Option<&(u32, Charge)>,
-    ) {
+    /// Releases every target of a failed allocation, the failed ones
+    /// too: a reservation that timed out may still have happened. The
+    /// table's side is undone by the allocation's [`Unwind`].
+    async fn release_all(&self, id: u64, targets: &[Target]) {
         let releases = targets
             .iter()
             .map(|(_, addr, _)| self.link.release(addr, id));
@@ -236,14 +239,39 @@ impl<L: AgentLink> Master<L> {
                 tracing::warn!(alloc_id = id, error = %e, "release during rollback failed; the node's next heartbeat reconciles it");
             }
         }
-        let mut st = self.lock();
-        st.reserving.remove(&id);
-        st.unreserve_gpus(targets);
-        st.names.remove(name);
-        if let Some((uid, c)) = charge {
+    }
+}
+
+/// The table's side of an allocation that is being reserved: undone on
+/// drop unless committed, so an allocation that fails, or whose request
+/// goes away mid-reservation (a client gone, a deadline passed: the
+/// future is dropped at an await), gives back its name, its room on the
+/// nodes, its user's charge and its id's "reserving" mark (the agents'
+/// next heartbeats then release whatever they reserved).
+struct Unwind<'a, L: AgentLink> {
+    master: &'a Master<L>,
+    id: u64,
+    name: &'a str,
+    targets: &'a [Target],
+    charge: Option<&'a (u32, Charge)>,
+    committed: bool,
+}
+
+impl<L: AgentLink> Drop for Unwind<'_, L> {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        let mut st = self.master.lock();
+        st.reserving.remove(&self.id);
+        st.unreserve_gpus(self.targets);
+        if st.names.get(self.name) == Some(&self.id) {
+            st.names.remove(self.name);
+        }
+        if let Some((uid, c)) = self.charge {
             st.charge(*uid, c, false);
         }
-        for (p, _, _) in targets {
+        for (p, _, _) in self.targets {
             if let (Some(n), None) = (st.nodes.get_mut(&p.node), p.gpu) {
                 n.reserved = n.reserved.saturating_sub(n.footprint(p.bytes()));
             }

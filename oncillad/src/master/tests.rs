@@ -22,6 +22,8 @@ struct FakeLink {
     reserved: Arc<AtomicU64>,
     released: Arc<AtomicU64>,
     fail_on: Option<&'static str>,
+    /// An agent whose reservations never answer.
+    hang_on: Option<&'static str>,
     /// Who answers at an agent address (`identify`); nobody by default.
     alive: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>>,
 }
@@ -32,6 +34,9 @@ impl AgentLink for FakeLink {
         tokio::task::yield_now().await;
         if Some(addr) == self.fail_on {
             return Err(LinkError::Refused("pool exhausted".into()));
+        }
+        if Some(addr) == self.hang_on {
+            std::future::pending::<()>().await;
         }
         self.reserved.fetch_add(1, Ordering::SeqCst);
         // Two pieces when a range is over a page, as a fragmented pool would.
@@ -762,4 +767,56 @@ async fn ids_of_parts_not_yet_registered_are_never_reused() {
     m.register(first_part).await.unwrap();
     let a = m.allocate(remote(4096, &["a"], None)).await.unwrap();
     assert!(a.id > 500, "id {} reuses one a later part reports", a.id);
+}
+
+/// A request that goes away mid-reservation (its future dropped: the
+/// client gone, a deadline passed) gives back its name, its room on the
+/// nodes and its user's charge, and its id is no longer "reserving" (the
+/// agents' heartbeats release what they reserved).
+#[tokio::test]
+async fn an_allocation_whose_request_goes_away_gives_everything_back() {
+    use oncilla_model::quota::{Limits, Quotas};
+    let link = FakeLink {
+        hang_on: Some("b:1"),
+        ..FakeLink::default()
+    };
+    let m = master(link).await.with_quotas(
+        Quotas {
+            default: Limits {
+                allocations: Some(1),
+                ..Limits::NONE
+            },
+            ..Quotas::default()
+        },
+        None,
+    );
+    let named = |nodes: &[&str]| {
+        let mut spec = spec(8192, nodes);
+        spec.name = "kept".into();
+        spec.persistent = true;
+        AllocateRequest {
+            spec,
+            origin_node: String::new(),
+            requester: Some(Owner {
+                session_id: "s".into(),
+                uid: Some(7),
+                ..Default::default()
+            }),
+        }
+    };
+    let gone = tokio::time::timeout(Duration::from_millis(50), m.allocate(named(&["a", "b"])));
+    assert!(gone.await.is_err(), "the reservation on b never answers");
+    assert!(m.nodes().iter().all(|n| n.used == 0), "room given back");
+    assert!(m.quota_report().users.is_empty(), "charge given back");
+    let a = m.allocate(named(&["a"])).await.unwrap();
+    assert_eq!(a.name, "kept", "the name is free again");
+    let beat = m
+        .heartbeat(Heartbeat {
+            name: "b".into(),
+            incarnation: 1,
+            held: vec![a.id - 1],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(beat.release, vec![a.id - 1], "b releases what it reserved");
 }

@@ -32,7 +32,12 @@ impl TryFrom<pb::RegisterRequest> for Registration {
                 })
                 .collect::<Result<_, WireError>>()?,
             next_session_seq: r.next_session_seq,
-            max_held_id: r.max_held_id,
+            max_held_id: match r.max_held_id {
+                id if id > oncilla_model::alloc::MAX_ID => {
+                    return Err(oncilla_model::alloc::Invalid::Id(id).into())
+                }
+                id => id,
+            },
         })
     }
 }

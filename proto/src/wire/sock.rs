@@ -407,6 +407,20 @@ impl RecvBuf {
         unsafe { self.read_raw(fd.as_fd(), dst.as_mut_ptr(), dst.len(), None) }
     }
 
+    /// [`RecvBuf::read_exact`], all of it by `deadline` (see [`Deadline`]).
+    ///
+    /// # Errors
+    /// As [`RecvBuf::read_exact`]; `TimedOut` past the deadline.
+    pub fn read_exact_by(
+        &mut self,
+        fd: impl AsFd,
+        dst: &mut [u8],
+        deadline: Deadline,
+    ) -> io::Result<()> {
+        // SAFETY: `dst` is an exclusive borrow for the whole call.
+        unsafe { self.read_raw(fd.as_fd(), dst.as_mut_ptr(), dst.len(), Some(deadline)) }
+    }
+
     /// Consumes and drops `len` bytes.
     ///
     /// # Errors

@@ -16,6 +16,19 @@ use oncilla_cluster::{Config, Daemon, Stop};
 /// How long a cluster may take to start.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Raises this process's soft RLIMIT_NOFILE towards `want` (never past the
+/// hard limit); daemons started afterwards inherit it. Returns the soft
+/// limit now in force.
+pub fn raise_nofile(want: u64) -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    let target = want.min(hard).max(soft);
+    if target > soft {
+        setrlimit(Resource::RLIMIT_NOFILE, target, hard).expect("setrlimit");
+    }
+    target
+}
+
 /// Path of a workspace binary built next to this test executable.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
