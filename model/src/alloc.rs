@@ -252,10 +252,30 @@ pub struct Owner {
     pub uid: Option<u32>,
 }
 
-/// The id of a session that node `node` opens, `nonce` its random part:
-/// `<node>-<16 hex digits>`, so the id says which node it belongs to.
-pub fn session_id(node: &str, nonce: u64) -> String {
-    format!("{node}-{nonce:016x}")
+/// The id of a session that node `node` opens for a process of user
+/// `uid`, `nonce` its random part: `<node>-u<uid>-<16 hex digits>` (`u`
+/// alone where the kernel named no user), so the id says which node and
+/// which user it belongs to. A session's credential is a MAC of its id,
+/// so every agent that checks the credential can trust both.
+pub fn session_id(node: &str, uid: Option<u32>, nonce: u64) -> String {
+    match uid {
+        Some(uid) => format!("{node}-u{uid}-{nonce:016x}"),
+        None => format!("{node}-u-{nonce:016x}"),
+    }
+}
+
+/// The user and nonce parts of a session id (`u<uid>` or `u`, and 16 hex
+/// digits): `Some(uid)` when well-formed.
+fn session_tail(tail: &str) -> Option<Option<u32>> {
+    let (user, nonce) = tail.split_once('-')?;
+    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    match user.strip_prefix('u')? {
+        "" => Some(None),
+        digits if digits.bytes().all(|b| b.is_ascii_digit()) => digits.parse().ok().map(Some),
+        _ => None,
+    }
 }
 
 /// Whether `session_id` is one [`session_id`] made for `node`.
@@ -263,7 +283,18 @@ pub fn is_session_of(session_id: &str, node: &str) -> bool {
     session_id
         .strip_prefix(node)
         .and_then(|rest| rest.strip_prefix('-'))
-        .is_some_and(|tail| tail.len() == 16 && tail.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(session_tail)
+        .is_some()
+}
+
+/// The user a [`session_id`] was made for (`None`: not said, or not a
+/// session id). Node names may hold '-', so the user is read from the end.
+pub fn session_user(session_id: &str) -> Option<u32> {
+    let mut parts = session_id.rsplitn(3, '-');
+    let nonce = parts.next()?;
+    let user = parts.next()?;
+    parts.next()?;
+    session_tail(&format!("{user}-{nonce}")).flatten()
 }
 
 impl std::fmt::Display for Owner {
@@ -483,5 +514,27 @@ mod tests {
             spec(place(1, MAX_NODE_NAME + 1)),
             Err(Invalid::NodeNameTooLong(_, 256))
         ));
+    }
+
+    #[test]
+    fn session_ids_name_their_node_and_user() {
+        let id = session_id("rack-u5", Some(1000), 0x00ff_00ff_00ff_00ff);
+        assert_eq!(id, "rack-u5-u1000-00ff00ff00ff00ff");
+        assert!(is_session_of(&id, "rack-u5"));
+        assert!(!is_session_of(&id, "rack"));
+        assert_eq!(session_user(&id), Some(1000));
+        let nobody = session_id("n1", None, 7);
+        assert!(is_session_of(&nobody, "n1"));
+        assert_eq!(session_user(&nobody), None);
+        for bad in [
+            "n1-u12-00ff",
+            "n1-12-00ff00ff00ff00ff",
+            "n1-ux-00ff00ff00ff00ff",
+            "u1-00ff00ff00ff00ff",
+            "",
+        ] {
+            assert!(!is_session_of(bad, "n1"), "{bad}");
+            assert_eq!(session_user(bad), None, "{bad}");
+        }
     }
 }

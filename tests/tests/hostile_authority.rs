@@ -757,3 +757,103 @@ fn one_user_cannot_take_the_session_socket_or_open_sessions_without_end() {
     );
     c.still_serves();
 }
+
+/// One session held all 1,024 data connections of a node (reading a
+/// little now and then, so none was ever idle): other sessions, operators'
+/// hellos and `ocmctl put`/`get` got "too many data connections"; 1,024
+/// map connections of one allocation left others "too many map
+/// connections". Now one user (the user its session id names) holds at
+/// most a quarter of each; another user's application and the operator
+/// are served meanwhile.
+#[test]
+fn one_user_cannot_hold_every_data_or_map_connection() {
+    const SHARE: usize = 256;
+    let limit = support::raise_nofile(4096);
+    if limit < 2048 {
+        println!("skipped: {limit} descriptors; the attack holds {SHARE} connections of each kind");
+        return;
+    }
+    let c = Cluster::start(2, "64MiB");
+    let me = open_raw(&c);
+    let data1 = c.node("node-1").unwrap()["data_addr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut held = Vec::new();
+    let mut refusal = None;
+    for _ in 0..SHARE + 16 {
+        let mut s = TcpStream::connect(&data1).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        wire::write_hello(&mut s, me.credential.as_bytes()).unwrap();
+        match wire::read_welcome(&mut s).unwrap() {
+            (wire::Welcome::Ok, _) => held.push(s),
+            (_, msg) => {
+                refusal = Some(msg);
+                break;
+            }
+        }
+    }
+    assert_eq!(held.len(), SHARE, "data connections one user holds");
+    let msg = refusal.unwrap();
+    assert!(msg.contains("from this user"), "{msg}");
+
+    // Map leases: every handle of a same-node allocation holds one.
+    let ocm = c.client(0);
+    let first = ocm
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::LocalHost).named("leased"))
+        .unwrap();
+    let mut handles = vec![first];
+    let mut refusal = None;
+    for _ in 0..SHARE + 16 {
+        match ocm.attach("leased") {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                refusal = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    assert_eq!(handles.len(), SHARE, "map connections one user holds");
+    let msg = refusal.unwrap();
+    assert!(
+        msg.contains("too many map connections from this user"),
+        "{msg}"
+    );
+
+    // The operator, and another user, are served meanwhile.
+    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let file = c.dir.join("payload");
+    std::fs::write(&file, b"operator").unwrap();
+    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = c.ocmctl(&["get", &id, "--len", "8"]);
+    assert_eq!(
+        get.stdout,
+        b"operator",
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(c.ocmctl(&["free", &id]).status.success());
+    if nix::unistd::geteuid().is_root() {
+        open_sockets_to_others(&c, 0);
+        run_role_as_other_user(&c, "fair-share");
+    } else {
+        println!("skipped the other user's part: needs root to run a process as another user");
+    }
+    drop(held);
+    let mut handles = handles.into_iter();
+    let owner = handles.next().unwrap();
+    drop(handles);
+    owner.free().unwrap();
+    c.still_serves();
+}

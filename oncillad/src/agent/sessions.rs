@@ -49,7 +49,7 @@ impl Agent {
             }
         }
         let seq = self.next_session.fetch_add(1, Ordering::SeqCst);
-        let id = oncilla_model::alloc::session_id(&self.node.name, rand::random::<u64>());
+        let id = oncilla_model::alloc::session_id(&self.node.name, uid, rand::random::<u64>());
         let info = SessionInfo {
             id,
             pid,

@@ -25,8 +25,9 @@ use crate::metrics::data::HelloRefusal;
 /// when one read waits too long). The token is checked first, so a peer
 /// without it learns nothing but the refusal (not even the version spoken
 /// here); then the version; then `room`, given the secret the client
-/// presented (a pull presents it again to the agent it reads from), takes
-/// the connection's place among authenticated ones or says why there is
+/// presented (a pull presents it again to the agent it reads from) and
+/// the user its session id names (`None` for a member), takes the
+/// connection's place among authenticated ones or says why there is
 /// none. `heard` is called as soon
 /// as the whole hello is in (the connection has spoken: see
 /// [`crate::listen::Ticket::heard`]). `Ok(Some(place))` when
@@ -39,7 +40,7 @@ pub(crate) fn accept<S: Timed, P>(
     keys: &Keyring,
     until: Instant,
     heard: impl FnOnce(),
-    room: impl FnOnce(&[u8]) -> Result<P, &'static str>,
+    room: impl FnOnce(&[u8], Option<u32>) -> Result<P, &'static str>,
     refused: impl FnOnce(HelloRefusal),
 ) -> Result<Option<P>, wire::WireError> {
     let mut stream = Within { stream, until };
@@ -47,19 +48,20 @@ pub(crate) fn accept<S: Timed, P>(
     heard();
     // The cluster token (operators, the master) or an application session's
     // credential; either way the requests still need each allocation's key.
-    if !matches!(
-        keys.authenticate(&presented),
-        Some(Principal::Member | Principal::Session(_))
-    ) {
-        tracing::warn!("data connection with wrong token");
-        refused(HelloRefusal::WrongToken);
-        wire::write_welcome(
-            &mut stream,
-            Welcome::Denied,
-            "permission denied: wrong cluster token",
-        )?;
-        return Ok(None);
-    }
+    let user = match keys.authenticate(&presented) {
+        Some(Principal::Member) => None,
+        Some(Principal::Session(id)) => oncilla_model::alloc::session_user(&id),
+        _ => {
+            tracing::warn!("data connection with wrong token");
+            refused(HelloRefusal::WrongToken);
+            wire::write_welcome(
+                &mut stream,
+                Welcome::Denied,
+                "permission denied: wrong cluster token",
+            )?;
+            return Ok(None);
+        }
+    };
     if version != wire::VERSION {
         let msg = format!(
             "data protocol version {version} not supported (this agent speaks {})",
@@ -69,7 +71,7 @@ pub(crate) fn accept<S: Timed, P>(
         wire::write_welcome(&mut stream, Welcome::BadVersion, &msg)?;
         return Ok(None);
     }
-    match room(&presented) {
+    match room(&presented, user) {
         Ok(place) => {
             wire::write_welcome(&mut stream, Welcome::Ok, "")?;
             Ok(Some(place))
@@ -236,7 +238,7 @@ mod tests {
             &keys(),
             until,
             || {},
-            |_| Ok::<_, &str>(()),
+            |_, _| Ok::<_, &str>(()),
             |_| {},
         );
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
@@ -285,7 +287,7 @@ mod tests {
             &keys(),
             until,
             || {},
-            |_| Err::<(), _>("too many data connections"),
+            |_, _| Err::<(), _>("too many data connections"),
             |_| {},
         );
         assert!(matches!(got, Ok(None)));
@@ -318,7 +320,7 @@ mod tests {
             &keys(),
             until,
             || {},
-            |_| Ok::<_, &str>(()),
+            |_, _| Ok::<_, &str>(()),
             |_| {},
         );
         let took = started.elapsed();

@@ -39,7 +39,7 @@ use oncilla_proto::wire::{
 };
 
 use super::Within;
-use crate::listen::{AcceptBackoff, Pending, Place, Ticket};
+use crate::listen::{AcceptBackoff, Pending, Place, Ticket, Users};
 use crate::memory::held::{Held, HeldTable};
 use crate::memory::lease::Leases;
 use crate::metrics::data::Transfers;
@@ -47,6 +47,9 @@ use crate::metrics::data::Transfers;
 /// Most map connections (leases, and connections on their way to one)
 /// at once; each is served by its own thread.
 pub const MAX_MAP_CONNECTIONS: usize = 1024;
+/// Of those, most one user holds (a quarter): one tenant's leases never
+/// leave the others without a map connection.
+pub const MAX_MAP_CONNECTIONS_PER_USER: usize = MAX_MAP_CONNECTIONS / 4;
 /// Most map connections not yet granted an extent, apart from
 /// [`MAX_MAP_CONNECTIONS`]; a new one past it evicts the oldest (see
 /// [`Pending`]).
@@ -67,6 +70,7 @@ pub fn serve(
     metrics: Arc<Transfers>,
 ) {
     let live = Arc::new(AtomicUsize::new(0));
+    let users = Users::new(MAX_MAP_CONNECTIONS_PER_USER);
     let pending = Pending::new(MAX_MAP_PENDING, MAX_MAP_PENDING);
     let mut backoff = AcceptBackoff::new("map");
     loop {
@@ -87,6 +91,7 @@ pub fn serve(
         };
         let (held, leases, keys) = (Arc::clone(&held), Arc::clone(&leases), keys.clone());
         let live = Arc::clone(&live);
+        let users = Arc::clone(&users);
         let metrics = Arc::clone(&metrics);
         let spawned = std::thread::Builder::new()
             .name("oncilla-lease".into())
@@ -96,7 +101,15 @@ pub fn serve(
                     registered: None,
                     holding: Vec::new(),
                 };
-                let served = serve_one(stream, &held, &keys, &mut lease, ticket, &live, &metrics);
+                let served = serve_one(
+                    stream,
+                    &held,
+                    &keys,
+                    &mut lease,
+                    ticket,
+                    (&live, &users),
+                    &metrics,
+                );
                 if let Err(e) = served {
                     tracing::debug!(error = %e, "map connection ended");
                 }
@@ -130,7 +143,7 @@ fn serve_one(
     keys: &Keyring,
     lease: &mut Lease,
     ticket: Ticket,
-    live: &AtomicUsize,
+    (live, users): (&AtomicUsize, &Arc<Users>),
     metrics: &Transfers,
 ) -> Result<(), wire::WireError> {
     let until = Instant::now() + REQUEST_DEADLINE;
@@ -139,7 +152,16 @@ fn serve_one(
         keys,
         until,
         || ticket.heard(),
-        |_| Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections"),
+        |_, user| {
+            let share = user
+                .map(|uid| users.take(uid))
+                .transpose()
+                .map_err(|_| "too many map connections from this user")?;
+            Ok((
+                Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections")?,
+                share,
+            ))
+        },
         |_| {},
     )?
     else {

@@ -53,7 +53,7 @@ use oncilla_cuda::DeviceMem;
 
 use super::device::{self, DeviceRings, Failure, RING_WAIT};
 use super::pull::{Puller, Pulls};
-use crate::listen::{AcceptBackoff, Pending, Seats, Ticket};
+use crate::listen::{AcceptBackoff, Pending, Seats, Ticket, Users};
 use crate::memory::held::{Backing, HeldTable};
 use crate::metrics::data::Transfers;
 
@@ -61,6 +61,10 @@ use crate::metrics::data::Transfers;
 /// takes the seat of one idle between requests (see [`Seats`]), and is
 /// refused only when all are in use.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Of those, most one user holds (the user a session's id names; members
+/// with the cluster token have no share): a quarter, so other users keep
+/// seats however busy one keeps its own.
+pub const MAX_CONNECTIONS_PER_USER: usize = MAX_CONNECTIONS / 4;
 /// Most data connections still in their handshake, apart from
 /// [`MAX_CONNECTIONS`]: a new one past it evicts the oldest (see
 /// [`Pending`]), so strangers can never crowd out a client.
@@ -104,6 +108,7 @@ pub fn serve(
     metrics: Arc<Transfers>,
 ) {
     let seats = Seats::new(MAX_CONNECTIONS);
+    let users = Users::new(MAX_CONNECTIONS_PER_USER);
     let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
     metrics.watch_listener(Arc::clone(&pending), Arc::clone(&seats));
     let mut backoff = AcceptBackoff::new("data");
@@ -127,6 +132,7 @@ pub fn serve(
         let held = Arc::clone(&held);
         let keys = keys.clone();
         let seats = Arc::clone(&seats);
+        let users = Arc::clone(&users);
         let tls = tls.clone();
         let metrics = Arc::clone(&metrics);
         let pulls = pulls.clone();
@@ -136,8 +142,12 @@ pub fn serve(
             .spawn(move || {
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
-                    Connection::new(stream, held, pulls, rings, metrics)
-                        .run(&keys, ticket, &seats, until)
+                    Connection::new(stream, held, pulls, rings, metrics).run(
+                        &keys,
+                        ticket,
+                        (&seats, &users),
+                        until,
+                    )
                 });
                 match served {
                     Ok(()) => tracing::debug!(%peer, "data connection closed"),
@@ -203,7 +213,7 @@ impl Connection {
         mut self,
         keys: &Keyring,
         ticket: Ticket,
-        seats: &Arc<Seats>,
+        (seats, users): (&Arc<Seats>, &Arc<Users>),
         until: Instant,
     ) -> Result<(), wire::WireError> {
         let dup = self.stream.as_fd().try_clone_to_owned()?;
@@ -213,15 +223,20 @@ impl Connection {
             keys,
             until,
             || ticket.heard(),
-            |presented| {
+            |presented, user| {
                 secret = presented.to_vec();
-                seats.take(dup, "too many data connections")
+                // The user's share first: past it, nobody's seat is taken.
+                let share = user
+                    .map(|uid| users.take(uid))
+                    .transpose()
+                    .map_err(|_| "too many data connections from this user")?;
+                Ok((seats.take(dup, "too many data connections")?, share))
             },
             |why| self.metrics.hello_refused(why),
         );
         self.secret = secret;
         drop(ticket);
-        let Some(mut seat) = seat? else {
+        let Some((mut seat, _share)) = seat? else {
             return Ok(());
         };
         // Once per connection: a reply the peer does not read, or a header

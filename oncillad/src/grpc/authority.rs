@@ -145,17 +145,17 @@ mod tests {
 
     #[test]
     fn sessions_belong_to_the_node_that_named_them() {
-        let id = oncilla_model::alloc::session_id("node-1", 0x00ff_00ff_00ff_00ff);
-        assert_eq!(id, "node-1-00ff00ff00ff00ff");
+        let id = oncilla_model::alloc::session_id("node-1", Some(0), 0x00ff_00ff_00ff_00ff);
+        assert_eq!(id, "node-1-u0-00ff00ff00ff00ff");
         assert!(is_session_of(&id, "node-1"));
         assert!(!is_session_of(&id, "node-10"));
-        assert!(!is_session_of("node-10-00ff00ff00ff00ff", "node-1"));
-        assert!(!is_session_of("node-1-00ff", "node-1"));
-        assert!(!is_session_of("node-2-00ff00ff00ff00ff", "node-1"));
+        assert!(!is_session_of("node-10-u0-00ff00ff00ff00ff", "node-1"));
+        assert!(!is_session_of("node-1-u0-00ff", "node-1"));
+        assert!(!is_session_of("node-2-u0-00ff00ff00ff00ff", "node-1"));
         let n1 = Caller::Node("node-1".into());
-        assert!(n1.for_session("node-1-00ff00ff00ff00ff", "free").is_ok());
+        assert!(n1.for_session("node-1-u0-00ff00ff00ff00ff", "free").is_ok());
         let e = n1
-            .for_session("node-2-00ff00ff00ff00ff", "free")
+            .for_session("node-2-u0-00ff00ff00ff00ff", "free")
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(

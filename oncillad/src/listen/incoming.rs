@@ -28,6 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
+use super::users::{UserPlace, Users};
 use super::{AcceptBackoff, Pending, Ticket};
 
 /// Most gRPC connections open at once.
@@ -95,45 +96,6 @@ impl Listen for UnixListener {
     }
 }
 
-/// Open connections per user, shared with the connections' places.
-type PerUser = Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>;
-
-/// A user's place among the open connections; given back on drop.
-struct UserPlace {
-    users: PerUser,
-    uid: u32,
-}
-
-impl UserPlace {
-    /// A place for `uid`, or why there is none (the user holds the most).
-    fn take(users: &PerUser, uid: u32) -> Result<Self, io::Error> {
-        let mut map = users.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(uid).or_default();
-        if *n >= MAX_GRPC_PER_USER {
-            return Err(io::Error::other(format!(
-                "user {uid} holds {n} session-socket connections, the most one user may"
-            )));
-        }
-        *n += 1;
-        Ok(Self {
-            users: Arc::clone(users),
-            uid,
-        })
-    }
-}
-
-impl Drop for UserPlace {
-    fn drop(&mut self) {
-        let mut map = self.users.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.uid) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.uid);
-            }
-        }
-    }
-}
-
 /// Accepted gRPC connections, limited as the module doc says.
 pub struct Incoming<L: Listen = TcpListener> {
     listener: L,
@@ -142,7 +104,7 @@ pub struct Incoming<L: Listen = TcpListener> {
     backoff: AcceptBackoff,
     pause: Option<Pin<Box<Sleep>>>,
     full: AcceptBackoff,
-    users: PerUser,
+    users: Arc<Users>,
     /// Logs refusals past a user's share (rate-limited); never pauses.
     over: AcceptBackoff,
 }
@@ -157,7 +119,7 @@ impl<L: Listen> Incoming<L> {
             backoff: AcceptBackoff::new(L::NAME),
             pause: None,
             full: AcceptBackoff::new(L::NAME),
-            users: PerUser::default(),
+            users: Users::new(MAX_GRPC_PER_USER),
             over: AcceptBackoff::new(L::NAME),
         }
     }
@@ -205,13 +167,16 @@ impl<L: Listen> tokio_stream::Stream for Incoming<L> {
             };
             self.backoff.ok();
             // A user past its share is refused alone: no pause for others.
-            let place = match L::user(&stream).map(|uid| UserPlace::take(&self.users, uid)) {
-                Some(Err(e)) => {
+            let place = match L::user(&stream).map(|uid| (uid, self.users.take(uid))) {
+                Some((uid, Err(n))) => {
                     drop(stream);
+                    let e = io::Error::other(format!(
+                        "user {uid} holds {n} session-socket connections, the most one user may"
+                    ));
                     let _ = self.over.failed(&e);
                     continue;
                 }
-                Some(Ok(place)) => Some(place),
+                Some((_, Ok(place))) => Some(place),
                 None => None,
             };
             match self.take(stream, peer, place) {

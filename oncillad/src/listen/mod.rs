@@ -4,7 +4,8 @@
 //! that back off instead of spinning when the process runs out of file
 //! descriptors or memory ([`backoff`]), and the gRPC port's connection
 //! stream with both ([`incoming`]); and the authenticated connections,
-//! counted ([`Place`]) or seated with idle ones giving way ([`seats`]).
+//! counted ([`Place`]) or seated with idle ones giving way ([`seats`]),
+//! and each user's share of them ([`users`]).
 //!
 //! It decides only whether a connection may exist and for how long before
 //! it proves itself; it never reads a request, never checks a token and
@@ -14,10 +15,12 @@ pub mod backoff;
 pub mod incoming;
 pub mod pending;
 pub mod seats;
+pub mod users;
 
 pub use backoff::AcceptBackoff;
 pub use pending::{Pending, Ticket};
 pub use seats::{Seat, Seats};
+pub use users::{UserPlace, Users};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
