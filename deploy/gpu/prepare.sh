@@ -28,7 +28,7 @@ cp "$here/check.sh" "$here/summary.py" .gpu/
 if [ -n "$before" ]; then
   tree=$(mktemp -d)
   git worktree add --detach "$tree" "$before" >/dev/null
-  (cd "$tree" && CARGO_TARGET_DIR="$root/target/before" cargo build --release -p ocmctl)
+  (cd "$tree" && CARGO_TARGET_DIR="$root/target/before" cargo build --release -p ocmctl -p oncillad)
   git worktree remove --force "$tree"
   mkdir -p .gpu/before
   cp target/before/release/ocmctl target/before/release/oncillad .gpu/before/
