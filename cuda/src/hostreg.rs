@@ -54,9 +54,7 @@ impl DriverPinner {
     pub fn new(gpu: Gpu) -> Self {
         Self { gpu }
     }
-}
 
-impl DriverPinner {
     /// Runs `f` with this pinner's device context current, then makes the
     /// thread's previous context current again: registering (or freeing)
     /// host memory must not move the application's thread to another
@@ -132,10 +130,7 @@ impl Pin {
 
     /// Whether `[addr, addr + len)` lies inside.
     pub fn covers(&self, addr: usize, len: usize) -> bool {
-        addr >= self.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|e| e <= self.addr + self.len)
+        contains((self.addr, self.len), (addr, len))
     }
 }
 
@@ -244,8 +239,7 @@ impl PinCache {
             st.stats.hits += 1;
             return Lookup::Pinned(pin);
         }
-        let end = addr.saturating_add(len);
-        if st.refused.iter().any(|&(a, l)| a <= addr && end <= a + l) {
+        if st.refused.iter().any(|&r| contains(r, (addr, len))) {
             return Lookup::Unpinned;
         }
         let size = len as u64;
@@ -293,8 +287,7 @@ impl PinCache {
     /// unregistered when that copy drops it; the caller must keep the
     /// memory mapped until then.
     pub fn release(&self, addr: usize, len: usize) {
-        let end = addr.saturating_add(len);
-        let inside = |a: usize, l: usize| a >= addr && a.saturating_add(l) <= end;
+        let inside = |a: usize, l: usize| contains((addr, len), (a, l));
         let gone: Vec<Entry> = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             let before = st.refused.len();
@@ -322,6 +315,15 @@ impl PinCache {
     pub fn stats(&self) -> PinStats {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).stats
     }
+}
+
+/// Whether the range `inner` (start, length) lies inside `outer`.
+fn contains(outer: (usize, usize), inner: (usize, usize)) -> bool {
+    inner.0 >= outer.0
+        && inner
+            .0
+            .checked_add(inner.1)
+            .is_some_and(|end| end <= outer.0.saturating_add(outer.1))
 }
 
 /// Drops the least recently used registration; false when none is left.

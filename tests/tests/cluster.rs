@@ -589,13 +589,7 @@ fn gpudirect_rdma_on_real_hardware() {
 
 /// `ocmctl nodes --json`, which must succeed.
 fn nodes_json(c: &Cluster) -> serde_json::Value {
-    let out = c.ocmctl(&["nodes", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    c.ocmctl_json(&["nodes", "--json"])
 }
 
 /// How many GPUs the cluster's nodes have: every node of this one-machine

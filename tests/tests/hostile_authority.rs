@@ -539,15 +539,20 @@ fn run_role_as_other_user(c: &Cluster, role: &str) {
     );
 }
 
+/// Another user's application on agent 0 allocates, copies and frees
+/// (as [`OTHER_UID`]; one line and nothing else where this is not root).
+fn another_user_is_served(c: &Cluster) {
+    if nix::unistd::geteuid().is_root() {
+        open_sockets_to_others(c, 0);
+        run_role_as_other_user(c, "fair-share");
+    } else {
+        println!("skipped the other user's part: needs root to run a process as another user");
+    }
+}
+
 /// `ocmctl quota show --json` of the cluster.
 fn quotas(c: &Cluster) -> serde_json::Value {
-    let out = c.ocmctl(&["quota", "show", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    c.ocmctl_json(&["quota", "show", "--json"])
 }
 
 /// One application allocated all of the cluster as persistent allocations
@@ -633,12 +638,7 @@ fn a_greedy_user_is_held_to_its_quota_and_others_are_served() {
     );
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(c.ocmctl(&["free", &id]).status.success());
-    if nix::unistd::geteuid().is_root() {
-        open_sockets_to_others(&c, 0);
-        run_role_as_other_user(&c, "fair-share");
-    } else {
-        println!("skipped the other user's part: needs root to run a process as another user");
-    }
+    another_user_is_served(&c);
 
     // A master restart keeps the quota (its file) and learns the usage
     // again from the agents.
@@ -738,12 +738,7 @@ fn one_user_cannot_take_the_session_socket_or_open_sessions_without_end() {
     let e = too_many.expect("a session past the limit was opened");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
     assert!(e.message().contains("sessions open on this node"), "{e}");
-    if nix::unistd::geteuid().is_root() {
-        open_sockets_to_others(&c, 0);
-        run_role_as_other_user(&c, "fair-share");
-    } else {
-        println!("skipped the other user's part: needs root to run a process as another user");
-    }
+    another_user_is_served(&c);
     // Let go (the runtime's end closes the connections): the greedy user
     // is served again, its places back as the agent sees them close.
     drop(held);
@@ -844,12 +839,7 @@ fn one_user_cannot_hold_every_data_or_map_connection() {
         String::from_utf8_lossy(&get.stderr)
     );
     assert!(c.ocmctl(&["free", &id]).status.success());
-    if nix::unistd::geteuid().is_root() {
-        open_sockets_to_others(&c, 0);
-        run_role_as_other_user(&c, "fair-share");
-    } else {
-        println!("skipped the other user's part: needs root to run a process as another user");
-    }
+    another_user_is_served(&c);
     drop(held);
     let mut handles = handles.into_iter();
     let owner = handles.next().unwrap();

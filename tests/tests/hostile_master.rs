@@ -14,23 +14,12 @@ use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Kind, Policy};
 use oncilla_proto::pb;
-use serde_json::Value;
 use support::Cluster;
 
 /// `Master.Register` sent raw.
 fn register(c: &Cluster, req: pb::RegisterRequest) -> Result<(), (tonic::Code, String)> {
     c.master_raw(|mut m| async move { m.register(req).await })
         .map(|_| ())
-}
-
-fn ocmctl_json(c: &Cluster, args: &[&str]) -> Value {
-    let out = c.ocmctl(args);
-    assert!(
-        out.status.success(),
-        "ocmctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Three allocations of the most extents one may have (256 MiB in 4 KiB
@@ -78,7 +67,7 @@ fn the_largest_allocations_list_and_survive_a_master_restart() {
         .unwrap_err();
     assert!(err.to_string().contains("use a unit of at least"), "{err}");
 
-    let listed = ocmctl_json(&c, &["allocs", "--json"]);
+    let listed = c.ocmctl_json(&["allocs", "--json"]);
     let listed = listed.as_array().unwrap();
     assert_eq!(listed.len(), 3, "every allocation is listed");
     let extents: usize = listed
@@ -99,7 +88,7 @@ fn the_largest_allocations_list_and_survive_a_master_restart() {
     // node is up with its first, and the rest follow as fast as a loaded
     // machine sends them.
     let listed = || {
-        ocmctl_json(&c, &["allocs", "--json"])
+        c.ocmctl_json(&["allocs", "--json"])
             .as_array()
             .map_or(0, Vec::len)
     };
@@ -148,7 +137,7 @@ fn a_forged_registration_cannot_take_a_live_nodes_name() {
     let now = c.node("node-1").unwrap();
     assert_eq!(now["agent_addr"], real["agent_addr"]);
     assert_eq!(now["capacity"], real["capacity"]);
-    let shown = ocmctl_json(&c, &["show", &a.id().to_string(), "--json"]);
+    let shown = c.ocmctl_json(&["show", &a.id().to_string(), "--json"]);
     assert_eq!(shown["health"], "healthy", "{shown}");
     let mut back = [0u8; 4];
     a.copy_out(0, &mut back).unwrap();
@@ -228,7 +217,7 @@ fn unknown_enum_values_are_refused_at_the_edge() {
         assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
         assert!(msg.contains(what), "{msg} (wanted {what:?})");
     }
-    let listed = ocmctl_json(&c, &["allocs", "--json"]);
+    let listed = c.ocmctl_json(&["allocs", "--json"]);
     assert!(
         listed.as_array().unwrap().is_empty(),
         "nothing was made: {listed}"

@@ -153,9 +153,8 @@ fn serve_one(
         until,
         || ticket.heard(),
         |_, user| {
-            let share = user
-                .map(|uid| users.take(uid))
-                .transpose()
+            let share = users
+                .share(user)
                 .map_err(|_| "too many map connections from this user")?;
             Ok((
                 Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections")?,

@@ -226,9 +226,8 @@ impl Connection {
             |presented, user| {
                 secret = presented.to_vec();
                 // The user's share first: past it, nobody's seat is taken.
-                let share = user
-                    .map(|uid| users.take(uid))
-                    .transpose()
+                let share = users
+                    .share(user)
                     .map_err(|_| "too many data connections from this user")?;
                 Ok((seats.take(dup, "too many data connections")?, share))
             },

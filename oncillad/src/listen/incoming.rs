@@ -167,17 +167,18 @@ impl<L: Listen> tokio_stream::Stream for Incoming<L> {
             };
             self.backoff.ok();
             // A user past its share is refused alone: no pause for others.
-            let place = match L::user(&stream).map(|uid| (uid, self.users.take(uid))) {
-                Some((uid, Err(n))) => {
+            let user = L::user(&stream);
+            let place = match self.users.share(user) {
+                Ok(place) => place,
+                Err(n) => {
                     drop(stream);
                     let e = io::Error::other(format!(
-                        "user {uid} holds {n} session-socket connections, the most one user may"
+                        "user {} holds {n} session-socket connections, the most one user may",
+                        user.unwrap_or_default()
                     ));
                     let _ = self.over.failed(&e);
                     continue;
                 }
-                Some((_, Ok(place))) => Some(place),
-                None => None,
             };
             match self.take(stream, peer, place) {
                 Ok(conn) => return Poll::Ready(Some(Ok(conn))),

@@ -47,6 +47,15 @@ impl Users {
         })
     }
 
+    /// A place for `user`, where the caller has one (`None`: a caller
+    /// without a user takes no share).
+    ///
+    /// # Errors
+    /// As [`Users::take`].
+    pub fn share(self: &Arc<Self>, user: Option<u32>) -> Result<Option<UserPlace>, usize> {
+        user.map(|uid| self.take(uid)).transpose()
+    }
+
     /// Places `uid` holds now.
     pub fn held(&self, uid: u32) -> usize {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());

@@ -268,6 +268,17 @@ impl Cluster {
         })
     }
 
+    /// `ocmctl ARGS`' JSON output, from a run that must succeed.
+    pub fn ocmctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.ocmctl(args);
+        assert!(
+            out.status.success(),
+            "ocmctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
     /// Runs ocmctl against this cluster.
     pub fn ocmctl(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(bin("ocmctl"));
