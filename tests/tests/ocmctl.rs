@@ -88,7 +88,21 @@ fn alloc_put_get_show_free() {
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert_eq!(v[0]["capacity"], 8 << 20);
 
-    let id = ok(&c.ocmctl(&["alloc", "3MiB", "--node", "node-0", "--node", "node-1"]));
+    // Named nodes must be up: under emulation (the Soft-RoCE guest) a
+    // starved agent's heartbeat can be late enough for the master to hold
+    // it suspect ("node node-1 is down") for a moment. Wait, bounded, for
+    // the allocation rather than for the clock.
+    let alloc = || c.ocmctl(&["alloc", "3MiB", "--node", "node-0", "--node", "node-1"]);
+    let mut out = alloc();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !out.status.success()
+        && String::from_utf8_lossy(&out.stderr).contains("is down")
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+        out = alloc();
+    }
+    let id = ok(&out);
     let id = id.trim();
     let show: serde_json::Value =
         serde_json::from_str(&ok(&c.ocmctl(&["show", id, "--json"]))).unwrap();
