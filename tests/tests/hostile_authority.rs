@@ -448,6 +448,21 @@ fn role() {
         println!("fair-share ok");
         return;
     }
+    if role == "small-files" {
+        // Small allocations on node-1 (each holds a memory file there),
+        // beside a user who took its share of them.
+        for i in 0..8u8 {
+            let spec = AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]);
+            let a = ocm.alloc_with(&spec).unwrap();
+            a.copy_in(0, &[i; 64]).unwrap();
+            let mut back = [0u8; 64];
+            a.copy_out(0, &mut back).unwrap();
+            assert_eq!(back, [i; 64]);
+            a.free().unwrap();
+        }
+        println!("small-files ok");
+        return;
+    }
     assert_eq!(role, "other-user");
     let err = ocm.attach("private").unwrap_err();
     assert!(
@@ -845,5 +860,102 @@ fn one_user_cannot_hold_every_data_or_map_connection() {
     let owner = handles.next().unwrap();
     drop(handles);
     owner.free().unwrap();
+    c.still_serves();
+}
+
+/// Before, one session made about 20,000 allocations of 4 KiB, each
+/// holding a memory file (a descriptor) on its node, until the agent hit
+/// EMFILE: new applications then failed `ocm_init` and new data
+/// connections were closed at once, for as long as the allocations lived.
+/// Now the node's memory files stay under a budget (its open-file limit
+/// less a quarter kept for connections, checked as the limit is now) and
+/// one user's small allocations may hold half of it: the greedy user is
+/// refused with a message naming its share, and a new application, another
+/// user's small allocations and the operator are all served on that node.
+#[test]
+fn small_allocations_cannot_use_up_a_nodes_descriptors() {
+    let c = Cluster::start(2, "64MiB");
+    // The systemd unit's limit is 65,536; a low one makes the attack quick
+    // (1,024: 768 for memory files, a user's share 384).
+    let agent = c.agent_pid(1).unwrap().to_string();
+    let set = std::process::Command::new("prlimit")
+        .args(["--pid", &agent, "--nofile=1024:1024"])
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let greedy = c.client(0);
+    let mut held = Vec::new();
+    let mut refusal = None;
+    for _ in 0..1024 {
+        let spec = AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]);
+        match greedy.alloc_with(&spec) {
+            Ok(a) => held.push(a),
+            Err(e) => {
+                refusal = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let msg = refusal.expect("the greedy user was never refused");
+    assert!(msg.contains("its share (384"), "{msg}");
+    assert_eq!(
+        held.len(),
+        384,
+        "small allocations one user holds on node-1"
+    );
+
+    // A new application starts and copies on that node.
+    let fresh = c.client(0);
+    let spec = AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]);
+    let a = fresh.alloc_with(&spec).unwrap();
+    a.copy_in(0, b"fresh").unwrap();
+    let mut back = [0u8; 5];
+    a.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"fresh");
+    a.free().unwrap();
+    // The operator's small allocation on it.
+    let out = c.ocmctl(&["alloc", "4KiB", "--node", "node-1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let file = c.dir.join("payload");
+    std::fs::write(&file, b"operator").unwrap();
+    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = c.ocmctl(&["get", &id, "--len", "8"]);
+    assert_eq!(
+        get.stdout,
+        b"operator",
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(c.ocmctl(&["free", &id]).status.success());
+    // Another user's small allocations there.
+    if nix::unistd::geteuid().is_root() {
+        open_sockets_to_others(&c, 0);
+        run_role_as_other_user(&c, "small-files");
+    } else {
+        println!("skipped the other user's part: needs root to run a process as another user");
+    }
+    // The greedy user's files come back when it lets go.
+    for a in held {
+        a.free().unwrap();
+    }
+    greedy
+        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]))
+        .unwrap()
+        .free()
+        .unwrap();
     c.still_serves();
 }

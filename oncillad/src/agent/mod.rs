@@ -204,7 +204,7 @@ impl Agent {
                 Keys::none(),
                 vec![gpu_extent(alloc_id, &ranges, index, &record, &self.rdma)?],
             ),
-            None => self.pool_extents(&ranges, total)?,
+            None => self.pool_extents(&ranges, total, record.user)?,
         };
         for e in &mut extents {
             for r in &mut e.rdma {
@@ -259,10 +259,11 @@ impl Agent {
         &self,
         ranges: &[(u64, u64)],
         total: u64,
+        user: Option<u32>,
     ) -> Result<(Keys, Vec<HeldExtent>), CoreError> {
         let memory: Vec<Arc<_>> = self
             .pool
-            .reserve(total)?
+            .reserve(total, user)?
             .into_iter()
             .map(Arc::new)
             .collect();

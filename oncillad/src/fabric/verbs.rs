@@ -649,7 +649,7 @@ mod tests {
     fn no_keys_without_verbs_and_revoking_is_idempotent() {
         let pool = Pool::new(PoolSpec::new(4 * 4096, HugePages::Off)).unwrap();
         let r = Rdma::start_at(Path::new("/nonexistent/infiniband"), &[], &pool);
-        let e = pool.reserve(4096).unwrap().remove(0);
+        let e = pool.reserve(4096, None).unwrap().remove(0);
         // SAFETY: the extent is pool memory alive for the whole test.
         let (keys, regions) = unsafe { r.register_host(&[(e.ptr(0), e.len())]) }.unwrap();
         assert_eq!(keys.count(), 0);

@@ -36,7 +36,12 @@ impl From<CoreError> for Status {
             }
             CoreError::CapacityExhausted { .. }
             | CoreError::TooManySessions { .. }
-            | CoreError::Pool(PoolError::Exhausted { .. }) => Status::resource_exhausted(msg),
+            | CoreError::Pool(
+                PoolError::Exhausted { .. }
+                | PoolError::Fragmented { .. }
+                | PoolError::Descriptors { .. }
+                | PoolError::DescriptorShare { .. },
+            ) => Status::resource_exhausted(msg),
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
             CoreError::Quota(_) => with_reason(Code::ResourceExhausted, msg, Reason::Quota, ""),
             CoreError::QuotaStore(_) => Status::failed_precondition(msg),

@@ -180,14 +180,14 @@ mod tests {
                 Arc::new(HeldExtent {
                     alloc_offset: 0,
                     len: 100,
-                    memory: Backing::Pool(Arc::new(pool.reserve(100).unwrap().remove(0))),
+                    memory: Backing::Pool(Arc::new(pool.reserve(100, None).unwrap().remove(0))),
                     at: 0,
                     rdma: Vec::new(),
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
                     len: 100,
-                    memory: Backing::Pool(Arc::new(pool.reserve(100).unwrap().remove(0))),
+                    memory: Backing::Pool(Arc::new(pool.reserve(100, None).unwrap().remove(0))),
                     at: 0,
                     rdma: Vec::new(),
                 }),

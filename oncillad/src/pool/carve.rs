@@ -14,9 +14,9 @@
 
 use std::sync::Arc;
 
-use super::file::{MemFile, Part};
+use super::file::{open_files, MemFile, Part};
 use super::refill::Refill;
-use super::{Inner, PoolError, State};
+use super::{FileBudget, Inner, PoolError, State};
 
 /// Ranges up to this size (at least one page) get a file of their own.
 pub const OWN_FILE_MAX: u64 = 128 << 10;
@@ -29,6 +29,8 @@ pub(super) struct Carved {
     /// What backed the range before it got a file of its own, to put back
     /// when it is freed (if those files are still free memory's).
     pub restore: Vec<(u64, Part)>,
+    /// The user charged for the file made for it.
+    pub file_of: Option<u32>,
 }
 
 /// Backs `[offset, offset + len)`, just taken from the free list and
@@ -42,23 +44,49 @@ pub(super) fn carve(
     st: &mut State,
     offset: u64,
     len: u64,
+    user: Option<u32>,
 ) -> Result<Carved, PoolError> {
     if len <= OWN_FILE_MAX.max(inner.page) {
-        own_file(inner, st, offset, len)
+        own_file(inner, st, offset, len, user)
     } else {
         take_files(inner, st, offset, len)
     }
 }
 
-fn own_file(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
+fn own_file(
+    inner: &Inner,
+    st: &mut State,
+    offset: u64,
+    len: u64,
+    user: Option<u32>,
+) -> Result<Carved, PoolError> {
     // A run split in two around the range, and the range's own.
     let runs = st.backing.runs() + st.held_runs + 2;
-    if runs > inner.max_runs {
-        give_back(st, offset, len);
-        return Err(PoolError::Fragmented {
+    let budget = FileBudget::now();
+    let open = open_files();
+    let held = user.map_or(0, |uid| st.user_files.get(&uid).copied().unwrap_or(0));
+    let refused = if runs > inner.max_runs {
+        Some(PoolError::Fragmented {
             runs,
             limit: inner.max_runs,
-        });
+        })
+    } else if open >= budget.files {
+        Some(PoolError::Descriptors {
+            open,
+            budget: budget.files,
+            limit: budget.limit,
+        })
+    } else {
+        user.filter(|_| held >= budget.share())
+            .map(|uid| PoolError::DescriptorShare {
+                uid,
+                held,
+                share: budget.share(),
+            })
+    };
+    if let Some(e) = refused {
+        give_back(st, offset, len);
+        return Err(e);
     }
     let file = match MemFile::create(len, inner.huge) {
         Ok(f) => f,
@@ -92,9 +120,13 @@ fn own_file(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carv
     }
     file.own();
     st.held_runs += 1;
+    if let Some(uid) = user {
+        *st.user_files.entry(uid).or_default() += 1;
+    }
     Ok(Carved {
         parts: vec![Part::whole(file)],
         restore,
+        file_of: user,
     })
 }
 
@@ -161,6 +193,7 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
     Ok(Carved {
         parts: taken.into_iter().map(|(_, p)| p).collect(),
         restore: Vec::new(),
+        file_of: None,
     })
 }
 

@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use nix::fcntl::{fallocate, FallocateFlags};
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -28,6 +28,15 @@ pub enum FileError {
     Seal(nix::Error),
     Map(nix::Error),
     Lock(nix::Error),
+}
+
+/// Memory files open in this process: each holds a descriptor, and the
+/// open-file limit is the process's.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How many memory files this process holds open now.
+pub fn open_files() -> usize {
+    OPEN.load(Ordering::Relaxed)
 }
 
 /// A sealed memfd of pool memory.
@@ -65,6 +74,7 @@ impl MemFile {
             ),
         )
         .map_err(FileError::Seal)?;
+        OPEN.fetch_add(1, Ordering::Relaxed);
         Ok(Self {
             fd,
             len,
@@ -197,6 +207,13 @@ impl MemFile {
             // memory lost until the file closes, never a leak of bytes.
             tracing::warn!(error = %e, file_off, len, "cannot release pool pages");
         }
+    }
+}
+
+impl Drop for MemFile {
+    fn drop(&mut self) {
+        // The descriptor closes as `fd` drops, right after this.
+        OPEN.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

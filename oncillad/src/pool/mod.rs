@@ -109,6 +109,14 @@ pub enum PoolError {
         #[source]
         source: nix::Error,
     },
+    #[error("this node holds {open} memory files, the most it may ({budget}: the open-file limit {limit} less a quarter kept for connections); each allocation of up to 128 KiB holds one: free some, make larger allocations, or raise the agent's open-file limit (LimitNOFILE)")]
+    Descriptors {
+        open: usize,
+        budget: usize,
+        limit: usize,
+    },
+    #[error("uid {uid} holds {held} of this node's memory files, its share ({share}: half of what the node may hold); each allocation of up to 128 KiB holds one: free some or make larger allocations")]
+    DescriptorShare { uid: u32, held: usize, share: usize },
     #[error("this node's memory is in {runs} separate mappings, the most it may use (half of vm.max_map_count, {limit}); free allocations, use larger ones, or raise vm.max_map_count")]
     Fragmented { runs: usize, limit: usize },
     #[error(
@@ -186,6 +194,10 @@ struct State {
     scrubbing: u64,
     /// Runs of files held by extents (each a mapping of the agent's).
     held_runs: usize,
+    /// Files made for small extents, by the user whose allocation holds
+    /// them (operators' are not counted): no user may hold more than its
+    /// share ([`FileBudget::share`]).
+    user_files: std::collections::HashMap<u32, usize>,
     /// Ranges waiting for the refiller, oldest first.
     dirty: VecDeque<Refill>,
     shutdown: bool,
@@ -245,11 +257,21 @@ impl Inner {
         released: bool,
         parts: Vec<Part>,
         restore: Vec<(u64, Part)>,
+        file_of: Option<u32>,
     ) {
         let mut st = self.lock();
         if !released {
             st.used -= len;
             st.scrubbing += len;
+        }
+        if let Some(uid) = file_of {
+            if let std::collections::hash_map::Entry::Occupied(mut held) = st.user_files.entry(uid)
+            {
+                *held.get_mut() -= 1;
+                if *held.get() == 0 {
+                    held.remove();
+                }
+            }
         }
         st.held_runs -= parts.len();
         st.dirty.push_back(Refill::Freed {
@@ -355,6 +377,7 @@ impl Pool {
                 used: 0,
                 scrubbing: 0,
                 held_runs: 0,
+                user_files: std::collections::HashMap::new(),
                 dirty: VecDeque::new(),
                 shutdown: false,
             }),
@@ -424,7 +447,9 @@ impl Pool {
     /// what is still being refilled; [`PoolError::Fragmented`] when the
     /// backing has as many mappings as it may; a memory file the kernel
     /// refused.
-    pub fn reserve(&self, len: u64) -> Result<Vec<PoolExtent>, PoolError> {
+    /// `user` is whose allocation it is (`None`: an operator's), for the
+    /// share of memory files one user may hold.
+    pub fn reserve(&self, len: u64, user: Option<u32>) -> Result<Vec<PoolExtent>, PoolError> {
         let want = round_up(len.max(1), self.inner.page);
         let deadline = Instant::now() + SCRUB_WAIT;
         let mut st = self.inner.lock();
@@ -441,7 +466,7 @@ impl Pool {
                         break;
                     };
                     st.used += len;
-                    match carve::carve(&self.inner, &mut st, offset, len) {
+                    match carve::carve(&self.inner, &mut st, offset, len, user) {
                         Ok(c) => out.push(PoolExtent {
                             inner: Arc::clone(&self.inner),
                             offset,
@@ -449,6 +474,7 @@ impl Pool {
                             released: AtomicBool::new(false),
                             parts: c.parts,
                             restore: c.restore,
+                            file_of: c.file_of,
                         }),
                         // `carve` settled its own range.
                         Err(e) => {
@@ -523,6 +549,8 @@ pub struct PoolExtent {
     restore: Vec<(u64, Part)>,
     /// Its allocation is gone ([`Self::release`]).
     released: AtomicBool,
+    /// The user charged for the file made for it (see [`State::user_files`]).
+    file_of: Option<u32>,
 }
 
 impl PoolExtent {
@@ -574,6 +602,7 @@ impl Drop for PoolExtent {
             *self.released.get_mut(),
             std::mem::take(&mut self.parts),
             std::mem::take(&mut self.restore),
+            self.file_of,
         );
     }
 }
@@ -616,6 +645,39 @@ fn make_slabs(spec: PoolSpec, page: u64, huge: bool) -> Result<(Vec<Slab>, Backi
 /// [`MAX_START_FILES`], in whole pages.
 fn file_len(capacity: u64, page: u64) -> u64 {
     round_up(START_FILE.max(capacity.div_ceil(MAX_START_FILES)), page)
+}
+
+/// How many memory files the pool may hold, from the open-file limit in
+/// force now (an operator may change it with `prlimit`): a quarter of it,
+/// at least [`KEPT_DESCRIPTORS`], stays for connections, leases and logs,
+/// so running out of files is a refused allocation, never an agent that
+/// cannot accept a connection.
+#[derive(Debug, Clone, Copy)]
+struct FileBudget {
+    limit: usize,
+    files: usize,
+}
+
+/// Descriptors never given to memory files, however low the limit.
+const KEPT_DESCRIPTORS: usize = 256;
+
+impl FileBudget {
+    fn now() -> Self {
+        use nix::sys::resource::{getrlimit, Resource};
+        let limit = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| {
+            usize::try_from(soft).unwrap_or(usize::MAX)
+        });
+        Self {
+            limit,
+            files: limit.saturating_sub((limit / 4).max(KEPT_DESCRIPTORS)),
+        }
+    }
+
+    /// Most files one user's small allocations may hold: half, so one
+    /// tenant never takes the last of them from the others.
+    fn share(&self) -> usize {
+        self.files / 2
+    }
 }
 
 /// Every file of the pool holds a descriptor: take the whole hard limit
@@ -790,7 +852,7 @@ mod tests {
     #[test]
     fn large_reservation_spans_slabs_as_several_extents() {
         let p = pool(10, 4);
-        let ext = p.reserve(9 * PAGE).unwrap();
+        let ext = p.reserve(9 * PAGE, None).unwrap();
         assert_eq!(ext.len(), 3);
         assert_eq!(ext.iter().map(PoolExtent::len).sum::<u64>(), 9 * PAGE);
         for e in &ext {
@@ -809,14 +871,14 @@ mod tests {
     #[test]
     fn exhausted_reports_free_and_largest() {
         let p = pool(4, 4);
-        let _a = p.reserve(PAGE).unwrap();
-        let b = p.reserve(PAGE).unwrap();
-        let _c = p.reserve(PAGE).unwrap();
+        let _a = p.reserve(PAGE, None).unwrap();
+        let b = p.reserve(PAGE, None).unwrap();
+        let _c = p.reserve(PAGE, None).unwrap();
         drop(b);
         // Two free pages in two holes: served as two extents.
-        let two = p.reserve(2 * PAGE).unwrap();
+        let two = p.reserve(2 * PAGE, None).unwrap();
         assert_eq!(two.len(), 2);
-        match p.reserve(PAGE) {
+        match p.reserve(PAGE, None) {
             Err(PoolError::Exhausted {
                 free, scrubbing, ..
             }) => {
@@ -833,7 +895,7 @@ mod tests {
     fn released_memory_still_held_is_waited_for() {
         let p = pool(16, 16);
         let all: Vec<Arc<PoolExtent>> = p
-            .reserve(16 * PAGE)
+            .reserve(16 * PAGE, None)
             .unwrap()
             .into_iter()
             .map(Arc::new)
@@ -850,7 +912,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
             drop(holder);
         });
-        let again = p.reserve(16 * PAGE).unwrap();
+        let again = p.reserve(16 * PAGE, None).unwrap();
         letting_go.join().unwrap();
         assert!(again.iter().all(is_zero));
         drop(again);
@@ -864,7 +926,7 @@ mod tests {
     fn reuse_is_always_scrubbed() {
         let p = pool(64, 16);
         for round in 0..8u8 {
-            let all = p.reserve(64 * PAGE).unwrap();
+            let all = p.reserve(64 * PAGE, None).unwrap();
             for e in &all {
                 assert!(is_zero(e), "round {round}: saw bytes of a freed extent");
                 fill(e, 0xA0 | round);
@@ -874,20 +936,20 @@ mod tests {
             assert_eq!(s.used, 0);
             assert_eq!(s.scrubbing + s.free, 64 * PAGE);
         }
-        let all = p.reserve(64 * PAGE).unwrap();
+        let all = p.reserve(64 * PAGE, None).unwrap();
         assert!(all.iter().all(is_zero));
     }
 
     #[test]
     fn scrubber_returns_everything_coalesced() {
         let p = pool(16, 16);
-        let a = p.reserve(3 * PAGE).unwrap();
-        let b = p.reserve(PAGE + 1).unwrap();
+        let a = p.reserve(3 * PAGE, None).unwrap();
+        let b = p.reserve(PAGE + 1, None).unwrap();
         drop(b);
         drop(a);
         // Reserving the whole pool waits for the scrubber.
-        drop(p.reserve(16 * PAGE).unwrap());
-        let _wait = p.reserve(16 * PAGE).unwrap();
+        drop(p.reserve(16 * PAGE, None).unwrap());
+        let _wait = p.reserve(16 * PAGE, None).unwrap();
         drop(_wait);
         let deadline = Instant::now() + Duration::from_secs(10);
         while p.stats().scrubbing > 0 && Instant::now() < deadline {
@@ -936,14 +998,14 @@ mod tests {
             slab: SLAB,
         })
         .unwrap();
-        let small = p.reserve(64 << 10).unwrap();
-        let large = p.reserve(4 * mib).unwrap();
+        let small = p.reserve(64 << 10, None).unwrap();
+        let large = p.reserve(4 * mib, None).unwrap();
         assert!(large[0].len() > OWN_FILE_MAX);
         // Handed to a process, as the map socket does.
         for e in [&small[0], &large[0]] {
             e.parts().iter().for_each(|part| part.file.share());
         }
-        let others = p.reserve(3 * mib).unwrap();
+        let others = p.reserve(3 * mib, None).unwrap();
         fill(&small[0], 0x11);
         fill(&large[0], 0x22);
         others.iter().for_each(|e| fill(e, 0xEE));
@@ -960,7 +1022,7 @@ mod tests {
         drop(others);
         settle(&p);
         let rest = p.stats().free;
-        let tenant = p.reserve(rest).unwrap();
+        let tenant = p.reserve(rest, None).unwrap();
         tenant.iter().for_each(|e| fill(e, 0x5A));
         assert!(!whole_files(&small[0]).contains(&0x5A));
         assert!(!whole_files(&large[0]).contains(&0x5A));
@@ -975,7 +1037,7 @@ mod tests {
         drop(small);
         drop(tenant);
         settle(&p);
-        let all = p.reserve(p.stats().free).unwrap();
+        let all = p.reserve(p.stats().free, None).unwrap();
         all.iter().for_each(|e| fill(e, 0x77));
         for f in kept.iter().chain([&kept_small]) {
             let file = std::fs::File::from(f.fd().try_clone_to_owned().unwrap());
@@ -1002,12 +1064,12 @@ mod tests {
             slab: SLAB,
         })
         .unwrap();
-        let a = p.reserve(START_FILE).unwrap();
+        let a = p.reserve(START_FILE, None).unwrap();
         let file = Arc::clone(&a[0].parts()[0].file);
         fill(&a[0], 0x33);
         drop(a);
         settle(&p);
-        let b = p.reserve(START_FILE).unwrap();
+        let b = p.reserve(START_FILE, None).unwrap();
         assert!(Arc::ptr_eq(&b[0].parts()[0].file, &file), "the same file");
         assert!(b.iter().all(is_zero), "zeroed before reuse");
     }
@@ -1023,12 +1085,12 @@ mod tests {
             slab: SLAB,
         })
         .unwrap();
-        let a = p.reserve(64 << 10).unwrap();
-        let b = p.reserve(64 << 10).unwrap();
+        let a = p.reserve(64 << 10, None).unwrap();
+        let b = p.reserve(64 << 10, None).unwrap();
         drop(a);
         settle(&p);
         assert_eq!(p.holes().len(), 2, "two holes, one file");
-        let rest = p.reserve(START_FILE - (64 << 10)).unwrap();
+        let rest = p.reserve(START_FILE - (64 << 10), None).unwrap();
         assert!(rest.len() >= 2);
         for (i, e) in rest.iter().enumerate() {
             assert_eq!(
@@ -1063,8 +1125,8 @@ mod tests {
         let p = pool(64, 64);
         let runs = || p.inner.lock().backing.runs();
         assert_eq!(runs(), 1);
-        let a = p.reserve(PAGE).unwrap();
-        let b = p.reserve(3 * PAGE).unwrap();
+        let a = p.reserve(PAGE, None).unwrap();
+        let b = p.reserve(3 * PAGE, None).unwrap();
         assert_eq!(
             runs(),
             1,
@@ -1088,7 +1150,7 @@ mod tests {
         );
         assert_eq!(st.held_runs, 0);
         drop(st);
-        let all = p.reserve(64 * PAGE).unwrap();
+        let all = p.reserve(64 * PAGE, None).unwrap();
         assert!(all.iter().all(is_zero), "the freed pages came back zeroed");
     }
 
@@ -1132,7 +1194,7 @@ mod tests {
             Ok(p) => {
                 assert!(p.huge_pages());
                 assert_eq!(p.page_size(), hp.size);
-                let e = p.reserve(1).unwrap();
+                let e = p.reserve(1, None).unwrap();
                 assert_eq!(e[0].len(), hp.size);
             }
             Err(e) => {
@@ -1155,7 +1217,7 @@ mod tests {
             let mut live: Vec<Vec<PoolExtent>> = Vec::new();
             for (alloc, len) in ops {
                 if alloc || live.is_empty() {
-                    if let Ok(ext) = p.reserve(len) {
+                    if let Ok(ext) = p.reserve(len, None) {
                         for e in &ext {
                             prop_assert!(is_zero(e));
                             for other in live.iter().flatten() {
