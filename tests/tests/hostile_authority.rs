@@ -448,6 +448,18 @@ fn role() {
         println!("fair-share ok");
         return;
     }
+    if role == "map" {
+        // Maps a same-node allocation beside a user who filled its share
+        // of files in flight.
+        let mut a = ocm.alloc(1 << 20, Kind::LocalHost).unwrap();
+        a.localbuf().unwrap()[..4].copy_from_slice(b"mine");
+        let mut back = [0u8; 4];
+        a.copy_out(0, &mut back).unwrap();
+        assert_eq!(&back, b"mine");
+        a.free().unwrap();
+        println!("map ok");
+        return;
+    }
     if role == "small-files" {
         // Small allocations on node-1 (each holds a memory file there),
         // beside a user who took its share of them.
@@ -957,5 +969,154 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
         .unwrap()
         .free()
         .unwrap();
+    c.still_serves();
+}
+
+/// Before, 150 map connections each asking for grants of a 64 MiB
+/// allocation and reading nothing left every descriptor the agent could
+/// have in flight (the kernel bounds them per sending user, by the
+/// agent's open-file limit) in sockets nobody read: other applications
+/// got "agent closed the map socket" until the attacker closed. Now each
+/// grant's files are charged to the user they go to (an eighth of the
+/// limit each, half of it in all), and a connection reads no further
+/// request until its process took them: the attacker is refused with a
+/// message naming its share, another user maps, the operator copies, and
+/// once the attacker closes its connections its share is back.
+#[test]
+fn one_user_cannot_fill_the_descriptors_in_flight() {
+    use std::io::Read as _;
+    use std::os::unix::net::UnixStream;
+    let c = Cluster::start(2, "96MiB");
+    // The unit's limit is 65,536; 1,024 makes the attack short (a user's
+    // share 128 files in flight).
+    let agent = c.agent_pid(0).unwrap().to_string();
+    let set = std::process::Command::new("prlimit")
+        .args(["--pid", &agent, "--nofile=1024:1024"])
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let spec = pb::AllocSpec {
+        size: 32 << 20,
+        kind: pb::MemKind::RemoteHost as i32,
+        placement: Some(pb::Placement {
+            nodes: vec![pb::NodeShare {
+                node: "node-0".into(),
+                weight: 1,
+            }],
+            ..Default::default()
+        }),
+        persistent: true,
+        ..Default::default()
+    };
+    let bait = c.master().unwrap().allocate(spec).unwrap();
+    let key: [u8; wire::KEY_LEN] = bait.access_key.as_slice().try_into().unwrap();
+    let extent = &bait.extents[0];
+    let me = open_raw(&c);
+    let map_socket = format!("{}.map", c.socket(0).display());
+    let mut held = Vec::new();
+    let mut files = 0;
+    let mut refusal = None;
+    for _ in 0..64 {
+        let mut s = UnixStream::connect(&map_socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        wire::write_hello(&mut s, me.credential.as_bytes()).unwrap();
+        let (welcome, msg) = wire::read_welcome(&mut s).unwrap();
+        assert_eq!(welcome, wire::Welcome::Ok, "{msg}");
+        let req = wire::Request {
+            op: wire::Op::Read,
+            alloc_id: bait.id,
+            key,
+            offset: extent.alloc_offset,
+            len: extent.len,
+        };
+        s.write_all(&req.encode()).unwrap();
+        // The reply and grant only: the files ride on later bytes, left
+        // unread in the socket.
+        let mut head = [0u8; wire::REPLY_LEN];
+        s.read_exact(&mut head).unwrap();
+        let reply = wire::Reply::decode(&head).unwrap();
+        if reply.status != wire::Status::Ok {
+            assert_eq!(reply.status, wire::Status::Busy);
+            let mut msg = vec![0u8; usize::try_from(reply.len).unwrap()];
+            s.read_exact(&mut msg).unwrap();
+            refusal = Some(String::from_utf8(msg).unwrap());
+            break;
+        }
+        let mut grant = [0u8; wire::GRANT_LEN];
+        s.read_exact(&mut grant).unwrap();
+        files = wire::MapGrant::decode(&grant).files;
+        held.push(s);
+    }
+    let msg = refusal.expect("the attacker was never refused");
+    assert!(files > 1, "a grant of {files} files");
+    let share = 128;
+    assert_eq!(held.len() as u64, share / files, "grants left unread");
+    assert!(
+        msg.contains(&format!(
+            "uid 0 has {} memory files in flight",
+            held.len() as u64 * files
+        )) && msg.contains("share (128)"),
+        "{msg}"
+    );
+
+    // Another user maps; the operator copies.
+    if nix::unistd::geteuid().is_root() {
+        open_sockets_to_others(&c, 0);
+        run_role_as_other_user(&c, "map");
+    } else {
+        println!("skipped the other user's part: needs root to run a process as another user");
+    }
+    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let file = c.dir.join("payload");
+    std::fs::write(&file, b"operator").unwrap();
+    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = c.ocmctl(&["get", &id, "--len", "8"]);
+    assert_eq!(
+        get.stdout,
+        b"operator",
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(c.ocmctl(&["free", &id]).status.success());
+
+    // Closing the connections drops the unread files: the share is back.
+    drop(held);
+    let ocm = c.client(0);
+    let mut last = String::new();
+    let mapped = Cluster::eventually(Duration::from_secs(10), || {
+        match ocm.alloc(1 << 20, Kind::LocalHost) {
+            Ok(mut a) => {
+                a.localbuf().unwrap()[..2].copy_from_slice(b"ok");
+                a.free().unwrap();
+                true
+            }
+            Err(e) => {
+                last = e.to_string();
+                false
+            }
+        }
+    });
+    assert!(mapped, "the attacker's share never came back: {last}");
+    let out = c.ocmctl(&["free", &bait.id.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     c.still_serves();
 }

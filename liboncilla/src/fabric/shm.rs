@@ -293,6 +293,7 @@ fn receive_grant(stream: &mut UnixStream, fail: &impl Fn(String) -> Error) -> Re
         return Err(match reply.status {
             Status::NoSuchAllocation => Error::NotFound(msg),
             Status::BadKey => Error::PermissionDenied(msg),
+            Status::Busy => Error::CapacityExhausted(msg),
             _ => Error::InvalidArgument(msg),
         });
     }

@@ -3,6 +3,7 @@
 //! key and bounds — live here once, so each fabric serves only its transfer.
 
 pub mod device;
+pub mod flight;
 pub mod pull;
 pub mod shm;
 pub mod tcp;

@@ -16,7 +16,10 @@
 //! place in a small budget ([`MAX_MAP_PENDING`], oldest evicted first) and
 //! must finish its hello and first request within [`REQUEST_DEADLINE`];
 //! at most [`MAX_MAP_CONNECTIONS`] are served at once, so threads stay
-//! bounded; accept errors back off.
+//! bounded; accept errors back off. Each grant's files are charged to the
+//! user before they are sent and the connection reads no further request
+//! until its process took them ([`super::flight`]), so no user can fill
+//! the kernel's bound on descriptors in flight, which is the agent's.
 //!
 //! The connection is the process's lease (see [`crate::memory::lease`]):
 //! it is served on its own thread, the agent holds the granted extents
@@ -38,6 +41,7 @@ use oncilla_proto::wire::{
     self, MapFile, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN,
 };
 
+use super::flight::{self, Flight};
 use super::Within;
 use crate::listen::{AcceptBackoff, Pending, Place, Ticket, Users};
 use crate::memory::held::{Held, HeldTable};
@@ -71,6 +75,7 @@ pub fn serve(
 ) {
     let live = Arc::new(AtomicUsize::new(0));
     let users = Users::new(MAX_MAP_CONNECTIONS_PER_USER);
+    let flight = Flight::new();
     let pending = Pending::new(MAX_MAP_PENDING, MAX_MAP_PENDING);
     let mut backoff = AcceptBackoff::new("map");
     loop {
@@ -92,6 +97,7 @@ pub fn serve(
         let (held, leases, keys) = (Arc::clone(&held), Arc::clone(&leases), keys.clone());
         let live = Arc::clone(&live);
         let users = Arc::clone(&users);
+        let flight = Arc::clone(&flight);
         let metrics = Arc::clone(&metrics);
         let spawned = std::thread::Builder::new()
             .name("oncilla-lease".into())
@@ -107,7 +113,7 @@ pub fn serve(
                     &keys,
                     &mut lease,
                     ticket,
-                    (&live, &users),
+                    (&live, &users, &flight),
                     &metrics,
                 );
                 if let Err(e) = served {
@@ -143,11 +149,11 @@ fn serve_one(
     keys: &Keyring,
     lease: &mut Lease,
     ticket: Ticket,
-    (live, users): (&AtomicUsize, &Arc<Users>),
+    (live, users, flight): (&AtomicUsize, &Arc<Users>, &Arc<Flight>),
     metrics: &Transfers,
 ) -> Result<(), wire::WireError> {
     let until = Instant::now() + REQUEST_DEADLINE;
-    let Some(_place) = super::accept(
+    let Some((_place, user)) = super::accept(
         &mut stream,
         keys,
         until,
@@ -157,8 +163,11 @@ fn serve_one(
                 .share(user)
                 .map_err(|_| "too many map connections from this user")?;
             Ok((
-                Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections")?,
-                share,
+                (
+                    Place::take(live, MAX_MAP_CONNECTIONS, "too many map connections")?,
+                    share,
+                ),
+                user,
             ))
         },
         |_| {},
@@ -208,23 +217,27 @@ fn serve_one(
                     Some(_) if ok.at != 0 || extent.len != req.len => {
                         Err((Status::OutOfBounds, "map whole extents only".to_string()))
                     }
-                    Some(m) => Ok((
-                        Arc::clone(m),
-                        MapGrant {
-                            pool_offset: m.offset(),
-                            map_len: m.len(),
-                            page: m.page_size(),
-                            at: extent.at,
-                            files: m.parts().len() as u64,
-                        },
-                        ok,
-                    )),
+                    Some(m) => match flight.charge(user, m.parts().len()) {
+                        Err(msg) => Err((Status::Busy, msg)),
+                        Ok(charge) => Ok((
+                            charge,
+                            Arc::clone(m),
+                            MapGrant {
+                                pool_offset: m.offset(),
+                                map_len: m.len(),
+                                page: m.page_size(),
+                                at: extent.at,
+                                files: m.parts().len() as u64,
+                            },
+                            ok,
+                        )),
+                    },
                 }
             }
             Err(refused) => Err(refused),
         };
         match grant {
-            Ok((memory, grant, ok)) => {
+            Ok((charge, memory, grant, ok)) => {
                 if lease.registered.is_none() {
                     let id = lease.leases.add(req.alloc_id, &stream)?;
                     lease.registered = Some((req.alloc_id, id));
@@ -255,6 +268,9 @@ fn serve_one(
                     send_with_fd(&mut stream, &frame, part.file.fd().as_raw_fd())?;
                 }
                 metrics.map.took(started.elapsed());
+                // No further request until the process took these files.
+                flight::wait_taken(&stream)?;
+                drop(charge);
             }
             Err((status, msg)) => {
                 let reply = Reply {

@@ -55,7 +55,7 @@ pub struct Transfers {
     /// Same-node mappings granted (fabric `shm`, op `map`; the bytes are
     /// the lengths mapped, then copied by the client itself).
     pub map: OpMetrics,
-    refusals: [IntCounter; 5],
+    refusals: [IntCounter; 6],
     hello: [IntCounter; 3],
     connections: IntGaugeVec,
     evictions: [super::Mirror; 2],
@@ -133,6 +133,7 @@ impl Transfers {
                 "out_of_bounds",
                 "too_large",
                 "internal",
+                "busy",
                 "other",
             ]
             .map(|r| refusals.with_label_values(&[r])),
@@ -151,7 +152,8 @@ impl Transfers {
             Status::OutOfBounds => 1,
             Status::TooLarge => 2,
             Status::Internal => 3,
-            Status::Ok => 4,
+            Status::Busy => 4,
+            Status::Ok => 5,
         };
         self.refusals[i].inc();
     }

@@ -281,6 +281,9 @@ pub enum Status {
     OutOfBounds = 3,
     TooLarge = 4,
     Internal = 5,
+    /// The agent is at a bound for this caller (its share of something
+    /// shared): retry later, or give back what it holds.
+    Busy = 6,
 }
 
 /// One reply header.
@@ -312,6 +315,7 @@ impl Reply {
             3 => Status::OutOfBounds,
             4 => Status::TooLarge,
             5 => Status::Internal,
+            6 => Status::Busy,
             other => return Err(WireError::BadStatus(other)),
         };
         Ok(Self {
