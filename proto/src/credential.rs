@@ -411,6 +411,7 @@ impl tonic::service::Interceptor for Authenticate {
                 "permission denied: wrong cluster token or node credential",
             )),
             Some(Some(who)) => {
+                crate::proven::prove(&req);
                 req.extensions_mut().insert(who);
                 Ok(req)
             }

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod client;
 pub mod convert;
 pub mod credential;
+pub mod proven;
 pub mod status;
 pub mod tls;
 pub mod wire;

@@ -641,6 +641,54 @@ fn idle_grpc_connections_do_not_stop_the_master_or_the_session_socket() {
     c.still_serves();
 }
 
+/// Before, about 4,100 connections that sent the HTTP/2 preface (and
+/// answered PINGs) held every one of the master's gRPC connections:
+/// `ocmctl nodes` and `ocmctl health` timed out. Now a TCP connection
+/// keeps its place in the pending budget (64, 32 from one address, the
+/// oldest evicted first) until its first call the interceptor admits: the
+/// strangers evict each other, and the operator is served during the flood.
+#[test]
+fn strangers_that_speak_http2_cannot_fill_the_master() {
+    // Past the master's 4,096 connections; fewer where descriptors are short.
+    let n = hostile_budget(4200);
+    let c = Cluster::start(1, "16MiB");
+    let addr: SocketAddr = c.master_addr.parse().expect("master address");
+    // The client preface and an empty SETTINGS frame (RFC 9113 §3.4),
+    // each connection in turn, waiting for the server's SETTINGS (it read
+    // the preface) before the next, as a patient attacker would.
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut hostile = Vec::with_capacity(n);
+    while hostile.len() < n && Instant::now() < deadline {
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+            continue;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut frame = [0u8; 9];
+        if s.write_all(&preface).is_ok() && s.read_exact(&mut frame).is_ok() {
+            hostile.push(s);
+        }
+    }
+    let spoke = hostile.len();
+    assert!(spoke >= n / 2, "only {spoke} spoke HTTP/2");
+    for args in [&["nodes"][..], &["health"][..]] {
+        let out = c.ocmctl(args);
+        assert!(
+            out.status.success(),
+            "ocmctl {args:?} failed during {spoke} HTTP/2 strangers: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let open = hostile.iter().filter(|s| !tcp_closed(s)).count();
+    assert!(
+        open <= MAX_PENDING,
+        "{open} of {spoke} strangers still hold a connection (the budget is {MAX_PENDING})"
+    );
+    assert_eq!(c.nodes_up(), 1);
+    c.still_serves();
+}
+
 /// Sends a PULL on `s` (the header, then `record` as its source) and
 /// reads the reply: status and message.
 fn pull_raw(

@@ -100,8 +100,8 @@ impl session_server::Session for SessionService {
         // and user are trusted over what the request claims.
         let peer = req
             .extensions()
-            .get::<tonic::transport::server::UdsConnectInfo>()
-            .and_then(|i| i.peer_cred);
+            .get::<oncilla_proto::proven::Conn<tonic::transport::server::UdsConnectInfo>>()
+            .and_then(|c| c.info.peer_cred);
         let r = req.into_inner();
         // Kept with every allocation the session owns and sent in each
         // registration of the node: bounded here, where it enters.

@@ -6,7 +6,10 @@
 //! from one user (the kernel's `SO_PEERCRED`), so one tenant cannot take
 //! every connection from the others; a connection must send the HTTP/2 client preface within
 //! [`PREFACE_DEADLINE`] and holds a place in a small [`Pending`] budget
-//! until it has, and accept errors back off ([`AcceptBackoff`]).
+//! until it has, and on the TCP port until its first call the
+//! interceptor admits (its [`Unproven`]): a peer without the token keeps a
+//! connection only inside that budget, where newcomers evict it. Accept
+//! errors back off ([`AcceptBackoff`]).
 //!
 //! Authentication stays with the services' interceptors; this module only
 //! decides which connections exist. It never parses HTTP/2 beyond counting
@@ -23,6 +26,7 @@ use std::net::IpAddr;
 use std::os::fd::AsFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use oncilla_proto::proven::{Conn, Unproven};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
@@ -62,15 +66,21 @@ pub trait Listen: Unpin {
     }
 
     /// The user on the other end, where the kernel says (Unix sockets):
-    /// each gets at most [`MAX_GRPC_PER_USER`] connections.
+    /// each gets at most [`MAX_GRPC_PER_USER`] connections. Where it does,
+    /// a connection needs no proof past its preface.
     fn user(_io: &Self::Io) -> Option<u32> {
         None
     }
+
+    /// Whether a connection keeps its pending place until its first
+    /// admitted call (peers the kernel does not name).
+    const PROVES: bool;
 }
 
 impl Listen for TcpListener {
     type Io = TcpStream;
     const NAME: &'static str = "gRPC";
+    const PROVES: bool = true;
 
     fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, Option<IpAddr>)>> {
         TcpListener::poll_accept(self, cx).map_ok(|(s, a)| (s, Some(a.ip())))
@@ -86,6 +96,7 @@ impl Listen for TcpListener {
 impl Listen for UnixListener {
     type Io = UnixStream;
     const NAME: &'static str = "session socket";
+    const PROVES: bool = false;
 
     fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, Option<IpAddr>)>> {
         UnixListener::poll_accept(self, cx).map_ok(|(s, _)| (s, None))
@@ -140,6 +151,8 @@ impl<L: Listen> Incoming<L> {
         Ok(Guarded {
             io: stream,
             preface: Some((ticket, 0, Box::pin(tokio::time::sleep(PREFACE_DEADLINE)))),
+            proves: L::PROVES,
+            unproven: Unproven::default(),
             _permit: permit,
             _user: user,
         })
@@ -199,16 +212,23 @@ pub struct Guarded<Io> {
     io: Io,
     /// Until the preface is in: the pending place, bytes seen, the deadline.
     preface: Option<(Ticket, usize, Pin<Box<Sleep>>)>,
+    /// Whether the pending place passes to `unproven` with the preface.
+    proves: bool,
+    /// Holds the pending place from the preface to the first admitted call.
+    unproven: Unproven,
     _permit: OwnedSemaphorePermit,
     /// The connection's user's place, on the session socket.
     _user: Option<UserPlace>,
 }
 
 impl<Io: Connected> Connected for Guarded<Io> {
-    type ConnectInfo = Io::ConnectInfo;
+    type ConnectInfo = Conn<Io::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        Conn {
+            info: self.io.connect_info(),
+            unproven: self.unproven.clone(),
+        }
     }
 }
 
@@ -232,7 +252,14 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Guarded<Io> {
         ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
         *seen += buf.filled().len() - before;
         if *seen >= PREFACE_LEN {
-            this.preface = None;
+            if let Some((ticket, _, _)) = this.preface.take() {
+                if this.proves {
+                    // It has spoken: evicted only after strangers that
+                    // have not.
+                    ticket.heard();
+                    this.unproven.hold(Box::new(ticket));
+                }
+            }
         }
         Poll::Ready(Ok(()))
     }

@@ -648,8 +648,8 @@ fn file_len(capacity: u64, page: u64) -> u64 {
 }
 
 /// How many memory files the pool may hold, from the open-file limit in
-/// force now (an operator may change it with `prlimit`): a quarter of it,
-/// at least [`KEPT_DESCRIPTORS`], stays for connections, leases and logs,
+/// force now (an operator may change it with `prlimit`): a quarter of it
+/// stays for connections, leases and logs,
 /// so running out of files is a refused allocation, never an agent that
 /// cannot accept a connection.
 #[derive(Debug, Clone, Copy)]
@@ -657,9 +657,6 @@ struct FileBudget {
     limit: usize,
     files: usize,
 }
-
-/// Descriptors never given to memory files, however low the limit.
-const KEPT_DESCRIPTORS: usize = 256;
 
 impl FileBudget {
     fn now() -> Self {
@@ -669,7 +666,7 @@ impl FileBudget {
         });
         Self {
             limit,
-            files: limit.saturating_sub((limit / 4).max(KEPT_DESCRIPTORS)),
+            files: limit - limit / 4,
         }
     }
 
