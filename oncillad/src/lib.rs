@@ -355,8 +355,19 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let bound = listener
             .local_addr()
             .map_err(|source| bind_error("metrics", addr, source))?;
-        tracing::info!(listen = %bound, "metrics at /metrics");
-        tokio::spawn(metrics::serve::serve(listener, Arc::clone(&metrics), token));
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(listen = %bound, scheme, "metrics at /metrics");
+        let tls = config.tls.as_ref().map(|t| Arc::clone(t.serve.data()));
+        tokio::spawn(metrics::serve::serve(
+            listener,
+            Arc::clone(&metrics),
+            token,
+            tls,
+        ));
     }
     tokio::spawn(health::publish(
         reporter,

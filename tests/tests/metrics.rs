@@ -128,6 +128,71 @@ impl Drop for Prometheus {
     }
 }
 
+/// Before, any peer held all 16 metrics connections (idle and
+/// reconnecting, or kept alive with an unauthenticated GET every few
+/// seconds): legitimate scrapes succeeded 0 of 14. Now a connection that
+/// has not presented the token waits in a small budget of its own (the
+/// oldest evicted), a request without the token ends its connection, and
+/// only connections with the token take one of the 16 seats: every scrape
+/// is served during the attack, and what the strangers hold stays within
+/// that budget.
+#[test]
+fn strangers_cannot_take_the_metrics_listener() {
+    use std::io::Read as _;
+    let c = Cluster::start_metrics(1, "16MiB");
+    let t = token(&c);
+    let addr = c.metrics_addr("node-0").unwrap();
+    let connect = || {
+        let s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    // Idle strangers, and strangers that speak without the token.
+    let idle: Vec<_> = (0..40).map(|_| connect()).collect();
+    let mut talkers: Vec<_> = (0..40).map(|_| connect()).collect();
+    for s in &mut talkers {
+        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    for s in &mut talkers {
+        // Answered 401 and closed: read to the end (bounded by the timeout).
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(
+            reply.is_empty() || reply.starts_with("HTTP/1.1 401"),
+            "{reply}"
+        );
+    }
+    let mut served = 0;
+    for _ in 0..20 {
+        let (code, body) = get(&addr, "/metrics", Some(&t));
+        if code == 200 && body.contains("oncilla_") {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 20, "scrapes served during the attack");
+    // What strangers still hold: within the pending budget (16).
+    let open = idle
+        .iter()
+        .chain(&talkers)
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 64];
+            let open = loop {
+                match (&**s).read(&mut b) {
+                    Ok(0) => break false,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
+                    Err(_) => break false,
+                }
+            };
+            s.set_nonblocking(false).unwrap();
+            open
+        })
+        .count();
+    assert!(open <= 16, "{open} stranger connections still open");
+    c.still_serves();
+}
+
 fn encode(q: &str) -> String {
     q.bytes()
         .map(|b| {
@@ -150,15 +215,11 @@ fn query(addr: &str, q: &str) -> Option<f64> {
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }
 
-#[test]
-fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
-    let bin = Path::new("/usr/bin/prometheus");
-    if !bin.exists() {
-        eprintln!("skipped a_real_prometheus_scrapes_the_cluster_and_answers_promql: no prometheus (Debian package prometheus)");
-        return;
-    }
-    let c = Cluster::start_metrics(2, "32MiB");
-    let targets: Vec<String> = ["master", "node-0", "node-1"]
+/// A Prometheus server scraping `daemons` of `c` every second with the
+/// metrics token (`job` adds lines to the job, indented four spaces), and
+/// the address of its HTTP API.
+fn prometheus(bin: &Path, c: &Cluster, daemons: &[&str], job: &str) -> (Prometheus, String) {
+    let targets: Vec<String> = daemons
         .iter()
         .map(|d| format!("'{}'", c.metrics_addr(d).unwrap()))
         .collect();
@@ -166,7 +227,7 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: oncilla\n    authorization:\n      credentials_file: {}\n    static_configs:\n      - targets: [{}]\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: oncilla\n    authorization:\n      credentials_file: {}\n{job}    static_configs:\n      - targets: [{}]\n",
             c.metrics_token_file().display(),
             targets.join(", ")
         ),
@@ -174,7 +235,7 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
     .unwrap();
     let listen = format!("127.0.0.1:{}", oncilla_cluster::free_port().unwrap());
     let log = std::fs::File::create(c.dir.join("prometheus.log")).unwrap();
-    let _prom = Prometheus(
+    let prom = Prometheus(
         Command::new(bin)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -187,6 +248,18 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
             .spawn()
             .unwrap(),
     );
+    (prom, listen)
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
+    let bin = Path::new("/usr/bin/prometheus");
+    if !bin.exists() {
+        eprintln!("skipped a_real_prometheus_scrapes_the_cluster_and_answers_promql: no prometheus (Debian package prometheus)");
+        return;
+    }
+    let c = Cluster::start_metrics(2, "32MiB");
+    let (_prom, listen) = prometheus(bin, &c, &["master", "node-0", "node-1"], "");
     // Every target up.
     let up = || query(&listen, "sum(up{job=\"oncilla\"})") == Some(3.0);
     assert!(
@@ -241,6 +314,74 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
         }
     }
     drop(a);
+}
+
+/// One HTTPS GET of `/metrics` at `addr` trusting only the CA at `ca`,
+/// with `bearer`: the status code and the body (0: no HTTP answer).
+fn https_get(addr: &str, ca: &Path, bearer: &str) -> (u16, String) {
+    use std::io::Read as _;
+    let tls = oncilla_proto::tls::ClientTls::load(ca).unwrap();
+    let host = oncilla_proto::tls::host_of(addr).to_string();
+    let name = rustls::pki_types::ServerName::try_from(host).unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::clone(tls.data()), name).unwrap();
+    let sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut s = rustls::StreamOwned::new(conn, sock);
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {bearer}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = Vec::new();
+    // Up to the end of the stream; a peer that closes without TLS's
+    // close_notify ends it with an error, after what it sent.
+    let _ = s.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, body.to_string())
+}
+
+/// Before, metrics stayed plain HTTP in a TLS cluster, so the scrape token
+/// crossed the network in clear. Now the endpoint speaks HTTPS with the
+/// daemon's certificate there: a plaintext scrape gets no answer, one that
+/// trusts the cluster CA is served, and a real Prometheus (`scheme:
+/// https`, the CA as `ca_file`) scrapes every daemon.
+#[test]
+fn metrics_speak_tls_in_a_tls_cluster() {
+    let c = Cluster::start_tls_metrics(1, "16MiB");
+    let t = token(&c);
+    let ca = c.tls_ca().unwrap();
+    for d in ["master", "node-0"] {
+        let addr = c.metrics_addr(d).unwrap();
+        let (code, body) = get(&addr, "/metrics", Some(&t));
+        assert_ne!(code, 200, "{d} answered plaintext: {body}");
+        let (code, body) = https_get(&addr, &ca, &t);
+        assert_eq!(code, 200, "{d} over TLS: {body}");
+        assert!(body.contains("# TYPE oncilla_"), "{d}: {body}");
+        assert_eq!(https_get(&addr, &ca, "wrong").0, 401);
+    }
+    let bin = Path::new("/usr/bin/prometheus");
+    if !bin.exists() {
+        eprintln!("skipped the Prometheus part: no prometheus (Debian package prometheus)");
+        return;
+    }
+    let job = format!(
+        "    scheme: https\n    tls_config:\n      ca_file: {}\n",
+        ca.display()
+    );
+    let (_prom, listen) = prometheus(bin, &c, &["master", "node-0"], &job);
+    let up = || query(&listen, "sum(up{job=\"oncilla\"})") == Some(2.0);
+    assert!(
+        Cluster::eventually(BOUND, up),
+        "prometheus did not scrape both daemons over TLS; its log: {}",
+        std::fs::read_to_string(c.dir.join("prometheus.log")).unwrap_or_default()
+    );
 }
 
 /// The PromQL of every panel of `deploy/grafana/oncilla.json`.

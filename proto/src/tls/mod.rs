@@ -150,7 +150,8 @@ impl ServerTls {
             .timeout(HANDSHAKE_TIMEOUT)
     }
 
-    /// The data port's configuration.
+    /// The data port's configuration, and the metrics endpoint's (TLS 1.3,
+    /// which Prometheus speaks; no ALPN, so HTTP/1.1 clients are served).
     pub fn data(&self) -> &Arc<rustls::ServerConfig> {
         &self.data
     }

@@ -125,6 +125,15 @@ impl Cluster {
         Self::start_config(config, START_TIMEOUT)
     }
 
+    /// [`Cluster::start_metrics`] in a TLS cluster.
+    pub fn start_tls_metrics(agents: usize, capacity: &str) -> Self {
+        let config = Config::new(Daemon::Binary(bin("oncillad")), &vec![capacity; agents])
+            .metrics(true)
+            .tls(true)
+            .heartbeat_ms(200);
+        Self::start_config(config, START_TIMEOUT)
+    }
+
     /// [`Cluster::start`] with `env` set for every daemon.
     pub fn start_env(agents: usize, capacity: &str, env: &[(&str, &str)]) -> Self {
         Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, 200, env)
