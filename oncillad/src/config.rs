@@ -56,6 +56,11 @@ pub struct Cli {
     /// start without them [default: auto].
     #[arg(long, env = "ONCILLA_HUGEPAGES", value_name = "MODE")]
     pub hugepages: Option<HugePages>,
+    /// Bytes a second one user's pulls (third-party copies between two
+    /// allocations) may move into this node, e.g. 1GiB; 0: no limit
+    /// (agent) [default: 2GiB].
+    #[arg(long, env = "ONCILLA_PULL_RATE", value_name = "SIZE")]
+    pub pull_rate: Option<String>,
     /// RDMA ports to export the pool on, `NAME` or `NAME:PORT`, repeatable
     /// or comma-separated (agent) [default: every active port]. Used only
     /// by a build with the `verbs` feature.
@@ -137,6 +142,7 @@ struct FileConfig {
     socket: Option<PathBuf>,
     capacity: Option<String>,
     hugepages: Option<HugePages>,
+    pull_rate: Option<String>,
     rdma_device: Option<Vec<String>>,
     token: Option<String>,
     token_file: Option<PathBuf>,
@@ -173,6 +179,8 @@ pub enum ConfigError {
     NoCapacity,
     #[error("--capacity: {0}")]
     Size(#[from] SizeError),
+    #[error("--pull-rate: {0}")]
+    PullRate(#[source] SizeError),
     #[error(transparent)]
     Token(#[from] TokenError),
     #[error(transparent)]
@@ -205,6 +213,11 @@ pub enum ConfigError {
     },
 }
 
+/// What one user's pulls may move into a node each second, unless
+/// `--pull-rate` says otherwise: more than a TCP connection carries, so
+/// only a user pulling on many connections at once meets it.
+pub const DEFAULT_PULL_RATE: u64 = 2 << 30;
+
 /// The agent role's settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -213,6 +226,8 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     pub capacity: u64,
     pub huge_pages: HugePages,
+    /// Bytes a second one user may pull into this node (0: no limit).
+    pub pull_rate: u64,
     /// `--rdma-device` selections; empty: every active port.
     pub rdma_devices: Vec<String>,
 }
@@ -320,6 +335,10 @@ impl Config {
                         .unwrap_or_else(|| PathBuf::from(oncilla_proto::DEFAULT_SOCKET)),
                     capacity: parse_size(&capacity)?,
                     huge_pages: cli.hugepages.or(file.hugepages).unwrap_or_default(),
+                    pull_rate: match cli.pull_rate.or(file.pull_rate) {
+                        Some(rate) => parse_size(&rate).map_err(ConfigError::PullRate)?,
+                        None => DEFAULT_PULL_RATE,
+                    },
                     rdma_devices: if cli.rdma_device.is_empty() {
                         file.rdma_device.unwrap_or_default()
                     } else {
@@ -441,6 +460,7 @@ impl Config {
                 "hugepages",
                 q(&format!("{:?}", a.huge_pages).to_lowercase()),
             );
+            line("pull_rate", q(&a.pull_rate.to_string()));
             let devices: Vec<String> = a.rdma_devices.iter().map(|d| q(d)).collect();
             line("rdma_device", format!("[{}]", devices.join(", ")));
         }

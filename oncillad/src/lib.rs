@@ -279,6 +279,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let pulls = fabric::pull::Pulls {
             peers: agent.peers(),
             tls: trust.clone(),
+            pace: fabric::pace::Pace::new(Some(agent_cfg.pull_rate)),
         };
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())

@@ -460,6 +460,27 @@ fn role() {
         println!("map ok");
         return;
     }
+    if role == "pull" {
+        // A third-party copy (node-1 to node-2's agent pulling) beside a
+        // user whose pulls are at their pace.
+        let src = ocm
+            .alloc_with(&AllocSpec::new(4 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+            .unwrap();
+        let dst = ocm
+            .alloc_with(&AllocSpec::new(4 << 20, Kind::RemoteHost).on_nodes(["node-2"]))
+            .unwrap();
+        src.copy_in(0, &[9u8; 4 << 20]).unwrap();
+        let started = std::time::Instant::now();
+        ocm.copy(&dst, 0, &src, 0, 4 << 20).unwrap();
+        println!("other user's 4 MiB pull took {:?}", started.elapsed());
+        let mut back = vec![0u8; 4 << 20];
+        dst.copy_out(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 9));
+        src.free().unwrap();
+        dst.free().unwrap();
+        println!("pull ok");
+        return;
+    }
     if role == "small-files" {
         // Small allocations on node-1 (each holds a memory file there),
         // beside a user who took its share of them.
@@ -1118,5 +1139,87 @@ fn one_user_cannot_fill_the_descriptors_in_flight() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    c.still_serves();
+}
+
+/// Before, PULL had no rate or volume limit: 9.7 kB of requests moved
+/// 800 MiB between agents. Now the agent that pulls paces each user: at
+/// most 8 pulls in flight, and `--pull-rate` bytes a second over time (a
+/// second's worth at once); operators are not paced. The greedy user's
+/// copy takes at least what its rate allows, its pulls past 8 are refused
+/// with a message naming the bound, and another user's pull meanwhile is
+/// served at once (its own pace).
+#[test]
+fn one_users_pulls_are_paced_and_bounded() {
+    const MIB: u64 = 1 << 20;
+    let mut c = Cluster::start(3, "64MiB");
+    c.stop_agent(2);
+    c.start_agent_with(2, &["--pull-rate", "4MiB"]);
+    c.wait_nodes_up(3);
+    let ocm = c.client(0);
+    let on = |node: &str, size: u64| {
+        ocm.alloc_with(&AllocSpec::new(size, Kind::RemoteHost).on_nodes([node]))
+            .unwrap()
+    };
+    let src = on("node-1", 16 * MIB);
+    let dst = on("node-2", 16 * MIB);
+    let data: Vec<u8> = (0..16 * MIB).map(|i| (i % 251) as u8).collect();
+    src.copy_in(0, &data).unwrap();
+
+    // Paced: the last of four 4 MiB pulls starts once 12 MiB are paid
+    // off at 4 MiB/s less a second's worth, so 2 s at least, however fast
+    // the machine.
+    let started = std::time::Instant::now();
+    ocm.copy(&dst, 0, &src, 0, 16 * MIB).unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1950),
+        "16 MiB pulled in {took:?}, faster than 4 MiB/s allows"
+    );
+    let mut back = vec![0u8; data.len()];
+    dst.copy_out(0, &mut back).unwrap();
+    assert!(back == data, "the paced copy came back different");
+
+    // Bounded: twelve copies at once, each one pull; past 8 in flight (or
+    // a turn too far away) they are refused.
+    let results: Vec<_> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..12u64)
+            .map(|i| {
+                let (ocm, dst, src) = (&ocm, &dst, &src);
+                s.spawn(move || ocm.copy(dst, i * MIB, src, i * MIB, MIB))
+            })
+            .collect();
+        // The other user, while those wait their turn.
+        if nix::unistd::geteuid().is_root() {
+            open_sockets_to_others(&c, 0);
+            run_role_as_other_user(&c, "pull");
+        } else {
+            println!("skipped the other user's part: needs root to run a process as another user");
+        }
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let refused: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .map(ToString::to_string)
+        .collect();
+    assert!(refused.len() >= 2, "only {} of 12 refused", refused.len());
+    for msg in &refused {
+        assert!(
+            msg.contains("pulls in flight on this node") || msg.contains("next pull may start"),
+            "{msg}"
+        );
+    }
+    // The operator is not paced.
+    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(c.ocmctl(&["free", &id]).status.success());
+    src.free().unwrap();
+    dst.free().unwrap();
     c.still_serves();
 }

@@ -335,6 +335,7 @@ fn exchange(
                 Status::NoSuchAllocation => Error::NotFound(msg),
                 Status::BadKey => Error::PermissionDenied(msg),
                 Status::OutOfBounds => Error::InvalidArgument(msg),
+                Status::Busy => Error::CapacityExhausted(msg),
                 _ => peer.protocol(msg),
             });
         }

@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod flight;
+pub mod pace;
 pub mod pull;
 pub mod shm;
 pub mod tcp;

@@ -20,6 +20,7 @@ use oncilla_proto::wire::dial::{self, DialError};
 use oncilla_proto::wire::sock::{self, Deadline, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REPLY_LEN};
 
+use super::pace::Pace;
 use crate::peers::Peers;
 
 /// Most bytes one read from the source asks for; a pull is cut into
@@ -33,19 +34,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// (what clients send) ends within 22 s, inside a client's 30 s.
 pub const STALL: Duration = Duration::from_secs(5);
 
-/// What every pull of this agent shares: where it may dial and how.
+/// What every pull of this agent shares: where it may dial and how, and
+/// each user's pace.
 #[derive(Debug, Clone)]
 pub struct Pulls {
     pub peers: Arc<Peers>,
     /// The cluster CA, when data ports speak TLS.
     pub tls: Option<ClientTls>,
+    pub pace: Arc<Pace>,
 }
 
 /// A client connection's outbound side: the connection its last pull
-/// opened, kept for the next one to the same address.
+/// opened, kept for the next one to the same address, and whose pulls
+/// they are.
 #[derive(Default)]
 pub struct Puller {
     open: Option<Outbound>,
+    /// The user the client's session names (`None`: an operator).
+    pub user: Option<u32>,
 }
 
 struct Outbound {
@@ -82,6 +88,10 @@ impl Puller {
         src: &Source,
         dst: Shared<'_>,
     ) -> Result<(), Refusal> {
+        let _turn = pulls
+            .pace
+            .admit(self.user, dst.len() as u64)
+            .map_err(|msg| (Status::Busy, msg))?;
         if !pulls.peers.admits(&src.addr) {
             return Err((
                 Status::Internal,
@@ -275,7 +285,11 @@ mod tests {
         let (addr, agent) = source_agent(1, 2);
         let peers = Arc::new(Peers::default());
         peers.set(1, [addr.clone()]);
-        let pulls = Pulls { peers, tls: None };
+        let pulls = Pulls {
+            peers,
+            tls: None,
+            pace: Pace::new(None),
+        };
         let mut puller = Puller::default();
         let src = |offset| Source {
             alloc_id: 1,
@@ -302,7 +316,11 @@ mod tests {
         let peers = Arc::new(Peers::default());
         peers.heartbeat(Duration::from_millis(1));
         peers.set(1, ["127.0.0.1:1".to_string()]);
-        let pulls = Pulls { peers, tls: None };
+        let pulls = Pulls {
+            peers,
+            tls: None,
+            pace: Pace::new(None),
+        };
         let mut dst = [0u8; 16];
         // SAFETY: as above.
         let into = unsafe { Shared::new(dst.as_mut_ptr(), dst.len()) };

@@ -225,6 +225,7 @@ impl Connection {
             || ticket.heard(),
             |presented, user| {
                 secret = presented.to_vec();
+                self.puller.user = user;
                 // The user's share first: past it, nobody's seat is taken.
                 let share = users
                     .share(user)
