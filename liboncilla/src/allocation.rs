@@ -104,7 +104,7 @@ impl Allocation {
         if !local.is_empty() {
             let mapping = Mapping::open(
                 &client.socket,
-                &client.credential,
+                &client.credential.current(),
                 alloc.desc.id,
                 &alloc.desc.key,
                 &local,

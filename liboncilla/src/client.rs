@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
-use oncilla_proto::credential::{AttachCredential, Credential};
+use oncilla_proto::credential::{AttachCredential, Credential, Renewable};
 use oncilla_proto::pb;
 use oncilla_proto::tls::ClientTls;
 use tokio_stream::StreamExt;
@@ -30,7 +30,7 @@ pub(crate) struct Client {
     pub(crate) socket: PathBuf,
     /// The session's credential (from the agent at open): what its copies
     /// present to agents; the cluster token is never needed after open.
-    pub(crate) credential: Credential,
+    pub(crate) credential: Renewable,
     /// The session's fabric preference (`ONCILLA_FABRIC`).
     pub(crate) fabric: Fabric,
     session: SessionClient,
@@ -84,25 +84,36 @@ impl Client {
                 .map_err(|_| unreachable("no answer to session open".into()))?
                 .ok_or_else(|| unreachable("session closed at once".into()))?
                 .map_err(Error::from)?;
-            // Hold the stream for the life of the runtime: its end is how
-            // the agent learns that this process is gone.
-            tokio::spawn(async move {
-                while let Some(event) = stream.next().await {
-                    if let Err(e) = event {
-                        tracing::warn!(error = %e.message(), "session with the local agent ended");
-                        break;
-                    }
-                }
-            });
             let credential = Credential::parse_session(&first.credential).map_err(|e| {
                 Error::Internal(format!(
                     "the agent gave no usable session credential ({e}): is it older than this library?"
                 ))
             })?;
+            let credential = Renewable::new(credential);
+            // Hold the stream for the life of the runtime: its end is how
+            // the agent learns that this process is gone. Later events
+            // bring fresh credentials (each good for a while only).
+            let renewed = credential.clone();
+            tokio::spawn(async move {
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(e) if !e.credential.is_empty() => {
+                            if let Err(why) = renewed.renew(&e.credential) {
+                                tracing::warn!(why, "the agent sent an unusable credential");
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e.message(), "session with the local agent ended");
+                            break;
+                        }
+                    }
+                }
+            });
             // Every later call acts as this session, and only as it.
             let session = oncilla_proto::client::session(InterceptedService::new(
                 channel,
-                AttachCredential::new(&credential),
+                AttachCredential::renewable(&credential),
             ));
             // The cluster's TCP listeners speak TLS when the agent hands
             // over the cluster CA.

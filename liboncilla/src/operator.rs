@@ -9,7 +9,7 @@
 
 use oncilla_model::Fabric;
 use oncilla_proto::auth::Token;
-use oncilla_proto::credential::Credential;
+use oncilla_proto::credential::{Credential, Renewable};
 use oncilla_proto::tls::ClientTls;
 
 use crate::descriptor::Descriptor;
@@ -32,7 +32,7 @@ impl Operator {
     pub fn new(token: Token, tls: Option<ClientTls>) -> Self {
         Self {
             data: DataPath::new(
-                Credential::member(&token),
+                Renewable::new(Credential::member(&token)),
                 tls,
                 DEFAULT_STREAMS,
                 &RdmaOptions::from_vars(|k| std::env::var(k).ok()),

@@ -61,6 +61,12 @@ pub struct Cli {
     /// (agent) [default: 2GiB].
     #[arg(long, env = "ONCILLA_PULL_RATE", value_name = "SIZE")]
     pub pull_rate: Option<String>,
+    /// Seconds a session credential this agent gives is good for; it gives
+    /// each session a fresh one every third of that, so a credential stops
+    /// working at most this long after its session ends (at once on this
+    /// node) (agent) [default: 300].
+    #[arg(long, env = "ONCILLA_CREDENTIAL_LIFETIME", value_name = "SECS")]
+    pub credential_lifetime: Option<u64>,
     /// RDMA ports to export the pool on, `NAME` or `NAME:PORT`, repeatable
     /// or comma-separated (agent) [default: every active port]. Used only
     /// by a build with the `verbs` feature.
@@ -143,6 +149,7 @@ struct FileConfig {
     capacity: Option<String>,
     hugepages: Option<HugePages>,
     pull_rate: Option<String>,
+    credential_lifetime: Option<u64>,
     rdma_device: Option<Vec<String>>,
     token: Option<String>,
     token_file: Option<PathBuf>,
@@ -181,6 +188,8 @@ pub enum ConfigError {
     Size(#[from] SizeError),
     #[error("--pull-rate: {0}")]
     PullRate(#[source] SizeError),
+    #[error("--credential-lifetime {0}: give {MIN_CREDENTIAL_LIFETIME} to {MAX_CREDENTIAL_LIFETIME} seconds")]
+    CredentialLifetime(u64),
     #[error(transparent)]
     Token(#[from] TokenError),
     #[error(transparent)]
@@ -218,6 +227,14 @@ pub enum ConfigError {
 /// only a user pulling on many connections at once meets it.
 pub const DEFAULT_PULL_RATE: u64 = 2 << 30;
 
+/// How long a session credential is good for, unless
+/// `--credential-lifetime` says otherwise.
+pub const DEFAULT_CREDENTIAL_LIFETIME: std::time::Duration = std::time::Duration::from_secs(300);
+/// Bounds of `--credential-lifetime`, in seconds: renewals every third of
+/// it must not flood a session, and a day is long enough for anything.
+pub const MIN_CREDENTIAL_LIFETIME: u64 = 3;
+pub const MAX_CREDENTIAL_LIFETIME: u64 = 86_400;
+
 /// The agent role's settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -228,6 +245,8 @@ pub struct AgentConfig {
     pub huge_pages: HugePages,
     /// Bytes a second one user may pull into this node (0: no limit).
     pub pull_rate: u64,
+    /// How long a session credential given here is good for.
+    pub credential_lifetime: std::time::Duration,
     /// `--rdma-device` selections; empty: every active port.
     pub rdma_devices: Vec<String>,
 }
@@ -338,6 +357,17 @@ impl Config {
                     pull_rate: match cli.pull_rate.or(file.pull_rate) {
                         Some(rate) => parse_size(&rate).map_err(ConfigError::PullRate)?,
                         None => DEFAULT_PULL_RATE,
+                    },
+                    credential_lifetime: match cli.credential_lifetime.or(file.credential_lifetime)
+                    {
+                        Some(s)
+                            if !(MIN_CREDENTIAL_LIFETIME..=MAX_CREDENTIAL_LIFETIME)
+                                .contains(&s) =>
+                        {
+                            return Err(ConfigError::CredentialLifetime(s))
+                        }
+                        Some(s) => std::time::Duration::from_secs(s),
+                        None => DEFAULT_CREDENTIAL_LIFETIME,
                     },
                     rdma_devices: if cli.rdma_device.is_empty() {
                         file.rdma_device.unwrap_or_default()
@@ -461,6 +491,10 @@ impl Config {
                 q(&format!("{:?}", a.huge_pages).to_lowercase()),
             );
             line("pull_rate", q(&a.pull_rate.to_string()));
+            line(
+                "credential_lifetime",
+                a.credential_lifetime.as_secs().to_string(),
+            );
             let devices: Vec<String> = a.rdma_devices.iter().map(|d| q(d)).collect();
             line("rdma_device", format!("[{}]", devices.join(", ")));
         }

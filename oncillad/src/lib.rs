@@ -267,26 +267,47 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             gpu_rdma,
             gpu_rdma_note,
         };
-        let agent = Arc::new(agent::Agent::new(node, Arc::new(pool), rdma));
+        let agent = Arc::new(agent::Agent::new(
+            node,
+            Arc::new(pool),
+            rdma,
+            agent_cfg.credential_lifetime,
+        ));
         metrics.watch_agent(&agent);
         tracing::info!(
             incarnation = format!("{:016x}", agent.incarnation()),
             "agent starting with an empty pool: allocations held by an earlier run of this node are gone"
         );
         let held = agent.held();
-        let data_keys = keys.clone();
+        let admission = fabric::Admission {
+            keys: keys.clone(),
+            ended: agent.ended_here(),
+        };
+        let data_admission = admission.clone();
         let data_tls = config.tls.as_ref().map(|t| Arc::clone(t.serve.data()));
         let pulls = fabric::pull::Pulls {
             peers: agent.peers(),
             tls: trust.clone(),
             pace: fabric::pace::Pace::new(Some(agent_cfg.pull_rate)),
+            mint: Some((Arc::clone(node_keys), agent_cfg.credential_lifetime)),
         };
+
         std::thread::Builder::new()
             .name("oncilla-data-accept".into())
             .spawn({
                 let transfers = Arc::clone(&metrics.data);
                 let rings = Arc::new(fabric::device::DeviceRings::new());
-                move || fabric::tcp::serve(data, held, data_keys, data_tls, pulls, rings, transfers)
+                move || {
+                    fabric::tcp::serve(
+                        data,
+                        held,
+                        data_admission,
+                        data_tls,
+                        pulls,
+                        rings,
+                        transfers,
+                    )
+                }
             })
             .map_err(|source| bind_error("data", data_addr, source))?;
 
@@ -303,11 +324,11 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 path: map_path.display().to_string(),
                 reason: e.to_string(),
             })?;
-        let (held, leases, map_keys) = (agent.held(), agent.leases(), keys.clone());
+        let (held, leases) = (agent.held(), agent.leases());
         let transfers = Arc::clone(&metrics.data);
         std::thread::Builder::new()
             .name("oncilla-map".into())
-            .spawn(move || fabric::shm::serve(map_listener, held, leases, map_keys, transfers))
+            .spawn(move || fabric::shm::serve(map_listener, held, leases, admission, transfers))
             .map_err(|source| bind_error("map", data_addr, source))?;
 
         let master =

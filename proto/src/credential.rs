@@ -10,7 +10,10 @@
 //!   name, and nothing else;
 //! - a node's agent holds [`NodeKeys`]: its node credential, the *session
 //!   key* every agent shares (it makes and checks session credentials,
-//!   `session:<id>:<mac>`), and a *verifier* of the token (a hash: it
+//!   `session:<id>:<expiry>:<mac>`, good until `expiry`, Unix seconds,
+//!   give or take [`CLOCK_SKEW`]: the agent sends its session a fresh one
+//!   well before, so a credential stops working at most its lifetime
+//!   after the session ends), and a *verifier* of the token (a hash: it
 //!   checks an operator's token but cannot present one). An agent never
 //!   needs the token itself, so a node's secrets make it neither an
 //!   operator nor another node;
@@ -41,6 +44,22 @@ const KEYS_HEADER: &str = "oncilla-node-keys-v1";
 const MAX_SESSION_ID: usize = 128;
 /// Bytes of the MAC.
 const MAC_LEN: usize = 32;
+/// How far apart nodes' clocks may be for a session credential's expiry:
+/// one made on one node is good on another this much past its expiry.
+pub const CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Seconds since the Unix epoch now (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Whether a session credential that expires at `expires` (Unix seconds)
+/// is still good.
+fn fresh(expires: u64) -> bool {
+    expires.saturating_add(CLOCK_SKEW.as_secs()) >= unix_now()
+}
 
 /// Who presented a valid secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,10 +103,10 @@ impl Credential {
         Self(format!("{NODE_PREFIX}{name}:{}", hex(&node_mac(token, name))).into())
     }
 
-    /// The credential of session `session_id`, as an agent of the cluster
-    /// of `token` issues it.
-    pub fn session(token: &Token, session_id: &str) -> Self {
-        session_credential(&session_key(token), session_id)
+    /// The credential of session `session_id`, good until `expires` (Unix
+    /// seconds), as an agent of the cluster of `token` issues it.
+    pub fn session(token: &Token, session_id: &str, expires: u64) -> Self {
+        session_credential(&session_key(token), session_id, expires)
     }
 
     /// A credential received in text form (from the agent), checked for
@@ -96,10 +115,15 @@ impl Credential {
     /// # Errors
     /// Text that is not a session credential.
     pub fn parse_session(text: &str) -> Result<Self, &'static str> {
-        if parse_mac(SESSION_PREFIX, text.as_bytes()).is_none() {
+        if parse_session(text.as_bytes()).is_none() {
             return Err("not an Oncilla session credential");
         }
         Ok(Self(text.into()))
+    }
+
+    /// The session a session credential names (`None` for any other).
+    pub fn session_id(&self) -> Option<&str> {
+        parse_session(self.0.as_bytes()).map(|(id, _, _)| id)
     }
 
     /// The text form (bearer value, hello secret).
@@ -161,9 +185,10 @@ impl NodeKeys {
         &self.credential
     }
 
-    /// The credential of session `session_id`, to give it at open.
-    pub fn session(&self, session_id: &str) -> Credential {
-        session_credential(&self.sessions, session_id)
+    /// The credential of session `session_id` good until `expires` (Unix
+    /// seconds), to give it at open and again before that.
+    pub fn session(&self, session_id: &str, expires: u64) -> Credential {
+        session_credential(&self.sessions, session_id, expires)
     }
 
     /// The keys as a key file holds them (one line).
@@ -221,9 +246,9 @@ impl NodeKeys {
         if presented.starts_with(NODE_PREFIX.as_bytes()) {
             return None;
         }
-        if let Some((id, claimed)) = parse_mac(SESSION_PREFIX, presented) {
-            let ok = ct_eq(&session_mac(&self.sessions, id), &claimed);
-            return ok.then(|| Principal::Session(id.to_string()));
+        if let Some((id, expires, claimed)) = parse_session(presented) {
+            let ok = ct_eq(&session_mac(&self.sessions, id, expires), &claimed);
+            return (ok && fresh(expires)).then(|| Principal::Session(id.to_string()));
         }
         ct_eq(&verifier(presented), &self.verifier).then_some(Principal::Member)
     }
@@ -247,9 +272,9 @@ impl Keyring {
                     return ct_eq(&node_mac(token, name), &claimed)
                         .then(|| Principal::Node(name.to_string()));
                 }
-                if let Some((id, claimed)) = parse_mac(SESSION_PREFIX, presented) {
-                    let ok = ct_eq(&session_mac(&session_key(token), id), &claimed);
-                    return ok.then(|| Principal::Session(id.to_string()));
+                if let Some((id, expires, claimed)) = parse_session(presented) {
+                    let ok = ct_eq(&session_mac(&session_key(token), id, expires), &claimed);
+                    return (ok && fresh(expires)).then(|| Principal::Session(id.to_string()));
                 }
                 token.matches(presented).then_some(Principal::Member)
             }
@@ -279,18 +304,37 @@ fn session_key(token: &Token) -> [u8; MAC_LEN] {
     hmac(token.as_bytes(), b"oncilla session key\0", b"")
 }
 
-fn session_mac(key: &[u8; MAC_LEN], session_id: &str) -> [u8; MAC_LEN] {
-    hmac(key, b"oncilla session credential\0", session_id.as_bytes())
+fn session_mac(key: &[u8; MAC_LEN], session_id: &str, expires: u64) -> [u8; MAC_LEN] {
+    hmac(
+        key,
+        b"oncilla session credential v2\0",
+        format!("{session_id}:{expires}").as_bytes(),
+    )
 }
 
-fn session_credential(key: &[u8; MAC_LEN], session_id: &str) -> Credential {
+fn session_credential(key: &[u8; MAC_LEN], session_id: &str, expires: u64) -> Credential {
     Credential(
         format!(
-            "{SESSION_PREFIX}{session_id}:{}",
-            hex(&session_mac(key, session_id))
+            "{SESSION_PREFIX}{session_id}:{expires}:{}",
+            hex(&session_mac(key, session_id, expires))
         )
         .into(),
     )
+}
+
+/// `session:<id>:<expiry>:<64 hex digits>` as (id, expiry, mac).
+fn parse_session(presented: &[u8]) -> Option<(&str, u64, [u8; MAC_LEN])> {
+    let text = std::str::from_utf8(presented).ok()?;
+    let rest = text.strip_prefix(SESSION_PREFIX)?;
+    let (rest, digits) = rest.rsplit_once(':')?;
+    let (id, expires) = rest.rsplit_once(':')?;
+    if id.is_empty() || id.len() > MAX_SESSION_ID || expires.is_empty() || expires.len() > 20 {
+        return None;
+    }
+    if !expires.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((id, expires.parse().ok()?, unhex(digits)?))
 }
 
 /// A one-way image of the token: checks a presented token, cannot be
@@ -325,26 +369,78 @@ fn unhex(digits: &str) -> Option<[u8; MAC_LEN]> {
     Some(mac)
 }
 
-/// Client-side interceptor that presents a credential on every call.
+/// A session's credential as its process holds it: renewed in place when
+/// the agent sends a fresh one, so every holder presents the newest.
+#[derive(Clone, Debug)]
+pub struct Renewable(std::sync::Arc<std::sync::RwLock<Credential>>);
+
+impl Renewable {
+    pub fn new(credential: Credential) -> Self {
+        Self(std::sync::Arc::new(std::sync::RwLock::new(credential)))
+    }
+
+    /// The newest credential.
+    pub fn current(&self) -> Credential {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Takes `text`, a fresh credential of the same session.
+    ///
+    /// # Errors
+    /// Text that is not a session credential, or names another session.
+    pub fn renew(&self, text: &str) -> Result<(), &'static str> {
+        let fresh = Credential::parse_session(text)?;
+        let mut held = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if fresh.session_id() != held.session_id() {
+            return Err("a renewal names another session");
+        }
+        *held = fresh;
+        Ok(())
+    }
+}
+
+/// Client-side interceptor that presents a credential on every call (the
+/// newest, for a renewable one).
 #[derive(Clone)]
-pub struct AttachCredential(Option<MetadataValue<Ascii>>);
+pub struct AttachCredential(Presented);
+
+#[derive(Clone)]
+enum Presented {
+    Nothing,
+    Fixed(MetadataValue<Ascii>),
+    Renewable(Renewable),
+}
+
+fn bearer(credential: &Credential) -> Option<MetadataValue<Ascii>> {
+    format!("Bearer {}", credential.as_str()).parse().ok()
+}
 
 impl AttachCredential {
     pub fn new(credential: &Credential) -> Self {
-        Self(format!("Bearer {}", credential.as_str()).parse().ok())
+        Self(bearer(credential).map_or(Presented::Nothing, Presented::Fixed))
+    }
+
+    /// Presents the newest of `credential` on each call.
+    pub fn renewable(credential: &Renewable) -> Self {
+        Self(Presented::Renewable(credential.clone()))
     }
 
     /// Presents nothing (an application opening a session on its agent's
     /// Unix socket, admitted by the socket's permissions).
     pub fn none() -> Self {
-        Self(None)
+        Self(Presented::Nothing)
     }
 }
 
 impl tonic::service::Interceptor for AttachCredential {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert(AUTH_METADATA, v.clone());
+        let value = match &self.0 {
+            Presented::Nothing => None,
+            Presented::Fixed(v) => Some(v.clone()),
+            Presented::Renewable(r) => bearer(&r.current()),
+        };
+        if let Some(v) = value {
+            req.metadata_mut().insert(AUTH_METADATA, v);
         }
         Ok(req)
     }
@@ -446,7 +542,7 @@ mod tests {
         use tonic::service::Interceptor;
         let good = Token::new("abc").unwrap();
         let bad = Token::new("abd").unwrap();
-        let session = Credential::session(&good, "n1-7");
+        let session = Credential::session(&good, "n1-7", unix_now() + 60);
         let call = |c: &Credential| AttachCredential::new(c).call(Request::new(())).unwrap();
         let cluster = Keyring::Cluster(good.clone());
         let node = Keyring::Node(std::sync::Arc::new(NodeKeys::derive(&good, "n1")));
@@ -495,9 +591,10 @@ mod tests {
         let node = Keyring::Node(std::sync::Arc::new(keys.clone()));
         for ring in [&cluster, &node] {
             assert_eq!(ring.authenticate(b"s3cret-token"), Some(Principal::Member));
-            let cred = keys.session("n1-7");
+            let until = unix_now() + 60;
+            let cred = keys.session("n1-7", until);
             assert!(
-                cred == Credential::session(&token, "n1-7"),
+                cred == Credential::session(&token, "n1-7", until),
                 "agents and the token agree"
             );
             assert_eq!(
@@ -505,10 +602,24 @@ mod tests {
                 Some(Principal::Session("n1-7".into()))
             );
             // Made under another token, or naming another session: refused.
-            let foreign = Credential::session(&other, "n1-7");
+            let foreign = Credential::session(&other, "n1-7", until);
             assert_eq!(ring.authenticate(foreign.as_bytes()), None);
             let text = cred.as_str().replace("n1-7", "n1-8");
             assert_eq!(ring.authenticate(text.as_bytes()), None);
+            // Expired (past the skew), or its expiry moved: refused.
+            let past = unix_now() - CLOCK_SKEW.as_secs() - 1;
+            let expired = keys.session("n1-7", past);
+            assert_eq!(ring.authenticate(expired.as_bytes()), None);
+            let moved = expired
+                .as_str()
+                .replace(&past.to_string(), &until.to_string());
+            assert_eq!(ring.authenticate(moved.as_bytes()), None);
+            // Within the skew: still good (another node's clock is ahead).
+            let skewed = keys.session("n1-7", unix_now() - 5);
+            assert_eq!(
+                ring.authenticate(skewed.as_bytes()),
+                Some(Principal::Session("n1-7".into()))
+            );
             // A node credential renamed: refused.
             let renamed = keys.credential().as_str().replace("node:n1:", "node:n2:");
             assert_eq!(ring.authenticate(renamed.as_bytes()), None);
@@ -534,12 +645,19 @@ mod tests {
         let back = NodeKeys::parse(&text).unwrap();
         assert_eq!(back.name(), "n1");
         assert!(back.credential() == keys.credential());
-        assert!(back.session("n1-7") == keys.session("n1-7"));
+        assert!(back.session("n1-7", 99) == keys.session("n1-7", 99));
         assert!(NodeKeys::parse("oncilla-node-keys-v1 node:n1:00").is_err());
         assert!(NodeKeys::parse("s3cret-token").is_err());
         assert!(!format!("{keys:?}").contains(&hex(&keys.sessions)));
-        let cred = keys.session("n1-7");
+        let cred = keys.session("n1-7", 99);
         assert!(Credential::parse_session(cred.as_str()).is_ok());
+        assert_eq!(cred.session_id(), Some("n1-7"));
+        // A renewal takes a fresh credential of the same session only.
+        let held = Renewable::new(cred.clone());
+        held.renew(keys.session("n1-7", 100).as_str()).unwrap();
+        assert!(held.current() == keys.session("n1-7", 100));
+        assert!(held.renew(keys.session("n1-8", 100).as_str()).is_err());
+        assert!(held.renew("s3cret-token").is_err());
         assert!(Credential::parse_session("s3cret-token").is_err());
         assert!(!format!("{cred:?}").contains("n1-7"));
         assert!(Token::new("node:x").is_err() && Token::new("session:x").is_err());

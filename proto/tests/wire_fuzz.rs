@@ -172,7 +172,7 @@ proptest! {
         }
         for ring in &rings {
             prop_assert!(ring.authenticate(&junk).is_none() || junk == token.as_bytes());
-            for cred in [Credential::session(&token, &id), Credential::node(&token, &id)] {
+            for cred in [Credential::session(&token, &id, u64::MAX / 2), Credential::node(&token, &id)] {
                 let expected = if cred.as_str().starts_with("node:") {
                     Principal::Node(id.clone())
                 } else {
@@ -192,9 +192,9 @@ proptest! {
             }
         }
         // `==` on credentials (constant time) agrees with the bytes.
-        let cred = Credential::session(&token, &id);
-        prop_assert!(Credential::session(&token, &id) == cred);
-        let other = Credential::session(&token, &(id.clone() + "x"));
+        let cred = Credential::session(&token, &id, 7);
+        prop_assert!(Credential::session(&token, &id, 7) == cred);
+        let other = Credential::session(&token, &(id.clone() + "x"), 7);
         prop_assert!(other != cred);
     }
 }

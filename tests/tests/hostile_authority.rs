@@ -1223,3 +1223,91 @@ fn one_users_pulls_are_paced_and_bounded() {
     dst.free().unwrap();
     c.still_serves();
 }
+
+/// Before, a session's credential kept opening data connections and map
+/// leases after its session ended, and a captured hello could be replayed
+/// for ever. Now a credential names its expiry and the agent gives its
+/// session a fresh one every third of its lifetime (`--credential-lifetime`,
+/// 3 s here): an application keeps working across several lifetimes, a
+/// credential past its expiry is refused on every node, and the session's
+/// own agent refuses it the moment the session ends and shuts the data
+/// connections it opened there.
+#[test]
+fn a_credential_stops_working_when_its_session_ends() {
+    use oncilla_proto::credential::{unix_now, CLOCK_SKEW};
+    use std::io::Read as _;
+    let c = Cluster::start_env(2, "32MiB", &[("ONCILLA_CREDENTIAL_LIFETIME", "3")]);
+    // Renewed: calls and copies go on past three lifetimes.
+    let ocm = c.client(0);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let mut rounds = 0;
+    while std::time::Instant::now() < until {
+        let a = ocm
+            .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]))
+            .unwrap_or_else(|e| panic!("round {rounds}: {e}"));
+        a.copy_in(0, b"renewed").unwrap();
+        a.free().unwrap();
+        rounds += 1;
+    }
+    assert!(rounds > 0);
+
+    let data = |node: &str| {
+        c.node(node).unwrap()["data_addr"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let hello = |addr: &str, secret: &[u8]| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        wire::write_hello(&mut s, secret).unwrap();
+        let (welcome, msg) = wire::read_welcome(&mut s).unwrap();
+        (s, welcome, msg)
+    };
+    // Past its expiry (and the clock skew): refused on every node.
+    let me = open_raw(&c);
+    // What the agent gave is good for the lifetime it was told.
+    let text = me.credential.as_str();
+    let expires: u64 = text.rsplit(':').nth(1).unwrap().parse().unwrap();
+    assert!(
+        expires <= unix_now() + 4,
+        "a credential good until {expires}, now {}",
+        unix_now()
+    );
+    let expired = Credential::session(&c.token, &me.id, unix_now() - CLOCK_SKEW.as_secs() - 1);
+    for node in ["node-0", "node-1"] {
+        let (_, welcome, msg) = hello(&data(node), expired.as_bytes());
+        assert_eq!(welcome, wire::Welcome::Denied, "{node}: {msg}");
+    }
+    // Live: its connection on its own node is open, until the session ends.
+    let credential = me.credential.clone();
+    let (mut open, welcome, msg) = hello(&data("node-0"), credential.as_bytes());
+    assert_eq!(welcome, wire::Welcome::Ok, "{msg}");
+    drop(me);
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        open.read(&mut byte).unwrap(),
+        0,
+        "the ended session's connection was not shut"
+    );
+    // Refused at once on its own node, data port and map socket alike.
+    let refused = Cluster::eventually(Duration::from_secs(10), || {
+        hello(&data("node-0"), credential.as_bytes()).1 == wire::Welcome::Denied
+    });
+    assert!(
+        refused,
+        "the ended session's credential still opens a data connection"
+    );
+    let (_, _, msg) = hello(&data("node-0"), credential.as_bytes());
+    assert!(
+        msg.contains("session of this credential has ended"),
+        "{msg}"
+    );
+    let mut map =
+        std::os::unix::net::UnixStream::connect(format!("{}.map", c.socket(0).display())).unwrap();
+    map.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    wire::write_hello(&mut map, credential.as_bytes()).unwrap();
+    let (welcome, msg) = wire::read_welcome(&mut map).unwrap();
+    assert_eq!(welcome, wire::Welcome::Denied, "{msg}");
+    c.still_serves();
+}

@@ -15,7 +15,7 @@ pub(crate) mod verbs;
 use std::io::{Read, Write};
 
 use oncilla_model::fabric::Rdma;
-use oncilla_proto::credential::Credential;
+use oncilla_proto::credential::{Credential, Renewable};
 use oncilla_proto::tls::ClientTls;
 use oncilla_proto::wire::{dial, Op, Request};
 
@@ -101,12 +101,12 @@ enum Job<'s, 'a> {
 }
 
 impl DataPath {
-    /// A data path that authenticates with `credential` (a session's, or
-    /// the cluster token), speaks TLS trusting `tls` when the cluster's
+    /// A data path that authenticates with `credential` (a session's, the
+    /// newest the agent gave, or the cluster token), speaks TLS trusting `tls` when the cluster's
     /// listeners do, uses up to `streams` connections per node for one
     /// copy, and verbs as `rdma` says.
     pub fn new(
-        credential: Credential,
+        credential: Renewable,
         tls: Option<ClientTls>,
         streams: usize,
         rdma: &RdmaOptions,

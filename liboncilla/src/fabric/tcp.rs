@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use oncilla_proto::credential::Credential;
+use oncilla_proto::credential::Renewable;
 use oncilla_proto::tls::tunnel::DataStream;
 use oncilla_proto::tls::ClientTls;
 use oncilla_proto::wire::sock::{self, RecvBuf};
@@ -113,14 +113,14 @@ struct Conn {
 
 /// Connections to agents, reused across copies.
 pub struct TcpFabric {
-    credential: Credential,
+    credential: Renewable,
     /// The cluster CA, when the data ports speak TLS.
     tls: Option<ClientTls>,
     idle: Mutex<HashMap<String, Vec<Conn>>>,
 }
 
 impl TcpFabric {
-    pub fn new(credential: Credential, tls: Option<ClientTls>) -> Self {
+    pub fn new(credential: Renewable, tls: Option<ClientTls>) -> Self {
         Self {
             credential,
             tls,
@@ -182,7 +182,7 @@ impl TcpFabric {
         let stream = dial::dial(
             peer.addr,
             self.tls.as_ref(),
-            self.credential.as_bytes(),
+            self.credential.current().as_bytes(),
             CONNECT_TIMEOUT,
             IO_TIMEOUT,
         )

@@ -57,11 +57,26 @@ pub struct Agent {
     /// The cluster's data addresses, as the master last said (the data
     /// server pulls only from these).
     peers: Arc<Peers>,
+    /// How long the session credentials this agent gives are good for.
+    credential_lifetime: std::time::Duration,
+    /// Sessions that ended here: refused at once by this node's listeners.
+    ended_here: Arc<crate::listen::ended::Ended>,
 }
 
 impl Agent {
-    pub fn new(node: NodeInfo, pool: Arc<Pool>, rdma: Arc<Rdma>) -> Self {
+    /// An agent for `node` exporting `pool`; its sessions' credentials
+    /// are good for `credential_lifetime`.
+    pub fn new(
+        node: NodeInfo,
+        pool: Arc<Pool>,
+        rdma: Arc<Rdma>,
+        credential_lifetime: std::time::Duration,
+    ) -> Self {
         Self {
+            credential_lifetime,
+            ended_here: crate::listen::ended::Ended::new(
+                credential_lifetime + oncilla_proto::credential::CLOCK_SKEW,
+            ),
             rdma,
             held: Arc::new(Holdings::new(node.name.clone())),
             node,
@@ -566,7 +581,12 @@ mod tests {
         };
         let pool = Pool::new(spec).unwrap();
         let rdma = Rdma::start_at(std::path::Path::new("/nonexistent/infiniband"), &[], &pool);
-        Agent::new(node, Arc::new(pool), Arc::new(rdma))
+        Agent::new(
+            node,
+            Arc::new(pool),
+            Arc::new(rdma),
+            std::time::Duration::from_secs(300),
+        )
     }
 
     #[test]

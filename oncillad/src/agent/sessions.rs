@@ -100,8 +100,20 @@ impl Agent {
     /// master (delivered by the membership loop until acknowledged).
     pub fn end_session(&self, id: &str) {
         self.sessions.remove(id);
+        // Its credential stops here at once, and its connections close.
+        self.ended_here.end(id);
         self.ended_lock().push(id.to_string());
         self.wake.notify_one();
+    }
+
+    /// This node's ended sessions, as its listeners check them.
+    pub fn ended_here(&self) -> std::sync::Arc<crate::listen::ended::Ended> {
+        std::sync::Arc::clone(&self.ended_here)
+    }
+
+    /// How long the session credentials this agent gives are good for.
+    pub fn credential_lifetime(&self) -> std::time::Duration {
+        self.credential_lifetime
     }
 
     /// Ended sessions not yet acknowledged by the master.

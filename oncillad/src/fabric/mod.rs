@@ -19,8 +19,26 @@ use std::time::{Duration, Instant};
 use oncilla_proto::credential::{Keyring, Principal};
 use oncilla_proto::wire::{self, Request, Status, Welcome};
 
+use crate::listen::ended::{Ended, Registered};
 use crate::memory::held::{Held, HeldTable};
 use crate::metrics::data::HelloRefusal;
+
+/// Who may open a data or map connection here: the secrets hellos are
+/// checked with, and this node's ended sessions (refused at once).
+#[derive(Clone)]
+pub struct Admission {
+    pub keys: Keyring,
+    pub ended: Arc<Ended>,
+}
+
+/// The user a principal acts for: a session's (from its id), none for a
+/// member.
+pub(crate) fn user_of(who: &Principal) -> Option<u32> {
+    match who {
+        Principal::Session(id) => oncilla_model::alloc::session_user(id),
+        _ => None,
+    }
+}
 
 /// Reads a client's hello and answers it, all of it by `until` (a whole
 /// handshake deadline: a peer that drips bytes is cut when it passes, not
@@ -28,31 +46,32 @@ use crate::metrics::data::HelloRefusal;
 /// without it learns nothing but the refusal (not even the version spoken
 /// here); then the version; then `room`, given the secret the client
 /// presented (a pull presents it again to the agent it reads from) and
-/// the user its session id names (`None` for a member), takes the
-/// connection's place among authenticated ones or says why there is
-/// none. `heard` is called as soon
+/// who it is, takes the connection's place among authenticated ones or
+/// says why there is none. A session's connection is refused once the
+/// session ended here, and is registered to be shut when it ends (the
+/// [`Registered`] comes back beside the place). `heard` is called as soon
 /// as the whole hello is in (the connection has spoken: see
 /// [`crate::listen::Ticket::heard`]). `Ok(Some(place))` when
 /// the client may go on; `Ok(None)` when it was refused (and told why).
 ///
 /// # Errors
 /// Malformed or failed I/O; `TimedOut` past the deadline.
-pub(crate) fn accept<S: Timed, P>(
+pub(crate) fn accept<S: Timed + std::os::fd::AsFd, P>(
     stream: &mut S,
-    keys: &Keyring,
+    admission: &Admission,
     until: Instant,
     heard: impl FnOnce(),
-    room: impl FnOnce(&[u8], Option<u32>) -> Result<P, &'static str>,
+    room: impl FnOnce(&[u8], &Principal) -> Result<P, &'static str>,
     refused: impl FnOnce(HelloRefusal),
-) -> Result<Option<P>, wire::WireError> {
+) -> Result<Option<(P, Option<Registered>)>, wire::WireError> {
+    let fd = stream.as_fd().try_clone_to_owned()?;
     let mut stream = Within { stream, until };
     let (version, presented) = wire::read_hello(&mut stream)?;
     heard();
     // The cluster token (operators, the master) or an application session's
     // credential; either way the requests still need each allocation's key.
-    let user = match keys.authenticate(&presented) {
-        Some(Principal::Member) => None,
-        Some(Principal::Session(id)) => oncilla_model::alloc::session_user(&id),
+    let who = match admission.keys.authenticate(&presented) {
+        Some(who @ (Principal::Member | Principal::Session(_))) => who,
         _ => {
             tracing::warn!("data connection with wrong token");
             refused(HelloRefusal::WrongToken);
@@ -73,10 +92,21 @@ pub(crate) fn accept<S: Timed, P>(
         wire::write_welcome(&mut stream, Welcome::BadVersion, &msg)?;
         return Ok(None);
     }
-    match room(&presented, user) {
+    let registered = match &who {
+        Principal::Session(id) => match admission.ended.admit(id, &fd) {
+            Ok(r) => Some(r),
+            Err(why) => {
+                refused(HelloRefusal::WrongToken);
+                wire::write_welcome(&mut stream, Welcome::Denied, why)?;
+                return Ok(None);
+            }
+        },
+        _ => None,
+    };
+    match room(&presented, &who) {
         Ok(place) => {
             wire::write_welcome(&mut stream, Welcome::Ok, "")?;
-            Ok(Some(place))
+            Ok(Some((place, registered)))
         }
         Err(why) => {
             refused(HelloRefusal::NoSeat);
@@ -219,8 +249,11 @@ mod tests {
     }
 
     /// What an agent checks hellos with.
-    fn keys() -> Keyring {
-        Keyring::Node(std::sync::Arc::new(NodeKeys::derive(&token(), "n1")))
+    fn keys() -> Admission {
+        Admission {
+            keys: Keyring::Node(std::sync::Arc::new(NodeKeys::derive(&token(), "n1"))),
+            ended: Ended::new(Duration::from_secs(60)),
+        }
     }
 
     fn hello(version: u16, tok: &[u8]) -> Vec<u8> {
@@ -231,7 +264,10 @@ mod tests {
         b
     }
 
-    fn answer(bytes: &[u8]) -> (Result<Option<()>, wire::WireError>, Welcome, String) {
+    /// What [`accept`] gives for a test's hello.
+    type Accepted = Result<Option<((), Option<Registered>)>, wire::WireError>;
+
+    fn answer(bytes: &[u8]) -> (Accepted, Welcome, String) {
         let (mut server, mut client) = UnixStream::pair().unwrap();
         client.write_all(bytes).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
@@ -261,13 +297,14 @@ mod tests {
         assert_eq!(code, Welcome::BadVersion);
         assert!(msg.contains("version 99 not supported"), "{msg}");
         let (got, code, _) = answer(&hello(wire::VERSION, token().as_bytes()));
-        assert!(matches!(got, Ok(Some(()))));
+        assert!(matches!(got, Ok(Some(((), _)))));
         assert_eq!(code, Welcome::Ok);
         // A session's credential opens a data connection; a node's never
         // does (not even this node's: nodes copy nothing).
-        let session = Credential::session(&token(), "n1-00ff00ff00ff00ff");
+        let until = oncilla_proto::credential::unix_now() + 60;
+        let session = Credential::session(&token(), "n1-00ff00ff00ff00ff", until);
         let (got, code, _) = answer(&hello(wire::VERSION, session.as_bytes()));
-        assert!(matches!(got, Ok(Some(()))));
+        assert!(matches!(got, Ok(Some(((), _)))));
         assert_eq!(code, Welcome::Ok);
         for name in ["n1", "n2"] {
             let node = Credential::node(&token(), name);

@@ -20,6 +20,8 @@ use oncilla_proto::wire::dial::{self, DialError};
 use oncilla_proto::wire::sock::{self, Deadline, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REPLY_LEN};
 
+use oncilla_proto::credential::{unix_now, NodeKeys, Principal};
+
 use super::pace::Pace;
 use crate::peers::Peers;
 
@@ -42,6 +44,9 @@ pub struct Pulls {
     /// The cluster CA, when data ports speak TLS.
     pub tls: Option<ClientTls>,
     pub pace: Arc<Pace>,
+    /// Makes a session's credential afresh for each pull (`None`: present
+    /// what the client did), good for `lifetime`.
+    pub mint: Option<(Arc<NodeKeys>, Duration)>,
 }
 
 /// A client connection's outbound side: the connection its last pull
@@ -51,7 +56,9 @@ pub struct Pulls {
 pub struct Puller {
     open: Option<Outbound>,
     /// The user the client's session names (`None`: an operator).
-    pub user: Option<u32>,
+    user: Option<u32>,
+    /// The client's session (`None`: an operator, with the token).
+    session: Option<String>,
 }
 
 struct Outbound {
@@ -71,6 +78,28 @@ struct Failed {
 }
 
 impl Puller {
+    /// Pulls of this connection act for `who`.
+    pub fn acting_for(&mut self, who: &Principal) {
+        self.user = super::user_of(who);
+        self.session = match who {
+            Principal::Session(id) => Some(id.clone()),
+            _ => None,
+        };
+    }
+
+    /// What a pull presents to its source: a session's credential made
+    /// afresh (the client's connection may outlive the one it presented),
+    /// else what the client presented (the token).
+    fn secret(&self, pulls: &Pulls, presented: &[u8]) -> Vec<u8> {
+        match (&self.session, &pulls.mint) {
+            (Some(id), Some((keys, lifetime))) => keys
+                .session(id, unix_now().saturating_add(lifetime.as_secs()))
+                .as_bytes()
+                .to_vec(),
+            _ => presented.to_vec(),
+        }
+    }
+
     /// Fills `dst` with `dst.len()` bytes of `src`, read from its agent
     /// with `secret` (the client's). A kept connection that turns out
     /// closed before its first reply (the source dropped it: idle, or its
@@ -101,6 +130,7 @@ impl Puller {
                 ),
             ));
         }
+        let secret = &self.secret(pulls, secret);
         let (mut out, mut kept) = match self.open.take() {
             Some(o) if o.addr == src.addr => (o, true),
             _ => (dial_source(pulls, secret, &src.addr)?, false),
@@ -289,6 +319,7 @@ mod tests {
             peers,
             tls: None,
             pace: Pace::new(None),
+            mint: None,
         };
         let mut puller = Puller::default();
         let src = |offset| Source {
@@ -320,6 +351,7 @@ mod tests {
             peers,
             tls: None,
             pace: Pace::new(None),
+            mint: None,
         };
         let mut dst = [0u8; 16];
         // SAFETY: as above.

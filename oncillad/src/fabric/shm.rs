@@ -36,13 +36,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use oncilla_proto::credential::Keyring;
 use oncilla_proto::wire::{
     self, MapFile, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN,
 };
 
 use super::flight::{self, Flight};
-use super::Within;
+use super::{Admission, Within};
 use crate::listen::{AcceptBackoff, Pending, Place, Ticket, Users};
 use crate::memory::held::{Held, HeldTable};
 use crate::memory::lease::Leases;
@@ -70,7 +69,7 @@ pub fn serve(
     listener: UnixListener,
     held: HeldTable,
     leases: Arc<Leases>,
-    keys: Keyring,
+    admission: Admission,
     metrics: Arc<Transfers>,
 ) {
     let live = Arc::new(AtomicUsize::new(0));
@@ -94,7 +93,7 @@ pub fn serve(
                 continue;
             }
         };
-        let (held, leases, keys) = (Arc::clone(&held), Arc::clone(&leases), keys.clone());
+        let (held, leases, admission) = (Arc::clone(&held), Arc::clone(&leases), admission.clone());
         let live = Arc::clone(&live);
         let users = Arc::clone(&users);
         let flight = Arc::clone(&flight);
@@ -110,7 +109,7 @@ pub fn serve(
                 let served = serve_one(
                     stream,
                     &held,
-                    &keys,
+                    &admission,
                     &mut lease,
                     ticket,
                     (&live, &users, &flight),
@@ -146,19 +145,20 @@ impl Drop for Lease {
 fn serve_one(
     mut stream: UnixStream,
     held: &HeldTable,
-    keys: &Keyring,
+    admission: &Admission,
     lease: &mut Lease,
     ticket: Ticket,
     (live, users, flight): (&AtomicUsize, &Arc<Users>, &Arc<Flight>),
     metrics: &Transfers,
 ) -> Result<(), wire::WireError> {
     let until = Instant::now() + REQUEST_DEADLINE;
-    let Some((_place, user)) = super::accept(
+    let Some(((_place, user), _registered)) = super::accept(
         &mut stream,
-        keys,
+        admission,
         until,
         || ticket.heard(),
-        |_, user| {
+        |_, who| {
+            let user = super::user_of(who);
             let share = users
                 .share(user)
                 .map_err(|_| "too many map connections from this user")?;

@@ -44,7 +44,6 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::credential::Keyring;
 use oncilla_proto::tls::tunnel::{self, DataStream};
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
@@ -53,6 +52,7 @@ use oncilla_cuda::DeviceMem;
 
 use super::device::{self, DeviceRings, Failure, RING_WAIT};
 use super::pull::{Puller, Pulls};
+use super::Admission;
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket, Users};
 use crate::memory::held::{Backing, HeldTable};
 use crate::metrics::data::Transfers;
@@ -101,7 +101,7 @@ const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 pub fn serve(
     listener: TcpListener,
     held: HeldTable,
-    keys: Keyring,
+    admission: Admission,
     tls: Option<Arc<rustls::ServerConfig>>,
     pulls: Pulls,
     rings: Arc<DeviceRings>,
@@ -130,7 +130,7 @@ pub fn serve(
             }
         };
         let held = Arc::clone(&held);
-        let keys = keys.clone();
+        let admission = admission.clone();
         let seats = Arc::clone(&seats);
         let users = Arc::clone(&users);
         let tls = tls.clone();
@@ -143,7 +143,7 @@ pub fn serve(
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
                     Connection::new(stream, held, pulls, rings, metrics).run(
-                        &keys,
+                        &admission,
                         ticket,
                         (&seats, &users),
                         until,
@@ -211,7 +211,7 @@ impl Connection {
 
     fn run(
         mut self,
-        keys: &Keyring,
+        admission: &Admission,
         ticket: Ticket,
         (seats, users): (&Arc<Seats>, &Arc<Users>),
         until: Instant,
@@ -220,12 +220,13 @@ impl Connection {
         let mut secret = Vec::new();
         let seat = super::accept(
             &mut self.stream,
-            keys,
+            admission,
             until,
             || ticket.heard(),
-            |presented, user| {
+            |presented, who| {
                 secret = presented.to_vec();
-                self.puller.user = user;
+                self.puller.acting_for(who);
+                let user = super::user_of(who);
                 // The user's share first: past it, nobody's seat is taken.
                 let share = users
                     .share(user)
@@ -236,7 +237,7 @@ impl Connection {
         );
         self.secret = secret;
         drop(ticket);
-        let Some((mut seat, _share)) = seat? else {
+        let Some(((mut seat, _share), _registered)) = seat? else {
             return Ok(());
         };
         // Once per connection: a reply the peer does not read, or a header

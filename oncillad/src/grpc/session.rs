@@ -115,14 +115,37 @@ impl session_server::Session for SessionService {
             .agent
             .open_session(pid, peer.map(|c| c.uid()), r.program)?;
         let (tx, rx) = mpsc::channel(1);
+        let lifetime = self.agent.credential_lifetime();
+        let mint = {
+            let (keys, id) = (Arc::clone(&self.keys), info.id.clone());
+            move || {
+                let expires = credential::unix_now().saturating_add(lifetime.as_secs());
+                keys.session(&id, expires).as_str().to_string()
+            }
+        };
         let first = pb::SessionEvent {
             session_id: info.id.clone(),
             node: self.agent.node().name.clone(),
-            credential: self.keys.session(&info.id).as_str().to_string(),
+            credential: mint(),
             tls_ca: self.tls_ca.clone(),
         };
         tx.try_send(Ok(first))
             .map_err(|_| Status::internal("cannot queue the session event"))?;
+        // A fresh credential every third of its lifetime, for as long as
+        // the session lives (the send fails once the stream is gone).
+        let renew = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lifetime / 3).await;
+                let event = pb::SessionEvent {
+                    credential: mint(),
+                    ..Default::default()
+                };
+                if renew.send(Ok(event)).await.is_err() {
+                    break;
+                }
+            }
+        });
         Ok(Response::new(SessionStream {
             rx,
             _tx: tx,

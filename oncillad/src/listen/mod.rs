@@ -12,6 +12,7 @@
 //! never touches pool memory or the held table.
 
 pub mod backoff;
+pub mod ended;
 pub mod incoming;
 pub mod pending;
 pub mod seats;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use oncilla_proto::credential::Credential;
+use oncilla_proto::credential::Renewable;
 use oncilla_proto::pb;
 use oncilla_proto::tls::ClientTls;
 use oncilla_rdma::verbs::{Device, Mr, Qp};
@@ -75,7 +75,7 @@ pub struct VerbsFabric {
     probe: Probe,
     /// Why this host cannot use verbs at all; `None` when it can.
     host: Option<Arc<str>>,
-    credential: Credential,
+    credential: Renewable,
     /// The cluster CA, when agents' gRPC ports speak TLS.
     tls: Option<ClientTls>,
     /// Runs `ConnectVerbs` calls; `None` when it could not start (then
@@ -102,7 +102,7 @@ impl VerbsFabric {
     /// active port). Never fails: [`VerbsFabric::reachable`] says why it
     /// cannot be used.
     pub fn new(
-        credential: Credential,
+        credential: Renewable,
         tls: Option<ClientTls>,
         wanted: &[String],
         tuning: Tuning,
@@ -459,9 +459,12 @@ impl VerbsFabric {
         // The lazy channel spawns its connection task on the current
         // runtime: callers are plain threads, so enter ours first.
         let _in_rt = rt.enter();
-        let channel =
-            oncilla_proto::client::lazy_as(agent_addr, &self.credential, self.tls.as_ref())
-                .map_err(|e| unreachable(e.to_string()))?;
+        let channel = oncilla_proto::client::lazy_as(
+            agent_addr,
+            &self.credential.current(),
+            self.tls.as_ref(),
+        )
+        .map_err(|e| unreachable(e.to_string()))?;
         let mut client = oncilla_proto::client::agent(channel);
         let (mut stream, reply) = rt
             .block_on(async {

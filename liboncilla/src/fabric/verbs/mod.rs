@@ -26,7 +26,7 @@ use engine::VerbsFabric;
 use std::sync::Arc;
 
 use oncilla_model::fabric::Rdma;
-use oncilla_proto::credential::Credential;
+use oncilla_proto::credential::Renewable;
 use oncilla_proto::tls::ClientTls;
 
 use crate::error::{Error, Result};
@@ -55,7 +55,7 @@ pub(crate) enum DeviceOutcome {
 impl Verbs {
     /// Opens the ports `opts` selects; bad settings leave verbs off with
     /// them as the reason. Never fails.
-    pub(crate) fn new(credential: Credential, tls: Option<ClientTls>, opts: &RdmaOptions) -> Self {
+    pub(crate) fn new(credential: Renewable, tls: Option<ClientTls>, opts: &RdmaOptions) -> Self {
         #[cfg(feature = "verbs")]
         {
             if !opts.invalid.is_empty() {
