@@ -15,6 +15,8 @@
 //! - `soak` ([`soak`]): fault injection with verification.
 //! - `flood` ([`flood`]): copy latency while hostile connections are held
 //!   open against the data port (loopback, its own cluster).
+//! - `fair` ([`fair`]): a normal tenant's latency alone and beside a greedy
+//!   tenant (another user pressing on every shared resource).
 //!
 //! Local clusters come from [`oncilla_cluster`], started with the
 //! [`Daemon`] the caller passes (`ocmctl` re-executes itself). `copy`
@@ -29,6 +31,7 @@ pub mod alloc;
 pub mod bandwidth;
 pub mod copy;
 pub mod error;
+pub mod fair;
 pub mod flood;
 pub mod gpu;
 pub mod pages;
@@ -72,6 +75,13 @@ pub enum Bench {
     /// connection's first copy) while idle and dripping hostile connections
     /// are held open against the data port; a local cluster on loopback.
     Flood(flood::FloodArgs),
+    /// A normal tenant's alloc and 1 MiB copy latency (p50/p99) alone and
+    /// beside a greedy tenant that allocates, opens sessions, copies and
+    /// pulls as fast as it can; a local cluster on loopback.
+    Fair(fair::FairArgs),
+    /// The greedy tenant `bench fair` starts (internal).
+    #[command(hide = true)]
+    FairGreedy(fair::GreedyArgs),
 }
 
 /// Runs one benchmark; local clusters run their daemons with `daemon`.
@@ -89,6 +99,8 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::CopyWorker(args) => procbench::worker(args),
         Bench::Soak(args) => soak::run(args, daemon),
         Bench::Flood(args) => flood::run(args, daemon),
+        Bench::Fair(args) => fair::run(args, daemon),
+        Bench::FairGreedy(args) => fair::greedy(args),
     }
 }
 
