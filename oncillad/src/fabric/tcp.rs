@@ -44,6 +44,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use oncilla_proto::credential::Principal;
 use oncilla_proto::tls::tunnel::{self, DataStream};
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
@@ -65,6 +66,9 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// with the cluster token have no share): a quarter, so other users keep
 /// seats however busy one keeps its own.
 pub const MAX_CONNECTIONS_PER_USER: usize = MAX_CONNECTIONS / 4;
+/// Of those, kept for operators (the cluster token): `ocmctl put`/`get`
+/// connects however many users fill the rest.
+pub const OPERATOR_RESERVE: usize = 32;
 /// Most data connections still in their handshake, apart from
 /// [`MAX_CONNECTIONS`]: a new one past it evicts the oldest (see
 /// [`Pending`]), so strangers can never crowd out a client.
@@ -107,7 +111,7 @@ pub fn serve(
     rings: Arc<DeviceRings>,
     metrics: Arc<Transfers>,
 ) {
-    let seats = Seats::new(MAX_CONNECTIONS);
+    let seats = Seats::new(MAX_CONNECTIONS, OPERATOR_RESERVE);
     let users = Users::new(MAX_CONNECTIONS_PER_USER);
     let pending = Pending::new(MAX_PENDING, MAX_PENDING_PER_PEER);
     metrics.watch_listener(Arc::clone(&pending), Arc::clone(&seats));
@@ -231,7 +235,8 @@ impl Connection {
                 let share = users
                     .share(user)
                     .map_err(|_| "too many data connections from this user")?;
-                Ok((seats.take(dup, "too many data connections")?, share))
+                let member = matches!(who, Principal::Member);
+                Ok((seats.take(dup, member, "too many data connections")?, share))
             },
             |why| self.metrics.hello_refused(why),
         );

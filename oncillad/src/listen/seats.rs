@@ -2,7 +2,10 @@
 //! When all seats are taken, a newcomer gets the seat of a connection that
 //! sits idle (between requests, nothing waiting to be read, and no request
 //! begun for at least [`MIN_IDLE`] as far as the seats have seen), which
-//! is shut down; only when none is idle is it refused. So no principal can hold every seat with connections
+//! is shut down; only when none is idle is it refused. The last
+//! `reserve` seats are for members (operators with the cluster token):
+//! users get them only by an idle connection's seat, so the operator can
+//! always connect. So no principal can hold every seat with connections
 //! it never uses, and a client whose pooled connection was taken this way
 //! opens another (liboncilla replaces a pooled connection that fails
 //! before its first reply).
@@ -29,6 +32,8 @@ pub const MIN_IDLE: Duration = Duration::from_secs(1);
 pub struct Seats {
     slots: Mutex<Vec<Slot>>,
     max: usize,
+    /// Of `max`, seats only members take while they are free.
+    reserve: usize,
     next: AtomicU64,
     evicted: AtomicU64,
 }
@@ -76,24 +81,38 @@ impl Drop for Seat {
 }
 
 impl Seats {
-    /// `max` seats (at least 1).
-    pub fn new(max: usize) -> Arc<Self> {
+    /// `max` seats (at least 1), the last `reserve` of them (less than
+    /// `max`) for members.
+    pub fn new(max: usize, reserve: usize) -> Arc<Self> {
+        let max = max.max(1);
         Arc::new(Self {
             slots: Mutex::new(Vec::new()),
-            max: max.max(1),
+            max,
+            reserve: reserve.min(max - 1),
             next: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
         })
     }
 
     /// Seats the connection `fd` (a duplicate of its descriptor, kept for
-    /// eviction), taking an idle connection's seat when all are taken.
+    /// eviction) of a member or not, taking an idle connection's seat when
+    /// all it may take are taken.
     ///
     /// # Errors
-    /// `why`, when every seat is in use.
-    pub fn take(self: &Arc<Self>, fd: OwnedFd, why: &'static str) -> Result<Seat, &'static str> {
+    /// `why`, when every seat it may take is in use.
+    pub fn take(
+        self: &Arc<Self>,
+        fd: OwnedFd,
+        member: bool,
+        why: &'static str,
+    ) -> Result<Seat, &'static str> {
         let mut slots = self.lock();
-        if slots.len() >= self.max {
+        let may = if member {
+            self.max
+        } else {
+            self.max - self.reserve
+        };
+        if slots.len() >= may {
             let now = Instant::now();
             let mut idle = None;
             for (i, s) in slots.iter_mut().enumerate() {
@@ -174,18 +193,18 @@ mod tests {
 
     #[test]
     fn a_full_house_gives_an_idle_seat_and_keeps_busy_and_new_ones() {
-        let seats = Seats::new(2);
+        let seats = Seats::new(2, 0);
         let (a, mut a_peer) = pair();
         let (b, mut b_peer) = pair();
         let (c, _c_peer) = pair();
-        let mut sa = seats.take(dup(&a), "full").unwrap();
-        let sb = seats.take(dup(&b), "full").unwrap();
+        let mut sa = seats.take(dup(&a), false, "full").unwrap();
+        let sb = seats.take(dup(&b), false, "full").unwrap();
         // Both new: nobody gives up a seat yet.
-        assert_eq!(seats.take(dup(&c), "full").err(), Some("full"));
+        assert_eq!(seats.take(dup(&c), false, "full").err(), Some("full"));
         std::thread::sleep(MIN_IDLE);
         // `a` is inside a request, `b` idle: `b` goes.
         sa.begin();
-        let _sc = seats.take(dup(&c), "full").unwrap();
+        let _sc = seats.take(dup(&c), false, "full").unwrap();
         assert_eq!(seats.len(), 2);
         assert_eq!(seats.evicted(), 1);
         let mut buf = [0u8; 1];
@@ -200,10 +219,27 @@ mod tests {
         // newcomer is refused.
         sa.end();
         let (d, _d_peer) = pair();
-        assert_eq!(seats.take(dup(&d), "full").err(), Some("full"));
+        assert_eq!(seats.take(dup(&d), false, "full").err(), Some("full"));
         drop(sb); // already evicted: nothing to remove
         assert_eq!(seats.len(), 2);
         drop(sa);
         assert_eq!(seats.len(), 1);
+    }
+
+    #[test]
+    fn the_last_seats_are_kept_for_members() {
+        let seats = Seats::new(3, 1);
+        let conns: Vec<_> = (0..4).map(|_| pair()).collect();
+        let _u1 = seats.take(dup(&conns[0].0), false, "full").unwrap();
+        let _u2 = seats.take(dup(&conns[1].0), false, "full").unwrap();
+        // Users have taken all theirs (none idle yet): the reserve stays.
+        assert_eq!(
+            seats.take(dup(&conns[2].0), false, "full").err(),
+            Some("full")
+        );
+        let _op = seats
+            .take(dup(&conns[2].0), true, "full")
+            .expect("the operator's seat");
+        assert_eq!(seats.len(), 3);
     }
 }
