@@ -23,7 +23,8 @@ pub const MAX_SPEC_NODES: usize = 4096;
 /// Longest node name a request may give.
 pub const MAX_NODE_NAME: usize = 255;
 /// Largest allocation id (2^53 - 1: exact wherever ids travel as JSON
-/// numbers). Ids count up from 1 and are never reused; the master refuses
+/// numbers). A master counts ids up from where its start time puts them
+/// (past every id an earlier master gave) and never reuses one; it refuses
 /// to allocate past this rather than wrap.
 pub const MAX_ID: u64 = (1 << 53) - 1;
 /// Most extents one allocation may have (a 256 MiB allocation striped in

@@ -224,3 +224,69 @@ fn unknown_enum_values_are_refused_at_the_edge() {
     );
     c.still_serves();
 }
+
+/// Before, a master that restarted while a node was away counted ids from
+/// 1 again (from what the nodes present held): the first new allocation
+/// took the id of the away node's allocation, and when that node came
+/// back two allocations had one id. Now a master starts its ids past any
+/// an earlier master gave (1,024 per millisecond since the epoch): the
+/// new allocation's id is new, and the returning node's allocation keeps
+/// its id and its bytes.
+#[test]
+fn ids_are_not_reused_after_a_master_restart_with_a_node_away() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let mut c = Cluster::start(2, "32MiB");
+    let alloc = |c: &Cluster, node: &str| {
+        let out = c.ocmctl(&["alloc", "1MiB", "--node", node]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let kept = alloc(&c, "node-1");
+    let file = c.dir.join("payload");
+    std::fs::write(&file, b"kept").unwrap();
+    assert!(c
+        .ocmctl(&["put", &kept, file.to_str().unwrap()])
+        .status
+        .success());
+    // node-1 away (stopped, its memory intact) while the master restarts.
+    let away = Pid::from_raw(i32::try_from(c.agent_pid(1).unwrap()).unwrap());
+    kill(away, Signal::SIGSTOP).unwrap();
+    c.kill_master();
+    c.start_master();
+    let ready = Cluster::eventually(Duration::from_secs(30), || {
+        c.node("node-0").is_some_and(|n| n["state"] == "up") && !c.master_recovering()
+    });
+    let resume = || kill(away, Signal::SIGCONT).unwrap();
+    if !ready {
+        resume();
+        panic!("the restarted master did not take node-0 back");
+    }
+    let fresh = alloc(&c, "node-0");
+    resume();
+    assert_ne!(fresh, kept, "a new allocation took the away node's id");
+    c.wait_nodes_up(2);
+    let get = c.ocmctl(&["get", &kept, "--len", "4"]);
+    assert_eq!(
+        get.stdout,
+        b"kept",
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    let listed = c.ocmctl_json(&["allocs", "--json"]);
+    let ids: Vec<String> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].to_string())
+        .collect();
+    assert!(ids.contains(&kept) && ids.contains(&fresh), "{ids:?}");
+    for id in [&kept, &fresh] {
+        assert!(c.ocmctl(&["free", id]).status.success());
+    }
+    c.still_serves();
+}

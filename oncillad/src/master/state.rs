@@ -88,7 +88,11 @@ pub(super) struct State {
 impl State {
     pub fn new() -> Self {
         Self {
-            next_id: 1,
+            next_id: id_floor(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            ),
             ..Self::default()
         }
     }
@@ -219,4 +223,33 @@ pub fn charge_of(alloc: &Allocation) -> Option<(u32, Charge)> {
             persistent: alloc.owner.is_none(),
         },
     ))
+}
+
+/// Where a master started at `now_ms` (Unix milliseconds) begins its ids:
+/// 1,024 per millisecond since the epoch. An earlier master counted up
+/// from its own start the same way, so unless it handed out more than
+/// about a million ids a second over its whole life, every id it gave is
+/// below this one's first, even of a node that is away while this master
+/// starts (registrations raise the counter past what the nodes present
+/// hold as well). Stays below [`oncilla_model::alloc::MAX_ID`] until the
+/// year 2248.
+pub fn id_floor(now_ms: u64) -> u64 {
+    now_ms
+        .saturating_mul(1024)
+        .clamp(1, oncilla_model::alloc::MAX_ID / 2)
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::id_floor;
+
+    #[test]
+    fn a_later_master_starts_past_what_an_earlier_one_gave() {
+        let first = id_floor(1_790_000_000_000);
+        // A minute later, after half a million allocations a minute ago.
+        let gave = first + 500_000;
+        assert!(id_floor(1_790_000_060_000) > gave);
+        assert!(id_floor(u64::MAX) < oncilla_model::alloc::MAX_ID);
+        assert_eq!(id_floor(0), 1);
+    }
 }
