@@ -598,6 +598,34 @@ fn another_user_is_served(c: &Cluster) {
     }
 }
 
+/// The operator allocates `size` on `node` with `ocmctl`, writes, reads
+/// back and frees it.
+fn operator_is_served(c: &Cluster, node: &str, size: &str) {
+    let out = c.ocmctl(&["alloc", size, "--node", node]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let file = c.dir.join("payload");
+    std::fs::write(&file, b"operator").unwrap();
+    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let get = c.ocmctl(&["get", &id, "--len", "8"]);
+    assert_eq!(
+        get.stdout,
+        b"operator",
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(c.ocmctl(&["free", &id]).status.success());
+}
+
 /// `ocmctl quota show --json` of the cluster.
 fn quotas(c: &Cluster) -> serde_json::Value {
     c.ocmctl_json(&["quota", "show", "--json"])
@@ -864,29 +892,7 @@ fn one_user_cannot_hold_every_data_or_map_connection() {
     );
 
     // The operator, and another user, are served meanwhile.
-    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-1"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let file = c.dir.join("payload");
-    std::fs::write(&file, b"operator").unwrap();
-    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
-    let get = c.ocmctl(&["get", &id, "--len", "8"]);
-    assert_eq!(
-        get.stdout,
-        b"operator",
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
-    assert!(c.ocmctl(&["free", &id]).status.success());
+    operator_is_served(&c, "node-1", "1MiB");
     another_user_is_served(&c);
     drop(held);
     let mut handles = handles.into_iter();
@@ -951,29 +957,7 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
     assert_eq!(&back, b"fresh");
     a.free().unwrap();
     // The operator's small allocation on it.
-    let out = c.ocmctl(&["alloc", "4KiB", "--node", "node-1"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let file = c.dir.join("payload");
-    std::fs::write(&file, b"operator").unwrap();
-    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
-    let get = c.ocmctl(&["get", &id, "--len", "8"]);
-    assert_eq!(
-        get.stdout,
-        b"operator",
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
-    assert!(c.ocmctl(&["free", &id]).status.success());
+    operator_is_served(&c, "node-1", "4KiB");
     // Another user's small allocations there.
     if nix::unistd::geteuid().is_root() {
         open_sockets_to_others(&c, 0);
@@ -1091,29 +1075,7 @@ fn one_user_cannot_fill_the_descriptors_in_flight() {
     } else {
         println!("skipped the other user's part: needs root to run a process as another user");
     }
-    let out = c.ocmctl(&["alloc", "1MiB", "--node", "node-0"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let file = c.dir.join("payload");
-    std::fs::write(&file, b"operator").unwrap();
-    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
-    let get = c.ocmctl(&["get", &id, "--len", "8"]);
-    assert_eq!(
-        get.stdout,
-        b"operator",
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
-    assert!(c.ocmctl(&["free", &id]).status.success());
+    operator_is_served(&c, "node-0", "1MiB");
 
     // Closing the connections drops the unread files: the share is back.
     drop(held);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use liboncilla::{AllocSpec, Fabric, Kind, Oncilla};
 use oncilla_proto::pb;
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
-use support::Cluster;
+use support::{tcp_closed, unix_closed, Cluster};
 
 /// The agent's whole-handshake deadline (`fabric::tcp::HANDSHAKE_DEADLINE`).
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -65,27 +65,6 @@ fn idle_tcp(addr: SocketAddr, n: usize, limit: Duration) -> Vec<TcpStream> {
     out
 }
 
-/// Whether the other end has closed `s` (end-of-file or reset), looking
-/// without blocking and skipping whatever bytes it had sent.
-fn closed_by_peer(s: &mut impl Read, set_nonblocking: impl Fn(bool)) -> bool {
-    set_nonblocking(true);
-    let mut buf = [0u8; 4096];
-    let closed = loop {
-        match s.read(&mut buf) {
-            Ok(0) => break true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-            Err(_) => break true,
-        }
-    };
-    set_nonblocking(false);
-    closed
-}
-
-fn tcp_closed(s: &TcpStream) -> bool {
-    closed_by_peer(&mut &*s, |b| s.set_nonblocking(b).expect("nonblocking"))
-}
-
 /// Calls `poll` about once a second (it may also act, as drippers do)
 /// until `deadline + SLACK` after `started`, and returns how many
 /// connections it last counted open. Each deadline runs from the agent's
@@ -105,10 +84,6 @@ fn open_past_deadline(
             return open;
         }
     }
-}
-
-fn unix_closed(s: &UnixStream) -> bool {
-    closed_by_peer(&mut &*s, |b| s.set_nonblocking(b).expect("nonblocking"))
 }
 
 /// Agent `i`'s thread count, from /proc.

@@ -174,20 +174,7 @@ fn strangers_cannot_take_the_metrics_listener() {
     let open = idle
         .iter()
         .chain(&talkers)
-        .filter(|s| {
-            s.set_nonblocking(true).unwrap();
-            let mut b = [0u8; 64];
-            let open = loop {
-                match (&**s).read(&mut b) {
-                    Ok(0) => break false,
-                    Ok(_) => continue,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
-                    Err(_) => break false,
-                }
-            };
-            s.set_nonblocking(false).unwrap();
-            open
-        })
+        .filter(|s| !support::tcp_closed(s))
         .count();
     assert!(open <= 16, "{open} stranger connections still open");
     c.still_serves();
@@ -337,14 +324,7 @@ fn https_get(addr: &str, ca: &Path, bearer: &str) -> (u16, String) {
     // Up to the end of the stream; a peer that closes without TLS's
     // close_notify ends it with an error, after what it sent.
     let _ = s.read_to_end(&mut reply);
-    let reply = String::from_utf8_lossy(&reply).into_owned();
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, body.to_string())
+    support::parse_http(&String::from_utf8_lossy(&reply))
 }
 
 /// Before, metrics stayed plain HTTP in a TLS cluster, so the scrape token

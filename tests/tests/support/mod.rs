@@ -428,13 +428,45 @@ pub fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     .unwrap();
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    parse_http(&reply)
+}
+
+/// An HTTP/1.1 reply's status code and body (code 0: no status line).
+pub fn parse_http(reply: &str) -> (u16, String) {
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((reply, ""));
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (code, body.to_string())
+}
+
+/// Whether the other end has closed `s` (end-of-file or reset), looking
+/// without blocking and skipping whatever bytes it had sent.
+pub fn closed_by_peer(s: &mut impl std::io::Read, set_nonblocking: impl Fn(bool)) -> bool {
+    set_nonblocking(true);
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    set_nonblocking(false);
+    closed
+}
+
+/// [`closed_by_peer`] for a TCP connection.
+pub fn tcp_closed(s: &std::net::TcpStream) -> bool {
+    closed_by_peer(&mut &*s, |b| s.set_nonblocking(b).expect("nonblocking"))
+}
+
+/// [`closed_by_peer`] for a Unix socket.
+pub fn unix_closed(s: &std::os::unix::net::UnixStream) -> bool {
+    closed_by_peer(&mut &*s, |b| s.set_nonblocking(b).expect("nonblocking"))
 }
 
 /// The value of the sample `series` (name and labels as printed) in
