@@ -626,6 +626,21 @@ fn operator_is_served(c: &Cluster, node: &str, size: &str) {
     assert!(c.ocmctl(&["free", &id]).status.success());
 }
 
+/// Lowers agent `i`'s open-file limit to `n` (soft and hard) with
+/// `prlimit`, as an operator may on a running agent.
+fn lower_agent_nofile(c: &Cluster, i: usize, n: u64) {
+    let set = std::process::Command::new("prlimit")
+        .args(["--pid", &c.agent_pid(i).unwrap().to_string()])
+        .arg(format!("--nofile={n}:{n}"))
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+}
+
 /// `ocmctl quota show --json` of the cluster.
 fn quotas(c: &Cluster) -> serde_json::Value {
     c.ocmctl_json(&["quota", "show", "--json"])
@@ -916,16 +931,7 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
     let c = Cluster::start(2, "64MiB");
     // The systemd unit's limit is 65,536; a low one makes the attack quick
     // (1,024: 768 for memory files, a user's share 384).
-    let agent = c.agent_pid(1).unwrap().to_string();
-    let set = std::process::Command::new("prlimit")
-        .args(["--pid", &agent, "--nofile=1024:1024"])
-        .output()
-        .unwrap();
-    assert!(
-        set.status.success(),
-        "{}",
-        String::from_utf8_lossy(&set.stderr)
-    );
+    lower_agent_nofile(&c, 1, 1024);
     let greedy = c.client(0);
     let mut held = Vec::new();
     let mut refusal = None;
@@ -994,16 +1000,7 @@ fn one_user_cannot_fill_the_descriptors_in_flight() {
     let c = Cluster::start(2, "96MiB");
     // The unit's limit is 65,536; 1,024 makes the attack short (a user's
     // share 128 files in flight).
-    let agent = c.agent_pid(0).unwrap().to_string();
-    let set = std::process::Command::new("prlimit")
-        .args(["--pid", &agent, "--nofile=1024:1024"])
-        .output()
-        .unwrap();
-    assert!(
-        set.status.success(),
-        "{}",
-        String::from_utf8_lossy(&set.stderr)
-    );
+    lower_agent_nofile(&c, 0, 1024);
     let spec = pb::AllocSpec {
         size: 32 << 20,
         kind: pb::MemKind::RemoteHost as i32,
