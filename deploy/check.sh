@@ -10,20 +10,46 @@
 # ibverbs-providers (.ci/run installs them all); the manifest check
 # kubernetes-validate (pip); the metrics tests prometheus (promtool and the
 # server); the Python tests maturin, pytest and numpy (pip).
+#
+# At the end, pass or fail, it prints each step's wall time (where the
+# time goes is what keeps the run under its 30 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The Kubernetes manifests, offline against the API schemas.
-deploy/kubernetes/validate.sh
+steps=()
+current=""
+# step NAME COMMAND...: runs the command as the named step, timed.
+step() {
+  local name=$1 t0=$SECONDS
+  shift
+  current=$name
+  "$@"
+  steps+=("$(printf '%-24s %6d s' "$name" $((SECONDS - t0)))")
+  current=""
+}
+report() {
+  local rc=$?
+  echo
+  echo "deploy/check.sh step times:"
+  local line
+  for line in "${steps[@]}"; do echo "  $line"; done
+  [ -z "$current" ] || echo "  $(printf '%-24s %8s' "$current" failed)"
+  echo "  $(printf '%-24s %6d s' total "$SECONDS")"
+  exit "$rc"
+}
+trap report EXIT
 
-cargo test --workspace
+# The Kubernetes manifests, offline against the API schemas.
+step manifests deploy/kubernetes/validate.sh
+
+step "tests (default)" cargo test --workspace
 
 # The Python bindings: `pip install ./python`, then pytest against a local
 # cluster (python/run-tests.sh).
-python/run-tests.sh
+step python python/run-tests.sh
 
 # One feature set for every verbs step, so they share one build.
 verbs=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
-cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
-cargo test --workspace --lib --bins --features "$verbs"
-deploy/softroce/verbs-tests.sh
+step "clippy (verbs)" cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
+step "unit tests (verbs)" cargo test --workspace --lib --bins --features "$verbs"
+step "Soft-RoCE guest" deploy/softroce/verbs-tests.sh
