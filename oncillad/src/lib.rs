@@ -289,7 +289,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             peers: agent.peers(),
             tls: trust.clone(),
             pace: fabric::pace::Pace::new(Some(agent_cfg.pull_rate)),
-            mint: Some((Arc::clone(node_keys), agent_cfg.credential_lifetime)),
+            mint: Some(Arc::clone(node_keys)),
         };
 
         std::thread::Builder::new()

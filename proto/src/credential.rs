@@ -55,6 +55,19 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How long past its credential's expiry (and the skew) a data connection
+/// opened with it may still serve requests: one that sits idle after the
+/// expiry is closed at once, this bounds one that never does (a copy in
+/// flight is not cut unless it lasts this long). liboncilla stops reusing
+/// a pooled connection once its credential expired.
+pub const CONNECTION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The expiry (Unix seconds) a session credential names; `None` for
+/// anything else. Checks no MAC: for a credential already authenticated.
+pub fn session_expiry(presented: &[u8]) -> Option<u64> {
+    parse_session(presented).map(|(_, expires, _)| expires)
+}
+
 /// Whether a session credential that expires at `expires` (Unix seconds)
 /// is still good.
 fn fresh(expires: u64) -> bool {

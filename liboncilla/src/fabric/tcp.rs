@@ -105,10 +105,12 @@ pub struct Chunk<'a> {
     pub buf: IoBuf<'a>,
 }
 
-/// An authenticated data connection and its receive buffer.
+/// An authenticated data connection and its receive buffer, and when the
+/// credential it was opened with expires (`None`: the token).
 struct Conn {
     stream: DataStream,
     recv: RecvBuf,
+    expires: Option<u64>,
 }
 
 /// Connections to agents, reused across copies.
@@ -159,11 +161,19 @@ impl TcpFabric {
         }
     }
 
-    /// An idle pooled connection (true) or a new one (false).
+    /// An idle pooled connection (true) or a new one (false). A pooled
+    /// one whose credential expired is dropped: its agent closes it (idle)
+    /// or cuts it (after a grace), and the renewed credential dials anew.
     fn take(&self, peer: &Peer<'_>) -> Result<(Conn, bool)> {
-        if let Some(c) = self.lock().get_mut(peer.addr).and_then(Vec::pop) {
-            return Ok((c, true));
+        let now = oncilla_proto::credential::unix_now();
+        let mut idle = self.lock();
+        if let Some(list) = idle.get_mut(peer.addr) {
+            list.retain(|c| c.expires.is_none_or(|at| at > now));
+            if let Some(c) = list.pop() {
+                return Ok((c, true));
+            }
         }
+        drop(idle);
         self.connect(peer).map(|c| (c, false))
     }
 
@@ -179,10 +189,11 @@ impl TcpFabric {
     }
 
     fn connect(&self, peer: &Peer<'_>) -> Result<Conn> {
+        let credential = self.credential.current();
         let stream = dial::dial(
             peer.addr,
             self.tls.as_ref(),
-            self.credential.current().as_bytes(),
+            credential.as_bytes(),
             CONNECT_TIMEOUT,
             IO_TIMEOUT,
         )
@@ -190,6 +201,7 @@ impl TcpFabric {
         Ok(Conn {
             stream,
             recv: RecvBuf::new(RECV_CAP),
+            expires: oncilla_proto::credential::session_expiry(credential.as_bytes()),
         })
     }
 

@@ -7,7 +7,7 @@
 //! never reads them would otherwise stop the agent from sending anyone a
 //! file. So each grant's files are charged to the user they go to before
 //! they are sent ([`Flight::charge`]: a user holds at most an eighth of the
-//! limit, everyone together half of it) and given back only once the
+//! limit, users together three eighths, everyone half of it) and given back only once the
 //! socket shows that the process took them, or went away
 //! ([`wait_taken`]). This module only counts and watches a socket's send
 //! queue; it never sends, reads or closes.
@@ -60,13 +60,23 @@ impl Flight {
         files: usize,
         limit: usize,
     ) -> Result<Charge, String> {
-        let (total_max, share) = (limit / 2, limit / 8);
+        // Users together take at most three quarters of the budget, so
+        // operators always have room.
+        let (total_max, users_max, share) = (limit / 2, limit * 3 / 8, limit / 8);
+        if files > share {
+            return Err(format!(
+                "this extent has {files} memory files, more than one user may have in flight \
+                 at once ({share}, an eighth of the agent's open-file limit); raise the \
+                 agent's LimitNOFILE"
+            ));
+        }
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let (total, users) = &mut *held;
-        if *total + files > total_max {
+        let by_users: usize = users.values().sum();
+        if *total + files > total_max || (user.is_some() && by_users + files > users_max) {
             return Err(format!(
                 "this node has {total} memory files in flight to processes that have not \
-                 taken them yet, {files} more would pass its budget ({total_max}); retry shortly"
+                 taken them yet, {files} more would pass its budget; retry shortly"
             ));
         }
         if let Some(uid) = user {
@@ -165,12 +175,22 @@ mod tests {
         );
         let _b = flight.charge_within(Some(1), 40, 800).unwrap();
         let _c = flight.charge_within(Some(2), 100, 800).unwrap();
-        let _op = flight.charge_within(None, 200, 800).unwrap();
-        let err = flight.charge_within(Some(3), 1, 800).unwrap_err();
-        assert!(err.contains("budget (400)"), "{err}");
+        // Users together: three quarters of the budget (300 of 400).
+        let _d = flight.charge_within(Some(3), 100, 800).unwrap();
+        let err = flight.charge_within(Some(4), 1, 800).unwrap_err();
+        assert!(err.contains("would pass its budget"), "{err}");
+        // Operators keep the rest.
+        let _op = flight.charge_within(None, 100, 800).unwrap();
+        assert!(flight.charge_within(None, 1, 800).is_err());
+        // A grant larger than a share is refused for good, and says so.
+        let err = flight.charge_within(Some(9), 101, 800).unwrap_err();
+        assert!(
+            err.contains("more than one user may have in flight"),
+            "{err}"
+        );
         drop(a);
         assert_eq!(flight.of(1), 40);
-        let _d = flight.charge_within(Some(3), 1, 800).expect("given back");
+        let _e = flight.charge_within(Some(4), 1, 800).expect("given back");
         assert_eq!(flight.of(9), 0, "a refused user holds nothing");
     }
 

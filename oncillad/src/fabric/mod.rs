@@ -31,11 +31,12 @@ pub struct Admission {
     pub ended: Arc<Ended>,
 }
 
-/// The user a principal acts for: a session's (from its id), none for a
-/// member.
+/// The user a principal acts for: a session's (from its id; one the
+/// kernel did not name counts as one user, [`u32::MAX`], never as an
+/// operator), none for a member.
 pub(crate) fn user_of(who: &Principal) -> Option<u32> {
     match who {
-        Principal::Session(id) => oncilla_model::alloc::session_user(id),
+        Principal::Session(id) => Some(oncilla_model::alloc::session_user(id).unwrap_or(u32::MAX)),
         _ => None,
     }
 }

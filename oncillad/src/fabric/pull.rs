@@ -20,7 +20,7 @@ use oncilla_proto::wire::dial::{self, DialError};
 use oncilla_proto::wire::sock::{self, Deadline, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REPLY_LEN};
 
-use oncilla_proto::credential::{unix_now, NodeKeys, Principal};
+use oncilla_proto::credential::{NodeKeys, Principal, CONNECTION_GRACE};
 
 use super::pace::Pace;
 use crate::peers::Peers;
@@ -44,9 +44,9 @@ pub struct Pulls {
     /// The cluster CA, when data ports speak TLS.
     pub tls: Option<ClientTls>,
     pub pace: Arc<Pace>,
-    /// Makes a session's credential afresh for each pull (`None`: present
-    /// what the client did), good for `lifetime`.
-    pub mint: Option<(Arc<NodeKeys>, Duration)>,
+    /// Makes a session's credential for each pull (`None`: present what
+    /// the client did).
+    pub mint: Option<Arc<NodeKeys>>,
 }
 
 /// A client connection's outbound side: the connection its last pull
@@ -57,8 +57,9 @@ pub struct Puller {
     open: Option<Outbound>,
     /// The user the client's session names (`None`: an operator).
     user: Option<u32>,
-    /// The client's session (`None`: an operator, with the token).
-    session: Option<String>,
+    /// The client's session (`None`: an operator, with the token), and
+    /// when its credential expired.
+    session: Option<(String, u64)>,
 }
 
 struct Outbound {
@@ -78,22 +79,24 @@ struct Failed {
 }
 
 impl Puller {
-    /// Pulls of this connection act for `who`.
-    pub fn acting_for(&mut self, who: &Principal) {
+    /// Pulls of this connection act for `who`, whose credential (for a
+    /// session) expires at `expires`.
+    pub fn acting_for(&mut self, who: &Principal, expires: Option<u64>) {
         self.user = super::user_of(who);
-        self.session = match who {
-            Principal::Session(id) => Some(id.clone()),
+        self.session = match (who, expires) {
+            (Principal::Session(id), Some(at)) => Some((id.clone(), at)),
             _ => None,
         };
     }
 
-    /// What a pull presents to its source: a session's credential made
-    /// afresh (the client's connection may outlive the one it presented),
+    /// What a pull presents to its source: a session's credential good for
+    /// as long as the client's connection may serve (its expiry and the
+    /// grace: the connection may outlive what it presented, never that),
     /// else what the client presented (the token).
     fn secret(&self, pulls: &Pulls, presented: &[u8]) -> Vec<u8> {
         match (&self.session, &pulls.mint) {
-            (Some(id), Some((keys, lifetime))) => keys
-                .session(id, unix_now().saturating_add(lifetime.as_secs()))
+            (Some((id, expires)), Some(keys)) => keys
+                .session(id, expires.saturating_add(CONNECTION_GRACE.as_secs()))
                 .as_bytes()
                 .to_vec(),
             _ => presented.to_vec(),

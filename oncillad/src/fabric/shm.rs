@@ -256,21 +256,26 @@ fn serve_one(
                 metrics
                     .map
                     .served(usize::try_from(req.len).unwrap_or(usize::MAX));
-                stream.write_all(&head)?;
-                for part in memory.parts() {
-                    // From here the file is never reused for anything else.
-                    part.file.share();
-                    let frame = MapFile {
-                        file_offset: part.file_off,
-                        len: part.len,
-                    }
-                    .encode();
-                    send_with_fd(&mut stream, &frame, part.file.fd().as_raw_fd())?;
-                }
-                metrics.map.took(started.elapsed());
-                // No further request until the process took these files.
-                flight::wait_taken(&stream)?;
+                let sent = stream.write_all(&head).and_then(|()| {
+                    memory.parts().iter().try_for_each(|part| {
+                        // From here the file is never reused for anything else.
+                        part.file.share();
+                        let frame = MapFile {
+                            file_offset: part.file_off,
+                            len: part.len,
+                        }
+                        .encode();
+                        send_with_fd(&mut stream, &frame, part.file.fd().as_raw_fd())
+                    })
+                });
+                // Whatever was sent stays charged until the process took it
+                // or went away, even when sending failed part way (a peer
+                // that stopped reading): no further request meanwhile.
+                let taken = flight::wait_taken(&stream);
                 drop(charge);
+                sent?;
+                taken?;
+                metrics.map.took(started.elapsed());
             }
             Err((status, msg)) => {
                 let reply = Reply {

@@ -44,7 +44,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::credential::Principal;
+use oncilla_proto::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE};
 use oncilla_proto::tls::tunnel::{self, DataStream};
 use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
 use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
@@ -229,7 +229,8 @@ impl Connection {
             || ticket.heard(),
             |presented, who| {
                 secret = presented.to_vec();
-                self.puller.acting_for(who);
+                self.puller
+                    .acting_for(who, credential::session_expiry(presented));
                 let user = super::user_of(who);
                 // The user's share first: past it, nobody's seat is taken.
                 let share = users
@@ -251,6 +252,15 @@ impl Connection {
         self.stream.set_read_timeout(Some(STALL_DEADLINE))?;
         self.stream.set_write_timeout(Some(STALL_DEADLINE))?;
         let mut idle = Duration::ZERO;
+        // A session's connection serves until its credential expired (once
+        // idle) or, busy, until the grace past that: then the client dials
+        // again with its renewed credential.
+        let expires = credential::session_expiry(&self.secret);
+        let past = |extra: Duration| {
+            expires.is_some_and(|at| {
+                credential::unix_now() > at.saturating_add((CLOCK_SKEW + extra).as_secs())
+            })
+        };
         loop {
             // Ask for a header and whatever small payload or further
             // pipelined headers came with it: one system call per small
@@ -261,7 +271,7 @@ impl Connection {
                 Err(e) if timed_out(&e) && self.recv.buffered() == 0 => {
                     // Idle between requests (nothing of a header yet).
                     idle += STALL_DEADLINE;
-                    if idle >= IDLE_LIMIT {
+                    if idle >= IDLE_LIMIT || past(Duration::ZERO) {
                         return Ok(());
                     }
                     continue;
@@ -269,6 +279,10 @@ impl Connection {
                 Err(e) => return Err(e.into()),
             };
             idle = Duration::ZERO;
+            if past(CONNECTION_GRACE) {
+                // Unanswered: the client resends on a new connection.
+                return Ok(());
+            }
             seat.begin();
             let req = match Request::decode(&head) {
                 Ok(r) => r,

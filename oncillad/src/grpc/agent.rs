@@ -119,6 +119,15 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ConnectVerbsRequest>,
     ) -> Result<Response<ConnectVerbsStream>, Status> {
+        if let Some(oncilla_proto::credential::Principal::Session(id)) =
+            oncilla_proto::credential::principal(&req)
+        {
+            if self.agent.ended_here().has_ended(id) {
+                return Err(Status::permission_denied(
+                    "permission denied: the session of this credential has ended",
+                ));
+            }
+        }
         let rdma = Arc::clone(self.agent.rdma());
         let r = req.into_inner();
         let client = r

@@ -93,14 +93,16 @@ impl Ended {
     /// The session ended already ("session ended"), or the descriptor
     /// cannot be duplicated.
     pub fn admit(self: &Arc<Self>, id: &str, conn: impl AsFd) -> Result<Registered, &'static str> {
-        if self.has_ended(id) {
-            return Err("permission denied: the session of this credential has ended");
-        }
         let fd = conn
             .as_fd()
             .try_clone_to_owned()
             .map_err(|_| "out of descriptors")?;
+        // Checked and registered under one lock, so an end in between
+        // cannot miss the connection.
         let mut st = self.lock();
+        if st.ended.get(id).is_some_and(|at| at.elapsed() < self.keep) {
+            return Err("permission denied: the session of this credential has ended");
+        }
         let reg = st.next;
         st.next += 1;
         st.open.entry(id.to_string()).or_default().push((reg, fd));

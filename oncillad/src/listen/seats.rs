@@ -41,6 +41,8 @@ pub struct Seats {
 struct Slot {
     id: u64,
     fd: OwnedFd,
+    /// A member's (an operator's): users never take its seat.
+    member: bool,
     /// Requests begun, times two, plus one while one is being served.
     state: Arc<AtomicU64>,
     /// `state` when last looked at, and when that was (or seating time).
@@ -107,12 +109,15 @@ impl Seats {
         why: &'static str,
     ) -> Result<Seat, &'static str> {
         let mut slots = self.lock();
-        let may = if member {
-            self.max
+        // Users count against all seats but the reserve, operators against
+        // all of them; a user takes only a user's idle seat.
+        let users = slots.iter().filter(|s| !s.member).count();
+        let full = if member {
+            slots.len() >= self.max
         } else {
-            self.max - self.reserve
+            users >= self.max - self.reserve || slots.len() >= self.max
         };
-        if slots.len() >= may {
+        if full {
             let now = Instant::now();
             let mut idle = None;
             for (i, s) in slots.iter_mut().enumerate() {
@@ -122,6 +127,7 @@ impl Seats {
                     s.seen = state;
                     s.seen_at = now;
                 } else if idle.is_none()
+                    && (member || !s.member)
                     && state & 1 == 0
                     && now.saturating_duration_since(s.seen_at) >= MIN_IDLE
                     && !has_bytes_waiting(&s.fd)
@@ -143,6 +149,7 @@ impl Seats {
         slots.push(Slot {
             id,
             fd,
+            member,
             state: Arc::clone(&state),
             seen: 0,
             seen_at: Instant::now(),
@@ -230,16 +237,27 @@ mod tests {
     fn the_last_seats_are_kept_for_members() {
         let seats = Seats::new(3, 1);
         let conns: Vec<_> = (0..4).map(|_| pair()).collect();
-        let _u1 = seats.take(dup(&conns[0].0), false, "full").unwrap();
-        let _u2 = seats.take(dup(&conns[1].0), false, "full").unwrap();
+        let mut u1 = seats.take(dup(&conns[0].0), false, "full").unwrap();
+        let mut u2 = seats.take(dup(&conns[1].0), false, "full").unwrap();
         // Users have taken all theirs (none idle yet): the reserve stays.
-        assert_eq!(
-            seats.take(dup(&conns[2].0), false, "full").err(),
-            Some("full")
-        );
-        let _op = seats
+        let user = |i: usize| seats.take(dup(&conns[i].0), false, "full");
+        assert_eq!(user(2).err(), Some("full"));
+        let op = seats
             .take(dup(&conns[2].0), true, "full")
             .expect("the operator's seat");
         assert_eq!(seats.len(), 3);
+        // The operator's seat, idle, still goes to no user; a user's idle
+        // seat does.
+        std::thread::sleep(MIN_IDLE);
+        u1.begin();
+        let _u3 = user(3).expect("u2 was idle: its seat went");
+        u2.begin();
+        let (e, _e_peer) = pair();
+        assert_eq!(
+            seats.take(dup(&e), false, "full").err(),
+            Some("full"),
+            "only the operator's is idle"
+        );
+        drop(op);
     }
 }

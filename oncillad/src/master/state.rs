@@ -231,12 +231,13 @@ pub fn charge_of(alloc: &Allocation) -> Option<(u32, Charge)> {
 /// about a million ids a second over its whole life, every id it gave is
 /// below this one's first, even of a node that is away while this master
 /// starts (registrations raise the counter past what the nodes present
-/// hold as well). Stays below [`oncilla_model::alloc::MAX_ID`] until the
-/// year 2248.
+/// hold as well). Rises until the year 2248, where it stops a trillion
+/// ids below [`oncilla_model::alloc::MAX_ID`].
 pub fn id_floor(now_ms: u64) -> u64 {
+    // A trillion ids left above the floor even then.
     now_ms
         .saturating_mul(1024)
-        .clamp(1, oncilla_model::alloc::MAX_ID / 2)
+        .clamp(1, oncilla_model::alloc::MAX_ID - (1 << 40))
 }
 
 #[cfg(test)]

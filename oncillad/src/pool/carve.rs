@@ -76,6 +76,12 @@ fn own_file(
             budget: budget.files,
             limit: budget.limit,
         })
+    } else if user.is_some() && st.user_files.values().sum::<usize>() >= budget.users() {
+        Some(PoolError::Descriptors {
+            open,
+            budget: budget.users(),
+            limit: budget.limit,
+        })
     } else {
         user.filter(|_| held >= budget.share())
             .map(|uid| PoolError::DescriptorShare {
@@ -131,6 +137,28 @@ fn own_file(
 }
 
 fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
+    // What the range cuts off its files is backed anew by the refiller:
+    // at most two new files (one at each end), and as many new runs.
+    let budget = FileBudget::now();
+    let (open, runs) = (open_files(), st.backing.runs() + st.held_runs + 2);
+    let refused = if open + 2 > budget.files {
+        Some(PoolError::Descriptors {
+            open,
+            budget: budget.files,
+            limit: budget.limit,
+        })
+    } else if runs > inner.max_runs {
+        Some(PoolError::Fragmented {
+            runs,
+            limit: inner.max_runs,
+        })
+    } else {
+        None
+    };
+    if let Some(e) = refused {
+        give_back(st, offset, len);
+        return Err(e);
+    }
     let taken = st.backing.take(offset, len);
     // Each file with the pool offset of its first byte.
     let mut files: Vec<(Arc<MemFile>, u64)> = Vec::new();

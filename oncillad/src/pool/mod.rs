@@ -675,6 +675,12 @@ impl FileBudget {
     fn share(&self) -> usize {
         self.files / 2
     }
+
+    /// Most files all users' small allocations may hold together: three
+    /// quarters, so operators (and large allocations) always have room.
+    fn users(&self) -> usize {
+        self.files * 3 / 4
+    }
 }
 
 /// Every file of the pool holds a descriptor: take the whole hard limit
