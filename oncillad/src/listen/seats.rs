@@ -4,8 +4,9 @@
 //! begun for at least [`MIN_IDLE`] as far as the seats have seen), which
 //! is shut down; only when none is idle is it refused. The last
 //! `reserve` seats are for members (operators with the cluster token):
-//! users get them only by an idle connection's seat, so the operator can
-//! always connect. So no principal can hold every seat with connections
+//! users count against the others and never take one of the reserve's
+//! (an idle member's seat past the reserve is anyone's), so the operator
+//! can always connect. So no principal can hold every seat with connections
 //! it never uses, and a client whose pooled connection was taken this way
 //! opens another (liboncilla replaces a pooled connection that fails
 //! before its first reply).
@@ -112,6 +113,8 @@ impl Seats {
         // Users count against all seats but the reserve, operators against
         // all of them; a user takes only a user's idle seat.
         let users = slots.iter().filter(|s| !s.member).count();
+        // Operators' seats past the reserve are anyone's once idle.
+        let spare_members = slots.len() - users > self.reserve;
         let full = if member {
             slots.len() >= self.max
         } else {
@@ -127,7 +130,7 @@ impl Seats {
                     s.seen = state;
                     s.seen_at = now;
                 } else if idle.is_none()
-                    && (member || !s.member)
+                    && (member || !s.member || spare_members)
                     && state & 1 == 0
                     && now.saturating_duration_since(s.seen_at) >= MIN_IDLE
                     && !has_bytes_waiting(&s.fd)
