@@ -60,36 +60,25 @@ fn own_file(
     len: u64,
     user: Option<u32>,
 ) -> Result<Carved, PoolError> {
-    // A run split in two around the range, and the range's own.
-    let runs = st.backing.runs() + st.held_runs + 2;
+    // A run split in two around the range, and the range's own file.
     let budget = FileBudget::now();
-    let open = open_files();
     let held = user.map_or(0, |uid| st.user_files.get(&uid).copied().unwrap_or(0));
-    let refused = if runs > inner.max_runs {
-        Some(PoolError::Fragmented {
-            runs,
-            limit: inner.max_runs,
-        })
-    } else if open >= budget.files {
-        Some(PoolError::Descriptors {
-            open,
-            budget: budget.files,
-            limit: budget.limit,
-        })
-    } else if user.is_some() && st.user_files.values().sum::<usize>() >= budget.users() {
-        Some(PoolError::Descriptors {
-            open,
-            budget: budget.users(),
-            limit: budget.limit,
-        })
-    } else {
+    let refused = no_room(inner, st, &budget, 1).or_else(|| {
+        let open = open_files();
+        if user.is_some() && st.user_files.values().sum::<usize>() >= budget.users() {
+            return Some(PoolError::Descriptors {
+                open,
+                budget: budget.users(),
+                limit: budget.limit,
+            });
+        }
         user.filter(|_| held >= budget.share())
             .map(|uid| PoolError::DescriptorShare {
                 uid,
                 held,
                 share: budget.share(),
             })
-    };
+    });
     if let Some(e) = refused {
         give_back(st, offset, len);
         return Err(e);
@@ -139,23 +128,7 @@ fn own_file(
 fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
     // What the range cuts off its files is backed anew by the refiller:
     // at most two new files (one at each end), and as many new runs.
-    let budget = FileBudget::now();
-    let (open, runs) = (open_files(), st.backing.runs() + st.held_runs + 2);
-    let refused = if open + 2 > budget.files {
-        Some(PoolError::Descriptors {
-            open,
-            budget: budget.files,
-            limit: budget.limit,
-        })
-    } else if runs > inner.max_runs {
-        Some(PoolError::Fragmented {
-            runs,
-            limit: inner.max_runs,
-        })
-    } else {
-        None
-    };
-    if let Some(e) = refused {
+    if let Some(e) = no_room(inner, st, &FileBudget::now(), 2) {
         give_back(st, offset, len);
         return Err(e);
     }
@@ -223,6 +196,27 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
         restore: Vec::new(),
         file_of: None,
     })
+}
+
+/// Why the pool cannot take `new_files` more files (and two more runs)
+/// now: too many mappings, or past the file budget; `None` if it can.
+fn no_room(inner: &Inner, st: &State, budget: &FileBudget, new_files: usize) -> Option<PoolError> {
+    let runs = st.backing.runs() + st.held_runs + 2;
+    let open = open_files();
+    if runs > inner.max_runs {
+        Some(PoolError::Fragmented {
+            runs,
+            limit: inner.max_runs,
+        })
+    } else if open + new_files > budget.files {
+        Some(PoolError::Descriptors {
+            open,
+            budget: budget.files,
+            limit: budget.limit,
+        })
+    } else {
+        None
+    }
 }
 
 /// Undoes the caller's take of a range nothing was done to yet.
