@@ -601,21 +601,10 @@ fn another_user_is_served(c: &Cluster) {
 /// The operator allocates `size` on `node` with `ocmctl`, writes, reads
 /// back and frees it.
 fn operator_is_served(c: &Cluster, node: &str, size: &str) {
-    let out = c.ocmctl(&["alloc", size, "--node", node]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let id = c.ocmctl_ok(&["alloc", size, "--node", node]);
     let file = c.dir.join("payload");
     std::fs::write(&file, b"operator").unwrap();
-    let put = c.ocmctl(&["put", &id, file.to_str().unwrap()]);
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    c.ocmctl_ok(&["put", &id, file.to_str().unwrap()]);
     let get = c.ocmctl(&["get", &id, "--len", "8"]);
     assert_eq!(
         get.stdout,
@@ -1001,20 +990,7 @@ fn one_user_cannot_fill_the_descriptors_in_flight() {
     // The unit's limit is 65,536; 1,024 makes the attack short (a user's
     // share 128 files in flight).
     lower_agent_nofile(&c, 0, 1024);
-    let spec = pb::AllocSpec {
-        size: 32 << 20,
-        kind: pb::MemKind::RemoteHost as i32,
-        placement: Some(pb::Placement {
-            nodes: vec![pb::NodeShare {
-                node: "node-0".into(),
-                weight: 1,
-            }],
-            ..Default::default()
-        }),
-        persistent: true,
-        ..Default::default()
-    };
-    let bait = c.master().unwrap().allocate(spec).unwrap();
+    let bait = c.persistent_on(32 << 20, "node-0");
     let key: [u8; wire::KEY_LEN] = bait.access_key.as_slice().try_into().unwrap();
     let extent = &bait.extents[0];
     let me = open_raw(&c);

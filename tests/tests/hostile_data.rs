@@ -129,24 +129,7 @@ fn normal_copy_with(ocm: &Oncilla, node: &str, n: usize, seed: u8) {
 /// A persistent allocation made through the master, with what a raw data
 /// client needs: id, access key, and the data address of its one extent.
 fn raw_allocation(c: &Cluster, size: u64, node: &str) -> (u64, [u8; KEY_LEN], SocketAddr) {
-    let spec = pb::AllocSpec {
-        size,
-        kind: pb::MemKind::RemoteHost as i32,
-        placement: Some(pb::Placement {
-            nodes: vec![pb::NodeShare {
-                node: node.to_string(),
-                weight: 1,
-            }],
-            ..Default::default()
-        }),
-        persistent: true,
-        ..Default::default()
-    };
-    let a = c
-        .master()
-        .expect("master")
-        .allocate(spec)
-        .expect("allocate through the master");
+    let a = c.persistent_on(size, node);
     let key: [u8; KEY_LEN] = a.access_key.as_slice().try_into().expect("key length");
     assert_eq!(a.extents.len(), 1, "one extent on {node}");
     let addr = a.extents[0].data_addr.parse().expect("data address");

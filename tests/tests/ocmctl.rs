@@ -94,14 +94,13 @@ fn alloc_put_get_show_free() {
     // the allocation rather than for the clock.
     let alloc = || c.ocmctl(&["alloc", "3MiB", "--node", "node-0", "--node", "node-1"]);
     let mut out = alloc();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !out.status.success()
-        && String::from_utf8_lossy(&out.stderr).contains("is down")
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(200));
+    Cluster::eventually(Duration::from_secs(30), || {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("is down") {
+            return true;
+        }
         out = alloc();
-    }
+        false
+    });
     let id = ok(&out);
     let id = id.trim();
     let show: serde_json::Value =

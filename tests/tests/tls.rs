@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind};
-use oncilla_proto::pb;
 use oncilla_proto::tls::tunnel;
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
 use support::Cluster;
@@ -176,20 +175,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn what_crosses_a_data_port_is_ciphertext() {
     let c = Cluster::start_tls(2, "64MiB");
     let tls = c.tls.clone().expect("a TLS cluster");
-    let spec = pb::AllocSpec {
-        size: 1 << 20,
-        kind: pb::MemKind::RemoteHost as i32,
-        placement: Some(pb::Placement {
-            nodes: vec![pb::NodeShare {
-                node: "node-1".into(),
-                weight: 1,
-            }],
-            ..Default::default()
-        }),
-        persistent: true,
-        ..Default::default()
-    };
-    let a = c.master().unwrap().allocate(spec).expect("allocate");
+    let a = c.persistent_on(1 << 20, "node-1");
     let key: [u8; KEY_LEN] = a.access_key.as_slice().try_into().unwrap();
     let (proxy, seen) = recording_proxy(data_addr(&c, "node-1"));
 

@@ -279,13 +279,43 @@ impl Cluster {
 
     /// `ocmctl ARGS`' JSON output, from a run that must succeed.
     pub fn ocmctl_json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ocmctl_ok(args)).unwrap()
+    }
+
+    /// `ocmctl args` against this cluster, which must succeed: its output,
+    /// trimmed.
+    pub fn ocmctl_ok(&self, args: &[&str]) -> String {
         let out = self.ocmctl(args);
         assert!(
             out.status.success(),
             "ocmctl {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&out.stdout).unwrap()
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A persistent allocation of `size` bytes on `node`, made through the
+    /// master with the token (as `ocmctl alloc` makes one): the record,
+    /// access key included.
+    pub fn persistent_on(&self, size: u64, node: &str) -> oncilla_proto::pb::Allocation {
+        use oncilla_proto::pb;
+        let spec = pb::AllocSpec {
+            size,
+            kind: pb::MemKind::RemoteHost as i32,
+            placement: Some(pb::Placement {
+                nodes: vec![pb::NodeShare {
+                    node: node.to_string(),
+                    weight: 1,
+                }],
+                ..Default::default()
+            }),
+            persistent: true,
+            ..Default::default()
+        };
+        self.master()
+            .expect("master")
+            .allocate(spec)
+            .expect("allocate through the master")
     }
 
     /// Runs ocmctl against this cluster.
