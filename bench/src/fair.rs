@@ -447,17 +447,13 @@ pub fn greedy(args: &GreedyArgs) -> Result<(), BenchError> {
         });
     }
     // Until the parent closes stdin (or the deadline passes).
-    {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::stdin().lock().read_line(&mut line);
-            stop.store(true, Ordering::Relaxed);
-        });
-    }
-    while pressing(&stop) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (closed, stdin_closed) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+        let _ = closed.send(());
+    });
+    let _ = stdin_closed.recv_timeout(deadline.saturating_duration_since(Instant::now()));
     stop.store(true, Ordering::Relaxed);
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let c = &counts;

@@ -47,10 +47,7 @@ impl Flight {
     /// What the refusal tells the process: the user's share, or everyone's
     /// budget, would be passed.
     pub fn charge(self: &Arc<Self>, user: Option<u32>, files: usize) -> Result<Charge, String> {
-        use nix::sys::resource::{getrlimit, Resource};
-        let limit = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| {
-            usize::try_from(soft).unwrap_or(usize::MAX)
-        });
+        let limit = crate::pool::open_file_limit();
         self.charge_within(user, files, limit)
     }
 

@@ -61,13 +61,30 @@ impl Pace {
     /// What the client is told: the user has [`MAX_PULLS_PER_USER`] in
     /// flight, or its turn is more than [`MAX_WAIT`] away.
     pub fn admit(self: &Arc<Self>, user: Option<u32>, len: u64) -> Result<Turn, String> {
+        let (turn, wait) = self.turn(user, len, Instant::now())?;
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        Ok(turn)
+    }
+
+    /// [`Pace::admit`]'s bookkeeping at `now`: the pull's place and how
+    /// long it must wait for its turn.
+    fn turn(
+        self: &Arc<Self>,
+        user: Option<u32>,
+        len: u64,
+        now: Instant,
+    ) -> Result<(Turn, Duration), String> {
         let Some(uid) = user else {
-            return Ok(Turn {
-                pace: Arc::clone(self),
-                user: None,
-            });
+            return Ok((
+                Turn {
+                    pace: Arc::clone(self),
+                    user: None,
+                },
+                Duration::ZERO,
+            ));
         };
-        let now = Instant::now();
         let wait = {
             let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
             let u = users.entry(uid).or_insert(User {
@@ -100,10 +117,7 @@ impl Pace {
             pace: Arc::clone(self),
             user,
         };
-        if !wait.is_zero() {
-            std::thread::sleep(wait);
-        }
-        Ok(turn)
+        Ok((turn, wait))
     }
 }
 
@@ -135,28 +149,23 @@ mod tests {
     fn a_user_waits_for_its_rate_and_holds_at_most_its_pulls() {
         // 1 MiB/s: the first second's worth goes at once, the next waits.
         let pace = Pace::new(Some(1 << 20));
-        let started = Instant::now();
-        let a = pace.admit(Some(1), 1 << 20).unwrap();
-        let b = pace.admit(Some(1), 1 << 20).unwrap();
-        assert!(
-            started.elapsed() < Duration::from_millis(900),
-            "no wait within the burst"
-        );
-        let c = pace.admit(Some(1), 1 << 20).unwrap();
-        assert!(
-            started.elapsed() >= Duration::from_millis(990),
-            "the third waited its turn"
-        );
+        let now = Instant::now();
+        let wait = |user, len| pace.turn(user, len, now);
+        let (a, w) = wait(Some(1), 1 << 20).unwrap();
+        assert_eq!(w, Duration::ZERO);
+        let (b, w) = wait(Some(1), 1 << 20).unwrap();
+        assert_eq!(w, Duration::ZERO, "no wait within the burst");
+        let (c, w) = wait(Some(1), 1 << 20).unwrap();
+        assert_eq!(w, Duration::from_secs(1), "the third waits its turn");
         // Another user has a rate of its own, and operators none.
-        let _d = pace.admit(Some(2), 1 << 20).unwrap();
-        let _op = pace.admit(None, 1 << 30).unwrap();
-        // Twelve seconds of bytes: the next turn is too far.
-        let err = pace
-            .admit(Some(1), 12 << 20)
-            .map(|_| ())
-            .and_then(|()| pace.admit(Some(1), 1).map(|_| ()));
-        assert!(err.unwrap_err().contains("next pull may start in"));
-        drop((a, b, c));
+        assert_eq!(wait(Some(2), 1 << 20).unwrap().1, Duration::ZERO);
+        assert_eq!(wait(None, 1 << 30).unwrap().1, Duration::ZERO);
+        // Twelve seconds of bytes (after a 2 s wait): the next turn is too far.
+        let (d, w) = wait(Some(1), 12 << 20).unwrap();
+        assert_eq!(w, Duration::from_secs(2));
+        let err = wait(Some(1), 1).map(|_| ()).unwrap_err();
+        assert!(err.contains("next pull may start in"), "{err}");
+        drop((a, b, c, d));
     }
 
     #[test]

@@ -82,7 +82,11 @@ impl Ended {
 
     /// Whether session `id` ended here (and is still remembered).
     pub fn has_ended(&self, id: &str) -> bool {
-        let st = self.lock();
+        self.ended_in(&self.lock(), id)
+    }
+
+    /// [`Ended::has_ended`] under the caller's lock.
+    fn ended_in(&self, st: &State, id: &str) -> bool {
         st.ended.get(id).is_some_and(|at| at.elapsed() < self.keep)
     }
 
@@ -100,7 +104,7 @@ impl Ended {
         // Checked and registered under one lock, so an end in between
         // cannot miss the connection.
         let mut st = self.lock();
-        if st.ended.get(id).is_some_and(|at| at.elapsed() < self.keep) {
+        if self.ended_in(&st, id) {
             return Err("permission denied: the session of this credential has ended");
         }
         let reg = st.next;

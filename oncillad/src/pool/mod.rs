@@ -660,10 +660,7 @@ struct FileBudget {
 
 impl FileBudget {
     fn now() -> Self {
-        use nix::sys::resource::{getrlimit, Resource};
-        let limit = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| {
-            usize::try_from(soft).unwrap_or(usize::MAX)
-        });
+        let limit = open_file_limit();
         Self {
             limit,
             files: limit - limit / 4,
@@ -681,6 +678,16 @@ impl FileBudget {
     fn users(&self) -> usize {
         self.files * 3 / 4
     }
+}
+
+/// The open-file limit in force now (soft; 1,024 if it cannot be read):
+/// what the kernel holds this process to, for descriptors open and in
+/// flight alike.
+pub fn open_file_limit() -> usize {
+    use nix::sys::resource::{getrlimit, Resource};
+    getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| {
+        usize::try_from(soft).unwrap_or(usize::MAX)
+    })
 }
 
 /// Every file of the pool holds a descriptor: take the whole hard limit
