@@ -350,16 +350,29 @@ fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
         Duration::from_millis(ticks * 10)
     };
 
+    // What the agent spends when nothing happens, in a window like the one
+    // measured under attack: on the emulated Soft-RoCE guest the same work
+    // costs many times what it does here, so the spin check compares the two
+    // windows instead of trusting a fixed figure.
+    let cpu_in = |wait: Duration| {
+        let before = cpu();
+        let started = Instant::now();
+        std::thread::sleep(wait);
+        (cpu().saturating_sub(before), started.elapsed())
+    };
+    let (idle, idle_window) = cpu_in(Duration::from_secs(3));
+
     let log_before = log().len();
-    let cpu_before = cpu();
     let hostile = idle_tcp(addr, 300, Duration::from_secs(3));
     assert!(
         hostile.len() > 20,
         "only {} connections opened",
         hostile.len()
     );
-    std::thread::sleep(Duration::from_secs(5));
-    let used = cpu().saturating_sub(cpu_before);
+    // Measured once the flood is queued (accepting it is work, not a spin):
+    // a loop that spins on EMFILE burns about a whole core in the window,
+    // one that backs off about what it spends idle.
+    let (used, window) = cpu_in(Duration::from_secs(5));
     let text = log();
     let new_log = &text[log_before.min(text.len())..];
     let accept_lines = new_log.lines().filter(|l| l.contains("accept")).count();
@@ -376,13 +389,15 @@ fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
         "{} bytes of log in ~8 s",
         new_log.len()
     );
+    let idle_rate = idle.as_secs_f64() / idle_window.as_secs_f64();
+    let rate = used.as_secs_f64() / window.as_secs_f64();
     assert!(
-        used < Duration::from_millis(1500),
-        "the agent used {used:?} of CPU in ~8 s out of descriptors"
+        rate < idle_rate + 0.5,
+        "out of descriptors the agent used {used:?} of CPU in {window:?} (idle: {idle:?} in {idle_window:?}): the accept loop spins"
     );
 
     eprintln!(
-        "{} hostile connections, out of descriptors: {accept_lines} accept log lines, {} log bytes, {used:?} CPU in 5 s",
+        "{} hostile connections, out of descriptors: {accept_lines} accept log lines, {} log bytes, {used:?} CPU in {window:?} (idle: {idle:?} in {idle_window:?})",
         hostile.len(),
         new_log.len()
     );
