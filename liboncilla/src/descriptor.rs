@@ -27,6 +27,10 @@ pub struct Extent {
     /// allocation alone (host pool memory, and device memory with GPUDirect
     /// RDMA), one region per port; empty where verbs cannot reach it.
     pub rdma: Vec<pb::RdmaRegion>,
+    /// A process on `node` may map it: the allocation is persistent or its
+    /// session is on `node` ([`oncilla_model::alloc::mappable_on`]);
+    /// otherwise it is copied even there.
+    pub mappable: bool,
 }
 
 impl Extent {
@@ -86,6 +90,7 @@ impl Descriptor {
         if next != a.size {
             return Err(bad("extents do not cover the allocation"));
         }
+        let owner = a.owner.map(|o| o.session_id);
         Ok(Self {
             id: a.id,
             size: a.size,
@@ -94,6 +99,7 @@ impl Descriptor {
                 .extents
                 .into_iter()
                 .map(|e| Extent {
+                    mappable: oncilla_model::alloc::mappable_on(owner.as_deref(), &e.node),
                     node: e.node,
                     alloc_offset: e.alloc_offset,
                     len: e.len,
@@ -105,7 +111,7 @@ impl Descriptor {
                 })
                 .collect(),
             key,
-            owner: a.owner.map(|o| o.session_id),
+            owner,
             name: (!a.name.is_empty()).then_some(a.name),
         })
     }

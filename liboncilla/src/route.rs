@@ -38,6 +38,7 @@ pub(crate) enum Hop {
 impl Route {
     /// The route to `extent` for a process on `my_node` (empty: none, so
     /// nothing is mapped) preferring `prefer`, with verbs as `rdma` says.
+    /// An extent nobody may map is reached as from another node.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the preference cannot reach the extent.
@@ -47,7 +48,15 @@ impl Route {
         prefer: Fabric,
         rdma: &Rdma,
     ) -> Result<Self> {
-        let chosen = choice::choose(&extent.node, extent.memory(), my_node, prefer, rdma)
+        let copied_here = !extent.mappable && extent.gpu.is_none() && extent.node == my_node;
+        if copied_here && prefer == Fabric::Shm {
+            return Err(Error::InvalidArgument(format!(
+                "fabric shm maps only persistent allocations and a session's own node's memory; \
+                 this allocation's session is on another node than {my_node}: use auto or tcp"
+            )));
+        }
+        let here = if copied_here { "" } else { my_node };
+        let chosen = choice::choose(&extent.node, extent.memory(), here, prefer, rdma)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         Ok(match chosen {
             Fabric::Shm => Route::Mapped,
@@ -125,6 +134,7 @@ mod tests {
             } else {
                 Vec::new()
             },
+            mappable: true,
         }
     }
 
@@ -195,6 +205,24 @@ mod tests {
         assert_eq!(Route::Tcp.hop(&e, never).ok(), Some(Hop::Tcp));
         assert_eq!(Route::Mapped.hop(&e, never).ok(), Some(Hop::Mapped));
         assert_eq!(Route::fabric(Hop::Mapped), Fabric::Shm);
+    }
+
+    #[test]
+    fn memory_nobody_may_map_is_copied_even_on_its_node() {
+        let e = Extent {
+            mappable: false,
+            ..extent("a", false, true)
+        };
+        let d = |f: Fabric, r: &Rdma| Route::decide(&e, "a", f, r);
+        assert_eq!(
+            d(Fabric::Auto, &Rdma::Both).ok(),
+            Some(Route::Verbs { fallback: true })
+        );
+        assert_eq!(d(Fabric::Auto, &no()).ok(), Some(Route::Tcp));
+        assert!(matches!(
+            d(Fabric::Shm, &Rdma::Both),
+            Err(Error::InvalidArgument(m)) if m.contains("session is on another node")
+        ));
     }
 
     #[test]

@@ -288,6 +288,16 @@ pub fn is_session_of(session_id: &str, node: &str) -> bool {
         .is_some()
 }
 
+/// Whether a process on `node` may map the allocation's memory on that node
+/// (`owner_session`: the owning session, `None` for a persistent one): a
+/// persistent allocation may be attached by any process, a session's only
+/// by that session, so only memory on the session's own node is ever
+/// mapped. Agents give memory nobody may map no memory file of its own
+/// (it costs no descriptor), and clients copy it instead of mapping it.
+pub fn mappable_on(owner_session: Option<&str>, node: &str) -> bool {
+    owner_session.is_none_or(|s| is_session_of(s, node))
+}
+
 /// The user a [`session_id`] was made for (`None`: not said, or not a
 /// session id). Node names may hold '-', so the user is read from the end.
 pub fn session_user(session_id: &str) -> Option<u32> {
@@ -537,5 +547,14 @@ mod tests {
             assert!(!is_session_of(bad, "n1"), "{bad}");
             assert_eq!(session_user(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn only_persistent_memory_and_a_sessions_own_node_are_mappable() {
+        let id = session_id("n1", Some(1000), 7);
+        assert!(mappable_on(Some(&id), "n1"));
+        assert!(!mappable_on(Some(&id), "n2"));
+        assert!(!mappable_on(Some(&id), "n"));
+        assert!(mappable_on(None, "n2"));
     }
 }

@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use liboncilla::{AllocSpec, Kind, Oncilla, Options};
+use liboncilla::{AllocSpec, Fabric, Kind, Oncilla, Options};
 use oncilla_proto::credential::{AttachCredential, Credential, NodeKeys};
 use oncilla_proto::{client, pb, wire};
 use support::Cluster;
@@ -30,11 +30,16 @@ struct RawSession {
 }
 
 fn open_raw(c: &Cluster) -> RawSession {
+    open_raw_on(c, 0)
+}
+
+/// A raw session through agent `i`.
+fn open_raw_on(c: &Cluster, i: usize) -> RawSession {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let socket = c.socket(0);
+    let socket = c.socket(i);
     let (id, credential, stream) = rt.block_on(async {
         let channel = client::unix(&socket).await.unwrap();
         let mut s = client::session(InterceptedService::new(channel, AttachCredential::none()));
@@ -485,7 +490,9 @@ fn role() {
         // Small allocations on node-1 (each holds a memory file there),
         // beside a user who took its share of them.
         for i in 0..8u8 {
-            let spec = AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]);
+            let spec = AllocSpec::new(4096, Kind::RemoteHost)
+                .on_nodes(["node-1"])
+                .persistent();
             let a = ocm.alloc_with(&spec).unwrap();
             a.copy_in(0, &[i; 64]).unwrap();
             let mut back = [0u8; 64];
@@ -910,11 +917,14 @@ fn one_user_cannot_hold_every_data_or_map_connection() {
 /// holding a memory file (a descriptor) on its node, until the agent hit
 /// EMFILE: new applications then failed `ocm_init` and new data
 /// connections were closed at once, for as long as the allocations lived.
-/// Now the node's memory files stay under a budget (its open-file limit
-/// less a quarter kept for connections, checked as the limit is now) and
-/// one user's small allocations may hold half of it: the greedy user is
-/// refused with a message naming its share, and a new application, another
-/// user's small allocations and the operator are all served on that node.
+/// Now only memory a process may map holds a file (persistent allocations,
+/// and a session's on its own node: see the next test), the node's memory
+/// files stay under a budget (its open-file limit less a quarter kept for
+/// connections, checked as the limit is now) and one user's small
+/// allocations may hold half of it: the greedy user's persistent ones are
+/// refused with a message naming its share, and a new application,
+/// another user's small allocations and the operator are all served on
+/// that node.
 #[test]
 fn small_allocations_cannot_use_up_a_nodes_descriptors() {
     let c = Cluster::start(2, "64MiB");
@@ -925,7 +935,9 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
     let mut held = Vec::new();
     let mut refusal = None;
     for _ in 0..1024 {
-        let spec = AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]);
+        let spec = AllocSpec::new(4096, Kind::RemoteHost)
+            .on_nodes(["node-1"])
+            .persistent();
         match greedy.alloc_with(&spec) {
             Ok(a) => held.push(a),
             Err(e) => {
@@ -965,10 +977,127 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
         a.free().unwrap();
     }
     greedy
-        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]))
+        .alloc_with(
+            &AllocSpec::new(4096, Kind::RemoteHost)
+                .on_nodes(["node-1"])
+                .persistent(),
+        )
         .unwrap()
         .free()
         .unwrap();
+    c.still_serves();
+}
+
+/// Asks agent `i`'s map server, as a raw session of that node, for the
+/// first extent of `a`; the reply's status and message (empty on a grant).
+fn raw_map(c: &Cluster, i: usize, a: &pb::Allocation) -> (wire::Status, String) {
+    use std::io::Read as _;
+    use std::os::unix::net::UnixStream;
+    let me = open_raw_on(c, i);
+    let mut s = UnixStream::connect(format!("{}.map", c.socket(i).display())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    wire::write_hello(&mut s, me.credential.as_bytes()).unwrap();
+    let (welcome, msg) = wire::read_welcome(&mut s).unwrap();
+    assert_eq!(welcome, wire::Welcome::Ok, "{msg}");
+    let extent = &a.extents[0];
+    let req = wire::Request {
+        op: wire::Op::Read,
+        alloc_id: a.id,
+        key: a.access_key.as_slice().try_into().unwrap(),
+        offset: extent.alloc_offset,
+        len: extent.len,
+    };
+    s.write_all(&req.encode()).unwrap();
+    let mut head = [0u8; wire::REPLY_LEN];
+    s.read_exact(&mut head).unwrap();
+    let reply = wire::Reply::decode(&head).unwrap();
+    if reply.status == wire::Status::Ok {
+        return (reply.status, String::new());
+    }
+    let mut msg = vec![0u8; usize::try_from(reply.len).unwrap()];
+    s.read_exact(&mut msg).unwrap();
+    (reply.status, String::from_utf8(msg).unwrap())
+}
+
+/// Memory nobody may map (a session's on another node than the session's)
+/// holds no memory file: one application's thousand small allocations on
+/// another node, more than that node's whole budget of files, are all
+/// served and cost it no descriptor, their bytes are where they were put,
+/// and that node's own applications still map theirs.
+#[test]
+fn small_allocations_nobody_maps_hold_no_descriptor() {
+    let c = Cluster::start(2, "64MiB");
+    // 768 memory files at most on node-1, 384 for one user.
+    lower_agent_nofile(&c, 1, 1024);
+    let pid = c.agent_pid(1).unwrap();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let before = fds();
+    let app = c.client(0);
+    let spec = AllocSpec::new(4096, Kind::RemoteHost)
+        .on_nodes(["node-1"])
+        .fabric(Fabric::Tcp);
+    let held: Vec<_> = (0..1000)
+        .map(|i| {
+            app.alloc_with(&spec)
+                .unwrap_or_else(|e| panic!("allocation {i} refused: {e}"))
+        })
+        .collect();
+    let after = fds();
+    println!("node-1 descriptors: {before} before 1,000 small allocations, {after} after");
+    assert!(
+        after < before + 64,
+        "1,000 small allocations nobody maps took {} descriptors on node-1",
+        after - before
+    );
+    for (i, a) in held.iter().enumerate().step_by(97) {
+        a.copy_in(0, &[i as u8; 4096]).unwrap();
+    }
+    for (i, a) in held.iter().enumerate().step_by(97) {
+        let mut back = [0u8; 4096];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == i as u8), "allocation {i}'s bytes");
+    }
+    // Asked anyway, node-1's map server refuses to hand out their memory
+    // (its files back other memory too).
+    let id = held[0].id();
+    let wire_alloc = c
+        .master_raw(|mut m| async move {
+            m.get_allocation(pb::GetAllocationRequest {
+                alloc: Some(pb::AllocRef {
+                    id,
+                    name: String::new(),
+                }),
+            })
+            .await
+        })
+        .unwrap();
+    let (status, msg) = raw_map(&c, 1, &wire_alloc);
+    assert_eq!(status, wire::Status::OutOfBounds, "{msg}");
+    assert!(
+        msg.contains("belongs to a session of another node"),
+        "{msg}"
+    );
+    // A persistent allocation's memory there is handed out.
+    let kept = c.persistent_on(4096, "node-1");
+    let (status, msg) = raw_map(&c, 1, &kept);
+    assert_eq!(status, wire::Status::Ok, "{msg}");
+    c.ocmctl_ok(&["free", &kept.id.to_string()]);
+    // An application on node-1 maps its own memory there, beside them.
+    let local = c.client(1);
+    let mine = local.alloc(4096, Kind::LocalHost).unwrap();
+    assert_eq!(mine.fabrics(), [Fabric::Shm]);
+    mine.copy_in(0, b"mapped").unwrap();
+    let mut back = [0u8; 6];
+    mine.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"mapped");
+    mine.free().unwrap();
+    for a in held {
+        a.free().unwrap();
+    }
     c.still_serves();
 }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
-use oncilla_model::alloc::{Allocation, Extent, RdmaRegion, KEY_LEN};
+use oncilla_model::alloc::{mappable_on, Allocation, Extent, RdmaRegion, KEY_LEN};
 use oncilla_model::cluster::{Piece, Registration, SessionReport};
 use oncilla_model::node::{NodeInfo, PoolUsage};
 use oncilla_model::{Fabric, Kind};
@@ -31,7 +31,7 @@ use crate::memory::held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdi
 use crate::memory::keys::Keys;
 use crate::memory::lease::Leases;
 use crate::peers::Peers;
-use crate::pool::Pool;
+use crate::pool::{Access, Pool};
 
 /// The agent core.
 pub struct Agent {
@@ -219,7 +219,15 @@ impl Agent {
                 Keys::none(),
                 vec![gpu_extent(alloc_id, &ranges, index, &record, &self.rdma)?],
             ),
-            None => self.pool_extents(&ranges, total, record.user)?,
+            None => {
+                let owner = record.owner.as_ref().map(|o| o.session_id.as_str());
+                let access = if mappable_on(owner, &self.node.name) {
+                    Access::Mapped
+                } else {
+                    Access::Copied
+                };
+                self.pool_extents(&ranges, total, record.user, access)?
+            }
         };
         for e in &mut extents {
             for r in &mut e.rdma {
@@ -268,17 +276,19 @@ impl Agent {
     }
 
     /// Pool memory for `ranges` (sorted, `total` bytes), packed densely,
-    /// and registered with the node's RDMA ports: each pool extent once
-    /// per port, its keys for this allocation alone.
+    /// reachable as `access` says, and registered with the node's RDMA
+    /// ports: each pool extent once per port, its keys for this allocation
+    /// alone.
     fn pool_extents(
         &self,
         ranges: &[(u64, u64)],
         total: u64,
         user: Option<u32>,
+        access: Access,
     ) -> Result<(Keys, Vec<HeldExtent>), CoreError> {
         let memory: Vec<Arc<_>> = self
             .pool
-            .reserve(total, user)?
+            .reserve(total, user, access)?
             .into_iter()
             .map(Arc::new)
             .collect();
@@ -568,6 +578,7 @@ fn check_joinable(
 mod tests {
     use super::*;
     use crate::pool::{HugePages, PoolSpec};
+    use oncilla_model::alloc::Owner;
 
     fn agent() -> Agent {
         let node = NodeInfo {
@@ -683,6 +694,42 @@ mod tests {
         let mut a = Allocation::new(0, 1 << 20, Kind::RemoteHost);
         a.name = "kept".into();
         a
+    }
+
+    /// Memory of a session on another node is never mapped here: its
+    /// small extents hold no file; a persistent allocation's, or one of a
+    /// session of this node, can be.
+    #[test]
+    fn only_memory_a_process_here_may_map_gets_files() {
+        let a = agent();
+        let mut foreign = rec();
+        foreign.owner = Some(Owner {
+            session_id: oncilla_model::alloc::session_id("n2", Some(1000), 1),
+            node: "n2".into(),
+            ..Default::default()
+        });
+        let mut local = foreign.clone();
+        local.owner = Some(Owner {
+            session_id: oncilla_model::alloc::session_id("n1", Some(1000), 2),
+            node: "n1".into(),
+            ..Default::default()
+        });
+        let mappable = |id: u64, record: Allocation| {
+            a.reserve(
+                id,
+                &[id as u8; KEY_LEN],
+                &[(0, 4096)],
+                record,
+                Fabric::Auto,
+                None,
+            )
+            .unwrap();
+            let held = a.held.get(&id).map(|e| Arc::clone(e.value())).unwrap();
+            held.extents[0].pool().unwrap().files().is_some()
+        };
+        assert!(!mappable(1, foreign));
+        assert!(mappable(2, local));
+        assert!(mappable(3, rec()));
     }
 
     #[test]

@@ -217,27 +217,37 @@ fn serve_one(
                     Some(_) if ok.at != 0 || extent.len != req.len => {
                         Err((Status::OutOfBounds, "map whole extents only".to_string()))
                     }
-                    Some(m) => match flight.charge(user, m.parts().len()) {
-                        Err(msg) => Err((Status::Busy, msg)),
-                        Ok(charge) => Ok((
-                            charge,
-                            Arc::clone(m),
-                            MapGrant {
-                                pool_offset: m.offset(),
-                                map_len: m.len(),
-                                page: m.page_size(),
-                                at: extent.at,
-                                files: m.parts().len() as u64,
-                            },
-                            ok,
+                    Some(m) => match m.files() {
+                        None => Err((
+                            Status::OutOfBounds,
+                            format!(
+                                "allocation {} belongs to a session of another node: \
+                                 only memory on its session's node is mapped; it is copied",
+                                req.alloc_id
+                            ),
                         )),
+                        Some(files) => match flight.charge(user, files.len()) {
+                            Err(msg) => Err((Status::Busy, msg)),
+                            Ok(charge) => Ok((
+                                charge,
+                                files.to_vec(),
+                                MapGrant {
+                                    pool_offset: m.offset(),
+                                    map_len: m.len(),
+                                    page: m.page_size(),
+                                    at: extent.at,
+                                    files: files.len() as u64,
+                                },
+                                ok,
+                            )),
+                        },
                     },
                 }
             }
             Err(refused) => Err(refused),
         };
         match grant {
-            Ok((charge, memory, grant, ok)) => {
+            Ok((charge, files, grant, ok)) => {
                 if lease.registered.is_none() {
                     let id = lease.leases.add(req.alloc_id, &stream)?;
                     lease.registered = Some((req.alloc_id, id));
@@ -257,7 +267,7 @@ fn serve_one(
                     .map
                     .served(usize::try_from(req.len).unwrap_or(usize::MAX));
                 let sent = stream.write_all(&head).and_then(|()| {
-                    memory.parts().iter().try_for_each(|part| {
+                    files.iter().try_for_each(|part| {
                         // From here the file is never reused for anything else.
                         part.file.share();
                         let frame = MapFile {

@@ -603,7 +603,7 @@ const QP_DEPTH: u32 = 16;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{HugePages, PoolSpec};
+    use crate::pool::{Access, HugePages, PoolSpec};
 
     #[test]
     fn a_port_reports_its_gid_count() {
@@ -649,7 +649,7 @@ mod tests {
     fn no_keys_without_verbs_and_revoking_is_idempotent() {
         let pool = Pool::new(PoolSpec::new(4 * 4096, HugePages::Off)).unwrap();
         let r = Rdma::start_at(Path::new("/nonexistent/infiniband"), &[], &pool);
-        let e = pool.reserve(4096, None).unwrap().remove(0);
+        let e = pool.reserve(4096, None, Access::Mapped).unwrap().remove(0);
         // SAFETY: the extent is pool memory alive for the whole test.
         let (keys, regions) = unsafe { r.register_host(&[(e.ptr(0), e.len())]) }.unwrap();
         assert_eq!(keys.count(), 0);

@@ -168,7 +168,7 @@ pub type HeldTable = Arc<Holdings>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{HugePages, Pool, PoolSpec};
+    use crate::pool::{Access, HugePages, Pool, PoolSpec};
 
     #[test]
     fn finds_only_fully_covering_extent() {
@@ -180,14 +180,18 @@ mod tests {
                 Arc::new(HeldExtent {
                     alloc_offset: 0,
                     len: 100,
-                    memory: Backing::Pool(Arc::new(pool.reserve(100, None).unwrap().remove(0))),
+                    memory: Backing::Pool(Arc::new(
+                        pool.reserve(100, None, Access::Mapped).unwrap().remove(0),
+                    )),
                     at: 0,
                     rdma: Vec::new(),
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
                     len: 100,
-                    memory: Backing::Pool(Arc::new(pool.reserve(100, None).unwrap().remove(0))),
+                    memory: Backing::Pool(Arc::new(
+                        pool.reserve(100, None, Access::Mapped).unwrap().remove(0),
+                    )),
                     at: 0,
                     rdma: Vec::new(),
                 }),

@@ -2,15 +2,25 @@
 //! files that back nothing outside it, so a same-node process that maps
 //! what it was granted (all of each file, even) sees only that allocation.
 //!
-//! Small ranges (up to [`OWN_FILE_MAX`]) get a file of their own, made and
-//! populated here (bounded work: about 0.1 ms per piece on 4 KiB pages);
-//! the pages they replace are released and come back when the range is
-//! freed. Larger ranges keep the files that
+//! Small ranges (up to [`OWN_FILE_MAX`]) that a process may map
+//! ([`Access::Mapped`]) get a file of their own, made and populated here
+//! (bounded work: about 0.1 ms per piece on 4 KiB pages); the pages they
+//! replace are released and come back when the range is freed. Small
+//! ranges nobody may map ([`Access::Copied`]: a session's memory on
+//! another node than the session's) borrow the runs of free memory's
+//! files that back them ([`MemFile::lend`]): no file, no descriptor, and
+//! no file is ever handed out for them. Larger ranges keep the files that
 //! back them, which become theirs; whatever else those files backed (free
 //! memory only) is cut off and backed anew by the refiller, off the
 //! request path (a file may be handed to a process as soon as the range
-//! is reserved). Either way a reservation costs the same at every size.
-//! This module never decides which range is reserved (the free list does).
+//! is reserved). A file at either end that also backs a borrowed range
+//! stays free memory's: the span of the range its runs back gets a new
+//! file here instead (one per such file, so in practice at most two, each
+//! at most the pool's file size: populating one is the only work in a
+//! reservation that grows with the pool, about a millisecond per 4 MiB),
+//! and its runs go back to it when the range is freed. Otherwise a
+//! reservation costs the same at every size. This module never
+//! decides which range is reserved (the free list does).
 
 use std::sync::Arc;
 
@@ -18,8 +28,20 @@ use super::file::{open_files, MemFile, Part};
 use super::refill::Refill;
 use super::{FileBudget, Inner, PoolError, State};
 
-/// Ranges up to this size (at least one page) get a file of their own.
+/// Ranges up to this size (at least one page) get a file of their own,
+/// or borrow runs of free memory's files when nobody may map them.
 pub const OWN_FILE_MAX: u64 = 128 << 10;
+
+/// Who may reach a reserved range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A same-node process may map it: it gets memory files that back
+    /// nothing else.
+    Mapped,
+    /// Only copies reach it (the agent's data path, RDMA): a small range
+    /// then holds no memory file of its own, and none is ever handed out.
+    Copied,
+}
 
 /// A reserved range's backing.
 pub(super) struct Carved {
@@ -34,23 +56,54 @@ pub(super) struct Carved {
 }
 
 /// Backs `[offset, offset + len)`, just taken from the free list and
-/// counted as used, with files of its own.
+/// counted as used, as `access` needs: with files of its own, or (small
+/// and never mapped) with the runs that back it now.
 ///
 /// # Errors
-/// A small range's file could not be made; the range is then given back
-/// (or queued to be backed again) and no longer counted as used.
+/// A file could not be made, or the budget of files or mappings is spent;
+/// the range is then given back (or queued to be backed again) and no
+/// longer counted as used.
 pub(super) fn carve(
     inner: &Inner,
     st: &mut State,
     offset: u64,
     len: u64,
     user: Option<u32>,
+    access: Access,
 ) -> Result<Carved, PoolError> {
-    if len <= OWN_FILE_MAX.max(inner.page) {
-        own_file(inner, st, offset, len, user)
-    } else {
+    if len > OWN_FILE_MAX.max(inner.page) {
         take_files(inner, st, offset, len)
+    } else if access == Access::Copied {
+        borrow(inner, st, offset, len)
+    } else {
+        own_file(inner, st, offset, len, user)
     }
+}
+
+fn borrow(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
+    // No file: only the runs the range is cut out of.
+    if let Some(e) = no_room(inner, st, &FileBudget::now(), 0) {
+        give_back(st, offset, len);
+        return Err(e);
+    }
+    let taken = st.backing.take(offset, len);
+    if let Some(why) = untiled(&taken, offset, len).or_else(|| {
+        taken
+            .iter()
+            .any(|(_, p)| p.file.owned() || p.file.shared())
+            .then_some("a free range is backed by an allocation's file")
+    }) {
+        return Err(refuse(st, taken, offset, len, why));
+    }
+    for (_, p) in &taken {
+        p.file.lend();
+    }
+    st.held_runs += taken.len();
+    Ok(Carved {
+        parts: taken.into_iter().map(|(_, p)| p).collect(),
+        restore: Vec::new(),
+        file_of: None,
+    })
 }
 
 fn own_file(
@@ -126,56 +179,116 @@ fn own_file(
 }
 
 fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Carved, PoolError> {
-    // What the range cuts off its files is backed anew by the refiller:
-    // at most two new files (one at each end), and as many new runs.
+    // What the range cuts off its files is backed anew by the refiller: at
+    // most two new files (one at each end), and as many new runs.
     if let Some(e) = no_room(inner, st, &FileBudget::now(), 2) {
         give_back(st, offset, len);
         return Err(e);
     }
     let taken = st.backing.take(offset, len);
-    // Each file with the pool offset of its first byte.
+    let why = untiled(&taken, offset, len).or_else(|| {
+        taken
+            .iter()
+            .any(|(_, p)| p.file.owned() || p.file.shared())
+            .then_some("a free range is backed by an allocation's file")
+    });
+    if let Some(why) = why {
+        return Err(refuse(st, taken, offset, len, why));
+    }
+    // Where files that lend runs back the range, a new file replaces
+    // every run, and the runs go back when the extent is freed.
+    let spans = lending_spans(&taken);
+    let (restore, kept): (Vec<_>, Vec<_>) = taken
+        .into_iter()
+        .partition(|(o, _)| spans.iter().any(|&(s, n)| (s..s + n).contains(o)));
+    // The files of the other runs become the extent's, each with the pool
+    // offset of its first byte (a file backs one contiguous pool range,
+    // file offset for pool offset).
     let mut files: Vec<(Arc<MemFile>, u64)> = Vec::new();
-    let mut seen = std::collections::HashSet::with_capacity(taken.len());
-    for (o, p) in &taken {
+    let mut seen = std::collections::HashSet::with_capacity(kept.len());
+    for (o, p) in &kept {
         if seen.insert(Arc::as_ptr(&p.file)) {
             files.push((Arc::clone(&p.file), o.saturating_sub(p.file_off)));
         }
     }
     // The rest of what those files back must be free memory, all of it
-    // still in the free list; and the runs must tile the range.
+    // still in the free list.
     let others: Vec<(u64, u64)> = files
         .iter()
-        // A file wholly inside the range has no other runs.
-        .filter(|(f, base)| *base < offset || base + f.len() > offset + len)
         .flat_map(|(f, base)| st.backing.of_file(f, *base))
         .collect();
-    let mut next = offset;
-    let tiles = taken.iter().all(|(o, p)| {
-        let ok = *o == next;
-        next = o + p.len;
-        ok
-    }) && next == offset + len;
-    let why = if !tiles {
-        Some("a reserved range is not wholly backed")
-    } else if files.iter().any(|(f, _)| f.owned() || f.shared()) {
-        Some("a free range is backed by an allocation's file")
+    let why = if files.iter().any(|(f, _)| f.lent()) {
+        Some("a file that lends runs backs a reserved range outside its runs' span")
     } else if !others.iter().all(|&(o, l)| st.free.holds(o, l)) {
         Some("a file backs memory that is neither free nor this range's")
     } else {
         None
     };
-    if let Some(why) = why {
-        tracing::error!(
-            offset,
-            len,
-            why,
-            "pool bookkeeping inconsistent; reservation refused"
-        );
-        for (o, p) in taken {
+    let runs_back = |st: &mut State, restore: Vec<(u64, Part)>, kept: Vec<(u64, Part)>| {
+        for (o, p) in restore.into_iter().chain(kept) {
             st.backing.insert(o, p);
         }
+    };
+    if let Some(why) = why {
+        let mut all = restore;
+        all.extend(kept);
+        all.sort_by_key(|(o, _)| *o);
+        return Err(refuse(st, all, offset, len, why));
+    }
+    // The new files, made before anything changes.
+    let mut fresh = Vec::with_capacity(spans.len());
+    let budget = (!spans.is_empty())
+        .then(|| no_room(inner, st, &FileBudget::now(), spans.len() + 2))
+        .flatten();
+    if let Some(e) = budget {
+        runs_back(st, restore, kept);
         give_back(st, offset, len);
-        return Err(PoolError::Inconsistent(why));
+        return Err(e);
+    }
+    for &(from, n) in &spans {
+        match MemFile::create(n, inner.huge) {
+            Ok(file) => fresh.push((from, n, file)),
+            Err(e) => {
+                runs_back(st, restore, kept);
+                give_back(st, offset, len);
+                return Err(PoolError::from_file(e, n));
+            }
+        }
+    }
+    // Released first: with huge pages, the new files need these pages.
+    for (_, p) in &restore {
+        p.file.punch(p.file_off, p.len);
+    }
+    let mut parts = kept;
+    let mut mapped = Ok(());
+    for (from, n, file) in fresh {
+        if mapped.is_ok() {
+            mapped = match inner.addr(from) {
+                // SAFETY: the span is inside a slab, was just taken from the
+                // free list (nothing reads or writes it) and is
+                // page-aligned.
+                Some(addr) => unsafe { file.map_at(addr, 0, n) },
+                None => Err(super::file::FileError::Map(nix::Error::EFAULT)),
+            }
+            .map_err(|e| PoolError::from_file(e, n));
+        }
+        file.own();
+        parts.push((from, Part::whole(file)));
+    }
+    parts.sort_by_key(|(o, _)| *o);
+    if let Err(e) = mapped {
+        // Back to the refiller: the runs it took are released, those of
+        // the spans go back to their files, the rest is backed anew.
+        st.used -= len;
+        st.scrubbing += len;
+        st.dirty.push_back(Refill::Freed {
+            offset,
+            len,
+            parts: parts.into_iter().map(|(_, p)| p).collect(),
+            restore,
+        });
+        inner.freed.notify_one();
+        return Err(e);
     }
     for (file, _) in &files {
         file.own();
@@ -190,12 +303,71 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
         }
     }
     inner.freed.notify_one();
-    st.held_runs += taken.len();
+    st.held_runs += parts.len();
     Ok(Carved {
-        parts: taken.into_iter().map(|(_, p)| p).collect(),
-        restore: Vec::new(),
+        parts: parts.into_iter().map(|(_, p)| p).collect(),
+        restore,
         file_of: None,
     })
+}
+
+/// The spans of `taken` (runs in offset order) that files lending runs
+/// back: for each such file, from its first run to the end of its last,
+/// merged where they overlap (other files' runs may lie between).
+fn lending_spans(taken: &[(u64, Part)]) -> Vec<(u64, u64)> {
+    let mut by_file: Vec<(*const MemFile, u64, u64)> = Vec::new();
+    for (o, p) in taken.iter().filter(|(_, p)| p.file.lent()) {
+        let end = o + p.len;
+        match by_file
+            .iter_mut()
+            .find(|(f, _, _)| *f == Arc::as_ptr(&p.file))
+        {
+            Some((_, _, e)) => *e = end,
+            None => by_file.push((Arc::as_ptr(&p.file), *o, end)),
+        }
+    }
+    by_file.sort_by_key(|&(_, s, _)| s);
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for (_, s, e) in by_file {
+        match spans.last_mut() {
+            Some((ls, ln)) if s <= *ls + *ln => *ln = (*ln).max(e - *ls),
+            _ => spans.push((s, e - s)),
+        }
+    }
+    spans
+}
+
+/// Why `taken` does not tile `[offset, offset + len)` exactly, if so.
+fn untiled(taken: &[(u64, Part)], offset: u64, len: u64) -> Option<&'static str> {
+    let mut next = offset;
+    let tiles = taken.iter().all(|(o, p)| {
+        let ok = *o == next;
+        next = o + p.len;
+        ok
+    }) && next == offset + len;
+    (!tiles).then_some("a reserved range is not wholly backed")
+}
+
+/// Refuses a reservation whose bookkeeping is inconsistent: the runs go
+/// back, the range to the free list.
+fn refuse(
+    st: &mut State,
+    taken: Vec<(u64, Part)>,
+    offset: u64,
+    len: u64,
+    why: &'static str,
+) -> PoolError {
+    tracing::error!(
+        offset,
+        len,
+        why,
+        "pool bookkeeping inconsistent; reservation refused"
+    );
+    for (o, p) in taken {
+        st.backing.insert(o, p);
+    }
+    give_back(st, offset, len);
+    PoolError::Inconsistent(why)
 }
 
 /// Why the pool cannot take `new_files` more files (and two more runs)

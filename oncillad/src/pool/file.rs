@@ -47,6 +47,10 @@ pub struct MemFile {
     owned: AtomicBool,
     /// Set once the file was handed to a process: it then stays owned.
     shared: AtomicBool,
+    /// Runs of it that extents nobody may map hold while the rest stays
+    /// free memory's ([`Self::lend`]): while any is out, no allocation may
+    /// take the whole file.
+    lent: AtomicUsize,
 }
 
 impl MemFile {
@@ -80,6 +84,7 @@ impl MemFile {
             len,
             owned: AtomicBool::new(false),
             shared: AtomicBool::new(false),
+            lent: AtomicUsize::new(0),
         })
     }
 
@@ -110,6 +115,24 @@ impl MemFile {
         if !self.shared() {
             self.owned.store(false, Ordering::Release);
         }
+    }
+
+    /// Whether runs of the file are lent to extents ([`Self::lend`]).
+    pub fn lent(&self) -> bool {
+        self.lent.load(Ordering::Acquire) > 0
+    }
+
+    /// Lends a run of the file to an extent nobody may map: the file keeps
+    /// backing free memory around it and is never handed to a process.
+    pub fn lend(&self) {
+        self.lent.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A lent run came back (zeroed by the caller) as free memory.
+    pub fn returned(&self) {
+        let _ = self
+            .lent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Whether the file was ever handed to a process.

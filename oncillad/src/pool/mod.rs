@@ -30,7 +30,7 @@ use oncilla_model::size::{round_up, HumanBytes};
 use serde::Deserialize;
 
 use backing::Backing;
-pub use carve::OWN_FILE_MAX;
+pub use carve::{Access, OWN_FILE_MAX};
 use file::FileError;
 pub use file::{MemFile, Part};
 pub use free_list::FreeList;
@@ -109,13 +109,13 @@ pub enum PoolError {
         #[source]
         source: nix::Error,
     },
-    #[error("this node holds {open} memory files, the most it may ({budget}: the open-file limit {limit} less a quarter kept for connections); each allocation of up to 128 KiB holds one: free some, make larger allocations, or raise the agent's open-file limit (LimitNOFILE)")]
+    #[error("this node holds {open} memory files, the most it may ({budget}: the open-file limit {limit} less a quarter kept for connections); each allocation of up to 128 KiB that a process may map (a persistent one, or a session's on its own node) holds one: free some, make larger allocations, or raise the agent's open-file limit (LimitNOFILE)")]
     Descriptors {
         open: usize,
         budget: usize,
         limit: usize,
     },
-    #[error("uid {uid} holds {held} of this node's memory files, its share ({share}: half of what the node may hold); each allocation of up to 128 KiB holds one: free some or make larger allocations")]
+    #[error("uid {uid} holds {held} of this node's memory files, its share ({share}: half of what the node may hold); each allocation of up to 128 KiB that a process may map (a persistent one, or a session's on its own node) holds one: free some or make larger allocations")]
     DescriptorShare { uid: u32, held: usize, share: usize },
     #[error("this node's memory is in {runs} separate mappings, the most it may use (half of vm.max_map_count, {limit}); free allocations, use larger ones, or raise vm.max_map_count")]
     Fragmented { runs: usize, limit: usize },
@@ -448,8 +448,14 @@ impl Pool {
     /// backing has as many mappings as it may; a memory file the kernel
     /// refused.
     /// `user` is whose allocation it is (`None`: an operator's), for the
-    /// share of memory files one user may hold.
-    pub fn reserve(&self, len: u64, user: Option<u32>) -> Result<Vec<PoolExtent>, PoolError> {
+    /// share of memory files one user may hold; `access` whether a process
+    /// may map it ([`Access::Copied`] small extents hold no file).
+    pub fn reserve(
+        &self,
+        len: u64,
+        user: Option<u32>,
+        access: Access,
+    ) -> Result<Vec<PoolExtent>, PoolError> {
         let want = round_up(len.max(1), self.inner.page);
         let deadline = Instant::now() + SCRUB_WAIT;
         let mut st = self.inner.lock();
@@ -466,7 +472,7 @@ impl Pool {
                         break;
                     };
                     st.used += len;
-                    match carve::carve(&self.inner, &mut st, offset, len, user) {
+                    match carve::carve(&self.inner, &mut st, offset, len, user, access) {
                         Ok(c) => out.push(PoolExtent {
                             inner: Arc::clone(&self.inner),
                             offset,
@@ -475,6 +481,7 @@ impl Pool {
                             parts: c.parts,
                             restore: c.restore,
                             file_of: c.file_of,
+                            access,
                         }),
                         // `carve` settled its own range.
                         Err(e) => {
@@ -551,6 +558,9 @@ pub struct PoolExtent {
     released: AtomicBool,
     /// The user charged for the file made for it (see [`State::user_files`]).
     file_of: Option<u32>,
+    /// Whether a process may map it (a small [`Access::Copied`] extent's
+    /// parts are runs borrowed from free memory's files).
+    access: Access,
 }
 
 impl PoolExtent {
@@ -582,9 +592,15 @@ impl PoolExtent {
     }
 
     /// The memory files behind the extent, in offset order (lengths sum
-    /// to [`Self::len`]): each backs nothing outside this extent, so they
-    /// may be handed to a process allowed to map it.
-    pub fn parts(&self) -> &[Part] {
+    /// to [`Self::len`]), to hand to a process allowed to map it, each
+    /// backing nothing outside this extent; `None` for an extent nobody may
+    /// map ([`Access::Copied`]: a small one's files back other memory too).
+    pub fn files(&self) -> Option<&[Part]> {
+        (self.access == Access::Mapped).then_some(&self.parts[..])
+    }
+
+    #[cfg(test)]
+    fn parts(&self) -> &[Part] {
         &self.parts
     }
 
@@ -862,7 +878,7 @@ mod tests {
     #[test]
     fn large_reservation_spans_slabs_as_several_extents() {
         let p = pool(10, 4);
-        let ext = p.reserve(9 * PAGE, None).unwrap();
+        let ext = p.reserve(9 * PAGE, None, Access::Mapped).unwrap();
         assert_eq!(ext.len(), 3);
         assert_eq!(ext.iter().map(PoolExtent::len).sum::<u64>(), 9 * PAGE);
         for e in &ext {
@@ -881,14 +897,14 @@ mod tests {
     #[test]
     fn exhausted_reports_free_and_largest() {
         let p = pool(4, 4);
-        let _a = p.reserve(PAGE, None).unwrap();
-        let b = p.reserve(PAGE, None).unwrap();
-        let _c = p.reserve(PAGE, None).unwrap();
+        let _a = p.reserve(PAGE, None, Access::Mapped).unwrap();
+        let b = p.reserve(PAGE, None, Access::Mapped).unwrap();
+        let _c = p.reserve(PAGE, None, Access::Mapped).unwrap();
         drop(b);
         // Two free pages in two holes: served as two extents.
-        let two = p.reserve(2 * PAGE, None).unwrap();
+        let two = p.reserve(2 * PAGE, None, Access::Mapped).unwrap();
         assert_eq!(two.len(), 2);
-        match p.reserve(PAGE, None) {
+        match p.reserve(PAGE, None, Access::Mapped) {
             Err(PoolError::Exhausted {
                 free, scrubbing, ..
             }) => {
@@ -905,7 +921,7 @@ mod tests {
     fn released_memory_still_held_is_waited_for() {
         let p = pool(16, 16);
         let all: Vec<Arc<PoolExtent>> = p
-            .reserve(16 * PAGE, None)
+            .reserve(16 * PAGE, None, Access::Mapped)
             .unwrap()
             .into_iter()
             .map(Arc::new)
@@ -922,7 +938,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
             drop(holder);
         });
-        let again = p.reserve(16 * PAGE, None).unwrap();
+        let again = p.reserve(16 * PAGE, None, Access::Mapped).unwrap();
         letting_go.join().unwrap();
         assert!(again.iter().all(is_zero));
         drop(again);
@@ -936,7 +952,7 @@ mod tests {
     fn reuse_is_always_scrubbed() {
         let p = pool(64, 16);
         for round in 0..8u8 {
-            let all = p.reserve(64 * PAGE, None).unwrap();
+            let all = p.reserve(64 * PAGE, None, Access::Mapped).unwrap();
             for e in &all {
                 assert!(is_zero(e), "round {round}: saw bytes of a freed extent");
                 fill(e, 0xA0 | round);
@@ -946,20 +962,20 @@ mod tests {
             assert_eq!(s.used, 0);
             assert_eq!(s.scrubbing + s.free, 64 * PAGE);
         }
-        let all = p.reserve(64 * PAGE, None).unwrap();
+        let all = p.reserve(64 * PAGE, None, Access::Mapped).unwrap();
         assert!(all.iter().all(is_zero));
     }
 
     #[test]
     fn scrubber_returns_everything_coalesced() {
         let p = pool(16, 16);
-        let a = p.reserve(3 * PAGE, None).unwrap();
-        let b = p.reserve(PAGE + 1, None).unwrap();
+        let a = p.reserve(3 * PAGE, None, Access::Mapped).unwrap();
+        let b = p.reserve(PAGE + 1, None, Access::Mapped).unwrap();
         drop(b);
         drop(a);
         // Reserving the whole pool waits for the scrubber.
-        drop(p.reserve(16 * PAGE, None).unwrap());
-        let _wait = p.reserve(16 * PAGE, None).unwrap();
+        drop(p.reserve(16 * PAGE, None, Access::Mapped).unwrap());
+        let _wait = p.reserve(16 * PAGE, None, Access::Mapped).unwrap();
         drop(_wait);
         let deadline = Instant::now() + Duration::from_secs(10);
         while p.stats().scrubbing > 0 && Instant::now() < deadline {
@@ -1008,14 +1024,14 @@ mod tests {
             slab: SLAB,
         })
         .unwrap();
-        let small = p.reserve(64 << 10, None).unwrap();
-        let large = p.reserve(4 * mib, None).unwrap();
+        let small = p.reserve(64 << 10, None, Access::Mapped).unwrap();
+        let large = p.reserve(4 * mib, None, Access::Mapped).unwrap();
         assert!(large[0].len() > OWN_FILE_MAX);
         // Handed to a process, as the map socket does.
         for e in [&small[0], &large[0]] {
             e.parts().iter().for_each(|part| part.file.share());
         }
-        let others = p.reserve(3 * mib, None).unwrap();
+        let others = p.reserve(3 * mib, None, Access::Mapped).unwrap();
         fill(&small[0], 0x11);
         fill(&large[0], 0x22);
         others.iter().for_each(|e| fill(e, 0xEE));
@@ -1032,7 +1048,7 @@ mod tests {
         drop(others);
         settle(&p);
         let rest = p.stats().free;
-        let tenant = p.reserve(rest, None).unwrap();
+        let tenant = p.reserve(rest, None, Access::Mapped).unwrap();
         tenant.iter().for_each(|e| fill(e, 0x5A));
         assert!(!whole_files(&small[0]).contains(&0x5A));
         assert!(!whole_files(&large[0]).contains(&0x5A));
@@ -1047,7 +1063,7 @@ mod tests {
         drop(small);
         drop(tenant);
         settle(&p);
-        let all = p.reserve(p.stats().free, None).unwrap();
+        let all = p.reserve(p.stats().free, None, Access::Mapped).unwrap();
         all.iter().for_each(|e| fill(e, 0x77));
         for f in kept.iter().chain([&kept_small]) {
             let file = std::fs::File::from(f.fd().try_clone_to_owned().unwrap());
@@ -1074,12 +1090,12 @@ mod tests {
             slab: SLAB,
         })
         .unwrap();
-        let a = p.reserve(START_FILE, None).unwrap();
+        let a = p.reserve(START_FILE, None, Access::Mapped).unwrap();
         let file = Arc::clone(&a[0].parts()[0].file);
         fill(&a[0], 0x33);
         drop(a);
         settle(&p);
-        let b = p.reserve(START_FILE, None).unwrap();
+        let b = p.reserve(START_FILE, None, Access::Mapped).unwrap();
         assert!(Arc::ptr_eq(&b[0].parts()[0].file, &file), "the same file");
         assert!(b.iter().all(is_zero), "zeroed before reuse");
     }
@@ -1095,12 +1111,14 @@ mod tests {
             slab: SLAB,
         })
         .unwrap();
-        let a = p.reserve(64 << 10, None).unwrap();
-        let b = p.reserve(64 << 10, None).unwrap();
+        let a = p.reserve(64 << 10, None, Access::Mapped).unwrap();
+        let b = p.reserve(64 << 10, None, Access::Mapped).unwrap();
         drop(a);
         settle(&p);
         assert_eq!(p.holes().len(), 2, "two holes, one file");
-        let rest = p.reserve(START_FILE - (64 << 10), None).unwrap();
+        let rest = p
+            .reserve(START_FILE - (64 << 10), None, Access::Mapped)
+            .unwrap();
         assert!(rest.len() >= 2);
         for (i, e) in rest.iter().enumerate() {
             assert_eq!(
@@ -1127,6 +1145,171 @@ mod tests {
         assert_eq!(p.inner.lock().held_runs, 0);
     }
 
+    /// Small extents nobody may map borrow runs of the file that backs
+    /// them: no file of their own (no descriptor), none to hand out; freed,
+    /// they come back zeroed into that file, one run again.
+    #[test]
+    fn extents_nobody_maps_borrow_their_files_runs() {
+        let p = pool(64, 64);
+        let start: Vec<_> = p
+            .inner
+            .lock()
+            .backing
+            .iter()
+            .map(|(_, x)| Arc::clone(&x.file))
+            .collect();
+        assert_eq!(start.len(), 1);
+        let small: Vec<_> = (0..8u8)
+            .map(|i| {
+                let e = p
+                    .reserve(PAGE, Some(1000), Access::Copied)
+                    .unwrap()
+                    .remove(0);
+                fill(&e, 0x10 + i);
+                e
+            })
+            .collect();
+        for e in &small {
+            assert!(e.files().is_none(), "nothing to hand to a process");
+            assert!(
+                Arc::ptr_eq(&e.parts()[0].file, &start[0]),
+                "a run of the pool's file"
+            );
+        }
+        assert!(p.inner.lock().user_files.is_empty(), "no file charged");
+        for (i, e) in small.iter().enumerate() {
+            // SAFETY: the extent is ours and a page long.
+            let b = unsafe { std::slice::from_raw_parts(e.ptr(0), PAGE as usize) };
+            assert!(
+                b.iter().all(|&x| x == 0x10 + i as u8),
+                "extents do not overlap"
+            );
+        }
+        drop(small);
+        settle(&p);
+        let st = p.inner.lock();
+        let back: Vec<_> = st
+            .backing
+            .iter()
+            .map(|(o, x)| (o, x.file_off, x.len))
+            .collect();
+        assert_eq!(back, [(0, 0, 64 * PAGE)], "one run of the one file again");
+        assert_eq!(st.held_runs, 0);
+        assert!(!start[0].lent());
+        drop(st);
+        let all = p.reserve(64 * PAGE, None, Access::Mapped).unwrap();
+        assert!(
+            all.iter().all(is_zero),
+            "the borrowed pages came back zeroed"
+        );
+    }
+
+    /// A large reservation beside a borrowed run never takes the file that
+    /// lends it: the part of the range that file backed gets a file of its
+    /// own, so the large extent's files show only it, the borrower keeps
+    /// its bytes, and all of it comes back when both are freed.
+    #[test]
+    fn a_large_extent_beside_a_borrowed_run_leaves_its_file_alone() {
+        let p = Pool::new(PoolSpec {
+            capacity: 2 * START_FILE,
+            huge_pages: HugePages::Off,
+            slab: SLAB,
+        })
+        .unwrap();
+        let lender = Arc::clone(&p.inner.lock().backing.iter().next().unwrap().1.file);
+        let small = p
+            .reserve(PAGE, Some(1000), Access::Copied)
+            .unwrap()
+            .remove(0);
+        fill(&small, 0xAB);
+        let large = p
+            .reserve(2 * START_FILE - PAGE, None, Access::Mapped)
+            .unwrap();
+        assert_eq!(large.len(), 1);
+        let files = large[0].files().expect("a large extent can be mapped");
+        assert!(
+            files.iter().all(|x| !Arc::ptr_eq(&x.file, &lender)),
+            "the lending file stays free memory's"
+        );
+        assert!(lender.lent() && !lender.owned());
+        files.iter().for_each(|x| x.file.share());
+        fill(&large[0], 0x5A);
+        assert!(
+            whole_files(&large[0]).iter().all(|&b| b == 0x5A),
+            "its files show only it"
+        );
+        // SAFETY: the extent is ours and a page long.
+        let b = unsafe { std::slice::from_raw_parts(small.ptr(0), PAGE as usize) };
+        assert!(b.iter().all(|&x| x == 0xAB), "the borrower kept its bytes");
+        drop(large);
+        settle(&p);
+        drop(small);
+        settle(&p);
+        let s = p.stats();
+        assert_eq!((s.used, s.scrubbing, s.free), (0, 0, 2 * START_FILE));
+        assert_eq!(p.inner.lock().held_runs, 0);
+        assert!(!lender.lent());
+        let all = p.reserve(2 * START_FILE, None, Access::Mapped).unwrap();
+        assert!(all.iter().all(is_zero), "everything came back zeroed");
+    }
+
+    /// A file that lends a run may back only part of what a large
+    /// reservation takes near it (another file took over the rest when a
+    /// range was cut off it): the new file covers only that file's runs,
+    /// so the extent's files tile it exactly and show only it.
+    #[test]
+    fn a_new_file_replaces_only_the_lending_files_runs() {
+        let mib = 1u64 << 20;
+        let p = Pool::new(PoolSpec {
+            capacity: 2 * START_FILE,
+            huge_pages: HugePages::Off,
+            slab: SLAB,
+        })
+        .unwrap();
+        // [0, 1 MiB) takes the first file; the rest of it is cut off and
+        // backed by another file; freed, the first file backs [0, 1 MiB)
+        // again.
+        drop(p.reserve(mib, None, Access::Mapped).unwrap());
+        settle(&p);
+        let small = p
+            .reserve(PAGE, Some(1000), Access::Copied)
+            .unwrap()
+            .remove(0);
+        assert_eq!(small.offset(), 0);
+        fill(&small, 0xAB);
+        let large = p.reserve(2 * mib, None, Access::Mapped).unwrap();
+        assert_eq!((large.len(), large[0].offset()), (1, PAGE));
+        let e = &large[0];
+        let files = e.files().unwrap();
+        // A new file for the lending file's run, then the other file's.
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].len, mib - PAGE);
+        assert_eq!(
+            files.iter().map(|x| x.len).sum::<u64>(),
+            2 * mib,
+            "parts tile it"
+        );
+        files.iter().for_each(|x| x.file.share());
+        fill(e, 0x5A);
+        let seen = whole_files(e);
+        assert!(
+            seen.iter().all(|&b| b == 0x5A || b == 0),
+            "only its own bytes"
+        );
+        assert_eq!(seen.iter().filter(|&&b| b == 0x5A).count() as u64, 2 * mib);
+        // SAFETY: the extent is ours and a page long.
+        let b = unsafe { std::slice::from_raw_parts(small.ptr(0), PAGE as usize) };
+        assert!(b.iter().all(|&x| x == 0xAB), "the borrower kept its bytes");
+        drop(large);
+        drop(small);
+        settle(&p);
+        let s = p.stats();
+        assert_eq!((s.used, s.scrubbing, s.free), (0, 0, 2 * START_FILE));
+        assert_eq!(p.inner.lock().held_runs, 0);
+        let all = p.reserve(2 * START_FILE, None, Access::Mapped).unwrap();
+        assert!(all.iter().all(is_zero), "everything came back zeroed");
+    }
+
     /// Small reservations and frees leave the backing as few runs as it
     /// started with: a freed small range goes back into the file it came
     /// from.
@@ -1135,8 +1318,8 @@ mod tests {
         let p = pool(64, 64);
         let runs = || p.inner.lock().backing.runs();
         assert_eq!(runs(), 1);
-        let a = p.reserve(PAGE, None).unwrap();
-        let b = p.reserve(3 * PAGE, None).unwrap();
+        let a = p.reserve(PAGE, None, Access::Mapped).unwrap();
+        let b = p.reserve(3 * PAGE, None, Access::Mapped).unwrap();
         assert_eq!(
             runs(),
             1,
@@ -1160,7 +1343,7 @@ mod tests {
         );
         assert_eq!(st.held_runs, 0);
         drop(st);
-        let all = p.reserve(64 * PAGE, None).unwrap();
+        let all = p.reserve(64 * PAGE, None, Access::Mapped).unwrap();
         assert!(all.iter().all(is_zero), "the freed pages came back zeroed");
     }
 
@@ -1204,7 +1387,7 @@ mod tests {
             Ok(p) => {
                 assert!(p.huge_pages());
                 assert_eq!(p.page_size(), hp.size);
-                let e = p.reserve(1, None).unwrap();
+                let e = p.reserve(1, None, Access::Mapped).unwrap();
                 assert_eq!(e[0].len(), hp.size);
             }
             Err(e) => {
@@ -1227,7 +1410,7 @@ mod tests {
             let mut live: Vec<Vec<PoolExtent>> = Vec::new();
             for (alloc, len) in ops {
                 if alloc || live.is_empty() {
-                    if let Ok(ext) = p.reserve(len, None) {
+                    if let Ok(ext) = p.reserve(len, None, Access::Mapped) {
                         for e in &ext {
                             prop_assert!(is_zero(e));
                             for other in live.iter().flatten() {

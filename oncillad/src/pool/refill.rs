@@ -4,10 +4,11 @@
 //!
 //! One thread per pool. A freed range whose files were never handed to a
 //! process is zeroed in place and its files back free memory again (the
-//! fast path: a memset). Otherwise its files are punched first (a process
-//! still mapping them sees zeros, never a later tenant's bytes), then the
-//! range is backed again: by the files it had before it got its own, when
-//! those still back only free memory, else by fresh files of the pool's
+//! fast path: a memset; runs an extent borrowed go back to their files).
+//! Otherwise its files are punched first (a process still mapping them
+//! sees zeros, never a later tenant's bytes), then the range is backed
+//! again: where it had other files before it got its own, by those, when
+//! they still back only free memory; the rest by fresh files of the pool's
 //! file size each, which come back to the free list one by one as they are
 //! ready (fresh files come from the kernel zeroed). It never backs a range
 //! an extent holds.
@@ -54,7 +55,7 @@ pub(super) fn run(inner: &Inner) {
                 st = inner.freed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let (offset, len) = match item {
+        match item {
             Refill::Freed {
                 offset,
                 len,
@@ -70,17 +71,15 @@ pub(super) fn run(inner: &Inner) {
                     p.file.punch(p.file_off, p.len);
                 }
                 drop(parts);
-                if !restore.is_empty() && put_back(inner, offset, len, &restore) {
-                    continue;
+                for (at, n) in put_back(inner, offset, len, &restore) {
+                    fresh(inner, at, n);
                 }
-                (offset, len)
             }
             Refill::Detached { offset, old } => {
                 old.file.punch(old.file_off, old.len);
-                (offset, old.len)
+                fresh(inner, offset, old.len);
             }
-        };
-        fresh(inner, offset, len);
+        }
     }
 }
 
@@ -102,7 +101,13 @@ fn zero_in_place(inner: &Inner, offset: u64, parts: Vec<Part>) {
     let mut st = inner.lock();
     let mut at = offset;
     for part in parts {
-        part.file.disown();
+        // A run the extent borrowed is of a file that is not its own
+        // (lending files are never owned): it returns to its file.
+        if part.file.owned() {
+            part.file.disown();
+        } else {
+            part.file.returned();
+        }
         let n = part.len;
         st.backing.insert(at, part);
         at += n;
@@ -113,33 +118,48 @@ fn zero_in_place(inner: &Inner, offset: u64, parts: Vec<Part>) {
     inner.cleaned.notify_all();
 }
 
-/// Backs a freed small range with the files that backed it before, if
-/// they still back only free memory. False when it cannot.
-fn put_back(inner: &Inner, offset: u64, len: u64, restore: &[(u64, Part)]) -> bool {
+/// Backs what it can of a freed range with the runs that backed it before
+/// it got files of its own (`restore`), if their files still back only
+/// free memory, and returns them to the free list; returns the rest of the
+/// range, to be backed anew (all of it when nothing can be put back).
+fn put_back(inner: &Inner, offset: u64, len: u64, restore: &[(u64, Part)]) -> Vec<(u64, u64)> {
+    let whole = vec![(offset, len)];
+    if restore.is_empty() {
+        return whole;
+    }
     let mut st = inner.lock();
     // Under the lock: no reservation can take one of these files meanwhile.
     if restore.iter().any(|(_, p)| p.file.owned()) {
-        return false;
+        return whole;
     }
     for (at, p) in restore {
         let Some(addr) = inner.addr(*at) else {
-            return false;
+            return whole;
         };
         // SAFETY: the range was retired by the extent that held it and is
         // not in the free list: nothing reads or writes it.
         if let Err(e) = unsafe { p.file.map_at(addr, p.file_off, p.len) } {
             tracing::debug!(error = ?e, "cannot put back a range's former backing");
-            return false;
+            return whole;
         }
     }
+    let mut rest = Vec::new();
+    let mut next = offset;
     for (at, p) in restore {
         st.backing.insert(*at, p.clone());
+        st.free.give(*at, p.len);
+        st.scrubbing -= p.len;
+        if *at > next {
+            rest.push((next, at - next));
+        }
+        next = at + p.len;
     }
-    st.free.give(offset, len);
-    st.scrubbing -= len;
+    if next < offset + len {
+        rest.push((next, offset + len - next));
+    }
     drop(st);
     inner.cleaned.notify_all();
-    true
+    rest
 }
 
 /// Backs `[offset, offset + len)` with fresh files, each returned to the
