@@ -13,6 +13,7 @@ pub mod echo;
 pub mod fabric;
 pub mod node;
 pub mod quota;
+pub mod secret;
 pub mod size;
 
 pub use fabric::Fabric;

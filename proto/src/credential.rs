@@ -31,7 +31,8 @@ use sha2::Sha256;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::{Request, Status};
 
-use crate::auth::{ct_eq, hex, Token, AUTH_METADATA};
+use crate::auth::{hex, Token, AUTH_METADATA};
+use oncilla_model::secret::ct_eq;
 
 /// How a session credential starts (a token never does: see
 /// [`Keyring::authenticate`]).

@@ -555,7 +555,7 @@ fn check_joinable(
     key: &[u8; KEY_LEN],
     ranges: &[(u64, u64)],
 ) -> Result<(), CoreError> {
-    if !oncilla_proto::auth::ct_eq(&current.key, key) {
+    if !oncilla_model::secret::ct_eq(&current.key, key) {
         return Err(CoreError::InvalidArgument(format!(
             "allocation {alloc_id} is already held with another access key"
         )));

@@ -159,7 +159,7 @@ impl<L: AgentLink> Master<L> {
             let id = record.id;
             st.next_id = st.next_id.max(id.saturating_add(1));
             if let Some(rec) = st.allocs.get_mut(&id) {
-                if !oncilla_proto::auth::ct_eq(&rec.alloc.access_key, &record.access_key) {
+                if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
                     release.push(id);
                 } else if !rec.alloc.extents.iter().any(|e| e.node == name) {

@@ -123,7 +123,7 @@ impl Held {
 
     /// Constant-time check of a presented access key.
     pub fn key_matches(&self, presented: &[u8; KEY_LEN]) -> bool {
-        oncilla_proto::auth::ct_eq(&self.key, presented)
+        oncilla_model::secret::ct_eq(&self.key, presented)
     }
 }
 

@@ -24,7 +24,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use oncilla_proto::auth::{ct_eq, Token};
+use oncilla_model::secret::ct_eq;
+use oncilla_proto::auth::Token;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
