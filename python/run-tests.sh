@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The Python bindings' tests (deploy/check.sh runs this): builds the wheel
-# the way `pip install ./python` does (maturin, a release build in this
-# workspace's target/; offline with --no-build-isolation), installs that
+# the way `pip install ./python` does (maturin, offline with
+# --no-build-isolation, in this workspace's target/), but unoptimised
+# (`--profile dev`): the code and the wheel's layout are the same, its
+# dependencies are those the test build just compiled, and a release
+# build of them would cost this 2-core CI about three minutes; installs that
 # one abi3 wheel into a private directory per interpreter (never the
 # interpreter's own site-packages), and runs the pytest suite with
 # python3 and with every other CPython among 3.9, 3.12 and 3.13 that pyenv
@@ -12,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -p ocmctl -p oncilla-examples
 rm -rf target/wheels
-python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
+MATURIN_PEP517_ARGS="--profile dev" \
+  python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
 wheel=$(ls target/wheels/oncilla-*-abi3-*.whl)
 run() {
   local py=$1 site=target/python-site-$2
