@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Runs the integration tests against real RDMA verbs: builds the daemons,
-# ocmctl and the `oncilla-tests` binaries with the `verbs` feature here,
-# boots one Soft-RoCE guest (deploy/softroce/guest.sh) and runs them there:
+# Runs the integration tests whose subject is a path verbs takes against
+# real RDMA verbs: builds the daemons, ocmctl and the `oncilla-tests`
+# binaries with the `verbs` feature here, boots one Soft-RoCE guest
+# (deploy/softroce/guest.sh) and runs them there:
 #
-#   1. every test binary with the agents on rxe0 and rxe1 (agent i on
+#   1. those test binaries with the agents on rxe0 and rxe1 (agent i on
 #      device i mod 2) and the test process on rxe0, so bytes to node-1
 #      cross the veth pair;
-#   2. the cluster and verbs tests again with every agent on rxe0;
+#   2. the verbs tests, and the cluster tests about verbs, again with
+#      every agent on rxe0;
 #   3. the 4 GiB addressing test, on huge pages reserved for it;
 #   4. last, the test that deletes an RDMA port mid-run (it puts it back).
+#
+# Which binaries: in the guest every remote copy under `auto` goes over
+# the provider, so the suites of the data path run there (cluster, verbs,
+# property, copies, sharing, failure) and, of hostile_authority, the
+# credential tests (ConnectVerbs checks credentials too). The others test
+# a listener, a message, a budget, a tool or a layer above the same client
+# (C, Python), whatever the fabric: they run on the host, in
+# deploy/check.sh's `cargo test --workspace`, at native speed instead of
+# under emulation (HOST_ONLY below; the guest step is most of CI's time).
 #
 # The guest's output streams back; the exit status is the tests'. Where
 # the guest cannot run (no qemu, no Debian kernel, not x86-64), it prints
@@ -36,6 +47,17 @@ for line in sys.stdin:
 [ "${#tests[@]}" -gt 0 ] || { echo "verbs-tests: cargo listed no test executables" >&2; exit 1; }
 
 filter=${1:-}
+# Suites that run on the host only (see the top of this file).
+HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns"
+# Every suite is either run here or named above, so a new one is not left
+# out unnoticed.
+for t in "${tests[@]}"; do
+  name=${t%% *}
+  case " $HOST_ONLY cluster verbs property copies sharing failure hostile_authority " in
+    *" $name "*) ;;
+    *) echo "verbs-tests: suite $name is neither run in the guest nor named in HOST_ONLY" >&2; exit 1 ;;
+  esac
+done
 script=target/softroce-tests.sh
 # The guest writes its output to a file in a directory shared read-write
 # (its serial stream garbles long output); followed here as it grows.
@@ -51,18 +73,30 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
   # The verbs tests print what they measured (agent CPU, copies after a
   # port went away).
   shown() { [ "$1" = verbs ] && echo --nocapture; true; }
+  # Of a suite, what runs here: all of it, or the tests named by these
+  # filters (a filter given on the command line replaces them).
+  only() {
+    case $1 in
+      hostile_authority) echo "${filter:-credential}" ;;
+      cluster-again) echo "${filter:-verbs}" ;;
+      *) echo "$filter" ;;
+    esac
+  }
   echo 'export ONCILLA_TEST_RDMA_DEV=rxe0,rxe1'
   for t in "${tests[@]}"; do
     name=${t%% *} exe=${t#* }
-    # Network namespaces do not reach the guest's RDMA devices (rxe works
-    # only in the default namespace on this kernel): netns runs on the host.
-    [ "$name" = netns ] && continue
-    echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $filter"
+    # netns also because network namespaces do not reach the guest's RDMA
+    # devices (rxe works only in the default namespace on this kernel).
+    case " $HOST_ONLY " in *" $name "*) continue ;; esac
+    echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $(only $name)"
   done
   echo 'export ONCILLA_TEST_RDMA_DEV=rxe0'
   for t in "${tests[@]}"; do
     name=${t%% *} exe=${t#* }
-    case $name in cluster|verbs) echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $filter" ;; esac
+    case $name in
+      cluster) echo "run $name $exe --test-threads 1 ${alone[*]} $(only cluster-again)" ;;
+      verbs) echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $filter" ;;
+    esac
   done
   for t in "${tests[@]}"; do
     name=${t%% *} exe=${t#* }
