@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use oncilla_cuda::{DeviceMem, Gpu};
-use oncilla_proto::pb;
+use oncilla_model::alloc::Allocation as Record;
 
 use crate::client::Client;
 use crate::descriptor::{Descriptor, Kind};
@@ -55,8 +55,8 @@ impl Allocation {
     /// # Errors
     /// A malformed allocation, a preference that cannot reach an extent
     /// ([`Error::InvalidArgument`]), mapping and device-memory failures.
-    pub(crate) fn open(client: &Arc<Client>, wire: pb::Allocation, fabric: Fabric) -> Result<Self> {
-        let desc = Descriptor::from_wire(wire)?;
+    pub(crate) fn open(client: &Arc<Client>, record: Record, fabric: Fabric) -> Result<Self> {
+        let desc = Descriptor::from_record(record)?;
         let data = &client.data;
         let me = client.node.as_str();
         let mut alloc = Allocation {

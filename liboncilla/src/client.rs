@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use oncilla_model::alloc::{AllocRef, Allocation as Record};
 use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
 use oncilla_proto::credential::{AttachCredential, Credential, Renewable};
 use oncilla_proto::pb;
@@ -162,7 +163,7 @@ impl Client {
     }
 
     /// Asks the master (through the agent) for an allocation as `spec` says.
-    pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<pb::Allocation> {
+    pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<Record> {
         let req = pb::AllocRequest {
             session_id: self.session_id.clone(),
             spec: Some(spec.to_wire(self.fabric)),
@@ -171,18 +172,20 @@ impl Client {
             let req = req.clone();
             async move { c.alloc(req).await }
         })
+        .and_then(record)
     }
 
     /// Attaches a persistent allocation by id or name.
-    pub(crate) fn attach(&self, alloc: pb::AllocRef) -> Result<pb::Allocation> {
+    pub(crate) fn attach(&self, alloc: AllocRef) -> Result<Record> {
         let req = pb::AttachRequest {
             session_id: self.session_id.clone(),
-            alloc: Some(alloc),
+            alloc: Some(alloc.into()),
         };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.attach(req).await }
         })
+        .and_then(record)
     }
 
     pub(crate) fn free_id(&self, id: u64, force: bool) -> Result<()> {
@@ -224,4 +227,10 @@ fn program_name() -> String {
         .and_then(Path::file_name)
         .map(|n| oncilla_model::alloc::program_name(&n.to_string_lossy()))
         .unwrap_or_default()
+}
+
+/// The cluster's record of an allocation, from its agent's answer.
+fn record(wire: pb::Allocation) -> Result<Record> {
+    Record::try_from(wire)
+        .map_err(|e| Error::Internal(format!("malformed allocation from the agent: {e}")))
 }

@@ -1,12 +1,14 @@
 //! A validated allocation descriptor: what the data path needs to reach
-//! every byte of an allocation. Built once from the wire message, so copies
-//! never re-check its shape.
+//! every byte of an allocation. Built once from the cluster's record of it
+//! (`oncilla_model::alloc::Allocation`, which the gRPC edge converts from
+//! the wire), so copies never re-check its shape. It knows nothing of
+//! protobuf.
 
-use oncilla_proto::pb;
-use oncilla_proto::wire::KEY_LEN;
+use oncilla_model::alloc::{Allocation as Record, KEY_LEN};
 
 use crate::error::{Error, Result};
 
+pub use oncilla_model::alloc::RdmaRegion;
 pub use oncilla_model::Kind;
 
 /// One extent: bytes `[alloc_offset, alloc_offset + len)` live on `node`.
@@ -26,7 +28,7 @@ pub struct Extent {
     /// The extent's memory registered with the node's RDMA ports for this
     /// allocation alone (host pool memory, and device memory with GPUDirect
     /// RDMA), one region per port; empty where verbs cannot reach it.
-    pub rdma: Vec<pb::RdmaRegion>,
+    pub rdma: Vec<RdmaRegion>,
     /// A process on `node` may map it: the allocation is persistent or its
     /// session is on `node` ([`oncilla_model::alloc::mappable_on`]);
     /// otherwise it is copied even there.
@@ -59,20 +61,13 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
-    /// Validates a wire allocation: known kind, a full-length key, and
-    /// extents that tile `[0, size)` in order without gaps.
+    /// Validates an allocation's record: a full-length key, and extents
+    /// that tile `[0, size)` in order without gaps.
     ///
     /// # Errors
     /// [`Error::Internal`] naming the defect.
-    pub fn from_wire(a: pb::Allocation) -> Result<Self> {
+    pub fn from_record(a: Record) -> Result<Self> {
         let bad = |why: &str| Error::Internal(format!("malformed allocation {}: {why}", a.id));
-        let kind = match pb::MemKind::try_from(a.kind) {
-            Ok(pb::MemKind::LocalHost) => Kind::LocalHost,
-            Ok(pb::MemKind::RemoteHost) => Kind::RemoteHost,
-            Ok(pb::MemKind::LocalGpu) => Kind::LocalGpu,
-            Ok(pb::MemKind::RemoteGpu) => Kind::RemoteGpu,
-            _ => return Err(bad("unknown kind")),
-        };
         let key: [u8; KEY_LEN] = a
             .access_key
             .as_slice()
@@ -94,7 +89,7 @@ impl Descriptor {
         Ok(Self {
             id: a.id,
             size: a.size,
-            kind,
+            kind: a.kind,
             extents: a
                 .extents
                 .into_iter()
@@ -163,38 +158,34 @@ impl Descriptor {
 mod tests {
     use super::*;
 
-    fn wire(extents: &[(u64, u64)], size: u64) -> pb::Allocation {
-        pb::Allocation {
-            id: 1,
-            size,
-            kind: pb::MemKind::RemoteHost as i32,
-            access_key: vec![0; KEY_LEN],
-            extents: extents
-                .iter()
-                .map(|&(o, l)| pb::Extent {
-                    node: format!("n{o}"),
-                    alloc_offset: o,
-                    len: l,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }
+    fn record(extents: &[(u64, u64)], size: u64) -> Record {
+        let mut a = Record::new(1, size, Kind::RemoteHost);
+        a.access_key = vec![0; KEY_LEN];
+        a.extents = extents
+            .iter()
+            .map(|&(o, l)| oncilla_model::alloc::Extent {
+                node: format!("n{o}"),
+                alloc_offset: o,
+                len: l,
+                ..Default::default()
+            })
+            .collect();
+        a
     }
 
     #[test]
     fn validates_tiling() {
-        assert!(Descriptor::from_wire(wire(&[(0, 10), (10, 5)], 15)).is_ok());
-        assert!(Descriptor::from_wire(wire(&[(0, 10), (11, 4)], 15)).is_err());
-        assert!(Descriptor::from_wire(wire(&[(0, 10)], 15)).is_err());
-        let mut short_key = wire(&[(0, 1)], 1);
+        assert!(Descriptor::from_record(record(&[(0, 10), (10, 5)], 15)).is_ok());
+        assert!(Descriptor::from_record(record(&[(0, 10), (11, 4)], 15)).is_err());
+        assert!(Descriptor::from_record(record(&[(0, 10)], 15)).is_err());
+        let mut short_key = record(&[(0, 1)], 1);
         short_key.access_key = vec![1];
-        assert!(Descriptor::from_wire(short_key).is_err());
+        assert!(Descriptor::from_record(short_key).is_err());
     }
 
     #[test]
     fn splits_ranges_over_extents() {
-        let d = Descriptor::from_wire(wire(&[(0, 10), (10, 10), (20, 10)], 30)).unwrap();
+        let d = Descriptor::from_record(record(&[(0, 10), (10, 10), (20, 10)], 30)).unwrap();
         let p: Vec<_> = d
             .pieces(5, 20)
             .map(|(i, e, a, b, l)| (i, e.alloc_offset, a, b, l))

@@ -130,7 +130,7 @@ mod tests {
             pool_offset: 0,
             gpu: gpu.then_some(0),
             rdma: if registered {
-                vec![oncilla_proto::pb::RdmaRegion::default()]
+                vec![crate::descriptor::RdmaRegion::default()]
             } else {
                 Vec::new()
             },

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use oncilla_proto::pb;
+use oncilla_model::alloc::AllocRef;
 
 use crate::allocation::Allocation;
 use crate::batch::{self, Batch, Pending};
@@ -76,11 +76,11 @@ impl Oncilla {
     /// name, [`Error::NodeDown`], [`Error::Unavailable`] when the master
     /// cannot be reached.
     pub fn alloc_with(&self, spec: &AllocSpec) -> Result<Allocation> {
-        let wire = self.client.alloc(spec)?;
+        let record = self.client.alloc(spec)?;
         let fabric = spec.fabric.unwrap_or(self.client.fabric);
         // Should opening fail (no device memory, no mapping), dropping the
         // half-built handle frees what the cluster recorded.
-        Allocation::open(&self.client, wire, fabric)
+        Allocation::open(&self.client, record, fabric)
     }
 
     /// Attaches the persistent allocation called `name`, made by any
@@ -91,10 +91,7 @@ impl Oncilla {
     /// [`Error::NotFound`], and fabric errors when this session's fabric
     /// cannot reach its extents.
     pub fn attach(&self, name: &str) -> Result<Allocation> {
-        self.attach_ref(pb::AllocRef {
-            id: 0,
-            name: name.to_string(),
-        })
+        self.attach_ref(AllocRef::Name(name.to_string()))
     }
 
     /// Attaches the persistent allocation with this id.
@@ -102,15 +99,12 @@ impl Oncilla {
     /// # Errors
     /// As [`Oncilla::attach`].
     pub fn attach_id(&self, id: u64) -> Result<Allocation> {
-        self.attach_ref(pb::AllocRef {
-            id,
-            name: String::new(),
-        })
+        self.attach_ref(AllocRef::Id(id))
     }
 
-    fn attach_ref(&self, alloc: pb::AllocRef) -> Result<Allocation> {
-        let wire = self.client.attach(alloc)?;
-        Allocation::open(&self.client, wire, self.client.fabric)
+    fn attach_ref(&self, alloc: AllocRef) -> Result<Allocation> {
+        let record = self.client.attach(alloc)?;
+        Allocation::open(&self.client, record, self.client.fabric)
     }
 
     /// Copies `len` bytes from one allocation to another, of any kinds.

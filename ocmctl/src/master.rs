@@ -15,7 +15,11 @@ use crate::CliError;
 
 /// A validated descriptor for the data path.
 pub fn descriptor(master: &Master, alloc: &pb::AllocRef) -> Result<Descriptor, CliError> {
-    Ok(Descriptor::from_wire(master.allocation(alloc)?)?)
+    let record =
+        oncilla_model::alloc::Allocation::try_from(master.allocation(alloc)?).map_err(|e| {
+            liboncilla::Error::Internal(format!("malformed allocation from the master: {e}"))
+        })?;
+    Ok(Descriptor::from_record(record)?)
 }
 
 /// An allocation named on the command line: digits are an id, anything

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use oncilla_proto::pb;
+use oncilla_model::alloc::RdmaRegion;
 use oncilla_rdma::wc::{self, Failure};
 use oncilla_rdma::{Completion, RdmaError, Wr};
 
@@ -62,7 +62,7 @@ pub struct Piece {
 /// agent port (host pool memory, or device memory with GPUDirect RDMA).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Remote<'a> {
-    pub regions: &'a [pb::RdmaRegion],
+    pub regions: &'a [RdmaRegion],
     pub at: u64,
 }
 
@@ -449,7 +449,7 @@ pub(crate) mod tests {
 
     #[test]
     fn regions_are_found_by_port_and_refused_from_another_agent_start() {
-        let region = |device: &str, rkey| pb::RdmaRegion {
+        let region = |device: &str, rkey| RdmaRegion {
             device: device.into(),
             port: 1,
             addr: 0x7f00_0000_0000,
