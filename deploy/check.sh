@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's whole test run (the README's test command; .ci/run calls it
-# after installing packages): every test of the default build; then the
+# after installing packages): the layering rules; every test of the default build; then the
 # RDMA `verbs` feature linted and unit-tested; then every integration test
 # against a real verbs provider, Soft-RoCE inside a QEMU guest
 # (deploy/softroce/verbs-tests.sh: where the guest cannot run it prints one
@@ -38,6 +38,9 @@ report() {
   exit "$rc"
 }
 trap report EXIT
+
+# The layering rules (ARCHITECTURE.md, "Layers and crates"): a second.
+step layers deploy/check-layers.sh
 
 # The Kubernetes manifests, offline against the API schemas.
 step manifests deploy/kubernetes/validate.sh
