@@ -1,11 +1,18 @@
-//! Wire formats shared by every Oncilla component.
+//! Wire formats shared by every Oncilla component, and how a peer on them
+//! is authenticated.
 //!
 //! This crate owns the gRPC schema (generated from `oncilla.proto` at build
-//! time with a pure-Rust compiler), the binary TCP data protocol, the cluster
-//! token, byte-size parsing, what each fabric can reach, and the blocking
-//! socket primitives both ends of the data protocol share. It must never
-//! contain policy: no placement, no pool logic, no I/O beyond encoding,
-//! decoding and moving bytes through a socket.
+//! time with a pure-Rust compiler), `convert` (the one place a protobuf
+//! message becomes a domain value of `oncilla_model`), typed status details
+//! (`status`), dialing a gRPC peer (`client`), the binary TCP data protocol
+//! with the blocking socket calls and dialing both of its ends share
+//! (`wire`), TLS on the cluster's listeners and the data tunnel (`tls`),
+//! the cluster token and private key files (`auth`), node and session
+//! credentials and who presented one (`credential`), and the place a gRPC
+//! connection holds until its first admitted call (`proven`). It must never
+//! contain placement, pool or fabric-choice logic (the model and the
+//! daemon hold those), and no I/O beyond encoding, decoding, authenticating
+//! and moving bytes through a socket.
 
 pub mod auth;
 pub mod client;
