@@ -74,9 +74,7 @@ impl Agent {
     ) -> Self {
         Self {
             credential_lifetime,
-            ended_here: crate::listen::ended::Ended::new(
-                credential_lifetime + oncilla_proto::credential::CLOCK_SKEW,
-            ),
+            ended_here: crate::listen::ended::Ended::for_credentials(credential_lifetime),
             rdma,
             held: Arc::new(Holdings::new(node.name.clone())),
             node,

@@ -42,8 +42,14 @@ pub struct Registered {
 }
 
 impl Ended {
-    /// Remembers ended sessions for `keep` (what a credential's lifetime
-    /// and the clock skew allow).
+    /// Remembers ended sessions as long as a credential good for
+    /// `lifetime` may still be presented (its lifetime and the clock skew
+    /// allowed past it).
+    pub fn for_credentials(lifetime: Duration) -> Arc<Self> {
+        Self::new(lifetime + oncilla_proto::credential::CLOCK_SKEW)
+    }
+
+    /// Remembers ended sessions for `keep`.
     pub fn new(keep: Duration) -> Arc<Self> {
         Arc::new(Self {
             keep,
