@@ -6,8 +6,10 @@
 
 use std::path::PathBuf;
 
+use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
 use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::client::{self, AddrError, MasterClient};
+use oncilla_proto::convert::WireError;
 use oncilla_proto::pb;
 use oncilla_proto::tls::{ClientTls, TlsError};
 
@@ -20,6 +22,9 @@ pub enum MasterError {
     /// The call failed (unreachable master included); shown as its message.
     #[error("{}", .0.message())]
     Rpc(tonic::Status),
+    /// The master answered an allocation this client cannot read.
+    #[error("the master answered a malformed allocation: {0}")]
+    Malformed(#[from] WireError),
     /// A page of allocations pointed back instead of forward.
     #[error("the master paged allocations out of order: after {after} it named {next} next")]
     Paging { after: u64, next: u64 },
@@ -171,15 +176,17 @@ impl Master {
     ///
     /// # Errors
     /// A call fails, or the master answers pages out of order.
-    pub fn allocations(&self) -> Result<Vec<pb::Allocation>, MasterError> {
-        let mut all = Vec::new();
+    pub fn allocations(&self) -> Result<Vec<Allocation>, MasterError> {
+        let mut all: Vec<Allocation> = Vec::new();
         let mut after = 0;
         loop {
             let page = self.call(|mut c| async move {
                 c.list_allocations(pb::ListAllocationsRequest { after })
                     .await
             })?;
-            all.extend(page.allocations);
+            for a in page.allocations {
+                all.push(a.try_into()?);
+            }
             match page.next_after {
                 0 => return Ok(all),
                 // Ids only grow, so this ends after at most one call per id.
@@ -193,40 +200,42 @@ impl Master {
     ///
     /// # Errors
     /// The call fails (an unknown allocation included).
-    pub fn allocation(&self, alloc: &pb::AllocRef) -> Result<pb::Allocation, MasterError> {
+    pub fn allocation(&self, alloc: &AllocRef) -> Result<Allocation, MasterError> {
         let req = pb::GetAllocationRequest {
-            alloc: Some(alloc.clone()),
+            alloc: Some(alloc.clone().into()),
         };
-        self.call(|mut c| {
+        let a = self.call(|mut c| {
             let req = req.clone();
             async move { c.get_allocation(req).await }
-        })
+        })?;
+        Ok(a.try_into()?)
     }
 
     /// A persistent allocation (it outlives this process).
     ///
     /// # Errors
     /// The call fails.
-    pub fn allocate(&self, spec: pb::AllocSpec) -> Result<pb::Allocation, MasterError> {
+    pub fn allocate(&self, spec: AllocSpec) -> Result<Allocation, MasterError> {
         let req = pb::AllocateRequest {
-            spec: Some(spec),
+            spec: Some(spec.into()),
             origin_node: String::new(),
             requester: None,
         };
-        self.call(|mut c| {
+        let a = self.call(|mut c| {
             let req = req.clone();
             async move { c.allocate(req).await }
-        })
+        })?;
+        Ok(a.try_into()?)
     }
 
     /// Frees an allocation (`force`: even while processes are attached).
     ///
     /// # Errors
     /// The call fails.
-    pub fn free(&self, alloc: &pb::AllocRef, force: bool) -> Result<(), MasterError> {
+    pub fn free(&self, alloc: &AllocRef, force: bool) -> Result<(), MasterError> {
         let req = pb::FreeRequest {
             requester: None,
-            alloc: Some(alloc.clone()),
+            alloc: Some(alloc.clone().into()),
             session_id: String::new(),
             force,
         };

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use liboncilla::Operator;
+use oncilla_model::alloc::AllocRef;
 use oncilla_model::size::HumanBytes;
 use oncilla_proto::auth::Token;
-use oncilla_proto::pb;
 
 use crate::CliError;
 use oncilla_cluster::Master;
@@ -25,7 +25,7 @@ const STAGE: u64 = 64 << 20;
 pub fn put(
     master: &Master,
     token: Token,
-    alloc: &pb::AllocRef,
+    alloc: &AllocRef,
     file: &Path,
     offset: u64,
 ) -> Result<(), CliError> {
@@ -60,7 +60,7 @@ pub fn put(
 pub fn get(
     master: &Master,
     token: Token,
-    alloc: &pb::AllocRef,
+    alloc: &AllocRef,
     offset: u64,
     len: Option<u64>,
     output: Option<&Path>,

@@ -18,9 +18,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use oncilla_bench::{Bench, BenchError};
 use oncilla_cluster::{certs, ClusterError, Conn, Daemon, Master, MasterError};
+use oncilla_model::alloc::{AllocSpec, NodeShare, Placement};
 use oncilla_model::size::parse_size;
+use oncilla_model::{Fabric, Kind, Policy};
 use oncilla_proto::auth::TokenError;
-use oncilla_proto::pb;
 
 /// Inspect and drive an Oncilla cluster.
 #[derive(Debug, Parser)]
@@ -220,7 +221,9 @@ enum PolicyArg {
     Pack,
 }
 
-/// The wire spec of `ocmctl alloc`.
+/// The spec of `ocmctl alloc`: a persistent allocation over TCP (the
+/// operator copies with `put` and `get`), on GPU `gpu` ("any" or an index)
+/// when given.
 fn alloc_spec(
     size: &str,
     policy: PolicyArg,
@@ -228,7 +231,8 @@ fn alloc_spec(
     weights: &[u32],
     stripe: Option<&str>,
     name: Option<String>,
-) -> Result<pb::AllocSpec, CliError> {
+    gpu: Option<&str>,
+) -> Result<AllocSpec, CliError> {
     let size = parse_size(size).map_err(|e| CliError::Other(e.to_string()))?;
     let stripe = stripe
         .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--stripe: {e}"))))
@@ -245,32 +249,44 @@ fn alloc_spec(
         return Err(CliError::Other("--weight must be at least 1".into()));
     }
     let policy = match policy {
-        PolicyArg::LocalFirst => pb::Policy::LocalFirst,
-        PolicyArg::Spread => pb::Policy::Spread,
-        PolicyArg::Pack => pb::Policy::Pack,
+        PolicyArg::LocalFirst => Policy::LocalFirst,
+        PolicyArg::Spread => Policy::Spread,
+        PolicyArg::Pack => Policy::Pack,
     };
-    Ok(pb::AllocSpec {
+    let gpu_index = match gpu {
+        None | Some("any") => None,
+        Some(g) => Some(g.parse::<u32>().map_err(|_| {
+            CliError::Other(format!("--gpu: {g:?} is not a device index or `any`"))
+        })?),
+    };
+    let placement = Placement {
+        policy,
+        nodes: nodes
+            .into_iter()
+            .enumerate()
+            .map(|(i, node)| NodeShare {
+                node,
+                weight: weights.get(i).copied().unwrap_or(1),
+            })
+            .collect(),
+        stripe,
+        gpu: gpu_index,
+    };
+    let kind = if gpu.is_some() {
+        Kind::RemoteGpu
+    } else {
+        Kind::RemoteHost
+    };
+    // An operator's allocation has no user: any process may attach it.
+    AllocSpec::new(
         size,
-        kind: pb::MemKind::RemoteHost as i32,
-        placement: Some(pb::Placement {
-            policy: policy as i32,
-            nodes: nodes
-                .into_iter()
-                .enumerate()
-                .map(|(i, node)| pb::NodeShare {
-                    node,
-                    weight: weights.get(i).copied().unwrap_or(1),
-                })
-                .collect(),
-            stripe,
-            gpu: None,
-        }),
-        name: name.unwrap_or_default(),
-        persistent: true,
-        fabric: pb::Fabric::Tcp as i32,
-        // An operator's allocation has no user: any process may attach it.
-        shared: false,
-    })
+        kind,
+        placement,
+        name.unwrap_or_default(),
+        true,
+        Fabric::Tcp,
+    )
+    .map_err(|e| CliError::Other(e.to_string()))
 }
 
 /// What ocmctl reports on failure: one line, then exit status 1.
@@ -387,18 +403,15 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
             conn,
             json,
         } => {
-            let mut spec = alloc_spec(&size, policy, nodes, &weights, stripe.as_deref(), name)?;
-            if let Some(g) = gpu {
-                spec.kind = pb::MemKind::RemoteGpu as i32;
-                if g != "any" {
-                    let index = g.parse::<u32>().map_err(|_| {
-                        CliError::Other(format!("--gpu: {g:?} is not a device index or `any`"))
-                    })?;
-                    if let Some(p) = spec.placement.as_mut() {
-                        p.gpu = Some(index);
-                    }
-                }
-            }
+            let spec = alloc_spec(
+                &size,
+                policy,
+                nodes,
+                &weights,
+                stripe.as_deref(),
+                name,
+                gpu.as_deref(),
+            )?;
             let a = connect(&conn)?.allocate(spec)?;
             if json {
                 oncilla_bench::report::print_json(&master::alloc_json(&a));

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use liboncilla::Descriptor;
 use oncilla_bench::table::Table;
 use oncilla_cluster::Master;
+use oncilla_model::alloc::{AllocRef, Allocation, Health};
 use oncilla_model::size::HumanBytes;
 use oncilla_proto::pb::{self, NodeState};
 use serde_json::{json, Value};
@@ -14,42 +15,23 @@ use serde_json::{json, Value};
 use crate::CliError;
 
 /// A validated descriptor for the data path.
-pub fn descriptor(master: &Master, alloc: &pb::AllocRef) -> Result<Descriptor, CliError> {
-    let record =
-        oncilla_model::alloc::Allocation::try_from(master.allocation(alloc)?).map_err(|e| {
-            liboncilla::Error::Internal(format!("malformed allocation from the master: {e}"))
-        })?;
-    Ok(Descriptor::from_record(record)?)
+pub fn descriptor(master: &Master, alloc: &AllocRef) -> Result<Descriptor, CliError> {
+    Ok(Descriptor::from_record(master.allocation(alloc)?)?)
 }
 
 /// An allocation named on the command line: digits are an id, anything
 /// else a name (names never consist of digits only).
-pub fn alloc_ref(arg: &str) -> pb::AllocRef {
+pub fn alloc_ref(arg: &str) -> AllocRef {
     match arg.parse::<u64>() {
-        Ok(id) => pb::AllocRef {
-            id,
-            name: String::new(),
-        },
-        Err(_) => pb::AllocRef {
-            id: 0,
-            name: arg.to_string(),
-        },
+        Ok(id) => AllocRef::Id(id),
+        Err(_) => AllocRef::Name(arg.to_string()),
     }
 }
 
-fn fabric(f: i32) -> &'static str {
-    oncilla_proto::convert::fabric(f).map_or("unknown", oncilla_model::Fabric::name)
-}
-
-fn placement(a: &pb::Allocation) -> String {
-    let Some(p) = &a.placement else {
-        return "-".into();
-    };
+fn placement(a: &Allocation) -> String {
+    let p = &a.placement;
     let mut out = if p.nodes.is_empty() {
-        oncilla_proto::convert::policy(p.policy)
-            .unwrap_or_default()
-            .name()
-            .to_string()
+        p.policy.name().to_string()
     } else {
         let nodes: Vec<String> = p
             .nodes
@@ -65,7 +47,7 @@ fn placement(a: &pb::Allocation) -> String {
 }
 
 /// Per node, in order of first appearance: bytes held and extent count.
-fn per_node(a: &pb::Allocation) -> Vec<(&str, u64, usize)> {
+fn per_node(a: &Allocation) -> Vec<(&str, u64, usize)> {
     let mut out: Vec<(&str, u64, usize)> = Vec::new();
     for e in &a.extents {
         match out.iter_mut().find(|(n, _, _)| *n == e.node) {
@@ -79,7 +61,7 @@ fn per_node(a: &pb::Allocation) -> Vec<(&str, u64, usize)> {
     out
 }
 
-fn attached(a: &pb::Allocation) -> String {
+fn attached(a: &Allocation) -> String {
     if a.attached.is_empty() {
         return "-".into();
     }
@@ -99,23 +81,15 @@ fn state(s: i32) -> &'static str {
     }
 }
 
-fn health(h: i32) -> &'static str {
-    match pb::Health::try_from(h) {
-        Ok(pb::Health::Healthy) => "healthy",
-        Ok(pb::Health::Degraded) => "degraded",
-        Ok(pb::Health::Lost) => "lost",
-        Err(_) => "unknown",
+fn health(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "healthy",
+        Health::Degraded => "degraded",
+        Health::Lost => "lost",
     }
 }
 
-fn kind(k: i32) -> &'static str {
-    oncilla_proto::convert::kind(k)
-        .ok()
-        .flatten()
-        .map_or("unknown", oncilla_model::Kind::name)
-}
-
-fn owner(a: &pb::Allocation) -> String {
+fn owner(a: &Allocation) -> String {
     a.owner.as_ref().map_or_else(
         || "persistent".to_string(),
         |o| format!("{} (pid {} {}@{})", o.session_id, o.pid, o.program, o.node),
@@ -326,7 +300,7 @@ pub fn nodes_json(list: &pb::NodeList) -> Value {
 }
 
 /// Allocations as a table.
-pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
+pub fn allocs_table(allocs: &[Allocation]) -> String {
     let mut t = Table::new(&[
         "ID", "NAME", "SIZE", "KIND", "EXTENTS", "OWNER", "ATTACHED", "HEALTH", "AGE",
     ]);
@@ -346,7 +320,7 @@ pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
                 a.name.clone()
             },
             HumanBytes(a.size).to_string(),
-            kind(a.kind).to_string(),
+            a.kind.name().to_string(),
             extents.join(" "),
             owner(a),
             a.attached.len().to_string(),
@@ -358,12 +332,12 @@ pub fn allocs_table(allocs: &[pb::Allocation]) -> String {
 }
 
 /// One allocation as JSON (the access key is never shown).
-pub fn alloc_json(a: &pb::Allocation) -> Value {
+pub fn alloc_json(a: &Allocation) -> Value {
     json!({
         "id": a.id,
         "name": (!a.name.is_empty()).then_some(&a.name),
         "size": a.size,
-        "kind": kind(a.kind),
+        "kind": a.kind.name(),
         "placement": placement(a),
         "persistent": a.owner.is_none(),
         "attached": a.attached.iter().map(|o| json!({
@@ -383,20 +357,20 @@ pub fn alloc_json(a: &pb::Allocation) -> Value {
         "extents": a.extents.iter().map(|e| json!({
             "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,
             "pool_offset": e.pool_offset, "data_addr": e.data_addr,
-            "fabric": fabric(e.fabric), "gpu": e.gpu,
+            "fabric": e.fabric.name(), "gpu": e.gpu,
         })).collect::<Vec<_>>(),
     })
 }
 
 /// One allocation in detail.
-pub fn alloc_detail(a: &pb::Allocation) -> String {
+pub fn alloc_detail(a: &Allocation) -> String {
     let mut out = format!(
         "id:        {}\nname:      {}\nsize:      {} ({} bytes)\nkind:      {}\nplacement: {}\nowner:     {}\nattached:  {}\nage:       {}\nhealth:    {}\n{}\n",
         a.id,
         if a.name.is_empty() { "-" } else { &a.name },
         HumanBytes(a.size),
         a.size,
-        kind(a.kind),
+        a.kind.name(),
         placement(a),
         owner(a),
         attached(a),
@@ -418,7 +392,7 @@ pub fn alloc_detail(a: &pb::Allocation) -> String {
             e.gpu
                 .map_or_else(|| e.pool_offset.to_string(), |g| format!("GPU {g}")),
             e.data_addr.clone(),
-            fabric(e.fabric).to_string(),
+            e.fabric.name().to_string(),
         ]);
     }
     out.push_str(&t.render());

@@ -990,7 +990,7 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
 
 /// Asks agent `i`'s map server, as a raw session of that node, for the
 /// first extent of `a`; the reply's status and message (empty on a grant).
-fn raw_map(c: &Cluster, i: usize, a: &pb::Allocation) -> (wire::Status, String) {
+fn raw_map(c: &Cluster, i: usize, a: &oncilla_model::alloc::Allocation) -> (wire::Status, String) {
     use std::io::Read as _;
     use std::os::unix::net::UnixStream;
     let me = open_raw_on(c, i);
@@ -1063,19 +1063,12 @@ fn small_allocations_nobody_maps_hold_no_descriptor() {
     }
     // Asked anyway, node-1's map server refuses to hand out their memory
     // (its files back other memory too).
-    let id = held[0].id();
-    let wire_alloc = c
-        .master_raw(|mut m| async move {
-            m.get_allocation(pb::GetAllocationRequest {
-                alloc: Some(pb::AllocRef {
-                    id,
-                    name: String::new(),
-                }),
-            })
-            .await
-        })
+    let record = c
+        .master()
+        .unwrap()
+        .allocation(&oncilla_model::alloc::AllocRef::Id(held[0].id()))
         .unwrap();
-    let (status, msg) = raw_map(&c, 1, &wire_alloc);
+    let (status, msg) = raw_map(&c, 1, &record);
     assert_eq!(status, wire::Status::OutOfBounds, "{msg}");
     assert!(
         msg.contains("belongs to a session of another node"),

@@ -16,7 +16,6 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind, Oncilla};
-use oncilla_proto::pb;
 use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
 use support::{tcp_closed, unix_closed, Cluster};
 
@@ -134,13 +133,6 @@ fn raw_allocation(c: &Cluster, size: u64, node: &str) -> (u64, [u8; KEY_LEN], So
     assert_eq!(a.extents.len(), 1, "one extent on {node}");
     let addr = a.extents[0].data_addr.parse().expect("data address");
     (a.id, key, addr)
-}
-
-fn alloc_ref(id: u64) -> pb::AllocRef {
-    pb::AllocRef {
-        id,
-        name: String::new(),
-    }
 }
 
 /// A data connection that completed the handshake with the cluster token.
@@ -439,7 +431,7 @@ fn a_reader_that_never_reads_cannot_pin_freed_memory() {
     std::thread::sleep(Duration::from_millis(500));
     let master = c.master().expect("master");
     master
-        .free(&alloc_ref(id), false)
+        .free(&oncilla_model::alloc::AllocRef::Id(id), false)
         .expect("the owner frees it");
     let freed = Instant::now();
     let big = |size: u64| {

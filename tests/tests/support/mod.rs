@@ -297,21 +297,24 @@ impl Cluster {
     /// A persistent allocation of `size` bytes on `node`, made through the
     /// master with the token (as `ocmctl alloc` makes one): the record,
     /// access key included.
-    pub fn persistent_on(&self, size: u64, node: &str) -> oncilla_proto::pb::Allocation {
-        use oncilla_proto::pb;
-        let spec = pb::AllocSpec {
-            size,
-            kind: pb::MemKind::RemoteHost as i32,
-            placement: Some(pb::Placement {
-                nodes: vec![pb::NodeShare {
-                    node: node.to_string(),
-                    weight: 1,
-                }],
-                ..Default::default()
-            }),
-            persistent: true,
+    pub fn persistent_on(&self, size: u64, node: &str) -> oncilla_model::alloc::Allocation {
+        use oncilla_model::alloc::{AllocSpec, NodeShare, Placement};
+        let placement = Placement {
+            nodes: vec![NodeShare {
+                node: node.to_string(),
+                weight: 1,
+            }],
             ..Default::default()
         };
+        let spec = AllocSpec::new(
+            size,
+            oncilla_model::Kind::RemoteHost,
+            placement,
+            String::new(),
+            true,
+            oncilla_model::Fabric::Auto,
+        )
+        .expect("a valid spec");
         self.master()
             .expect("master")
             .allocate(spec)
