@@ -454,14 +454,19 @@ pub fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
+    // A server that refuses the request may close before it is all
+    // written or read (EPIPE, ECONNRESET: how soon depends on the
+    // machine's load), and may answer bytes that are not text (a TLS
+    // alert): what came back is parsed as it is, code 0 if no answer.
+    let sent = write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    parse_http(&reply)
+    );
+    let mut reply = Vec::new();
+    if sent.is_ok() {
+        let _ = s.read_to_end(&mut reply);
+    }
+    parse_http(&String::from_utf8_lossy(&reply))
 }
 
 /// An HTTP/1.1 reply's status code and body (code 0: no status line).
