@@ -21,10 +21,8 @@ DEBT="
 liboncilla/src/client.rs:pb:7
 liboncilla/src/spec.rs:pb:4
 liboncilla/src/fabric/verbs/engine.rs:pb:2
-ocmctl/src/master.rs:pb:6
-cluster/src/master.rs:pb:8
-cluster/src/launcher.rs:pb:1
-bench/src/probe.rs:pb:4
+cluster/src/master.rs:pb:6
+bench/src/probe.rs:pb:2
 tests/tests/hostile_authority.rs:lines:1377
 tests/tests/hostile_data.rs:lines:852
 oncillad/src/master/tests.rs:lines:822

@@ -155,7 +155,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
     // memory, whatever the default policy would choose.
     let (target, remote_capacity) = nodes
         .iter()
-        .filter_map(|n| n.info.as_ref())
+        .map(|n| &n.info)
         .filter(|i| i.name != ocm.node())
         .map(|i| (i.name.clone(), i.capacity))
         .max_by_key(|(_, capacity)| *capacity)

@@ -293,7 +293,7 @@ fn measure(
         Some(t) => t,
         None => nodes
             .iter()
-            .filter_map(|n| n.info.as_ref())
+            .map(|n| &n.info)
             .filter(|i| i.name != first.node())
             .max_by_key(|i| i.capacity)
             .map(|i| i.name.clone())

@@ -84,7 +84,7 @@ pub fn run(args: &FloodArgs, daemon: &Daemon) -> Result<(), BenchError> {
         let target = master
             .nodes()?
             .into_iter()
-            .filter_map(|n| n.info)
+            .map(|n| n.info)
             .find(|i| i.name == "node-1")
             .ok_or_else(|| BenchError::Failed("node-1 is not listed".into()))?;
         let addr: SocketAddr = target

@@ -3,6 +3,7 @@
 //! clean pool between samples and read agents' CPU time. It reads; it never
 //! changes an agent.
 
+use oncilla_model::node::NodeStatus;
 use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
@@ -24,7 +25,7 @@ pub(crate) struct Probe {
 
 impl Probe {
     pub(crate) fn new(
-        nodes: &[pb::NodeStatus],
+        nodes: &[NodeStatus],
         token: &Token,
         tls: Option<&ClientTls>,
     ) -> Result<Self, BenchError> {
@@ -33,7 +34,7 @@ impl Probe {
             .build()
             .map_err(|e| BenchError::Failed(format!("cannot start runtime: {e}")))?;
         let mut agents = Vec::new();
-        for n in nodes.iter().filter_map(|n| n.info.as_ref()) {
+        for n in nodes.iter().map(|n| &n.info) {
             let _guard = rt.enter();
             agents.push((
                 n.agent_addr.clone(),
@@ -44,11 +45,8 @@ impl Probe {
     }
 
     /// Where `name` is among the agents [`Probe::statuses`] answers for.
-    pub(crate) fn index_of(&self, nodes: &[pb::NodeStatus], name: &str) -> Option<usize> {
-        nodes
-            .iter()
-            .filter_map(|n| n.info.as_ref())
-            .position(|i| i.name == name)
+    pub(crate) fn index_of(&self, nodes: &[NodeStatus], name: &str) -> Option<usize> {
+        nodes.iter().position(|n| n.info.name == name)
     }
 
     /// Every agent's own account of itself.

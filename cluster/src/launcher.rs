@@ -20,9 +20,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use oncilla_model::node::NodeState;
 use oncilla_proto::auth::Token;
 use oncilla_proto::credential::NodeKeys;
-use oncilla_proto::pb::NodeState;
 use oncilla_proto::tls::ClientTls;
 
 use crate::certs;
@@ -323,7 +323,7 @@ impl Handle {
         let before = master
             .nodes()?
             .into_iter()
-            .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
+            .find(|n| n.info.name == name)
             .map(|n| n.incarnation);
         {
             let mut procs = self.shared.procs();
@@ -341,13 +341,11 @@ impl Handle {
         let limit = self.shared.config.start_timeout;
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            let back = master.nodes().ok().and_then(|nodes| {
-                nodes
-                    .into_iter()
-                    .find(|n| n.info.as_ref().is_some_and(|x| x.name == name))
-            });
-            if back
-                .is_some_and(|n| Some(n.incarnation) != before && n.state == NodeState::Up as i32)
+            let back = master
+                .nodes()
+                .ok()
+                .and_then(|nodes| nodes.into_iter().find(|n| n.info.name == name));
+            if back.is_some_and(|n| Some(n.incarnation) != before && n.state == NodeState::Up)
                 && self.socket(i).exists()
             {
                 return Ok(());
@@ -385,7 +383,7 @@ impl Handle {
             let (up, recovering) = master
                 .node_list()
                 .map(|l| {
-                    let up = l.nodes.iter().filter(|s| s.state == NodeState::Up as i32);
+                    let up = l.nodes.iter().filter(|s| s.state == NodeState::Up);
                     (up.count(), l.recovering_ms)
                 })
                 .unwrap_or((0, 1));

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
+use oncilla_model::node::{NodeList, NodeStatus};
 use oncilla_proto::auth::{Token, TokenError};
 use oncilla_proto::client::{self, AddrError, MasterClient};
 use oncilla_proto::convert::WireError;
@@ -22,8 +23,8 @@ pub enum MasterError {
     /// The call failed (unreachable master included); shown as its message.
     #[error("{}", .0.message())]
     Rpc(tonic::Status),
-    /// The master answered an allocation this client cannot read.
-    #[error("the master answered a malformed allocation: {0}")]
+    /// The master answered a record this client cannot read.
+    #[error("the master answered a malformed record: {0}")]
     Malformed(#[from] WireError),
     /// A page of allocations pointed back instead of forward.
     #[error("the master paged allocations out of order: after {after} it named {next} next")]
@@ -159,7 +160,7 @@ impl Master {
     ///
     /// # Errors
     /// The call fails.
-    pub fn nodes(&self) -> Result<Vec<pb::NodeStatus>, MasterError> {
+    pub fn nodes(&self) -> Result<Vec<NodeStatus>, MasterError> {
         self.node_list().map(|r| r.nodes)
     }
 
@@ -167,8 +168,9 @@ impl Master {
     ///
     /// # Errors
     /// The call fails.
-    pub fn node_list(&self) -> Result<pb::NodeList, MasterError> {
-        self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })
+    pub fn node_list(&self) -> Result<NodeList, MasterError> {
+        let list = self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })?;
+        Ok(list.try_into()?)
     }
 
     /// Every allocation in the table, page by page (each page a message of

@@ -106,3 +106,11 @@ pub struct NodeStatus {
     pub state_since_unix_ms: u64,
     pub incarnation: u64,
 }
+
+/// Every node the master knows, and how long a master that just started
+/// still waits for agents to re-register before it changes its table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeList {
+    pub nodes: Vec<NodeStatus>,
+    pub recovering_ms: u64,
+}

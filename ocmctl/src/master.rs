@@ -8,8 +8,8 @@ use liboncilla::Descriptor;
 use oncilla_bench::table::Table;
 use oncilla_cluster::Master;
 use oncilla_model::alloc::{AllocRef, Allocation, Health};
+use oncilla_model::node::{NodeInfo, NodeList, NodeStatus};
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::pb::{self, NodeState};
 use serde_json::{json, Value};
 
 use crate::CliError;
@@ -72,15 +72,6 @@ fn attached(a: &Allocation) -> String {
         .join(", ")
 }
 
-fn state(s: i32) -> &'static str {
-    match NodeState::try_from(s) {
-        Ok(NodeState::Up) => "up",
-        Ok(NodeState::Suspect) => "suspect",
-        Ok(NodeState::Down) => "down",
-        _ => "unknown",
-    }
-}
-
 fn health(h: Health) -> &'static str {
     match h {
         Health::Healthy => "healthy",
@@ -114,7 +105,7 @@ fn age(created_ms: u64) -> String {
 }
 
 /// Nodes as a table, with a line when the master is still recovering.
-pub fn nodes_table(list: &pb::NodeList) -> String {
+pub fn nodes_table(list: &NodeList) -> String {
     let nodes = &list.nodes;
     let mut t = Table::new(&[
         "NAME",
@@ -134,8 +125,8 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
     ]);
     let mut notes = String::new();
     for n in nodes {
-        let info = n.info.clone().unwrap_or_default();
-        let pool = n.pool.unwrap_or_default();
+        let info = n.info.clone();
+        let pool = n.pool;
         let mut pages = HumanBytes(info.page_size).to_string();
         if !info.pool_note.is_empty() {
             pages.push_str(" (fallback)");
@@ -177,7 +168,7 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
             HumanBytes(free).to_string(),
             HumanBytes(pool.largest_free).to_string(),
             pages,
-            state(n.state).to_string(),
+            n.state.name().to_string(),
             age(n.state_since_unix_ms),
             info.fabrics.join(","),
             rdma,
@@ -195,7 +186,7 @@ pub fn nodes_table(list: &pb::NodeList) -> String {
 
 /// A node's GPUs in one cell: `0:NVIDIA H100 80GB HBM3 79.1 GiB/79.6 GiB`
 /// (index, name, free/total), or `-` when it has none.
-fn gpu_cell(info: &pb::NodeInfo) -> String {
+fn gpu_cell(info: &NodeInfo) -> String {
     if info.gpu_devices.is_empty() {
         return "-".into();
     }
@@ -216,7 +207,7 @@ fn gpu_cell(info: &pb::NodeInfo) -> String {
 
 /// A node's RDMA ports in one cell: `mlx5_0:1 IB ACTIVE 4096`, or `-`
 /// when it has none.
-fn rdma_cell(info: &pb::NodeInfo) -> String {
+fn rdma_cell(info: &NodeInfo) -> String {
     if info.rdma.is_empty() {
         return "-".into();
     }
@@ -241,21 +232,21 @@ fn rdma_cell(info: &pb::NodeInfo) -> String {
 
 /// Free bytes of a node: what the master has not placed there, less what
 /// the node is still scrubbing.
-fn free(info: &pb::NodeInfo, n: &pb::NodeStatus) -> u64 {
-    let scrubbing = n.pool.map_or(0, |p| p.scrubbing);
+fn free(info: &NodeInfo, n: &NodeStatus) -> u64 {
+    let scrubbing = n.pool.scrubbing;
     info.capacity
         .saturating_sub(n.used)
         .saturating_sub(scrubbing)
 }
 
 /// Nodes as JSON.
-pub fn nodes_json(list: &pb::NodeList) -> Value {
+pub fn nodes_json(list: &NodeList) -> Value {
     Value::Array(
         list.nodes
             .iter()
             .map(|n| {
-                let info = n.info.clone().unwrap_or_default();
-                let pool = n.pool.unwrap_or_default();
+                let info = &n.info;
+                let pool = n.pool;
                 json!({
                     "name": info.name,
                     "agent_addr": info.agent_addr,
@@ -263,11 +254,11 @@ pub fn nodes_json(list: &pb::NodeList) -> Value {
                     "capacity": info.capacity,
                     "used": n.used,
                     "scrubbing": pool.scrubbing,
-                    "free": free(&info, n),
+                    "free": free(info, n),
                     "largest_free": pool.largest_free,
                     "page_size": info.page_size,
                     "pool_note": (!info.pool_note.is_empty()).then_some(&info.pool_note),
-                    "state": state(n.state),
+                    "state": n.state.name(),
                     "state_since_unix_ms": n.state_since_unix_ms,
                     "incarnation": format!("{:016x}", n.incarnation),
                     "fabrics": info.fabrics,

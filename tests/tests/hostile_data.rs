@@ -45,7 +45,7 @@ fn data_addr(c: &Cluster, name: &str) -> SocketAddr {
     let nodes = c.master().expect("master").nodes().expect("nodes");
     let info = nodes
         .into_iter()
-        .filter_map(|n| n.info)
+        .map(|n| n.info)
         .find(|i| i.name == name)
         .expect("node listed");
     info.data_addr.parse().expect("data address")

@@ -22,7 +22,7 @@ fn agent_addrs(c: &Cluster) -> Vec<String> {
         .nodes()
         .unwrap()
         .into_iter()
-        .filter_map(|n| n.info.map(|i| i.agent_addr))
+        .map(|n| n.info.agent_addr)
         .collect()
 }
 

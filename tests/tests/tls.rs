@@ -39,7 +39,7 @@ fn data_addr(c: &Cluster, name: &str) -> String {
         .nodes()
         .expect("nodes")
         .into_iter()
-        .filter_map(|n| n.info)
+        .map(|n| n.info)
         .find(|i| i.name == name)
         .map(|i| i.data_addr)
         .unwrap_or_else(|| panic!("no node {name}"))

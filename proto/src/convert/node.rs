@@ -1,6 +1,8 @@
 //! Nodes, their pools and states: wire <-> domain.
 
-use oncilla_model::node::{GpuDevice, NodeInfo, NodeState, NodeStatus, PoolUsage, RdmaPort};
+use oncilla_model::node::{
+    GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
+};
 
 use super::WireError;
 use crate::pb;
@@ -146,6 +148,44 @@ pub fn node_state_wire(s: NodeState) -> i32 {
     }) as i32
 }
 
+impl TryFrom<pb::NodeStatus> for NodeStatus {
+    type Error = WireError;
+    fn try_from(n: pb::NodeStatus) -> Result<Self, WireError> {
+        Ok(Self {
+            info: n.info.ok_or(WireError::Missing("node info"))?.into(),
+            used: n.used,
+            state: node_state(n.state)?,
+            last_heartbeat_ms_ago: n.last_heartbeat_ms_ago,
+            pool: n.pool.map(Into::into).unwrap_or_default(),
+            state_since_unix_ms: n.state_since_unix_ms,
+            incarnation: n.incarnation,
+        })
+    }
+}
+
+impl TryFrom<pb::NodeList> for NodeList {
+    type Error = WireError;
+    fn try_from(l: pb::NodeList) -> Result<Self, WireError> {
+        Ok(Self {
+            nodes: l
+                .nodes
+                .into_iter()
+                .map(NodeStatus::try_from)
+                .collect::<Result<_, _>>()?,
+            recovering_ms: l.recovering_ms,
+        })
+    }
+}
+
+impl From<NodeList> for pb::NodeList {
+    fn from(l: NodeList) -> Self {
+        Self {
+            nodes: l.nodes.into_iter().map(Into::into).collect(),
+            recovering_ms: l.recovering_ms,
+        }
+    }
+}
+
 impl From<NodeStatus> for pb::NodeStatus {
     fn from(n: NodeStatus) -> Self {
         Self {
@@ -157,5 +197,48 @@ impl From<NodeStatus> for pb::NodeStatus {
             state_since_unix_ms: n.state_since_unix_ms,
             incarnation: n.incarnation,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_lists_round_trip_and_need_their_info() {
+        let list = NodeList {
+            nodes: vec![NodeStatus {
+                info: NodeInfo {
+                    name: "n1".into(),
+                    capacity: 1 << 30,
+                    rdma: vec![RdmaPort {
+                        device: "rxe0".into(),
+                        port: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                used: 4096,
+                state: NodeState::Suspect,
+                last_heartbeat_ms_ago: 7,
+                pool: PoolUsage {
+                    used: 4096,
+                    scrubbing: 1,
+                    free: 2,
+                    largest_free: 3,
+                },
+                state_since_unix_ms: 9,
+                incarnation: 11,
+            }],
+            recovering_ms: 5,
+        };
+        let wire = pb::NodeList::from(list.clone());
+        assert_eq!(NodeList::try_from(wire.clone()), Ok(list));
+        let mut no_info = wire;
+        no_info.nodes[0].info = None;
+        assert!(matches!(
+            NodeList::try_from(no_info),
+            Err(WireError::Missing("node info"))
+        ));
     }
 }
