@@ -19,7 +19,6 @@ cd "$(dirname "$0")/.."
 # file:rule:count
 DEBT="
 liboncilla/src/client.rs:pb:7
-liboncilla/src/spec.rs:pb:4
 liboncilla/src/fabric/verbs/engine.rs:pb:2
 cluster/src/master.rs:pb:6
 bench/src/probe.rs:pb:2

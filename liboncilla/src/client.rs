@@ -166,7 +166,7 @@ impl Client {
     pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<Record> {
         let req = pb::AllocRequest {
             session_id: self.session_id.clone(),
-            spec: Some(spec.to_wire(self.fabric)),
+            spec: Some(spec.to_model(self.fabric)?.into()),
         };
         self.call(|mut c| {
             let req = req.clone();

@@ -1,11 +1,11 @@
 //! What an application asks for: size, kind, placement, name, lifetime and
-//! fabric. Pure data with builders; turned into the wire request in one
-//! place ([`AllocSpec::to_wire`]). It never talks to the cluster.
+//! fabric. Pure data with builders; checked into the model's request in one
+//! place ([`AllocSpec::to_model`]). It never talks to the cluster.
 
-use oncilla_proto::pb;
-
+use oncilla_model::alloc::{self as model, NodeShare, Placement};
 pub use oncilla_model::{Fabric, Kind, Policy};
-use oncilla_proto::convert;
+
+use crate::error::{Error, Result};
 
 /// What to allocate.
 #[derive(Debug, Clone)]
@@ -116,28 +116,35 @@ impl AllocSpec {
         self
     }
 
-    /// The wire request, with `default_fabric` where none was set.
-    pub(crate) fn to_wire(&self, default_fabric: Fabric) -> pb::AllocSpec {
-        pb::AllocSpec {
-            size: self.size,
-            kind: convert::kind_wire(Some(self.kind)),
-            placement: Some(pb::Placement {
-                policy: convert::policy_wire(self.policy),
-                nodes: self
-                    .nodes
-                    .iter()
-                    .map(|(node, weight)| pb::NodeShare {
-                        node: node.clone(),
-                        weight: *weight,
-                    })
-                    .collect(),
-                stripe: self.stripe,
-                gpu: self.gpu,
-            }),
-            name: self.name.clone().unwrap_or_default(),
-            persistent: self.persistent,
-            shared: self.shared,
-            fabric: convert::fabric_wire(self.fabric.unwrap_or(default_fabric)),
-        }
+    /// The request as the model checks it (`AllocSpec::new`: the size
+    /// limit, names, node lists), with `default_fabric` where none was set.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], in the master's words for the same
+    /// refusal.
+    pub(crate) fn to_model(&self, default_fabric: Fabric) -> Result<model::AllocSpec> {
+        let placement = Placement {
+            policy: self.policy,
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(node, weight)| NodeShare {
+                    node: node.clone(),
+                    weight: *weight,
+                })
+                .collect(),
+            stripe: self.stripe,
+            gpu: self.gpu,
+        };
+        model::AllocSpec::new(
+            self.size,
+            self.kind,
+            placement,
+            self.name.clone().unwrap_or_default(),
+            self.persistent,
+            self.fabric.unwrap_or(default_fabric),
+        )
+        .map(|spec| spec.shared(self.shared))
+        .map_err(|e| Error::InvalidArgument(format!("invalid request: {e}")))
     }
 }
