@@ -286,7 +286,8 @@ fn alloc_spec(
         true,
         Fabric::Tcp,
     )
-    .map_err(|e| CliError::Other(e.to_string()))
+    // In the master's words for the same refusal.
+    .map_err(|e| CliError::Other(format!("invalid request: {e}")))
 }
 
 /// What ocmctl reports on failure: one line, then exit status 1.
