@@ -24,7 +24,6 @@ cluster/src/master.rs:pb:6
 bench/src/probe.rs:pb:2
 tests/tests/hostile_authority.rs:lines:1377
 tests/tests/hostile_data.rs:lines:852
-oncillad/src/master/tests.rs:lines:822
 liboncilla/src/fabric/verbs/engine.rs:lines:808
 "
 
