@@ -148,22 +148,10 @@ fn own_file(
     for (_, p) in &restore {
         p.file.punch(p.file_off, p.len);
     }
-    let mapped = match inner.addr(offset) {
-        // SAFETY: the range is inside a slab, was just taken from the free
-        // list (nothing reads or writes it) and is page-aligned.
-        Some(addr) => unsafe { file.map_at(addr, 0, len) },
-        None => Err(super::file::FileError::Map(nix::Error::EFAULT)),
-    };
-    if let Err(e) = mapped {
-        st.used -= len;
-        st.scrubbing += len;
-        st.dirty.push_back(Refill::Freed {
-            offset,
-            len,
-            parts: Vec::new(),
-            restore,
-        });
-        inner.freed.notify_one();
+    // SAFETY: the range is inside a slab, was just taken from the free
+    // list (nothing reads or writes it) and is page-aligned.
+    if let Err(e) = unsafe { inner.map_file(&file, offset, 0, len) } {
+        inner.requeue(st, offset, len, Vec::new(), restore);
         return Err(PoolError::from_file(e, len));
     }
     file.own();
@@ -263,31 +251,25 @@ fn take_files(inner: &Inner, st: &mut State, offset: u64, len: u64) -> Result<Ca
     let mut mapped = Ok(());
     for (from, n, file) in fresh {
         if mapped.is_ok() {
-            mapped = match inner.addr(from) {
-                // SAFETY: the span is inside a slab, was just taken from the
-                // free list (nothing reads or writes it) and is
-                // page-aligned.
-                Some(addr) => unsafe { file.map_at(addr, 0, n) },
-                None => Err(super::file::FileError::Map(nix::Error::EFAULT)),
-            }
-            .map_err(|e| PoolError::from_file(e, n));
+            // SAFETY: the span is inside a slab, was just taken from the
+            // free list (nothing reads or writes it) and is page-aligned.
+            mapped = unsafe { inner.map_file(&file, from, 0, n) }
+                .map_err(|e| PoolError::from_file(e, n));
         }
         file.own();
         parts.push((from, Part::whole(file)));
     }
     parts.sort_by_key(|(o, _)| *o);
     if let Err(e) = mapped {
-        // Back to the refiller: the runs it took are released, those of
-        // the spans go back to their files, the rest is backed anew.
-        st.used -= len;
-        st.scrubbing += len;
-        st.dirty.push_back(Refill::Freed {
+        // The runs it took are released, those of the spans go back to
+        // their files.
+        inner.requeue(
+            st,
             offset,
             len,
-            parts: parts.into_iter().map(|(_, p)| p).collect(),
+            parts.into_iter().map(|(_, p)| p).collect(),
             restore,
-        });
-        inner.freed.notify_one();
+        );
         return Err(e);
     }
     for (file, _) in &files {

@@ -241,6 +241,49 @@ impl Inner {
         self.slabs.get(index)?.at(offset)
     }
 
+    /// Maps `[file_off, file_off + len)` of `file` at pool offset `at`
+    /// ([`MemFile::map_at`]); an offset outside the slabs is `EFAULT`.
+    ///
+    /// # Safety
+    /// `[at, at + len)` must lie in one slab, page-aligned, and nothing may
+    /// read or write it during the call (a range out of the free list that
+    /// no extent holds).
+    unsafe fn map_file(
+        &self,
+        file: &MemFile,
+        at: u64,
+        file_off: u64,
+        len: u64,
+    ) -> Result<(), FileError> {
+        match self.addr(at) {
+            // SAFETY: the caller's contract is map_at's, at this address.
+            Some(addr) => unsafe { file.map_at(addr, file_off, len) },
+            None => Err(FileError::Map(nix::Error::EFAULT)),
+        }
+    }
+
+    /// Hands a range whose reservation failed after its runs were taken
+    /// to the refiller: `parts` are released, `restore` goes back to its
+    /// files, the rest is backed anew; it counts as on its way back.
+    fn requeue(
+        &self,
+        st: &mut State,
+        offset: u64,
+        len: u64,
+        parts: Vec<Part>,
+        restore: Vec<(u64, Part)>,
+    ) {
+        st.used -= len;
+        st.scrubbing += len;
+        st.dirty.push_back(Refill::Freed {
+            offset,
+            len,
+            parts,
+            restore,
+        });
+        self.freed.notify_one();
+    }
+
     fn ptr(&self, offset: u64) -> *mut u8 {
         self.addr(offset)
             .map_or(std::ptr::null_mut(), std::ptr::NonNull::as_ptr)

@@ -133,12 +133,9 @@ fn put_back(inner: &Inner, offset: u64, len: u64, restore: &[(u64, Part)]) -> Ve
         return whole;
     }
     for (at, p) in restore {
-        let Some(addr) = inner.addr(*at) else {
-            return whole;
-        };
         // SAFETY: the range was retired by the extent that held it and is
         // not in the free list: nothing reads or writes it.
-        if let Err(e) = unsafe { p.file.map_at(addr, p.file_off, p.len) } {
+        if let Err(e) = unsafe { inner.map_file(&p.file, *at, p.file_off, p.len) } {
             tracing::debug!(error = ?e, "cannot put back a range's former backing");
             return whole;
         }

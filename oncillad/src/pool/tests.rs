@@ -16,6 +16,11 @@ fn pool(pages: u64, slab_pages: u64) -> Pool {
     .unwrap()
 }
 
+/// A pool of `files` starting files in one slab, on base pages.
+fn files_pool(files: u64) -> Pool {
+    pool(files * START_FILE / PAGE, SLAB / PAGE)
+}
+
 fn fill(e: &PoolExtent, byte: u8) {
     // SAFETY: the extent is ours and `len` bytes long.
     unsafe { std::ptr::write_bytes(e.ptr(0), byte, e.len() as usize) };
@@ -183,12 +188,7 @@ fn settle(p: &Pool) {
 #[test]
 fn an_extents_files_show_only_that_extent() {
     let mib = 1u64 << 20;
-    let p = Pool::new(PoolSpec {
-        capacity: 2 * START_FILE,
-        huge_pages: HugePages::Off,
-        slab: SLAB,
-    })
-    .unwrap();
+    let p = files_pool(2);
     let small = p.reserve(64 << 10, None, Access::Mapped).unwrap();
     let large = p.reserve(4 * mib, None, Access::Mapped).unwrap();
     assert!(large[0].len() > OWN_FILE_MAX);
@@ -249,12 +249,7 @@ fn an_extents_files_show_only_that_extent() {
 /// and its files back free memory again: no fresh memory is made.
 #[test]
 fn unshared_files_are_zeroed_in_place_and_reused() {
-    let p = Pool::new(PoolSpec {
-        capacity: START_FILE,
-        huge_pages: HugePages::Off,
-        slab: SLAB,
-    })
-    .unwrap();
+    let p = files_pool(1);
     let a = p.reserve(START_FILE, None, Access::Mapped).unwrap();
     let file = Arc::clone(&a[0].parts()[0].file);
     fill(&a[0], 0x33);
@@ -270,12 +265,7 @@ fn unshared_files_are_zeroed_in_place_and_reused() {
 /// the accounting comes back whole once everything is freed.
 #[test]
 fn holes_of_one_file_are_never_shared_between_extents() {
-    let p = Pool::new(PoolSpec {
-        capacity: START_FILE,
-        huge_pages: HugePages::Off,
-        slab: SLAB,
-    })
-    .unwrap();
+    let p = files_pool(1);
     let a = p.reserve(64 << 10, None, Access::Mapped).unwrap();
     let b = p.reserve(64 << 10, None, Access::Mapped).unwrap();
     drop(a);
@@ -375,12 +365,7 @@ fn extents_nobody_maps_borrow_their_files_runs() {
 /// its bytes, and all of it comes back when both are freed.
 #[test]
 fn a_large_extent_beside_a_borrowed_run_leaves_its_file_alone() {
-    let p = Pool::new(PoolSpec {
-        capacity: 2 * START_FILE,
-        huge_pages: HugePages::Off,
-        slab: SLAB,
-    })
-    .unwrap();
+    let p = files_pool(2);
     let lender = Arc::clone(&p.inner.lock().backing.iter().next().unwrap().1.file);
     let small = p
         .reserve(PAGE, Some(1000), Access::Copied)
@@ -425,12 +410,7 @@ fn a_large_extent_beside_a_borrowed_run_leaves_its_file_alone() {
 #[test]
 fn a_new_file_replaces_only_the_lending_files_runs() {
     let mib = 1u64 << 20;
-    let p = Pool::new(PoolSpec {
-        capacity: 2 * START_FILE,
-        huge_pages: HugePages::Off,
-        slab: SLAB,
-    })
-    .unwrap();
+    let p = files_pool(2);
     // [0, 1 MiB) takes the first file; the rest of it is cut off and
     // backed by another file; freed, the first file backs [0, 1 MiB)
     // again.
