@@ -991,10 +991,23 @@ fn small_allocations_cannot_use_up_a_nodes_descriptors() {
 /// Asks agent `i`'s map server, as a raw session of that node, for the
 /// first extent of `a`; the reply's status and message (empty on a grant).
 fn raw_map(c: &Cluster, i: usize, a: &oncilla_model::alloc::Allocation) -> (wire::Status, String) {
+    let (_, status, msg) = map_request(c, i, &open_raw_on(c, i), a);
+    (status, msg)
+}
+
+/// A map connection to agent `i` with `me`'s credential that asked for the
+/// first extent of `a`: the connection (a grant's files and the grant
+/// itself are left unread in it), the reply's status, and its message
+/// (empty on a grant).
+fn map_request(
+    c: &Cluster,
+    i: usize,
+    me: &RawSession,
+    a: &oncilla_model::alloc::Allocation,
+) -> (std::os::unix::net::UnixStream, wire::Status, String) {
     use std::io::Read as _;
-    use std::os::unix::net::UnixStream;
-    let me = open_raw_on(c, i);
-    let mut s = UnixStream::connect(format!("{}.map", c.socket(i).display())).unwrap();
+    let mut s =
+        std::os::unix::net::UnixStream::connect(format!("{}.map", c.socket(i).display())).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     wire::write_hello(&mut s, me.credential.as_bytes()).unwrap();
     let (welcome, msg) = wire::read_welcome(&mut s).unwrap();
@@ -1012,11 +1025,11 @@ fn raw_map(c: &Cluster, i: usize, a: &oncilla_model::alloc::Allocation) -> (wire
     s.read_exact(&mut head).unwrap();
     let reply = wire::Reply::decode(&head).unwrap();
     if reply.status == wire::Status::Ok {
-        return (reply.status, String::new());
+        return (s, reply.status, String::new());
     }
     let mut msg = vec![0u8; usize::try_from(reply.len).unwrap()];
     s.read_exact(&mut msg).unwrap();
-    (reply.status, String::from_utf8(msg).unwrap())
+    (s, reply.status, String::from_utf8(msg).unwrap())
 }
 
 /// Memory nobody may map (a session's on another node than the session's)
@@ -1107,43 +1120,22 @@ fn small_allocations_nobody_maps_hold_no_descriptor() {
 #[test]
 fn one_user_cannot_fill_the_descriptors_in_flight() {
     use std::io::Read as _;
-    use std::os::unix::net::UnixStream;
     let c = Cluster::start(2, "96MiB");
     // The unit's limit is 65,536; 1,024 makes the attack short (a user's
     // share 128 files in flight).
     lower_agent_nofile(&c, 0, 1024);
     let bait = c.persistent_on(32 << 20, "node-0");
-    let key: [u8; wire::KEY_LEN] = bait.access_key.as_slice().try_into().unwrap();
-    let extent = &bait.extents[0];
     let me = open_raw(&c);
-    let map_socket = format!("{}.map", c.socket(0).display());
     let mut held = Vec::new();
     let mut files = 0;
     let mut refusal = None;
     for _ in 0..64 {
-        let mut s = UnixStream::connect(&map_socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        wire::write_hello(&mut s, me.credential.as_bytes()).unwrap();
-        let (welcome, msg) = wire::read_welcome(&mut s).unwrap();
-        assert_eq!(welcome, wire::Welcome::Ok, "{msg}");
-        let req = wire::Request {
-            op: wire::Op::Read,
-            alloc_id: bait.id,
-            key,
-            offset: extent.alloc_offset,
-            len: extent.len,
-        };
-        s.write_all(&req.encode()).unwrap();
         // The reply and grant only: the files ride on later bytes, left
         // unread in the socket.
-        let mut head = [0u8; wire::REPLY_LEN];
-        s.read_exact(&mut head).unwrap();
-        let reply = wire::Reply::decode(&head).unwrap();
-        if reply.status != wire::Status::Ok {
-            assert_eq!(reply.status, wire::Status::Busy);
-            let mut msg = vec![0u8; usize::try_from(reply.len).unwrap()];
-            s.read_exact(&mut msg).unwrap();
-            refusal = Some(String::from_utf8(msg).unwrap());
+        let (mut s, status, msg) = map_request(&c, 0, &me, &bait);
+        if status != wire::Status::Ok {
+            assert_eq!(status, wire::Status::Busy);
+            refusal = Some(msg);
             break;
         }
         let mut grant = [0u8; wire::GRANT_LEN];
