@@ -40,7 +40,8 @@ impl Extent {
     pub fn memory(&self) -> oncilla_model::fabric::Memory {
         let rdma = !self.rdma.is_empty();
         match self.gpu {
-            None => oncilla_model::fabric::Memory::Host { rdma },
+            None if self.mappable => oncilla_model::fabric::Memory::Host { rdma },
+            None => oncilla_model::fabric::Memory::Unmappable { rdma },
             Some(_) => oncilla_model::fabric::Memory::Gpu { rdma },
         }
     }

@@ -38,7 +38,6 @@ pub(crate) enum Hop {
 impl Route {
     /// The route to `extent` for a process on `my_node` (empty: none, so
     /// nothing is mapped) preferring `prefer`, with verbs as `rdma` says.
-    /// An extent nobody may map is reached as from another node.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the preference cannot reach the extent.
@@ -48,15 +47,7 @@ impl Route {
         prefer: Fabric,
         rdma: &Rdma,
     ) -> Result<Self> {
-        let copied_here = !extent.mappable && extent.gpu.is_none() && extent.node == my_node;
-        if copied_here && prefer == Fabric::Shm {
-            return Err(Error::InvalidArgument(format!(
-                "fabric shm maps only persistent allocations and a session's own node's memory; \
-                 this allocation's session is on another node than {my_node}: use auto or tcp"
-            )));
-        }
-        let here = if copied_here { "" } else { my_node };
-        let chosen = choice::choose(&extent.node, extent.memory(), here, prefer, rdma)
+        let chosen = choice::choose(&extent.node, extent.memory(), my_node, prefer, rdma)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         Ok(match chosen {
             Fabric::Shm => Route::Mapped,

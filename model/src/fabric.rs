@@ -65,6 +65,8 @@ impl std::fmt::Display for Fabric {
 pub enum Unreachable {
     #[error("fabric shm reaches only memory on the caller's own node ({mine}); an extent is on {extent}")]
     NotLocal { mine: String, extent: String },
+    #[error("fabric shm maps only persistent allocations and a session's own node's memory; this allocation's session is on another node than {extent}: use auto or tcp")]
+    NotMappable { extent: String },
     #[error("fabric verbs cannot reach {extent}: {why} (use auto to fall back to tcp)")]
     NoRdma { extent: String, why: String },
     #[error("fabric {fabric} cannot reach GPU memory on {extent}: {why} (use auto or tcp)")]
@@ -91,6 +93,10 @@ pub enum Memory {
     /// with its RDMA ports (every allocation on a node with verbs, unless
     /// the HCA refused).
     Host { rdma: bool },
+    /// Host memory no process may map, not even on its node (a session's
+    /// memory on another node than the session's, see
+    /// [`crate::alloc::mappable_on`]): reached as from another node.
+    Unmappable { rdma: bool },
     /// Device memory held by an agent; `rdma` when the agent registered it
     /// with its RDMA ports (GPUDirect RDMA).
     Gpu { rdma: bool },
@@ -106,7 +112,8 @@ const GPU_NOT_REGISTERED: &str = "its agent could not register device memory wit
 
 /// The fabric a process on `my_node` (empty: not on any agent's node) uses
 /// for an extent on `extent_node` holding `memory`, given its preference:
-/// shared memory for its own node's host memory, else RDMA verbs when both
+/// shared memory for its own node's host memory (unless no process may map
+/// it, [`Memory::Unmappable`]), else RDMA verbs when both
 /// ends have it (for device memory: when its agent registered it), else
 /// TCP. Told TCP, always TCP; told shm or verbs, that or an error.
 ///
@@ -141,10 +148,16 @@ pub fn choose(
             why,
         });
     }
-    let same = !my_node.is_empty() && extent_node == my_node;
+    let here = !my_node.is_empty() && extent_node == my_node;
+    let same = here && matches!(memory, Memory::Host { .. });
+    if here && preference == Fabric::Shm && !same {
+        return Err(Unreachable::NotMappable {
+            extent: extent_node.into(),
+        });
+    }
     let unregistered;
     let rdma = match (memory, rdma) {
-        (Memory::Host { rdma: false }, Rdma::Both) => {
+        (Memory::Host { rdma: false } | Memory::Unmappable { rdma: false }, Rdma::Both) => {
             unregistered = Rdma::Unavailable(HOST_NOT_REGISTERED.into());
             &unregistered
         }
@@ -174,6 +187,36 @@ pub fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_nobody_may_map_is_reached_as_from_another_node() {
+        let no = Rdma::Unavailable("no device".into());
+        let copied = Memory::Unmappable { rdma: true };
+        assert_eq!(
+            choose("a", copied, "a", Fabric::Auto, &Rdma::Both),
+            Ok(Fabric::Verbs)
+        );
+        assert_eq!(choose("a", copied, "a", Fabric::Auto, &no), Ok(Fabric::Tcp));
+        assert_eq!(
+            choose("a", copied, "a", Fabric::Shm, &Rdma::Both),
+            Err(Unreachable::NotMappable { extent: "a".into() })
+        );
+        assert!(matches!(
+            choose("b", copied, "a", Fabric::Shm, &no),
+            Err(Unreachable::NotLocal { .. })
+        ));
+        // Unregistered, it is TCP's even where both ends have verbs.
+        assert_eq!(
+            choose(
+                "a",
+                Memory::Unmappable { rdma: false },
+                "a",
+                Fabric::Auto,
+                &Rdma::Both
+            ),
+            Ok(Fabric::Tcp)
+        );
+    }
 
     #[test]
     fn same_node_is_shm_unless_told_tcp() {
