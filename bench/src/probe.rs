@@ -3,12 +3,12 @@
 //! clean pool between samples and read agents' CPU time. It reads; it never
 //! changes an agent.
 
-use oncilla_model::node::NodeStatus;
+use oncilla_model::node::{AgentStatus, NodeStatus};
 use std::time::{Duration, Instant};
 
 use oncilla_proto::auth::Token;
-use oncilla_proto::client::{self, AgentClient};
-use oncilla_proto::pb;
+use oncilla_proto::calls::{self, CallError};
+use oncilla_proto::client;
 use oncilla_proto::tls::ClientTls;
 
 use crate::BenchError;
@@ -19,7 +19,7 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Asks every agent directly what it holds and how much it is still
 /// scrubbing.
 pub(crate) struct Probe {
-    agents: Vec<(String, AgentClient)>,
+    agents: Vec<(String, calls::Agent)>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -38,7 +38,7 @@ impl Probe {
             let _guard = rt.enter();
             agents.push((
                 n.agent_addr.clone(),
-                client::agent(client::lazy(&n.agent_addr, token, tls)?),
+                calls::Agent::new(client::lazy(&n.agent_addr, token, tls)?),
             ));
         }
         Ok(Self { agents, rt })
@@ -50,14 +50,14 @@ impl Probe {
     }
 
     /// Every agent's own account of itself.
-    pub(crate) fn statuses(&self) -> Result<Vec<pb::AgentStatus>, BenchError> {
+    pub(crate) fn statuses(&self) -> Result<Vec<AgentStatus>, BenchError> {
         self.agents
             .iter()
             .map(|(addr, c)| {
-                self.rt
-                    .block_on(c.clone().status(pb::StatusRequest {}))
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| BenchError::Rpc(client::unreachable("agent", addr, s)))
+                self.rt.block_on(c.status()).map_err(|e| match e {
+                    CallError::Rpc(s) => BenchError::Rpc(client::unreachable("agent", addr, s)),
+                    CallError::Malformed(m) => BenchError::Failed(m.to_string()),
+                })
             })
             .collect()
     }
@@ -66,10 +66,7 @@ impl Probe {
     pub(crate) fn settle(&self) -> Result<Duration, BenchError> {
         let started = Instant::now();
         loop {
-            let busy = self
-                .statuses()?
-                .iter()
-                .any(|s| s.pool.is_some_and(|p| p.scrubbing > 0));
+            let busy = self.statuses()?.iter().any(|s| s.pool.scrubbing > 0);
             if !busy {
                 return Ok(started.elapsed());
             }

@@ -376,10 +376,7 @@ fn settle(h: &Handle) -> Result<Leftover, BenchError> {
             allocations: master.allocations()?.len(),
             used: nodes.iter().map(|n| n.used).sum(),
             held_by_agents: agents.iter().map(|s| u64::from(s.allocations)).sum(),
-            in_pools: agents
-                .iter()
-                .map(|s| s.pool.map_or(0, |p| p.scrubbing + p.used))
-                .sum(),
+            in_pools: agents.iter().map(|s| s.pool.scrubbing + s.pool.used).sum(),
         };
         if left.total() == 0 || Instant::now() > deadline {
             return Ok(left);

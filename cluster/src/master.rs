@@ -9,9 +9,8 @@ use std::path::PathBuf;
 use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
 use oncilla_model::node::{NodeList, NodeStatus};
 use oncilla_proto::auth::{Token, TokenError};
-use oncilla_proto::client::{self, AddrError, MasterClient};
-use oncilla_proto::convert::WireError;
-use oncilla_proto::pb;
+use oncilla_proto::calls::{self, CallError};
+use oncilla_proto::client::{self, AddrError};
 use oncilla_proto::tls::{ClientTls, TlsError};
 
 /// Why a call to the master failed.
@@ -24,8 +23,8 @@ pub enum MasterError {
     #[error("{}", .0.message())]
     Rpc(tonic::Status),
     /// The master answered a record this client cannot read.
-    #[error("the master answered a malformed record: {0}")]
-    Malformed(#[from] WireError),
+    #[error(transparent)]
+    Malformed(#[from] calls::Malformed),
     /// A page of allocations pointed back instead of forward.
     #[error("the master paged allocations out of order: after {after} it named {next} next")]
     Paging { after: u64, next: u64 },
@@ -93,7 +92,7 @@ impl Conn {
 pub struct Master {
     addr: String,
     tls: Option<ClientTls>,
-    client: MasterClient,
+    client: calls::Master,
     rt: tokio::runtime::Runtime,
 }
 
@@ -114,7 +113,7 @@ impl Master {
             .map_err(MasterError::Runtime)?;
         let client = {
             let _guard = rt.enter();
-            client::master(client::lazy(addr, token, tls)?)
+            calls::Master::new(client::lazy(addr, token, tls)?)
         };
         Ok(Self {
             addr: addr.to_string(),
@@ -130,13 +129,12 @@ impl Master {
         self.tls.as_ref()
     }
 
-    /// Runs `f` on a fresh client handle; while the master is in its
-    /// recovery window, waits it out (bounded, one line on stderr saying
-    /// why) instead of failing.
-    fn call<T, F, Fut>(&self, mut f: F) -> Result<T, MasterError>
+    /// Runs `f` on the master; while the master is in its recovery
+    /// window, waits it out (bounded, one line on stderr saying why)
+    /// instead of failing.
+    fn call<'a, T, Fut>(&'a self, f: impl Fn(&'a calls::Master) -> Fut) -> Result<T, MasterError>
     where
-        F: FnMut(MasterClient) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
     {
         let waiting = |left: std::time::Duration| {
             eprintln!(
@@ -146,13 +144,13 @@ impl Master {
             );
         };
         self.rt
-            .block_on(client::through_recovery(|| f(self.client.clone()), waiting))
-            .map(tonic::Response::into_inner)
-            .map_err(|s| {
-                MasterError::Rpc(match self.tls {
+            .block_on(client::through_recovery(|| f(&self.client), waiting))
+            .map_err(|e| match e {
+                CallError::Rpc(s) => MasterError::Rpc(match self.tls {
                     Some(_) => client::unreachable("master", &self.addr, s),
                     None => client::unreachable_plain("master", &self.addr, s),
-                })
+                }),
+                CallError::Malformed(m) => MasterError::Malformed(m),
             })
     }
 
@@ -169,8 +167,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn node_list(&self) -> Result<NodeList, MasterError> {
-        let list = self.call(|mut c| async move { c.list_nodes(pb::ListNodesRequest {}).await })?;
-        Ok(list.try_into()?)
+        self.call(calls::Master::list_nodes)
     }
 
     /// Every allocation in the table, page by page (each page a message of
@@ -182,13 +179,8 @@ impl Master {
         let mut all: Vec<Allocation> = Vec::new();
         let mut after = 0;
         loop {
-            let page = self.call(|mut c| async move {
-                c.list_allocations(pb::ListAllocationsRequest { after })
-                    .await
-            })?;
-            for a in page.allocations {
-                all.push(a.try_into()?);
-            }
+            let page = self.call(|m| m.list_allocations(after))?;
+            all.extend(page.allocations);
             match page.next_after {
                 0 => return Ok(all),
                 // Ids only grow, so this ends after at most one call per id.
@@ -203,14 +195,7 @@ impl Master {
     /// # Errors
     /// The call fails (an unknown allocation included).
     pub fn allocation(&self, alloc: &AllocRef) -> Result<Allocation, MasterError> {
-        let req = pb::GetAllocationRequest {
-            alloc: Some(alloc.clone().into()),
-        };
-        let a = self.call(|mut c| {
-            let req = req.clone();
-            async move { c.get_allocation(req).await }
-        })?;
-        Ok(a.try_into()?)
+        self.call(|m| m.get_allocation(alloc))
     }
 
     /// A persistent allocation (it outlives this process).
@@ -218,16 +203,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn allocate(&self, spec: AllocSpec) -> Result<Allocation, MasterError> {
-        let req = pb::AllocateRequest {
-            spec: Some(spec.into()),
-            origin_node: String::new(),
-            requester: None,
-        };
-        let a = self.call(|mut c| {
-            let req = req.clone();
-            async move { c.allocate(req).await }
-        })?;
-        Ok(a.try_into()?)
+        self.call(|m| m.allocate(&spec))
     }
 
     /// Frees an allocation (`force`: even while processes are attached).
@@ -235,17 +211,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn free(&self, alloc: &AllocRef, force: bool) -> Result<(), MasterError> {
-        let req = pb::FreeRequest {
-            requester: None,
-            alloc: Some(alloc.clone().into()),
-            session_id: String::new(),
-            force,
-        };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.free(req).await }
-        })
-        .map(|_| ())
+        self.call(|m| m.free(alloc, force))
     }
 
     /// Every quota and what each user holds.
@@ -253,8 +219,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn quotas(&self) -> Result<oncilla_model::quota::Report, MasterError> {
-        self.call(|mut c| async move { c.list_quotas(pb::ListQuotasRequest {}).await })
-            .map(Into::into)
+        self.call(calls::Master::list_quotas)
     }
 
     /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
@@ -266,8 +231,6 @@ impl Master {
         who: oncilla_model::quota::Subject,
         limits: Option<oncilla_model::quota::Limits>,
     ) -> Result<oncilla_model::quota::Report, MasterError> {
-        let req = oncilla_proto::convert::quota_request(who, limits);
-        self.call(|mut c| async move { c.set_quota(req).await })
-            .map(Into::into)
+        self.call(|m| m.set_quota(who, limits))
     }
 }

@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use oncilla_model::alloc::{AllocRef, Allocation as Record};
-use oncilla_proto::client::{SessionClient, CALL_TIMEOUT};
+use oncilla_proto::calls::{self, CallError};
+use oncilla_proto::client::CALL_TIMEOUT;
 use oncilla_proto::credential::{AttachCredential, Credential, Renewable};
-use oncilla_proto::pb;
 use oncilla_proto::tls::ClientTls;
-use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::error::{Error, Result};
@@ -34,7 +33,7 @@ pub(crate) struct Client {
     pub(crate) credential: Renewable,
     /// The session's fabric preference (`ONCILLA_FABRIC`).
     pub(crate) fabric: Fabric,
-    session: SessionClient,
+    session: calls::Session,
     pub(crate) session_id: String,
     pub(crate) node: String,
     /// Shared with batches running in the background.
@@ -71,15 +70,8 @@ impl Client {
                 .map_or_else(AttachCredential::none, |t| {
                     AttachCredential::new(&Credential::member(t))
                 });
-            let mut client = oncilla_proto::client::session(InterceptedService::new(
-                channel.clone(),
-                present,
-            ));
-            let open = pb::OpenRequest {
-                pid: std::process::id(),
-                program: program_name(),
-            };
-            let mut stream = client.open(open).await.map_err(Error::from)?.into_inner();
+            let client = calls::Session::new(InterceptedService::new(channel.clone(), present));
+            let mut stream = client.open(std::process::id(), program_name()).await?;
             let first = tokio::time::timeout(CALL_TIMEOUT, stream.next())
                 .await
                 .map_err(|_| unreachable("no answer to session open".into()))?
@@ -112,7 +104,7 @@ impl Client {
                 }
             });
             // Every later call acts as this session, and only as it.
-            let session = oncilla_proto::client::session(InterceptedService::new(
+            let session = calls::Session::new(InterceptedService::new(
                 channel,
                 AttachCredential::renewable(&credential),
             ));
@@ -144,10 +136,9 @@ impl Client {
     /// Runs a session call; while the master is in its recovery window
     /// (just started, agents re-registering), waits it out (bounded, one
     /// log line saying why) instead of failing.
-    fn call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    fn call<'a, T, Fut>(&'a self, f: impl Fn(&'a calls::Session) -> Fut) -> Result<T>
     where
-        F: FnMut(SessionClient) -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+        Fut: std::future::Future<Output = std::result::Result<T, CallError>>,
     {
         let waiting = |left: std::time::Duration| {
             tracing::info!(
@@ -155,66 +146,30 @@ impl Client {
                 "the master has just started and waits for agents to re-register: waiting"
             );
         };
-        let reply = self.rt.block_on(oncilla_proto::client::through_recovery(
-            || f(self.session.clone()),
+        Ok(self.rt.block_on(oncilla_proto::client::through_recovery(
+            || f(&self.session),
             waiting,
-        ))?;
-        Ok(reply.into_inner())
+        ))?)
     }
 
     /// Asks the master (through the agent) for an allocation as `spec` says.
     pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<Record> {
-        let req = pb::AllocRequest {
-            session_id: self.session_id.clone(),
-            spec: Some(spec.to_model(self.fabric)?.into()),
-        };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.alloc(req).await }
-        })
-        .and_then(record)
+        let spec = spec.to_model(self.fabric)?;
+        self.call(|s| s.alloc(&self.session_id, &spec))
     }
 
     /// Attaches a persistent allocation by id or name.
     pub(crate) fn attach(&self, alloc: AllocRef) -> Result<Record> {
-        let req = pb::AttachRequest {
-            session_id: self.session_id.clone(),
-            alloc: Some(alloc.into()),
-        };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.attach(req).await }
-        })
-        .and_then(record)
+        self.call(|s| s.attach(&self.session_id, &alloc))
     }
 
     pub(crate) fn free_id(&self, id: u64, force: bool) -> Result<()> {
-        let req = pb::FreeRequest {
-            alloc: Some(pb::AllocRef {
-                id,
-                name: String::new(),
-            }),
-            session_id: self.session_id.clone(),
-            force,
-            requester: None,
-        };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.free(req).await }
-        })
-        .map(|_| ())
+        let alloc = AllocRef::Id(id);
+        self.call(|s| s.free(&self.session_id, &alloc, force))
     }
 
     pub(crate) fn detach_id(&self, id: u64) -> Result<()> {
-        let req = pb::DetachRequest {
-            session_id: self.session_id.clone(),
-            id,
-        };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.detach(req).await }
-        })
-        .map(|_| ())
+        self.call(|s| s.detach(&self.session_id, id))
     }
 }
 
@@ -227,10 +182,4 @@ fn program_name() -> String {
         .and_then(Path::file_name)
         .map(|n| oncilla_model::alloc::program_name(&n.to_string_lossy()))
         .unwrap_or_default()
-}
-
-/// The cluster's record of an allocation, from its agent's answer.
-fn record(wire: pb::Allocation) -> Result<Record> {
-    Record::try_from(wire)
-        .map_err(|e| Error::Internal(format!("malformed allocation from the agent: {e}")))
 }

@@ -119,6 +119,15 @@ impl From<tonic::Status> for Error {
     }
 }
 
+impl From<oncilla_proto::calls::CallError> for Error {
+    fn from(e: oncilla_proto::calls::CallError) -> Self {
+        match e {
+            oncilla_proto::calls::CallError::Rpc(s) => s.into(),
+            oncilla_proto::calls::CallError::Malformed(m) => Self::Internal(m.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use oncilla_proto::status::{with_reason, Reason};

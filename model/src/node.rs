@@ -114,3 +114,18 @@ pub struct NodeList {
     pub nodes: Vec<NodeStatus>,
     pub recovering_ms: u64,
 }
+
+/// An agent's own account of itself (`Agent.Status`): what it offers, its
+/// pool, what it holds and the CPU time it has used.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AgentStatus {
+    pub node: NodeInfo,
+    pub pool: PoolUsage,
+    pub allocations: u32,
+    pub sessions: u32,
+    /// Local processes holding a mapping of memory held here.
+    pub mappings: u32,
+    pub incarnation: u64,
+    /// CPU time the agent process has used (user + system), nanoseconds.
+    pub cpu_ns: u64,
+}

@@ -8,6 +8,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::Token;
+use crate::calls::CallError;
 use crate::credential::{AttachCredential, Credential};
 use crate::pb;
 use crate::tls::ClientTls;
@@ -35,24 +36,24 @@ const RECOVERY_POLL: Duration = Duration::from_millis(20);
 pub async fn through_recovery<T, F, Fut>(
     mut call: F,
     mut waiting: impl FnMut(Duration),
-) -> Result<T, tonic::Status>
+) -> Result<T, CallError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    Fut: std::future::Future<Output = Result<T, CallError>>,
 {
     let until = tokio::time::Instant::now() + RECOVERY_WAIT;
     let mut told = false;
     loop {
-        let status = match call().await {
-            Err(s) => s,
+        let failed = match call().await {
+            Err(e) => e,
             ok => return ok,
         };
-        let Some(after) = crate::status::retry_after(&status) else {
-            return Err(status);
+        let Some(after) = failed.status().and_then(crate::status::retry_after) else {
+            return Err(failed);
         };
         let now = tokio::time::Instant::now();
         if now >= until {
-            return Err(status);
+            return Err(failed);
         }
         let pause = after.max(RECOVERY_POLL).min(until - now);
         if !told {

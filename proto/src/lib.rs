@@ -3,8 +3,9 @@
 //!
 //! This crate owns the gRPC schema (generated from `oncilla.proto` at build
 //! time with a pure-Rust compiler), `convert` (the one place a protobuf
-//! message becomes a domain value of `oncilla_model`), typed status details
-//! (`status`), dialing a gRPC peer (`client`), the binary TCP data protocol
+//! message becomes a domain value of `oncilla_model`), the services called
+//! in domain values (`calls`), typed status details (`status`), dialing a
+//! gRPC peer (`client`), the binary TCP data protocol
 //! with the blocking socket calls and dialing both of its ends share
 //! (`wire`), TLS on the cluster's listeners and the data tunnel (`tls`),
 //! the cluster token and private key files (`auth`), node and session
@@ -15,6 +16,7 @@
 //! and moving bytes through a socket.
 
 pub mod auth;
+pub mod calls;
 pub mod client;
 pub mod convert;
 pub mod credential;

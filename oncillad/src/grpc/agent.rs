@@ -101,15 +101,18 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::AgentStatus>, Status> {
         members_only(&req, "an agent's status")?;
-        Ok(Response::new(pb::AgentStatus {
-            node: Some(self.agent.info().into()),
-            pool: Some(self.agent.usage().into()),
-            allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
-            sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
-            mappings: u32::try_from(self.agent.leases().len()).unwrap_or(u32::MAX),
-            incarnation: self.agent.incarnation(),
-            cpu_ns: crate::agent::cpu::process_cpu_ns(),
-        }))
+        Ok(Response::new(
+            oncilla_model::node::AgentStatus {
+                node: self.agent.info(),
+                pool: self.agent.usage(),
+                allocations: u32::try_from(self.agent.allocations()).unwrap_or(u32::MAX),
+                sessions: u32::try_from(self.agent.sessions()).unwrap_or(u32::MAX),
+                mappings: u32::try_from(self.agent.leases().len()).unwrap_or(u32::MAX),
+                incarnation: self.agent.incarnation(),
+                cpu_ns: crate::agent::cpu::process_cpu_ns(),
+            }
+            .into(),
+        ))
     }
 
     type ConnectVerbsStream = ConnectVerbsStream;

@@ -25,6 +25,8 @@ pub enum WireError {
     Missing(&'static str),
     #[error(transparent)]
     Invalid(#[from] oncilla_model::alloc::Invalid),
+    #[error("queue-pair endpoint: {0}")]
+    Endpoint(#[from] rdma::EndpointError),
 }
 
 /// A wire enum value as its generated type, or [`WireError::UnknownEnum`].

@@ -1,7 +1,7 @@
 //! Nodes, their pools and states: wire <-> domain.
 
 use oncilla_model::node::{
-    GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
+    AgentStatus, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
 };
 
 use super::WireError;
@@ -123,6 +123,41 @@ impl From<PoolUsage> for pb::PoolUsage {
     }
 }
 
+impl TryFrom<pb::AgentStatus> for AgentStatus {
+    type Error = WireError;
+    fn try_from(s: pb::AgentStatus) -> Result<Self, WireError> {
+        Ok(Self {
+            node: s
+                .node
+                .ok_or(WireError::Missing("agent's node info"))?
+                .into(),
+            pool: s
+                .pool
+                .ok_or(WireError::Missing("agent's pool usage"))?
+                .into(),
+            allocations: s.allocations,
+            sessions: s.sessions,
+            mappings: s.mappings,
+            incarnation: s.incarnation,
+            cpu_ns: s.cpu_ns,
+        })
+    }
+}
+
+impl From<AgentStatus> for pb::AgentStatus {
+    fn from(s: AgentStatus) -> Self {
+        Self {
+            node: Some(s.node.into()),
+            pool: Some(s.pool.into()),
+            allocations: s.allocations,
+            sessions: s.sessions,
+            mappings: s.mappings,
+            incarnation: s.incarnation,
+            cpu_ns: s.cpu_ns,
+        }
+    }
+}
+
 /// The node state a wire integer names.
 ///
 /// # Errors
@@ -203,6 +238,42 @@ impl From<NodeStatus> for pb::NodeStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_statuses_round_trip_and_need_their_node_and_pool() {
+        let status = AgentStatus {
+            node: NodeInfo {
+                name: "node-0".into(),
+                ..NodeInfo::default()
+            },
+            pool: PoolUsage {
+                used: 1,
+                scrubbing: 2,
+                free: 3,
+                largest_free: 3,
+            },
+            allocations: 4,
+            sessions: 5,
+            mappings: 6,
+            incarnation: 7,
+            cpu_ns: 8,
+        };
+        let wire = pb::AgentStatus::from(status.clone());
+        assert_eq!(AgentStatus::try_from(wire.clone()), Ok(status));
+        let no_pool = pb::AgentStatus {
+            pool: None,
+            ..wire.clone()
+        };
+        assert_eq!(
+            AgentStatus::try_from(no_pool),
+            Err(WireError::Missing("agent's pool usage"))
+        );
+        let no_node = pb::AgentStatus { node: None, ..wire };
+        assert_eq!(
+            AgentStatus::try_from(no_node),
+            Err(WireError::Missing("agent's node info"))
+        );
+    }
 
     #[test]
     fn node_lists_round_trip_and_need_their_info() {

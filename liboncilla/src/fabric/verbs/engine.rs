@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use oncilla_proto::calls::{self, CallError};
 use oncilla_proto::credential::Renewable;
-use oncilla_proto::pb;
 use oncilla_proto::tls::ClientTls;
 use oncilla_rdma::verbs::{Device, Mr, Qp};
 use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
@@ -448,10 +448,6 @@ impl VerbsFabric {
                 device.port.label()
             ))
         })?;
-        let req = pb::ConnectVerbsRequest {
-            client: Some(pb::QpEndpoint::from(&qp.endpoint())),
-            port_index: u32::try_from(dev).unwrap_or(0),
-        };
         let rt = self
             .rt
             .as_ref()
@@ -465,62 +461,57 @@ impl VerbsFabric {
             self.tls.as_ref(),
         )
         .map_err(|e| unreachable(e.to_string()))?;
-        let mut client = oncilla_proto::client::agent(channel);
-        let (mut stream, reply) = rt
+        let client = calls::Agent::new(channel);
+        let port_index = u32::try_from(dev).unwrap_or(0);
+        let reply = rt
             .block_on(async {
-                tokio::time::timeout(CONNECT_TIMEOUT, async {
-                    let mut stream = client.connect_verbs(req).await?.into_inner();
-                    let first = stream.message().await?;
-                    Ok::<_, tonic::Status>((stream, first))
-                })
+                tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    client.connect_verbs(&qp.endpoint(), port_index),
+                )
                 .await
                 .unwrap_or_else(|_| {
                     Err(tonic::Status::deadline_exceeded(format!(
                         "no answer in {CONNECT_TIMEOUT:?}"
-                    )))
+                    ))
+                    .into())
                 })
             })
-            .map_err(|s| {
-                if s.code() != tonic::Code::FailedPrecondition {
-                    return unreachable(format!("ConnectVerbs: {}", s.message()));
+            .map_err(|e| match e {
+                CallError::Rpc(s) if s.code() == tonic::Code::FailedPrecondition => {
+                    // The agent answers but has no verbs (any more): the
+                    // next copy goes over TCP.
+                    self.refuse(node, s.message());
+                    tracing::info!(node, "verbs unavailable: {}; using tcp", s.message());
+                    Error::Fabric {
+                        node: node.to_string(),
+                        addr: agent_addr.to_string(),
+                        reason: format!("ConnectVerbs: {}", s.message()),
+                    }
                 }
-                // The agent answers but has no verbs (any more): the next
-                // copy goes over TCP.
-                self.refuse(node, s.message());
-                tracing::info!(node, "verbs unavailable: {}; using tcp", s.message());
-                Error::Fabric {
-                    node: node.to_string(),
-                    addr: agent_addr.to_string(),
-                    reason: format!("ConnectVerbs: {}", s.message()),
-                }
+                e => unreachable(format!("ConnectVerbs: {e}")),
             })?;
-        let reply =
-            reply.ok_or_else(|| unreachable("ConnectVerbs: the agent closed the stream".into()))?;
-        let agent = reply
-            .agent
-            .as_ref()
-            .ok_or_else(|| unreachable("ConnectVerbs: no agent endpoint".into()))
-            .and_then(|e| {
-                rdma::qp::Endpoint::try_from(e).map_err(|e| unreachable(e.to_string()))
-            })?;
-        qp.connect(&agent).map_err(|e| unreachable(e.to_string()))?;
+        qp.connect(&reply.agent)
+            .map_err(|e| unreachable(e.to_string()))?;
         // The stream stays open while the pair lives: it ends when we drop
         // `close`, or when the agent goes away, which clears `alive`.
         let alive = Arc::new(AtomicBool::new(true));
         let (close, closed) = tokio::sync::oneshot::channel::<()>();
         let watch = Arc::clone(&alive);
+        let (device_name, port, incarnation) =
+            (reply.device.clone(), reply.port, reply.incarnation);
         rt.spawn(async move {
             tokio::select! {
                 _ = closed => {}
-                _ = async { while let Ok(Some(_)) = stream.message().await {} } => {}
+                () = reply.ended() => {}
             }
             watch.store(false, Ordering::Release);
         });
-        tracing::info!(node, device = %device.port.label(), remote = %format!("{}:{}", reply.device, reply.port), "verbs queue pair connected");
+        tracing::info!(node, device = %device.port.label(), remote = %format!("{device_name}:{port}"), "verbs queue pair connected");
         Ok(Conn {
             qp,
-            port: (reply.device, reply.port),
-            incarnation: reply.incarnation,
+            port: (device_name, port),
+            incarnation,
             alive,
             _close: close,
             last_use: Instant::now(),

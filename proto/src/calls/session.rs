@@ -1,0 +1,128 @@
+//! The `Session` service an application calls on its node's agent, over
+//! the agent's Unix socket: opening the session and its allocations.
+
+use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
+
+use super::{read, CallError};
+use crate::client::{self, AuthChannel, SessionClient};
+use crate::pb;
+
+/// A session service, called in domain values. Cheap to clone.
+#[derive(Clone)]
+pub struct Session(SessionClient);
+
+const PEER: &str = "agent";
+
+/// One event of an open session: the first names it and hands over its
+/// credential (and the cluster CA where the cluster speaks TLS); later ones
+/// bring fresh credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionEvent {
+    pub session_id: String,
+    pub node: String,
+    /// The session's credential; empty when this event brings none.
+    pub credential: String,
+    /// The cluster CA (PEM); empty: the cluster speaks plain TCP.
+    pub tls_ca: Vec<u8>,
+}
+
+/// An open session's events. The session lasts while this is held: its
+/// end is how the agent learns that the application is gone.
+pub struct SessionEvents(tonic::Streaming<pb::SessionEvent>);
+
+impl SessionEvents {
+    /// The next event; `None` once the agent closed the stream.
+    ///
+    /// # Errors
+    /// The stream broke.
+    pub async fn next(&mut self) -> Option<Result<SessionEvent, tonic::Status>> {
+        self.0.message().await.transpose().map(|e| {
+            e.map(|e| SessionEvent {
+                session_id: e.session_id,
+                node: e.node,
+                credential: e.credential,
+                tls_ca: e.tls_ca,
+            })
+        })
+    }
+}
+
+impl Session {
+    /// The agent's session service at the other end of `channel`.
+    pub fn new(channel: AuthChannel) -> Self {
+        Self(client::session(channel))
+    }
+
+    /// Opens a session for process `pid` running `program`.
+    ///
+    /// # Errors
+    /// [`CallError`] (a wrong token included).
+    pub async fn open(&self, pid: u32, program: String) -> Result<SessionEvents, CallError> {
+        let open = pb::OpenRequest { pid, program };
+        Ok(SessionEvents(self.0.clone().open(open).await?.into_inner()))
+    }
+
+    /// An allocation for session `session_id` as `spec` says.
+    ///
+    /// # Errors
+    /// [`CallError`].
+    pub async fn alloc(&self, session_id: &str, spec: &AllocSpec) -> Result<Allocation, CallError> {
+        let req = pb::AllocRequest {
+            session_id: session_id.to_string(),
+            spec: Some(spec.clone().into()),
+        };
+        let a = self.0.clone().alloc(req).await?;
+        read(PEER, "allocation", a.into_inner())
+    }
+
+    /// Attaches a persistent allocation (by id or name) to the session.
+    ///
+    /// # Errors
+    /// [`CallError`].
+    pub async fn attach(
+        &self,
+        session_id: &str,
+        alloc: &AllocRef,
+    ) -> Result<Allocation, CallError> {
+        let req = pb::AttachRequest {
+            session_id: session_id.to_string(),
+            alloc: Some(alloc.clone().into()),
+        };
+        let a = self.0.clone().attach(req).await?;
+        read(PEER, "allocation", a.into_inner())
+    }
+
+    /// Frees allocation `alloc` of the session (`force`: even while other
+    /// processes are attached).
+    ///
+    /// # Errors
+    /// [`CallError`].
+    pub async fn free(
+        &self,
+        session_id: &str,
+        alloc: &AllocRef,
+        force: bool,
+    ) -> Result<(), CallError> {
+        let req = pb::FreeRequest {
+            alloc: Some(alloc.clone().into()),
+            session_id: session_id.to_string(),
+            force,
+            requester: None,
+        };
+        self.0.clone().free(req).await?;
+        Ok(())
+    }
+
+    /// Detaches allocation `id` from the session.
+    ///
+    /// # Errors
+    /// [`CallError`].
+    pub async fn detach(&self, session_id: &str, id: u64) -> Result<(), CallError> {
+        let req = pb::DetachRequest {
+            session_id: session_id.to_string(),
+            id,
+        };
+        self.0.clone().detach(req).await?;
+        Ok(())
+    }
+}
