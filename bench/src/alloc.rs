@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
-use oncilla_proto::auth::Token;
-use oncilla_proto::tls::ClientTls;
+use oncilla_net::auth::Token;
+use oncilla_net::tls::ClientTls;
 use serde_json::json;
 
 use crate::probe::Probe;

@@ -2,7 +2,7 @@
 //! never decides whether a measurement is good.
 
 use oncilla_cluster::{ClusterError, MasterError};
-use oncilla_proto::auth::TokenError;
+use oncilla_net::auth::TokenError;
 use oncilla_proto::client::AddrError;
 
 /// A benchmark's failure.

@@ -157,7 +157,7 @@ fn open_to_others(socket: &Path) -> Result<(), BenchError> {
     if let Some(dir) = socket.parent() {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(fail)?;
     }
-    let map = oncilla_proto::map_socket(socket);
+    let map = oncilla_net::map_socket(socket);
     for p in [socket, map.as_path()] {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).map_err(fail)?;
     }

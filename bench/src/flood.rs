@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind, Oncilla, Options};
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
 use serde_json::json;
 
 use crate::report::{pattern, pct};
@@ -341,7 +341,7 @@ impl Flood {
 fn flood(addr: SocketAddr, idle: usize, drip: usize, stop: &AtomicBool, open: &AtomicUsize) {
     let mut hello = Vec::new();
     // A hello with a wrong secret, sent one byte at a time.
-    let _ = oncilla_proto::wire::write_hello(&mut hello, b"not-the-secret");
+    let _ = oncilla_net::wire::write_hello(&mut hello, b"not-the-secret");
     let mut slots: Vec<(Option<TcpStream>, bool, usize)> = (0..idle)
         .map(|_| (None, false, 0))
         .chain((0..drip).map(|_| (None, true, 0)))

@@ -6,10 +6,10 @@
 use oncilla_model::node::{AgentStatus, NodeStatus};
 use std::time::{Duration, Instant};
 
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
+use oncilla_net::tls::ClientTls;
 use oncilla_proto::calls::{self, CallError};
 use oncilla_proto::client;
-use oncilla_proto::tls::ClientTls;
 
 use crate::BenchError;
 

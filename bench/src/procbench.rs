@@ -55,7 +55,7 @@ pub struct WorkerArgs {
 /// # Errors
 /// The session, the allocation or a copy fails, or the parent goes away.
 pub fn worker(args: &WorkerArgs) -> Result<(), BenchError> {
-    let token = oncilla_proto::auth::Token::new(&args.token)?;
+    let token = oncilla_net::auth::Token::new(&args.token)?;
     let mut opts = Options::new(args.socket.clone(), token).streams(1);
     opts.fabric = liboncilla::Fabric::parse(&args.fabric)?;
     let ocm = Oncilla::connect_with(opts)?;

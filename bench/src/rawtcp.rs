@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use oncilla_proto::wire::sock::{self, RecvBuf};
+use oncilla_net::wire::sock::{self, RecvBuf};
 
 use crate::pages::SharedPages;
 

@@ -5,7 +5,7 @@
 //! the path and renamed onto it, so a symlink or a file someone planted at
 //! the path is replaced, never followed or written into.
 //!
-//! It only makes files; what trusts them is `oncilla_proto::tls`. A CA's
+//! It only makes files; what trusts them is `oncilla_net::tls`. A CA's
 //! key never leaves the directory it was made in; operators who have their
 //! own PKI use it instead and skip these commands.
 
@@ -53,18 +53,18 @@ pub struct CertFiles {
 /// Writes `bytes` to `path`, readable and writable by its owner only.
 ///
 /// # Errors
-/// As [`oncilla_proto::auth::write_new`].
+/// As [`oncilla_net::auth::write_new`].
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
-    oncilla_proto::auth::write_new(path, bytes, 0o600)
+    oncilla_net::auth::write_new(path, bytes, 0o600)
 }
 
 /// Writes `bytes` to `path`, writable by its owner only, readable by all
 /// (certificates).
 ///
 /// # Errors
-/// As [`oncilla_proto::auth::write_new`].
+/// As [`oncilla_net::auth::write_new`].
 pub fn write_public(path: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
-    oncilla_proto::auth::write_new(path, bytes, 0o644)
+    oncilla_net::auth::write_new(path, bytes, 0o644)
 }
 
 /// Makes directory `dir` (and its parents) where it is missing, the ones
@@ -204,7 +204,7 @@ pub fn make_cert(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oncilla_proto::tls::{tunnel, ClientTls, ServerTls};
+    use oncilla_net::tls::{tunnel, ClientTls, ServerTls};
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::sync::Arc;

@@ -20,7 +20,7 @@ pub enum ClusterError {
     #[error(transparent)]
     Certs(#[from] crate::certs::CertError),
     #[error(transparent)]
-    Tls(#[from] oncilla_proto::tls::TlsError),
+    Tls(#[from] oncilla_net::tls::TlsError),
     /// This program's own path is unknown (to re-execute it as a daemon).
     #[error("cannot find own executable: {0}")]
     OwnExe(#[source] std::io::Error),

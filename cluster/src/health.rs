@@ -3,8 +3,8 @@
 //! needs no credential; it says only SERVING or NOT_SERVING per name
 //! (`""` for the whole daemon, `oncilla.v1.Master`, `oncilla.v1.Agent`).
 
+use oncilla_net::tls::ClientTls;
 use oncilla_proto::client;
-use oncilla_proto::tls::ClientTls;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

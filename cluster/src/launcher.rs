@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use oncilla_model::node::NodeState;
-use oncilla_proto::auth::Token;
-use oncilla_proto::credential::NodeKeys;
-use oncilla_proto::tls::ClientTls;
+use oncilla_net::auth::Token;
+use oncilla_net::credential::NodeKeys;
+use oncilla_net::tls::ClientTls;
 
 use crate::certs;
 use crate::config::{Config, Daemon, Stop};

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
 use oncilla_model::node::{NodeList, NodeStatus};
-use oncilla_proto::auth::{Token, TokenError};
+use oncilla_net::auth::{Token, TokenError};
+use oncilla_net::tls::{ClientTls, TlsError};
 use oncilla_proto::calls::{self, CallError};
 use oncilla_proto::client::{self, AddrError};
-use oncilla_proto::tls::{ClientTls, TlsError};
 
 /// Why a call to the master failed.
 #[derive(Debug, thiserror::Error)]

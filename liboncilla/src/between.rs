@@ -16,7 +16,7 @@
 //! route says so ([`Hop::Mapped`]). Overlapping ranges of one allocation
 //! are refused: segments run in parallel, so no order could be promised.
 
-use oncilla_proto::wire::{Source, MAX_ADDR};
+use oncilla_net::wire::{Source, MAX_ADDR};
 
 use crate::allocation::Allocation;
 use crate::descriptor::Extent;

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use oncilla_model::alloc::{AllocRef, Allocation as Record};
+use oncilla_net::credential::{AttachCredential, Credential, Renewable};
+use oncilla_net::tls::ClientTls;
 use oncilla_proto::calls::{self, CallError};
 use oncilla_proto::client::CALL_TIMEOUT;
-use oncilla_proto::credential::{AttachCredential, Credential, Renewable};
-use oncilla_proto::tls::ClientTls;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::error::{Error, Result};

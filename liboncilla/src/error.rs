@@ -1,7 +1,7 @@
 //! The library's one error type. Messages from the cluster are complete
 //! sentences ("not enough capacity for 1.0 GiB: ..."), shown verbatim.
 
-use oncilla_proto::auth::TokenError;
+use oncilla_net::auth::TokenError;
 
 /// Everything that can go wrong in liboncilla.
 #[derive(Debug, thiserror::Error)]

@@ -64,6 +64,10 @@ pub use batch::{Batch, Pending};
 pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};
 pub use fabric::{streams_for, STREAM_MIN};
+/// The cluster token and CA an [`Operator`] and [`Options`] take: re-exported
+/// so applications need no other crate of the workspace.
+pub use oncilla_net::auth::{Token, TokenError};
+pub use oncilla_net::tls::ClientTls;
 pub use operator::Operator;
 pub use options::{OptionError, Options, RdmaOptions, DEFAULT_STREAMS, STAGING_DEFAULT};
 pub use session::Oncilla;

@@ -8,9 +8,9 @@
 //! its access key) already. It never frees anything.
 
 use oncilla_model::Fabric;
-use oncilla_proto::auth::Token;
-use oncilla_proto::credential::{Credential, Renewable};
-use oncilla_proto::tls::ClientTls;
+use oncilla_net::auth::Token;
+use oncilla_net::credential::{Credential, Renewable};
+use oncilla_net::tls::ClientTls;
 
 use crate::descriptor::Descriptor;
 use crate::error::Result;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use oncilla_model::Fabric;
-use oncilla_proto::auth::{Token, TokenError};
+use oncilla_net::auth::{Token, TokenError};
 
 use crate::affinity::Affinity;
 use crate::error::{Error, Result};
@@ -109,10 +109,8 @@ impl Options {
     /// [`Error::Token`] when no token is configured;
     /// [`Error::InvalidArgument`] for an unknown fabric or a bad stream count.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let socket = var("ONCILLA_SOCKET").map_or_else(
-            || PathBuf::from(oncilla_proto::DEFAULT_SOCKET),
-            PathBuf::from,
-        );
+        let socket = var("ONCILLA_SOCKET")
+            .map_or_else(|| PathBuf::from(oncilla_net::DEFAULT_SOCKET), PathBuf::from);
         let fabric = match var("ONCILLA_FABRIC") {
             Some(v) => Fabric::parse(&v)
                 .map_err(|e| Error::InvalidArgument(format!("ONCILLA_FABRIC: {e}")))?,
@@ -265,7 +263,7 @@ mod tests {
     #[test]
     fn defaults_need_nothing_and_a_token_is_optional() {
         let o = Options::from_vars(vars(&[("ONCILLA_TOKEN", "t0k")])).unwrap();
-        assert_eq!(o.socket, PathBuf::from(oncilla_proto::DEFAULT_SOCKET));
+        assert_eq!(o.socket, PathBuf::from(oncilla_net::DEFAULT_SOCKET));
         assert_eq!(o.token.as_ref().map(Token::as_str), Some("t0k"));
         assert_eq!(o.fabric, Fabric::Auto);
         assert_eq!(o.streams, DEFAULT_STREAMS);

@@ -10,7 +10,7 @@ use std::time::Instant;
 use liboncilla::Operator;
 use oncilla_model::alloc::AllocRef;
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
 
 use crate::CliError;
 use oncilla_cluster::Master;

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
 
 use oncilla_bench::report::{gib_per_s, pattern};
 use oncilla_bench::table::Table;

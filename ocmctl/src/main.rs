@@ -21,7 +21,7 @@ use oncilla_cluster::{certs, ClusterError, Conn, Daemon, Master, MasterError};
 use oncilla_model::alloc::{AllocSpec, NodeShare, Placement};
 use oncilla_model::size::parse_size;
 use oncilla_model::{Fabric, Kind, Policy};
-use oncilla_proto::auth::TokenError;
+use oncilla_net::auth::TokenError;
 
 /// Inspect and drive an Oncilla cluster.
 #[derive(Debug, Parser)]
@@ -336,7 +336,7 @@ fn write_node_keys(name: &str, out: Option<&std::path::Path>, conn: &Conn) -> Re
             oncilla_model::echo::echo(name)
         )));
     }
-    let text = oncilla_proto::credential::NodeKeys::derive(&conn.token()?, name).to_text();
+    let text = oncilla_net::credential::NodeKeys::derive(&conn.token()?, name).to_text();
     let Some(path) = out else {
         print!("{text}");
         return Ok(());

@@ -11,9 +11,9 @@ use oncilla_model::quota::Quotas;
 use oncilla_model::size::{parse_size, SizeError};
 use std::sync::Arc;
 
-use oncilla_proto::auth::{Token, TokenError};
-use oncilla_proto::credential::{KeysError, NodeKeys};
-use oncilla_proto::tls::{ClientTls, ServerTls, TlsError};
+use oncilla_net::auth::{Token, TokenError};
+use oncilla_net::credential::{KeysError, NodeKeys};
+use oncilla_net::tls::{ClientTls, ServerTls, TlsError};
 use serde::Deserialize;
 
 use crate::master::Liveness;
@@ -351,7 +351,7 @@ impl Config {
                     socket: cli
                         .socket
                         .or(file.socket)
-                        .unwrap_or_else(|| PathBuf::from(oncilla_proto::DEFAULT_SOCKET)),
+                        .unwrap_or_else(|| PathBuf::from(oncilla_net::DEFAULT_SOCKET)),
                     capacity: parse_size(&capacity)?,
                     huge_pages: cli.hugepages.or(file.hugepages).unwrap_or_default(),
                     pull_rate: match cli.pull_rate.or(file.pull_rate) {
@@ -422,7 +422,7 @@ impl Config {
                     (Some(token), _) => token.matches(t.as_bytes()),
                     (None, Some(keys)) => matches!(
                         keys.authenticate(t.as_bytes()),
-                        Some(oncilla_proto::credential::Principal::Member)
+                        Some(oncilla_net::credential::Principal::Member)
                     ),
                     (None, None) => false,
                 };

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use oncilla_model::size::HumanBytes;
-use oncilla_proto::credential::{Authenticate, Keyring};
+use oncilla_net::credential::{Authenticate, Keyring};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tonic::transport::Server;
@@ -311,7 +311,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             })
             .map_err(|source| bind_error("data", data_addr, source))?;
 
-        let map_path = oncilla_proto::map_socket(&agent_cfg.socket);
+        let map_path = oncilla_net::map_socket(&agent_cfg.socket);
         let map_listener = bind_unix(&map_path)?
             .into_std()
             .map_err(|e| DaemonError::Socket {
@@ -414,7 +414,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .await;
     if let Some((path, task)) = unix {
         let _ = task.await;
-        for p in [oncilla_proto::map_socket(&path), path] {
+        for p in [oncilla_net::map_socket(&path), path] {
             if let Err(e) = std::fs::remove_file(&p) {
                 tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
             }

@@ -158,7 +158,7 @@ impl QuotaStore for QuotaFile {
         let text = format!(
             "# Oncilla quotas: `ocmctl quota set` writes this file; the master reads it at start.\n{text}"
         );
-        oncilla_proto::auth::write_new(&self.path, text.as_bytes(), 0o600)
+        oncilla_net::auth::write_new(&self.path, text.as_bytes(), 0o600)
             .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::auth::Token;
 use crate::calls::CallError;
-use crate::credential::{AttachCredential, Credential};
 use crate::pb;
-use crate::tls::ClientTls;
+use oncilla_net::auth::Token;
+use oncilla_net::credential::{AttachCredential, Credential};
+use oncilla_net::tls::ClientTls;
 
 /// Time allowed to establish a connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -1,29 +1,19 @@
-//! Wire formats shared by every Oncilla component, and how a peer on them
-//! is authenticated.
+//! The gRPC schema shared by every Oncilla component, in the model's
+//! vocabulary at its edges.
 //!
-//! This crate owns the gRPC schema (generated from `oncilla.proto` at build
+//! This crate owns the schema (generated from `oncilla.proto` at build
 //! time with a pure-Rust compiler), `convert` (the one place a protobuf
 //! message becomes a domain value of `oncilla_model`), the services called
-//! in domain values (`calls`), typed status details (`status`), dialing a
-//! gRPC peer (`client`), the binary TCP data protocol
-//! with the blocking socket calls and dialing both of its ends share
-//! (`wire`), TLS on the cluster's listeners and the data tunnel (`tls`),
-//! the cluster token and private key files (`auth`), node and session
-//! credentials and who presented one (`credential`), and the place a gRPC
-//! connection holds until its first admitted call (`proven`). It must never
-//! contain placement, pool or fabric-choice logic (the model and the
-//! daemon hold those), and no I/O beyond encoding, decoding, authenticating
-//! and moving bytes through a socket.
+//! in domain values (`calls`), typed status details (`status`) and dialing
+//! a gRPC peer (`client`). The data protocol, sockets, TLS and credentials
+//! are `oncilla-net`'s. It must never contain placement, pool or
+//! fabric-choice logic (the model and the daemon hold those), and no I/O
+//! beyond encoding, decoding and making a call.
 
-pub mod auth;
 pub mod calls;
 pub mod client;
 pub mod convert;
-pub mod credential;
-pub mod proven;
 pub mod status;
-pub mod tls;
-pub mod wire;
 
 /// Generated protobuf messages and gRPC clients and servers.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -42,15 +32,3 @@ pub mod health {
 
 /// Default TCP port of the master's gRPC endpoint.
 pub const DEFAULT_MASTER_PORT: u16 = 7070;
-/// Default Unix socket of the local agent.
-pub const DEFAULT_SOCKET: &str = "/run/oncilla/agent.sock";
-/// Page size used to align extents.
-pub const PAGE: u64 = oncilla_model::PAGE;
-
-/// The agent's same-node mapping socket, next to its session socket
-/// (`agent.sock` → `agent.sock.map`).
-pub fn map_socket(session_socket: &std::path::Path) -> std::path::PathBuf {
-    let mut s = session_socket.as_os_str().to_owned();
-    s.push(".map");
-    s.into()
-}

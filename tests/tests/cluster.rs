@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use liboncilla::Operator;
 use liboncilla::{AllocSpec, Error, Fabric, Kind, Oncilla, Options};
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
 use support::Cluster;
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {

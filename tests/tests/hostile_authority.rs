@@ -13,8 +13,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use liboncilla::{AllocSpec, Fabric, Kind, Oncilla, Options};
-use oncilla_proto::credential::{AttachCredential, Credential, NodeKeys};
-use oncilla_proto::{client, pb, wire};
+use oncilla_net::credential::{AttachCredential, Credential, NodeKeys};
+use oncilla_net::wire;
+use oncilla_proto::{client, pb};
 use support::Cluster;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
@@ -1283,7 +1284,7 @@ fn one_users_pulls_are_paced_and_bounded() {
 /// connections it opened there.
 #[test]
 fn a_credential_stops_working_when_its_session_ends() {
-    use oncilla_proto::credential::{unix_now, CLOCK_SKEW};
+    use oncilla_net::credential::{unix_now, CLOCK_SKEW};
     use std::io::Read as _;
     let c = Cluster::start_env(2, "32MiB", &[("ONCILLA_CREDENTIAL_LIFETIME", "3")]);
     // Renewed: calls and copies go on past three lifetimes.

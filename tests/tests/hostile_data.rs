@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind, Oncilla};
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
+use oncilla_net::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
 use support::{tcp_closed, unix_closed, Cluster};
 
 /// The agent's whole-handshake deadline (`fabric::tcp::HANDSHAKE_DEADLINE`).
@@ -498,7 +498,7 @@ fn a_reader_that_never_reads_cannot_pin_freed_memory() {
 fn idle_map_socket_connections_keep_threads_bounded() {
     let n = hostile_budget(2000);
     let c = Cluster::start(1, "16MiB");
-    let map = oncilla_proto::map_socket(&c.socket(0));
+    let map = oncilla_net::map_socket(&c.socket(0));
     let baseline = threads(&c, 0);
     let mut hostile = Vec::with_capacity(n);
     for _ in 0..n {

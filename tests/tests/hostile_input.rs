@@ -549,8 +549,8 @@ fn open_session_named(
     rt: &tokio::runtime::Runtime,
     program: String,
 ) -> Result<tonic::Streaming<pb::SessionEvent>, (tonic::Code, String)> {
+    use oncilla_net::credential::AttachCredential;
     use oncilla_proto::client;
-    use oncilla_proto::credential::AttachCredential;
     use tonic::service::interceptor::InterceptedService;
     let socket = c.socket(0);
     rt.block_on(async {

@@ -307,8 +307,8 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
 /// with `bearer`: the status code and the body (0: no HTTP answer).
 fn https_get(addr: &str, ca: &Path, bearer: &str) -> (u16, String) {
     use std::io::Read as _;
-    let tls = oncilla_proto::tls::ClientTls::load(ca).unwrap();
-    let host = oncilla_proto::tls::host_of(addr).to_string();
+    let tls = oncilla_net::tls::ClientTls::load(ca).unwrap();
+    let host = oncilla_net::tls::host_of(addr).to_string();
     let name = rustls::pki_types::ServerName::try_from(host).unwrap();
     let conn = rustls::ClientConnection::new(std::sync::Arc::clone(tls.data()), name).unwrap();
     let sock = std::net::TcpStream::connect(addr).unwrap();

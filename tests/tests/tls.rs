@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind};
-use oncilla_proto::tls::tunnel;
-use oncilla_proto::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
+use oncilla_net::tls::tunnel;
+use oncilla_net::wire::{self, Op, Reply, Request, Status, Welcome, KEY_LEN, REPLY_LEN};
 use support::Cluster;
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {

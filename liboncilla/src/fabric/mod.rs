@@ -15,9 +15,9 @@ pub(crate) mod verbs;
 use std::io::{Read, Write};
 
 use oncilla_model::fabric::Rdma;
-use oncilla_proto::credential::{Credential, Renewable};
-use oncilla_proto::tls::ClientTls;
-use oncilla_proto::wire::{dial, Op, Request};
+use oncilla_net::credential::{Credential, Renewable};
+use oncilla_net::tls::ClientTls;
+use oncilla_net::wire::{dial, Op, Request};
 
 use crate::descriptor::{Descriptor, Extent};
 use crate::error::{Error, Result};
@@ -474,7 +474,7 @@ pub(crate) fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()>
 }
 
 /// The client half of the handshake every agent socket starts with
-/// ([`oncilla_proto::wire::dial::greet`]), as this crate's error: `fail`
+/// ([`oncilla_net::wire::dial::greet`]), as this crate's error: `fail`
 /// turns a transport problem into the caller's.
 ///
 /// # Errors

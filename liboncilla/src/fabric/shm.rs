@@ -24,8 +24,8 @@ use std::time::Duration;
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use oncilla_cuda::hostreg::PinCache;
-use oncilla_proto::credential::Credential;
-use oncilla_proto::wire::{
+use oncilla_net::credential::Credential;
+use oncilla_net::wire::{
     self, MapFile, MapGrant, Op, Reply, Request, Status, GRANT_LEN, KEY_LEN, MAP_FILE_LEN,
     REPLY_LEN,
 };
@@ -95,7 +95,7 @@ impl Mapping {
         extents: &[&Extent],
         pins: &Arc<PinCache>,
     ) -> Result<Self> {
-        let path = oncilla_proto::map_socket(socket);
+        let path = oncilla_net::map_socket(socket);
         let fail = |reason: String| Error::AgentUnreachable {
             path: path.display().to_string(),
             reason,
@@ -307,7 +307,7 @@ fn receive_grant(stream: &mut UnixStream, fail: &impl Fn(String) -> Error) -> Re
     let grant = MapGrant::decode(&body);
     let page = grant.page;
     if !page.is_power_of_two()
-        || page < oncilla_proto::PAGE
+        || page < oncilla_model::PAGE
         || !grant.map_len.is_multiple_of(page)
         || grant.files == 0
         || grant.files > grant.map_len / page

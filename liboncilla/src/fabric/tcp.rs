@@ -7,7 +7,7 @@
 //! connection's own receive buffer in one `recv`, a large one straight into
 //! the caller's memory, and a write's header and payload leave in one
 //! `sendmsg`. Where the cluster's data ports speak TLS, each connection
-//! is the plaintext end of a TLS tunnel (`oncilla_proto::tls::tunnel`),
+//! is the plaintext end of a TLS tunnel (`oncilla_net::tls::tunnel`),
 //! used exactly as a plain socket.
 
 use std::collections::HashMap;
@@ -15,11 +15,11 @@ use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use oncilla_proto::credential::Renewable;
-use oncilla_proto::tls::tunnel::DataStream;
-use oncilla_proto::tls::ClientTls;
-use oncilla_proto::wire::sock::{self, RecvBuf};
-use oncilla_proto::wire::{self, dial, Reply, Request, Source, Status, REPLY_LEN};
+use oncilla_net::credential::Renewable;
+use oncilla_net::tls::tunnel::DataStream;
+use oncilla_net::tls::ClientTls;
+use oncilla_net::wire::sock::{self, RecvBuf};
+use oncilla_net::wire::{self, dial, Reply, Request, Source, Status, REPLY_LEN};
 
 use crate::error::{Error, Result};
 
@@ -165,7 +165,7 @@ impl TcpFabric {
     /// one whose credential expired is dropped: its agent closes it (idle)
     /// or cuts it (after a grace), and the renewed credential dials anew.
     fn take(&self, peer: &Peer<'_>) -> Result<(Conn, bool)> {
-        let now = oncilla_proto::credential::unix_now();
+        let now = oncilla_net::credential::unix_now();
         let mut idle = self.lock();
         if let Some(list) = idle.get_mut(peer.addr) {
             list.retain(|c| c.expires.is_none_or(|at| at > now));
@@ -201,7 +201,7 @@ impl TcpFabric {
         Ok(Conn {
             stream,
             recv: RecvBuf::new(RECV_CAP),
-            expires: oncilla_proto::credential::session_expiry(credential.as_bytes()),
+            expires: oncilla_net::credential::session_expiry(credential.as_bytes()),
         })
     }
 

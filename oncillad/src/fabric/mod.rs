@@ -16,8 +16,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::credential::{Keyring, Principal};
-use oncilla_proto::wire::{self, Request, Status, Welcome};
+use oncilla_net::credential::{Keyring, Principal};
+use oncilla_net::wire::{self, Request, Status, Welcome};
 
 use crate::listen::ended::{Ended, Registered};
 use crate::memory::held::{Held, HeldTable};
@@ -132,7 +132,7 @@ impl Timed for TcpStream {
     }
 }
 
-impl Timed for oncilla_proto::tls::DataStream {
+impl Timed for oncilla_net::tls::DataStream {
     fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(t)
     }
@@ -242,8 +242,8 @@ pub(crate) fn authorize(table: &HeldTable, req: &Request) -> Result<Authorized, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oncilla_proto::auth::Token;
-    use oncilla_proto::credential::{Credential, NodeKeys};
+    use oncilla_net::auth::Token;
+    use oncilla_net::credential::{Credential, NodeKeys};
 
     fn token() -> Token {
         Token::new("0123456789abcdef0123456789abcdef").unwrap()
@@ -302,7 +302,7 @@ mod tests {
         assert_eq!(code, Welcome::Ok);
         // A session's credential opens a data connection; a node's never
         // does (not even this node's: nodes copy nothing).
-        let until = oncilla_proto::credential::unix_now() + 60;
+        let until = oncilla_net::credential::unix_now() + 60;
         let session = Credential::session(&token(), "n1-00ff00ff00ff00ff", until);
         let (got, code, _) = answer(&hello(wire::VERSION, session.as_bytes()));
         assert!(matches!(got, Ok(Some(((), _)))));

@@ -14,13 +14,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncilla_proto::tls::tunnel::DataStream;
-use oncilla_proto::tls::ClientTls;
-use oncilla_proto::wire::dial::{self, DialError};
-use oncilla_proto::wire::sock::{self, Deadline, RecvBuf, Shared};
-use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REPLY_LEN};
+use oncilla_net::tls::tunnel::DataStream;
+use oncilla_net::tls::ClientTls;
+use oncilla_net::wire::dial::{self, DialError};
+use oncilla_net::wire::sock::{self, Deadline, RecvBuf, Shared};
+use oncilla_net::wire::{self, Op, Reply, Request, Source, Status, REPLY_LEN};
 
-use oncilla_proto::credential::{NodeKeys, Principal, CONNECTION_GRACE};
+use oncilla_net::credential::{NodeKeys, Principal, CONNECTION_GRACE};
 
 use super::pace::Pace;
 use crate::peers::Peers;

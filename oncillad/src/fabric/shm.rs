@@ -36,9 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use oncilla_proto::wire::{
-    self, MapFile, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN,
-};
+use oncilla_net::wire::{self, MapFile, MapGrant, Reply, Request, Status, GRANT_LEN, REQUEST_LEN};
 
 use super::flight::{self, Flight};
 use super::{Admission, Within};

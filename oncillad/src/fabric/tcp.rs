@@ -44,10 +44,10 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_proto::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE};
-use oncilla_proto::tls::tunnel::{self, DataStream};
-use oncilla_proto::wire::sock::{self, RecvBuf, Shared};
-use oncilla_proto::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
+use oncilla_net::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE};
+use oncilla_net::tls::tunnel::{self, DataStream};
+use oncilla_net::wire::sock::{self, RecvBuf, Shared};
+use oncilla_net::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
 
 use oncilla_cuda::DeviceMem;
 
@@ -84,7 +84,7 @@ pub const STALL_DEADLINE: Duration = Duration::from_secs(10);
 /// The slowest a request's bytes may move once they start: every request
 /// gets a whole deadline of [`STALL_DEADLINE`] plus its length at this
 /// rate (see [`sock::Deadline::for_transfer`]).
-pub use oncilla_proto::wire::sock::MIN_RATE;
+pub use oncilla_net::wire::sock::MIN_RATE;
 
 /// When a request of `len` bytes must be over (see [`MIN_RATE`]).
 fn deadline(len: usize) -> sock::Deadline {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use oncilla_proto::credential::{self, Authenticate, Principal};
+use oncilla_net::credential::{self, Authenticate, Principal};
 use oncilla_proto::pb::agent_server::AgentServer;
 use oncilla_proto::pb::{self, agent_server};
 use tonic::service::interceptor::InterceptedService;
@@ -122,8 +122,8 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ConnectVerbsRequest>,
     ) -> Result<Response<ConnectVerbsStream>, Status> {
-        if let Some(oncilla_proto::credential::Principal::Session(id)) =
-            oncilla_proto::credential::principal(&req)
+        if let Some(oncilla_net::credential::Principal::Session(id)) =
+            oncilla_net::credential::principal(&req)
         {
             if self.agent.ended_here().has_ended(id) {
                 return Err(Status::permission_denied(

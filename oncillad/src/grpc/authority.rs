@@ -9,7 +9,7 @@
 use oncilla_model::alloc::{is_session_of, Owner};
 use oncilla_model::cluster::{AllocateRequest, Heartbeat, Registration};
 use oncilla_model::echo::echo;
-use oncilla_proto::credential::{principal, Principal};
+use oncilla_net::credential::{principal, Principal};
 use tonic::{Request, Status};
 
 /// Who made a call: an operator (any node, any session) or one node.

@@ -9,11 +9,11 @@ use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Registered, Registration, Reservation, Reserved,
 };
 use oncilla_model::node::PoolUsage;
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
+use oncilla_net::credential::Credential;
+use oncilla_net::tls::ClientTls;
 use oncilla_proto::client::{self, AgentClient, MasterClient};
-use oncilla_proto::credential::Credential;
 use oncilla_proto::pb;
-use oncilla_proto::tls::ClientTls;
 use tonic::Status;
 
 use super::status::link_error;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use oncilla_model::alloc::{AllocSpec, Owner};
 use oncilla_model::cluster::{AllocateRequest, Registration};
+use oncilla_net::credential::Authenticate;
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
-use oncilla_proto::credential::Authenticate;
 use oncilla_proto::pb::master_server::MasterServer;
 use oncilla_proto::pb::{self, master_server};
 use tonic::service::interceptor::InterceptedService;

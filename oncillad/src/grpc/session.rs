@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use oncilla_proto::credential::{self, Authenticate, Principal};
+use oncilla_net::credential::{self, Authenticate, Principal};
 use oncilla_proto::pb::session_server::SessionServer;
 use oncilla_proto::pb::{self, session_server};
 use tokio::sync::mpsc;
@@ -22,7 +22,7 @@ pub struct SessionService {
     agent: Arc<Agent>,
     master: MasterLink,
     /// Makes each session's credential.
-    keys: std::sync::Arc<oncilla_proto::credential::NodeKeys>,
+    keys: std::sync::Arc<oncilla_net::credential::NodeKeys>,
     /// The cluster CA (PEM) sessions trust on TCP listeners; empty: plain TCP.
     tls_ca: Vec<u8>,
 }
@@ -31,8 +31,8 @@ impl SessionService {
     pub fn new(
         agent: Arc<Agent>,
         master: MasterLink,
-        keys: std::sync::Arc<oncilla_proto::credential::NodeKeys>,
-        tls: Option<&oncilla_proto::tls::ClientTls>,
+        keys: std::sync::Arc<oncilla_net::credential::NodeKeys>,
+        tls: Option<&oncilla_net::tls::ClientTls>,
     ) -> Self {
         Self {
             agent,
@@ -100,7 +100,7 @@ impl session_server::Session for SessionService {
         // and user are trusted over what the request claims.
         let peer = req
             .extensions()
-            .get::<oncilla_proto::proven::Conn<tonic::transport::server::UdsConnectInfo>>()
+            .get::<oncilla_net::proven::Conn<tonic::transport::server::UdsConnectInfo>>()
             .and_then(|c| c.info.peer_cred);
         let r = req.into_inner();
         // Kept with every allocation the session owns and sent in each

@@ -46,7 +46,7 @@ impl Ended {
     /// `lifetime` may still be presented (its lifetime and the clock skew
     /// allowed past it).
     pub fn for_credentials(lifetime: Duration) -> Arc<Self> {
-        Self::new(lifetime + oncilla_proto::credential::CLOCK_SKEW)
+        Self::new(lifetime + oncilla_net::credential::CLOCK_SKEW)
     }
 
     /// Remembers ended sessions for `keep`.

@@ -26,7 +26,7 @@ use std::net::IpAddr;
 use std::os::fd::AsFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use oncilla_proto::proven::{Conn, Unproven};
+use oncilla_net::proven::{Conn, Unproven};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;

@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncilla_proto::wire::Status;
+use oncilla_net::wire::Status;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntGaugeVec, Registry};
 
 use crate::listen::{Pending, Seats};

@@ -352,7 +352,7 @@ mod tests {
         let m = Metrics::new();
         m.data.read.served(4096);
         m.data.read.took(std::time::Duration::from_micros(30));
-        m.data.refused(oncilla_proto::wire::Status::OutOfBounds);
+        m.data.refused(oncilla_net::wire::Status::OutOfBounds);
         let text = String::from_utf8(m.render()).unwrap();
         assert!(
             text.contains("oncilla_data_requests_total{fabric=\"tcp\",op=\"read\"} 1"),

@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use oncilla_model::secret::ct_eq;
-use oncilla_proto::auth::Token;
+use oncilla_net::auth::Token;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 

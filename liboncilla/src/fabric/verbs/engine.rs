@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use oncilla_net::credential::Renewable;
+use oncilla_net::tls::ClientTls;
 use oncilla_proto::calls::{self, CallError};
-use oncilla_proto::credential::Renewable;
-use oncilla_proto::tls::ClientTls;
 use oncilla_rdma::verbs::{Device, Mr, Qp};
 use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
 

@@ -26,8 +26,8 @@ use engine::VerbsFabric;
 use std::sync::Arc;
 
 use oncilla_model::fabric::Rdma;
-use oncilla_proto::credential::Renewable;
-use oncilla_proto::tls::ClientTls;
+use oncilla_net::credential::Renewable;
+use oncilla_net::tls::ClientTls;
 
 use crate::error::{Error, Result};
 use crate::fabric::tcp::IoBuf;

@@ -6,9 +6,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use oncilla_proto::auth::{Token, MAX_TOKEN_LEN};
-use oncilla_proto::credential::{Credential, Keyring, NodeKeys, Principal};
-use oncilla_proto::wire::{self, MapFile, MapGrant, Reply, Request, Welcome, WireError};
+use oncilla_net::auth::{Token, MAX_TOKEN_LEN};
+use oncilla_net::credential::{Credential, Keyring, NodeKeys, Principal};
+use oncilla_net::wire::{self, MapFile, MapGrant, Reply, Request, Welcome, WireError};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
