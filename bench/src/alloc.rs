@@ -18,9 +18,10 @@ use serde_json::json;
 
 use crate::probe::Probe;
 use crate::report::{pct, sizes_or};
-use crate::table::Table;
 use crate::BenchError;
-use oncilla_cluster::{node_name, Daemon, Master, MasterError};
+use oncilla_cluster::{node_name, Daemon};
+use oncilla_ops::Table;
+use oncilla_ops::{Master, MasterError};
 
 /// Sizes measured unless `--size` is given.
 const SIZES: [u64; 6] = [64, 4 << 10, 1 << 20, 64 << 20, 1 << 30, 4 << 30];
@@ -58,7 +59,7 @@ pub struct AllocArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     #[command(flatten)]
-    conn: oncilla_cluster::Conn,
+    conn: oncilla_ops::Conn,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -201,7 +202,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         rows.push(row);
     }
     if json {
-        crate::report::print_json(&json!({
+        oncilla_ops::json::print(&json!({
             "iterations": iterations,
             "rows": rows.iter().map(|r| json!({
                 "size": r.size,

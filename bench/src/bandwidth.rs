@@ -10,9 +10,9 @@ use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 
 use crate::report::{gib_per_s, pct};
-use crate::table::Table;
 use crate::BenchError;
 use oncilla_cluster::Daemon;
+use oncilla_ops::Table;
 
 /// Options of `ocmctl bench placement`.
 #[derive(Debug, clap::Args)]

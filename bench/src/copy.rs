@@ -17,9 +17,10 @@ use serde::Serialize;
 use crate::probe::Probe;
 use crate::rawtcp::{self, RawClient};
 use crate::report::{pct, sizes_or};
-use crate::table::Table;
 use crate::BenchError;
-use oncilla_cluster::{Daemon, Master};
+use oncilla_cluster::Daemon;
+use oncilla_ops::Master;
+use oncilla_ops::Table;
 
 /// Sizes measured unless `--size` is given.
 const SIZES: [u64; 8] = [
@@ -88,7 +89,7 @@ pub struct CopyArgs {
     #[arg(long, conflicts_with = "socket")]
     metrics: bool,
     #[command(flatten)]
-    conn: oncilla_cluster::Conn,
+    conn: oncilla_ops::Conn,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -425,7 +426,7 @@ fn measure(
         batch,
     };
     if plan.json {
-        crate::report::print_json(
+        oncilla_ops::json::print(
             &serde_json::to_value(&report).map_err(|e| BenchError::Failed(e.to_string()))?,
         );
     } else {

@@ -1,8 +1,9 @@
 //! What a benchmark reports on failure, by kind. It owns the messages; it
 //! never decides whether a measurement is good.
 
-use oncilla_cluster::{ClusterError, MasterError};
+use oncilla_cluster::ClusterError;
 use oncilla_net::auth::TokenError;
+use oncilla_ops::MasterError;
 use oncilla_proto::client::AddrError;
 
 /// A benchmark's failure.

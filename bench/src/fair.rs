@@ -23,9 +23,9 @@ use liboncilla::{AllocSpec, Allocation, Kind, Oncilla, Options};
 use serde_json::json;
 
 use crate::report::{pattern, pct};
-use crate::table::Table;
 use crate::BenchError;
 use oncilla_cluster::Daemon;
+use oncilla_ops::Table;
 
 /// Memory of each of the two agents.
 const CAPACITY: u64 = 256 << 20;
@@ -255,7 +255,7 @@ fn print(rows: &[Row], quota: &str, as_other: bool, greedy: Option<&str>, json: 
                 })
             })
             .collect();
-        crate::report::print_json(&json!({
+        oncilla_ops::json::print(&json!({
             "quota": quota,
             "greedy_user": if as_other { "another user" } else { "this user" },
             "greedy": greedy,

@@ -19,9 +19,9 @@ use oncilla_net::auth::Token;
 use serde_json::json;
 
 use crate::report::{pattern, pct};
-use crate::table::Table;
 use crate::BenchError;
 use oncilla_cluster::Daemon;
+use oncilla_ops::Table;
 
 /// Sizes of the normal copies measured.
 const SIZES: [u64; 2] = [4 << 10, 1 << 20];
@@ -250,7 +250,7 @@ fn print(rows: &[Row], json: bool) {
                 })
             })
             .collect();
-        crate::report::print_json(&serde_json::Value::Array(v));
+        oncilla_ops::json::print(&serde_json::Value::Array(v));
         return;
     }
     let mut t = Table::new(&["HOSTILE", "OPEN", "COPY", "P50 us", "P99 us", "FAILED"]);

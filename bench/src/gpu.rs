@@ -18,9 +18,10 @@ use oncilla_cuda::pinned::PinnedRing;
 use oncilla_model::size::HumanBytes;
 use serde_json::json;
 
-use crate::report::{pattern, print_json, sizes_or};
-use crate::table::Table;
+use crate::report::{pattern, sizes_or};
 use crate::BenchError;
+use oncilla_ops::json::print as print_json;
+use oncilla_ops::Table;
 
 /// Options of `ocmctl bench gpu`.
 #[derive(Debug, clap::Args)]

@@ -40,7 +40,6 @@ pub mod procbench;
 pub mod rawtcp;
 pub mod report;
 pub mod soak;
-pub mod table;
 
 pub use error::BenchError;
 use oncilla_cluster::{Config, Daemon};

@@ -51,14 +51,6 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// Prints `v` as pretty JSON on stdout.
-pub fn print_json(v: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,9 +22,9 @@ use oncilla_model::size::{parse_size, HumanBytes};
 use rand::{Rng, SeedableRng};
 
 use crate::probe::Probe;
-use crate::table::Table;
 use crate::BenchError;
 use oncilla_cluster::{node_name, Daemon, Handle};
+use oncilla_ops::Table;
 
 /// Allocations a client keeps at once.
 const MAX_LIVE: usize = 4;

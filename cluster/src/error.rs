@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::master::MasterError;
+use oncilla_ops::master::MasterError;
 
 /// A local cluster's failure.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +18,7 @@ pub enum ClusterError {
     },
     /// The cluster's TLS certificates could not be made or read.
     #[error(transparent)]
-    Certs(#[from] crate::certs::CertError),
+    Certs(#[from] oncilla_ops::certs::CertError),
     #[error(transparent)]
     Tls(#[from] oncilla_net::tls::TlsError),
     /// This program's own path is unknown (to re-execute it as a daemon).

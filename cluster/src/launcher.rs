@@ -25,10 +25,10 @@ use oncilla_net::auth::Token;
 use oncilla_net::credential::NodeKeys;
 use oncilla_net::tls::ClientTls;
 
-use crate::certs;
 use crate::config::{Config, Daemon, Stop};
 use crate::error::ClusterError;
-use crate::master::{Master, MasterError};
+use oncilla_ops::certs;
+use oncilla_ops::master::{Master, MasterError};
 
 /// How long [`Handle::stop_agent`] waits after SIGTERM before SIGKILL.
 const STOP_AGENT_TIMEOUT: Duration = Duration::from_secs(10);

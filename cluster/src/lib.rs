@@ -1,5 +1,4 @@
-//! `oncilla-cluster`: the one local-cluster launcher of the workspace, and
-//! the blocking master client the programs that drive a cluster share.
+//! `oncilla-cluster`: the one local-cluster launcher of the workspace.
 //!
 //! - [`Cluster`] ([`launcher`]) starts a master and agents as separate
 //!   `oncillad` processes on loopback, in a private directory (token,
@@ -13,22 +12,18 @@
 //! - [`run`] ([`work`]) is a cluster for the length of one piece of work on
 //!   its own thread, torn down on return, Ctrl-C and SIGTERM (`ocmctl demo`,
 //!   `ocmctl run`, the benchmarks).
-//! - [`Master`] and [`Conn`] ([`master`]) reach any cluster's master from
-//!   plain threads.
+//! - Its readiness waits ask the master and the health service through
+//!   `oncilla-ops`, as an operator would.
 //!
 //! It never touches a cluster or a process it did not start, and knows no
 //! test framework: what only tests need stays in `tests/tests/support/`.
 
-pub mod certs;
 pub mod config;
 pub mod error;
-pub mod health;
 pub mod launcher;
-pub mod master;
 pub mod work;
 
 pub use config::{Config, Daemon, Stop};
 pub use error::ClusterError;
 pub use launcher::{free_port, node_name, Cluster, Handle};
-pub use master::{Conn, Master, MasterError};
 pub use work::run;

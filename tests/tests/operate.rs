@@ -10,7 +10,7 @@ mod support;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use oncilla_cluster::health;
+use oncilla_ops::health;
 use support::Cluster;
 
 const BOUND: Duration = Duration::from_secs(15);

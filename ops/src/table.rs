@@ -1,4 +1,4 @@
-//! Plain-text tables for humans: left-aligned columns, a header row.
+//! Plain-text tables for people: left-aligned columns, a header row.
 
 use std::fmt::Write;
 

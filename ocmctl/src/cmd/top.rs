@@ -9,10 +9,11 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use oncilla_cluster::Conn;
 use oncilla_model::size::HumanBytes;
+use oncilla_ops::Conn;
 
-use crate::{master, CliError};
+use crate::error::CliError;
+use crate::render;
 
 /// Options of `ocmctl top`.
 #[derive(Debug, clap::Args)]
@@ -64,8 +65,8 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         let mut allocs = m.allocations()?;
         let text = if args.json {
             serde_json::json!({
-                "nodes": master::nodes_json(&nodes),
-                "allocations": allocs.iter().map(master::alloc_json).collect::<Vec<_>>(),
+                "nodes": render::nodes::json(&nodes),
+                "allocations": allocs.iter().map(render::allocs::json).collect::<Vec<_>>(),
             })
             .to_string()
                 + "\n"
@@ -86,9 +87,9 @@ pub fn run(args: &Args) -> Result<(), CliError> {
                 HumanBytes(total),
                 args.interval.as_millis()
             );
-            t += &master::nodes_table(&nodes);
+            t += &render::nodes::table(&nodes, render::now_ms());
             t += "\n";
-            t += &master::allocs_table(&allocs);
+            t += &render::allocs::table(&allocs, render::now_ms());
             if count > allocs.len() {
                 t += &format!("... and {} more\n", count - allocs.len());
             }

@@ -15,11 +15,12 @@ use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_net::auth::Token;
 
 use oncilla_bench::report::{gib_per_s, pattern};
-use oncilla_bench::table::Table;
-use oncilla_cluster::{node_name, Config, Master};
+use oncilla_cluster::{node_name, Config};
+use oncilla_ops::Master;
+use oncilla_ops::Table;
 
-use crate::master;
-use crate::CliError;
+use crate::error::CliError;
+use crate::render;
 
 /// Options of `ocmctl demo`.
 #[derive(Debug, clap::Args)]
@@ -141,9 +142,15 @@ impl Plan {
         );
 
         println!("nodes:");
-        print!("{}", master::nodes_table(&master.node_list()?));
+        print!(
+            "{}",
+            render::nodes::table(&master.node_list()?, render::now_ms())
+        );
         println!("\nallocations:");
-        print!("{}", master::allocs_table(&master.allocations()?));
+        print!(
+            "{}",
+            render::allocs::table(&master.allocations()?, render::now_ms())
+        );
 
         let mut t = Table::new(&["COPY", "BYTES", "SECONDS", "GiB/s"]);
         for (what, took) in [("write (copy_in)", write), ("read (copy_out)", read)] {

@@ -13,7 +13,7 @@ use std::process::Command;
 use oncilla_cluster::Config;
 use oncilla_model::size::parse_size;
 
-use crate::CliError;
+use crate::error::CliError;
 
 /// Options of `ocmctl run`.
 #[derive(Debug, clap::Args)]

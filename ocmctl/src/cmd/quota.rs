@@ -2,13 +2,12 @@
 //! changing them (`set`, `clear`), through the master, which keeps them in
 //! its quota file. It never decides what a quota allows (the master does).
 
-use oncilla_bench::table::Table;
-use oncilla_cluster::Conn;
-use oncilla_model::quota::{Limits, Report, Subject};
-use oncilla_model::size::{parse_size, HumanBytes};
-use serde_json::{json, Value};
+use oncilla_model::quota::Subject;
+use oncilla_model::size::parse_size;
+use oncilla_ops::Conn;
 
-use crate::CliError;
+use crate::error::CliError;
+use crate::render::quota::table;
 
 /// `ocmctl quota` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -73,9 +72,9 @@ pub struct Who {
 pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
     match cmd {
         QuotaCmd::Show { conn, json } => {
-            let report = crate::connect(conn)?.quotas()?;
+            let report = conn.connect()?.quotas()?;
             if *json {
-                oncilla_bench::report::print_json(&report_json(&report));
+                oncilla_ops::json::print(&crate::render::quota::json(&report));
             } else {
                 print!("{}", table(&report));
                 if !report.persistent {
@@ -93,7 +92,7 @@ pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
             persistent,
             conn,
         } => {
-            let master = crate::connect(conn)?;
+            let master = conn.connect()?;
             let subject = match who.user {
                 Some(uid) => Subject::User(uid),
                 None => Subject::Default,
@@ -134,7 +133,7 @@ pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
             print!("{}", table(&report));
         }
         QuotaCmd::Clear { user, conn } => {
-            let report = crate::connect(conn)?.set_quota(Subject::User(*user), None)?;
+            let report = conn.connect()?.set_quota(Subject::User(*user), None)?;
             print!("{}", table(&report));
         }
     }
@@ -153,82 +152,4 @@ fn limit(
     parse(value)
         .map(Some)
         .map_err(|e| CliError::Other(format!("{flag} {value:?}: {e} (or `none` for no limit)")))
-}
-
-/// `used / limit` for a table cell.
-fn cell(used: Option<String>, limit: Option<String>) -> String {
-    format!(
-        "{} / {}",
-        used.unwrap_or_else(|| "-".into()),
-        limit.unwrap_or_else(|| "unlimited".into())
-    )
-}
-
-fn bytes(v: Option<u64>) -> Option<String> {
-    v.map(|b| HumanBytes(b).to_string())
-}
-
-fn count(v: Option<u64>) -> Option<String> {
-    v.map(|n| n.to_string())
-}
-
-/// The quotas as a table: the default first, then each user.
-pub fn table(r: &Report) -> String {
-    let mut t = Table::new(&[
-        "WHO",
-        "LIMITS",
-        "BYTES",
-        "ON ONE NODE",
-        "ALLOCATIONS",
-        "PERSISTENT",
-    ]);
-    let d = &r.default;
-    t.row(vec![
-        "default".into(),
-        "-".into(),
-        cell(None, bytes(d.bytes)),
-        cell(None, bytes(d.node_bytes)),
-        cell(None, count(d.allocations)),
-        cell(None, count(d.persistent)),
-    ]);
-    for u in &r.users {
-        let l = u.limits.unwrap_or(r.default);
-        t.row(vec![
-            format!("uid {}", u.uid),
-            if u.limits.is_some() { "own" } else { "default" }.into(),
-            cell(bytes(Some(u.usage.bytes)), bytes(l.bytes)),
-            cell(bytes(Some(u.usage.node_bytes)), bytes(l.node_bytes)),
-            cell(count(Some(u.usage.allocations)), count(l.allocations)),
-            cell(count(Some(u.usage.persistent)), count(l.persistent)),
-        ]);
-    }
-    t.render()
-}
-
-fn limits_json(l: &Limits) -> Value {
-    json!({
-        "bytes": l.bytes,
-        "node_bytes": l.node_bytes,
-        "allocations": l.allocations,
-        "persistent": l.persistent,
-    })
-}
-
-/// The quotas as JSON (`null` is no limit).
-pub fn report_json(r: &Report) -> Value {
-    json!({
-        "persistent": r.persistent,
-        "default": limits_json(&r.default),
-        "users": r.users.iter().map(|u| json!({
-            "uid": u.uid,
-            "own_limits": u.limits.is_some(),
-            "limits": limits_json(&u.limits.unwrap_or(r.default)),
-            "usage": {
-                "bytes": u.usage.bytes,
-                "node_bytes": u.usage.node_bytes,
-                "allocations": u.usage.allocations,
-                "persistent": u.usage.persistent,
-            },
-        })).collect::<Vec<_>>(),
-    })
 }

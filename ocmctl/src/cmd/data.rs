@@ -4,40 +4,75 @@
 
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
 
-use liboncilla::Operator;
-use oncilla_model::alloc::AllocRef;
+use liboncilla::{Descriptor, Operator};
 use oncilla_model::size::HumanBytes;
-use oncilla_net::auth::Token;
+use oncilla_ops::Conn;
 
-use crate::CliError;
-use oncilla_cluster::Master;
+use crate::error::CliError;
+
+/// `ocmctl put`: copy a file into an allocation.
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct PutArgs {
+    /// Allocation id or name.
+    alloc: String,
+    /// File to read.
+    file: PathBuf,
+    /// Byte offset in the allocation.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// `ocmctl get`: copy bytes out of an allocation to a file or stdout.
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct GetArgs {
+    /// Allocation id or name.
+    alloc: String,
+    /// Byte offset in the allocation.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    /// Bytes to copy [default: to the end].
+    #[arg(long)]
+    len: Option<u64>,
+    /// Output file [default: stdout].
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// The allocation `alloc` names, as a validated descriptor from the master
+/// `conn` names, and an operator for the data path.
+fn open(conn: &Conn, alloc: &str) -> Result<(Descriptor, Operator), CliError> {
+    let token = conn.token()?;
+    let master = conn.connect()?;
+    let desc = Descriptor::from_record(master.allocation(&super::alloc_ref(alloc))?)?;
+    Ok((desc, Operator::new(token, master.tls().cloned())))
+}
 
 /// Bytes staged in memory at a time.
 const STAGE: u64 = 64 << 20;
 
-/// Copies `file` into allocation `alloc` at `offset`.
+/// Copies the file into the allocation at the offset.
 ///
 /// # Errors
 /// Unknown allocation, a file that does not fit, I/O and data-path errors.
-pub fn put(
-    master: &Master,
-    token: Token,
-    alloc: &AllocRef,
-    file: &Path,
-    offset: u64,
-) -> Result<(), CliError> {
+pub fn put(args: &PutArgs) -> Result<(), CliError> {
+    let offset = args.offset;
     let io_err = |source| CliError::Io {
-        path: file.display().to_string(),
+        path: args.file.display().to_string(),
         source,
     };
-    let desc = crate::master::descriptor(master, alloc)?;
-    let mut f = File::open(file).map_err(io_err)?;
+    let (desc, data) = open(&args.conn, &args.alloc)?;
+    let mut f = File::open(&args.file).map_err(io_err)?;
     let total = f.metadata().map_err(io_err)?.len();
     desc.check_range(offset, total)?;
-    let data = Operator::new(token, master.tls().cloned());
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("put", total);
     let mut done = 0u64;
@@ -52,21 +87,15 @@ pub fn put(
     Ok(())
 }
 
-/// Copies `len` bytes (default: to the end) from allocation `alloc` at
-/// `offset` to `output` or stdout.
+/// Copies the bytes asked for (default: to the end) from the allocation at
+/// the offset to the output file or stdout.
 ///
 /// # Errors
 /// Unknown allocation, a range outside it, I/O and data-path errors.
-pub fn get(
-    master: &Master,
-    token: Token,
-    alloc: &AllocRef,
-    offset: u64,
-    len: Option<u64>,
-    output: Option<&Path>,
-) -> Result<(), CliError> {
-    let desc = crate::master::descriptor(master, alloc)?;
-    let total = len.unwrap_or_else(|| desc.size.saturating_sub(offset));
+pub fn get(args: &GetArgs) -> Result<(), CliError> {
+    let (offset, output) = (args.offset, args.output.as_deref());
+    let (desc, data) = open(&args.conn, &args.alloc)?;
+    let total = args.len.unwrap_or_else(|| desc.size.saturating_sub(offset));
     desc.check_range(offset, total)?;
     let name = output.map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
     let io_err = |source| CliError::Io {
@@ -77,7 +106,6 @@ pub fn get(
         Some(p) => Box::new(File::create(p).map_err(io_err)?),
         None => Box::new(std::io::stdout().lock()),
     };
-    let data = Operator::new(token, master.tls().cloned());
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("get", total);
     let mut done = 0u64;

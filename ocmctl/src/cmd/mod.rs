@@ -1,0 +1,29 @@
+//! One module per `ocmctl` subcommand (put and get share `data`, tls-ca
+//! and tls-cert share `tls`): each holds its flags (`Args`) and its `run`.
+//! What they show is `crate::render`'s; how they reach the master is
+//! `oncilla_ops`'s.
+
+pub mod alloc;
+pub mod allocs;
+pub mod data;
+pub mod demo;
+pub mod free;
+pub mod health;
+pub mod node_keys;
+pub mod nodes;
+pub mod quota;
+pub mod run;
+pub mod show;
+pub mod tls;
+pub mod top;
+
+use oncilla_model::alloc::AllocRef;
+
+/// An allocation named on the command line: digits are an id, anything
+/// else a name (names never consist of digits only).
+pub fn alloc_ref(arg: &str) -> AllocRef {
+    match arg.parse::<u64>() {
+        Ok(id) => AllocRef::Id(id),
+        Err(_) => AllocRef::Name(arg.to_string()),
+    }
+}
