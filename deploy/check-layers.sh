@@ -6,7 +6,8 @@
 #   1. Protobuf (`pb::`) only in `proto/`, the daemon's `grpc/` edge and
 #      the integration tests (the attack tests speak the wire on purpose).
 #   2. The daemon's core (`agent/`, `master/`, `memory/`, `pool/`) never
-#      imports the schema or network crates, tonic or the `grpc/` edge.
+#      imports the schema or network crates, tonic or the `grpc/` edge;
+#      `metrics/` never imports the `grpc/` edge.
 #   3. `model` depends on no wire, transport or runtime crate; `proto`
 #      holds the schema only (no sockets, TLS or credentials: `net` does).
 #   4. No source file over 800 lines.
@@ -52,6 +53,11 @@ while IFS= read -r f; do
   n=$(grep -cE 'oncilla_proto|oncilla_net|tonic|crate::grpc' "$f" || true)
   [ "$n" -eq 0 ] || report "$f" core "$n" "the daemon's core imports the schema or network crate, tonic or grpc/ ($n lines)"
 done < <(sources | grep -E '^oncillad/src/(agent|master|memory|pool)/')
+# ... and the metrics observe the core through its own types and ports.
+while IFS= read -r f; do
+  n=$(grep -cE 'crate::grpc' "$f" || true)
+  [ "$n" -eq 0 ] || report "$f" core "$n" "the metrics import the grpc/ edge ($n lines): observe the core's types and ports"
+done < <(sources | grep -E '^oncillad/src/metrics/')
 
 # 3. The model stands alone.
 for dep in oncilla-proto oncilla-net tonic prost tokio; do

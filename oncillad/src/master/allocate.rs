@@ -12,7 +12,7 @@ use oncilla_model::fabric::{self, Memory, Rdma};
 use oncilla_model::quota::{self, Charge};
 use oncilla_model::{Fabric, Kind};
 
-use super::liveness::unix_ms;
+use super::node::unix_ms;
 use super::placement::{self, Planned};
 use super::state::{Record, State, Target};
 use super::{AgentLink, Master};

@@ -19,6 +19,7 @@
 
 mod allocate;
 pub mod liveness;
+mod node;
 pub mod placement;
 mod quotas;
 mod recovery;
@@ -36,7 +37,7 @@ use oncilla_model::cluster::{Reservation, Reserved};
 use oncilla_model::node::PoolUsage;
 
 use crate::error::{CoreError, LinkError};
-pub use liveness::Liveness;
+pub use node::Liveness;
 pub use quotas::QuotaStore;
 use state::State;
 

@@ -13,20 +13,11 @@ use oncilla_model::alloc::{Allocation, Health, Owner};
 use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration};
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
-use super::liveness::{unix_ms, Seen};
-use super::state::{charge_of, Node, Record, State};
+use super::node::{unix_ms, Node, Seen, SessionsSeen};
+use super::state::{charge_of, Record, State};
 use super::{AgentLink, Master};
 use crate::error::CoreError;
 use oncilla_model::size::round_up;
-
-/// Sessions of a node as of its registration.
-#[derive(Debug, Default)]
-pub(super) struct SessionsSeen {
-    /// Sessions numbered below this were opened before the registration...
-    pub next_seq: u64,
-    /// ...and of those, these are still open.
-    pub live: BTreeSet<String>,
-}
 
 impl<L: AgentLink> Master<L> {
     /// Adds a node, or takes it back after a restart (its own or the

@@ -6,37 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use oncilla_model::alloc::{AllocRef, Allocation, Owner};
-use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 use oncilla_model::quota::{Charge, Quotas, Usage};
 
-use super::liveness::Seen;
+use super::node::Node;
 use super::placement::Planned;
-use super::recovery::SessionsSeen;
 use crate::error::CoreError;
-use oncilla_model::size::round_up;
-
-/// A registered node.
-pub(super) struct Node {
-    pub info: NodeInfo,
-    /// The agent's current start (a new one holds nothing from before).
-    pub incarnation: u64,
-    /// Bytes reserved on the node by allocations (page-rounded).
-    pub reserved: u64,
-    /// The pool as the node last reported it.
-    pub pool: PoolUsage,
-    pub seen: Seen,
-    /// The state last logged, to log each change once.
-    pub logged: NodeState,
-    /// Its sessions as of its registration, less those ended since.
-    pub sessions: SessionsSeen,
-}
-
-impl Node {
-    /// Bytes an extent of `len` takes on this node.
-    pub fn footprint(&self, len: u64) -> u64 {
-        round_up(len, self.info.page())
-    }
-}
 
 /// An allocation as the master keeps it.
 pub(super) struct Record {

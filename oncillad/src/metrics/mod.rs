@@ -18,8 +18,7 @@ use oncilla_model::Kind;
 use prometheus::{Encoder, Gauge, GaugeVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::agent::Agent;
-use crate::grpc::links::GrpcAgentLink;
-use crate::master::Master;
+use crate::master::{AgentLink, Master};
 
 /// Reads state into gauges just before a scrape.
 type Sampler = Box<dyn Fn() + Send + Sync>;
@@ -226,7 +225,7 @@ impl Metrics {
 
     /// The master role's gauges: nodes as it sees them, its table and its
     /// recovery window.
-    pub fn watch_master(&self, master: &Arc<Master<GrpcAgentLink>>) {
+    pub fn watch_master<L: AgentLink + 'static>(&self, master: &Arc<Master<L>>) {
         let r = &self.registry;
         let nodes = gauge_vec(
             r,
