@@ -13,6 +13,9 @@ use oncilla_model::cluster::{Reservation, Reserved};
 use super::{checked, reply};
 use crate::agent::Agent;
 
+/// The service as served: authenticated on every call.
+pub type Served = InterceptedService<AgentServer<AgentService>, Authenticate>;
+
 pub struct AgentService {
     agent: Arc<Agent>,
 }
@@ -24,10 +27,7 @@ impl AgentService {
 
     /// The service as the server mounts it: every call authenticated
     /// (`check`: members, or sessions where a call allows them), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
-    pub fn server(
-        self,
-        check: Authenticate,
-    ) -> InterceptedService<AgentServer<Self>, Authenticate> {
+    pub fn server(self, check: Authenticate) -> Served {
         InterceptedService::new(
             AgentServer::new(self)
                 .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)

@@ -19,6 +19,9 @@ use crate::error::CoreError;
 use crate::grpc::links::GrpcAgentLink;
 use crate::master::Master;
 
+/// The service as served: authenticated on every call.
+pub type Served = InterceptedService<MasterServer<MasterService>, Authenticate>;
+
 pub struct MasterService {
     core: Arc<Master<GrpcAgentLink>>,
 }
@@ -30,10 +33,7 @@ impl MasterService {
 
     /// The service as the server mounts it: every call authenticated
     /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
-    pub fn server(
-        self,
-        check: Authenticate,
-    ) -> InterceptedService<MasterServer<Self>, Authenticate> {
+    pub fn server(self, check: Authenticate) -> Served {
         InterceptedService::new(
             MasterServer::new(self)
                 .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)

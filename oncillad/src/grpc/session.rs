@@ -18,6 +18,9 @@ use tonic::{Request, Response, Status};
 use crate::agent::Agent;
 use crate::grpc::links::MasterLink;
 
+/// The service as served: authenticated on every call.
+pub type Served = InterceptedService<SessionServer<SessionService>, Authenticate>;
+
 pub struct SessionService {
     agent: Arc<Agent>,
     master: MasterLink,
@@ -44,10 +47,7 @@ impl SessionService {
 
     /// The service as the server mounts it: every call authenticated
     /// (`check`: members, or sessions where a call allows them), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
-    pub fn server(
-        self,
-        check: Authenticate,
-    ) -> InterceptedService<SessionServer<Self>, Authenticate> {
+    pub fn server(self, check: Authenticate) -> Served {
         InterceptedService::new(
             SessionServer::new(self)
                 .max_decoding_message_size(oncilla_proto::client::MAX_MESSAGE)
