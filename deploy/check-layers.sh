@@ -7,7 +7,8 @@
 #      the integration tests (the attack tests speak the wire on purpose).
 #   2. The daemon's core (`agent/`, `master/`, `memory/`, `pool/`) never
 #      imports the schema or network crates, tonic or the `grpc/` edge;
-#      `metrics/` never imports the `grpc/` edge.
+#      `agent/` and `fabric/` never import each other, and `memory/` and
+#      `hca.rs` neither; `metrics/` never imports the `grpc/` edge.
 #   3. `model` depends on no wire, transport or runtime crate; `proto`
 #      holds the schema only (no sockets, TLS or credentials: `net` does).
 #   4. No source file over 800 lines.
@@ -53,6 +54,17 @@ while IFS= read -r f; do
   n=$(grep -cE 'oncilla_proto|oncilla_net|tonic|crate::grpc' "$f" || true)
   [ "$n" -eq 0 ] || report "$f" core "$n" "the daemon's core imports the schema or network crate, tonic or grpc/ ($n lines)"
 done < <(sources | grep -E '^oncillad/src/(agent|master|memory|pool)/')
+# ... agent/ and fabric/ never import each other; memory/ and hca.rs (what
+# the node holds, and its RDMA ports and registrations) sit below both.
+while IFS= read -r f; do
+  case $f in
+    oncillad/src/agent/*) pat='crate::fabric' ;;
+    oncillad/src/fabric/*) pat='crate::agent' ;;
+    *) pat='crate::(agent|fabric)' ;;
+  esac
+  n=$(grep -cE "$pat" "$f" || true)
+  [ "$n" -eq 0 ] || report "$f" core "$n" "imports across agent/ and fabric/, or from below them upwards ($n lines)"
+done < <(sources | grep -E '^oncillad/src/(agent/|fabric/|memory/|hca\.rs)')
 # ... and the metrics observe the core through its own types and ports.
 while IFS= read -r f; do
   n=$(grep -cE 'crate::grpc' "$f" || true)

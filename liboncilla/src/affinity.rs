@@ -81,7 +81,6 @@ pub enum AffinityError {
 ///
 /// # Errors
 /// The kernel refuses (a CPU that does not exist or is not allowed).
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub fn pin_current_thread(cpus: &[usize]) -> Result<(), AffinityError> {
     let mut set = nix::sched::CpuSet::new();
     for &c in cpus {

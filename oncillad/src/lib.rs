@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod fabric;
 pub mod grpc;
+pub mod hca;
 pub mod health;
 pub mod listen;
 pub mod master;

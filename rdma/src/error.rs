@@ -82,6 +82,9 @@ pub enum RdmaError {
     /// The kernel has the device, user-space verbs no provider for it.
     #[error("the kernel lists {device} but libibverbs has no provider for it (install ibverbs-providers / rdma-core)")]
     NoProvider { device: String },
+    /// A build without the `verbs` feature: no port can be opened.
+    #[error("this build has no verbs support (rebuild with `cargo build --features verbs`)")]
+    NotBuilt,
     /// A port number the verbs API cannot take.
     #[error("port {0} is above 255")]
     PortNumber(u32),

@@ -12,14 +12,19 @@
 pub mod discover;
 mod error;
 pub mod qp;
+/// The verbs layer: libibverbs with the `verbs` feature, else a stand-in
+/// whose types cannot be made (`stand_in.rs`). The one switch of the
+/// feature in the workspace's code: everything above compiles one path.
 #[cfg(feature = "verbs")]
+pub mod verbs;
+#[cfg(not(feature = "verbs"))]
+#[path = "stand_in.rs"]
 pub mod verbs;
 pub mod wc;
 
 pub use error::RdmaError;
 
 use std::path::Path;
-#[cfg(feature = "verbs")]
 use std::sync::Arc;
 
 use discover::Port;
@@ -70,7 +75,6 @@ pub struct Probe {
     /// Every port sysfs lists, usable or not (for `ocmctl nodes`).
     pub found: Vec<Port>,
     /// Opened ports, in selection order.
-    #[cfg(feature = "verbs")]
     pub devices: Vec<Arc<verbs::Device>>,
     /// Why the verbs fabric is unavailable; `None` when it is available.
     pub note: Option<String>,
@@ -83,9 +87,7 @@ impl Probe {
 
     /// Every port found, active MTUs filled in where a port was opened.
     pub fn ports(&self) -> Vec<Port> {
-        #[cfg(feature = "verbs")]
-        return self
-            .found
+        self.found
             .iter()
             .map(|p| {
                 self.devices
@@ -93,9 +95,7 @@ impl Probe {
                     .find(|d| d.port.label() == p.label())
                     .map_or_else(|| p.clone(), |d| d.port.clone())
             })
-            .collect();
-        #[cfg(not(feature = "verbs"))]
-        self.found.clone()
+            .collect()
     }
 }
 
@@ -118,34 +118,30 @@ pub fn probe(root: &Path, wanted: &[String]) -> Probe {
 fn unusable(found: Vec<Port>, why: String) -> Probe {
     Probe {
         found,
-        #[cfg(feature = "verbs")]
         devices: Vec::new(),
         note: Some(why),
     }
 }
 
-#[cfg(feature = "verbs")]
 fn open(found: Vec<Port>, selected: &[Port]) -> Probe {
     let mut devices = Vec::new();
     let mut errors = Vec::new();
+    let mut built = true;
     for p in selected {
         match verbs::Device::open(p) {
             Ok(d) => devices.push(d),
+            Err(RdmaError::NotBuilt) => built = false,
             Err(e) => errors.push(format!("{}: {e}", p.label())),
         }
     }
-    let note = devices.is_empty().then(|| errors.join("; "));
+    let note = devices.is_empty().then(|| match built {
+        // Said once, not per port.
+        false => RdmaError::NotBuilt.to_string(),
+        true => errors.join("; "),
+    });
     Probe {
         found,
         devices,
         note,
     }
-}
-
-#[cfg(not(feature = "verbs"))]
-fn open(found: Vec<Port>, _selected: &[Port]) -> Probe {
-    unusable(
-        found,
-        "this build has no verbs support (rebuild with `cargo build --features verbs`)".into(),
-    )
 }

@@ -67,7 +67,6 @@ impl IoBuf<'_> {
 
     /// Where the bytes start (the verbs engine registers them); a pull
     /// has none here.
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub fn as_ptr(&self) -> *const u8 {
         match self {
             IoBuf::Read(b) => b.as_ptr(),

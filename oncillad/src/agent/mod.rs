@@ -26,7 +26,7 @@ use oncilla_model::{Fabric, Kind};
 use tokio::sync::Notify;
 
 use crate::error::CoreError;
-use crate::fabric::verbs::Rdma;
+use crate::hca::Rdma;
 use crate::memory::held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdings};
 use crate::memory::keys::Keys;
 use crate::memory::lease::Leases;

@@ -141,10 +141,12 @@ impl agent_server::Agent for AgentService {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let port_index = r.port_index;
         // Creating and connecting a queue pair are blocking verbs calls.
-        let (paired, held) = tokio::task::spawn_blocking(move || rdma.connect(&client, port_index))
-            .await
-            .map_err(|e| Status::internal(format!("connect task failed: {e}")))?
-            .map_err(verbs_status)?;
+        let (paired, held) = tokio::task::spawn_blocking(move || {
+            crate::fabric::verbs::connect(&rdma, &client, port_index)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("connect task failed: {e}")))?
+        .map_err(verbs_status)?;
         let reply = pb::ConnectVerbsReply {
             agent: Some(pb::QpEndpoint::from(&paired.endpoint)),
             device: paired.device,
@@ -179,8 +181,8 @@ impl agent_server::Agent for AgentService {
 /// The status of a refused `ConnectVerbs`: no verbs here is
 /// `FAILED_PRECONDITION`, endpoints that cannot pair `INVALID_ARGUMENT`,
 /// an HCA that cannot make the pair `INTERNAL`.
-fn verbs_status(e: crate::fabric::verbs::VerbsError) -> Status {
-    use crate::fabric::verbs::VerbsError as E;
+fn verbs_status(e: crate::hca::VerbsError) -> Status {
+    use crate::hca::VerbsError as E;
     let msg = e.to_string();
     match e {
         E::Unavailable(_) | E::GpuUnavailable(_) => Status::failed_precondition(msg),

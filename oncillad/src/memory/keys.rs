@@ -5,10 +5,9 @@
 //!
 //! These live beside the memory they open ([`super::held`] declares them
 //! before it, so they drop first). This module only keeps and drops
-//! registrations; it never makes one (the verbs fabric does) and never
+//! registrations; it never makes one (`crate::hca` does) and never
 //! talks to the network.
 
-#[cfg(feature = "verbs")]
 use oncilla_rdma::verbs::Mr;
 
 use oncilla_model::alloc::RdmaRegion;
@@ -22,9 +21,7 @@ pub const RETIRED_KEPT: usize = 1 << 16;
 /// before the memory returns to the pool ([`super::held::Held`] declares
 /// them first).
 pub struct Keys {
-    #[cfg(feature = "verbs")]
     mrs: std::sync::Mutex<Vec<(usize, Mr)>>,
-    #[cfg(feature = "verbs")]
     retired: Option<std::sync::Arc<Retired>>,
 }
 
@@ -32,16 +29,13 @@ impl Keys {
     /// No keys: memory that verbs does not reach.
     pub fn none() -> Keys {
         Keys {
-            #[cfg(feature = "verbs")]
             mrs: std::sync::Mutex::new(Vec::new()),
-            #[cfg(feature = "verbs")]
             retired: None,
         }
     }
 
     /// No keys yet; those added later are remembered in `retired` when
     /// they are revoked.
-    #[cfg(feature = "verbs")]
     pub(crate) fn remembered_in(retired: std::sync::Arc<Retired>) -> Keys {
         Keys {
             mrs: std::sync::Mutex::new(Vec::new()),
@@ -50,50 +44,35 @@ impl Keys {
     }
 
     /// Keeps registration `mr`, made on port `port`.
-    #[cfg(feature = "verbs")]
     pub(crate) fn push(&self, port: usize, mr: Mr) {
         lock(&self.mrs).push((port, mr));
     }
 
     /// Invalidates every key now; later calls do nothing.
     pub fn revoke(&self) {
-        #[cfg(feature = "verbs")]
-        {
-            let mrs = std::mem::take(&mut *lock(&self.mrs));
-            if let Some(r) = &self.retired {
-                r.note(mrs.iter().map(|(port, mr)| (*port, mr.rkey())));
-            }
-            drop(mrs);
+        let mrs = std::mem::take(&mut *lock(&self.mrs));
+        if let Some(r) = &self.retired {
+            r.note(mrs.iter().map(|(port, mr)| (*port, mr.rkey())));
         }
+        drop(mrs);
     }
 
     /// Takes `other`'s keys into these (an allocation that grows on this
     /// node keeps the keys it had).
     pub fn absorb(&self, other: &Keys) {
-        #[cfg(feature = "verbs")]
-        {
-            let moved = std::mem::take(&mut *lock(&other.mrs));
-            lock(&self.mrs).extend(moved);
-        }
-        #[cfg(not(feature = "verbs"))]
-        let _ = other;
+        let moved = std::mem::take(&mut *lock(&other.mrs));
+        lock(&self.mrs).extend(moved);
     }
 
     /// Drops the registrations on port `port` (its device went away);
     /// their keys are not remembered: the device that made them is gone.
     pub fn drop_port(&self, port: usize) {
-        #[cfg(feature = "verbs")]
         lock(&self.mrs).retain(|(p, _)| *p != port);
-        #[cfg(not(feature = "verbs"))]
-        let _ = port;
     }
 
     /// Registrations held (for tests and logs).
     pub fn count(&self) -> usize {
-        #[cfg(feature = "verbs")]
-        return lock(&self.mrs).len();
-        #[cfg(not(feature = "verbs"))]
-        0
+        lock(&self.mrs).len()
     }
 }
 
@@ -111,14 +90,12 @@ pub struct GpuRegistration {
     /// How the HCA took it: "nvidia-peermem" or "dma-buf".
     pub how: &'static str,
     /// Each registration with the index of its port.
-    #[cfg(feature = "verbs")]
     mrs: std::sync::Mutex<Vec<(usize, Mr)>>,
 }
 
 impl GpuRegistration {
     /// The registrations `mrs` (with their ports' indices), described by
     /// `regions`, made the way `how` says.
-    #[cfg(feature = "verbs")]
     pub(crate) fn new(
         regions: Vec<RdmaRegion>,
         how: &'static str,
@@ -133,29 +110,23 @@ impl GpuRegistration {
 
     /// Drops the registration on port `port` (its device went away).
     pub fn drop_port(&self, port: usize) {
-        #[cfg(feature = "verbs")]
         lock(&self.mrs).retain(|(p, _)| *p != port);
-        #[cfg(not(feature = "verbs"))]
-        let _ = port;
     }
 }
 
 /// The last [`RETIRED_KEPT`] keys revoked on each port.
-#[cfg(feature = "verbs")]
 #[derive(Default)]
 pub(crate) struct Retired {
     keys: std::sync::Mutex<RetiredKeys>,
 }
 
 /// (port index, rkey) pairs: in revocation order, and as a set.
-#[cfg(feature = "verbs")]
 #[derive(Default)]
 struct RetiredKeys {
     order: std::collections::VecDeque<(usize, u32)>,
     set: std::collections::HashSet<(usize, u32)>,
 }
 
-#[cfg(feature = "verbs")]
 impl Retired {
     fn note(&self, keys: impl Iterator<Item = (usize, u32)>) {
         let mut g = lock(&self.keys);
@@ -178,7 +149,6 @@ impl Retired {
     }
 }
 
-#[cfg(feature = "verbs")]
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Every holder leaves the state consistent before it can panic.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -188,7 +158,6 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    #[cfg(feature = "verbs")]
     #[test]
     fn revoked_keys_are_remembered_per_port_and_the_oldest_forgotten() {
         let r = Retired::default();

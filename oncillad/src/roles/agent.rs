@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
 use crate::config::Config;
-use crate::{agent, fabric, grpc, listen, metrics, pool, DaemonError};
+use crate::{agent, fabric, grpc, hca, listen, metrics, pool, DaemonError};
 
 /// A started agent role.
 pub(crate) struct Started {
@@ -74,7 +74,7 @@ pub(crate) fn start(
     nix::sys::socket::listen(&data, nix::sys::socket::Backlog::MAXCONN)
         .map_err(|e| crate::bind_error("data", data_addr, e.into()))?;
     let (gpu_devices, gpu_note) = gpus();
-    let rdma = Arc::new(fabric::verbs::Rdma::start(&agent_cfg.rdma_devices, &pool));
+    let rdma = Arc::new(hca::Rdma::start(&agent_cfg.rdma_devices, &pool));
     let mut fabrics = vec!["tcp".to_string(), "shm".to_string()];
     if rdma.available() {
         fabrics.push("verbs".into());

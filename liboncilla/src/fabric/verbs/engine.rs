@@ -27,7 +27,7 @@ use oncilla_net::credential::Renewable;
 use oncilla_net::tls::ClientTls;
 use oncilla_proto::calls::{self, CallError};
 use oncilla_rdma::verbs::{Device, Mr, Qp};
-use oncilla_rdma::{self as rdma, Completion, Probe, RdmaError, Wr};
+use oncilla_rdma::{Completion, Probe, RdmaError, Wr};
 
 use super::failure::{settle, Failed, Place};
 use super::plan::{self, DevicePiece, Piece, Queue, Remote, Tuning};
@@ -98,18 +98,16 @@ pub struct VerbsFabric {
 }
 
 impl VerbsFabric {
-    /// Opens the ports `wanted` selects (`ONCILLA_RDMA_DEVICE`; none: every
-    /// active port). Never fails: [`VerbsFabric::reachable`] says why it
-    /// cannot be used.
+    /// The engine over the ports `probe` opened. Never fails:
+    /// [`VerbsFabric::reachable`] says why it cannot be used.
     pub fn new(
         credential: Renewable,
         tls: Option<ClientTls>,
-        wanted: &[String],
+        mut probe: Probe,
         tuning: Tuning,
         idle: Duration,
         affinity: Affinity,
     ) -> Self {
-        let mut probe = rdma::probe(std::path::Path::new(rdma::discover::SYSFS), wanted);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("oncilla-verbs")

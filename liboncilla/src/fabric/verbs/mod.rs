@@ -4,23 +4,19 @@
 //! [`plan`] cuts copies into work requests and keeps a window of them in
 //! flight; [`regcache`] finds registrations of caller buffers again;
 //! where the progress thread runs is [`crate::affinity`]. These build and are
-//! tested everywhere. The engine that drives the HCA (`engine`, feature
-//! `verbs`) connects queue pairs through `Agent.ConnectVerbs`, registers,
-//! posts and polls. Nothing here chooses between fabrics: the data path
+//! tested everywhere. The engine that drives the HCA (`engine`) connects
+//! queue pairs through `Agent.ConnectVerbs`, registers, posts and polls;
+//! it compiles in every build (without the `verbs` feature the RDMA
+//! layer's stand-in opens no port, so the engine is never started). Nothing here chooses between fabrics: the data path
 //! does, with [`oncilla_model::fabric::choose`].
 
-#[cfg(feature = "verbs")]
 mod engine;
-#[cfg(feature = "verbs")]
 mod failure;
-// Only the engine uses these outside their tests.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub(crate) mod plan;
 // Its size accessors serve its tests.
 #[allow(dead_code)]
 pub(crate) mod regcache;
 
-#[cfg(feature = "verbs")]
 use engine::VerbsFabric;
 
 use std::sync::Arc;
@@ -35,12 +31,11 @@ use crate::fabric::{Peer, Transport};
 use crate::options::RdmaOptions;
 use plan::{DevicePiece, Remote};
 
-/// The verbs fabric as the data path sees it: the engine (feature `verbs`)
-/// or, where it cannot run, why not. The only place the feature switches.
+/// The verbs fabric as the data path sees it: the engine over this host's
+/// opened ports or, where there are none, why not.
 pub(crate) enum Verbs {
     /// Verbs reaches nothing from this process, for this reason.
     Off(Arc<str>),
-    #[cfg(feature = "verbs")]
     On(Box<VerbsFabric>),
 }
 
@@ -56,48 +51,41 @@ impl Verbs {
     /// Opens the ports `opts` selects; bad settings leave verbs off with
     /// them as the reason. Never fails.
     pub(crate) fn new(credential: Renewable, tls: Option<ClientTls>, opts: &RdmaOptions) -> Self {
-        #[cfg(feature = "verbs")]
-        {
-            if !opts.invalid.is_empty() {
-                let bad: Vec<String> = opts.invalid.iter().map(ToString::to_string).collect();
-                tracing::warn!("verbs fabric disabled: {}", bad.join("; "));
-                return Verbs::Off(format!("this host: {}", bad.join("; ")).into());
-            }
-            let mut tuning = plan::Tuning::default();
-            if let Some(c) = opts.chunk {
-                tuning.chunk = c;
-            }
-            if let Some(w) = opts.window {
-                tuning.window = w;
-            }
-            Verbs::On(Box::new(VerbsFabric::new(
-                credential,
-                tls,
-                &opts.devices,
-                tuning,
-                opts.idle,
-                opts.affinity,
-            )))
+        if !opts.invalid.is_empty() {
+            let bad: Vec<String> = opts.invalid.iter().map(ToString::to_string).collect();
+            tracing::warn!("verbs fabric disabled: {}", bad.join("; "));
+            return Verbs::Off(format!("this host: {}", bad.join("; ")).into());
         }
-        #[cfg(not(feature = "verbs"))]
-        {
-            let _ = (credential, tls, opts);
-            Verbs::Off(
-                "this build has no verbs support (rebuild with `cargo build --features verbs`)"
-                    .into(),
-            )
+        let probe = oncilla_rdma::probe(
+            std::path::Path::new(oncilla_rdma::discover::SYSFS),
+            &opts.devices,
+        );
+        if let Some(why) = &probe.note {
+            tracing::info!("verbs fabric unavailable: {why}; using tcp");
+            return Verbs::Off(format!("this host: {why}").into());
         }
+        let mut tuning = plan::Tuning::default();
+        if let Some(c) = opts.chunk {
+            tuning.chunk = c;
+        }
+        if let Some(w) = opts.window {
+            tuning.window = w;
+        }
+        Verbs::On(Box::new(VerbsFabric::new(
+            credential,
+            tls,
+            probe,
+            tuning,
+            opts.idle,
+            opts.affinity,
+        )))
     }
 
     /// Whether verbs reaches `node` (agent at `agent_addr`), and if not,
     /// why (shared: asking allocates nothing).
     pub(crate) fn reachable(&self, node: &str, agent_addr: &str) -> Rdma {
         match self {
-            Verbs::Off(why) => {
-                let _ = (node, agent_addr);
-                Rdma::Unavailable(Arc::clone(why))
-            }
-            #[cfg(feature = "verbs")]
+            Verbs::Off(why) => Rdma::Unavailable(Arc::clone(why)),
             Verbs::On(engine) => match engine.reachable(node, agent_addr) {
                 Ok(()) => Rdma::Both,
                 Err(why) => Rdma::Unavailable(why),
@@ -120,11 +108,7 @@ impl Verbs {
         read: bool,
     ) -> Result<DeviceOutcome> {
         match self {
-            Verbs::Off(why) => {
-                let _ = (to, mem, pieces, read);
-                Ok(DeviceOutcome::Refused(why.to_string()))
-            }
-            #[cfg(feature = "verbs")]
+            Verbs::Off(why) => Ok(DeviceOutcome::Refused(why.to_string())),
             Verbs::On(engine) => Ok(
                 match engine.run_device(to.node, to.addr, to.alloc, mem, pieces, read)? {
                     Ok(()) => DeviceOutcome::Moved,
@@ -151,7 +135,6 @@ impl Transport for Verbs {
                     pieces.len()
                 ),
             }),
-            #[cfg(feature = "verbs")]
             Verbs::On(engine) => engine.run(to.node, to.addr, to.alloc, pieces),
         }
     }
