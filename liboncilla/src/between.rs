@@ -13,7 +13,7 @@
 //!   verbs alone (no TCP to ask for a pull) goes through a buffer here.
 //!
 //! It never decides routes: a side is mapped exactly when its extent's
-//! route says so ([`Hop::Mapped`]). Overlapping ranges of one allocation
+//! route says so ([`Reach::Mapped`]). Overlapping ranges of one allocation
 //! are refused: segments run in parallel, so no order could be promised.
 
 use oncilla_net::wire::{Source, MAX_ADDR};
@@ -22,8 +22,8 @@ use crate::allocation::Allocation;
 use crate::descriptor::Extent;
 use crate::error::{Error, Result};
 use crate::fabric::tcp::{IoBuf, Pull};
-use crate::fabric::{check_lease, DataPath, Transfer};
-use crate::route::{Hop, Route};
+use crate::fabric::{check_lease, DataPath, Reach, Resolved, Transfer};
+use crate::route::Route;
 
 /// Bytes of a segment that must go through this process, moved per step.
 const BOUNCE: u64 = 16 << 20;
@@ -138,7 +138,8 @@ fn pullable(s: &Segment<'_>) -> bool {
     s.dst.tcp && (1..=MAX_ADDR).contains(&s.src.extent.data_addr.len())
 }
 
-/// The copy's segments, in destination order.
+/// The copy's segments, in destination order, each side resolved by the
+/// data path ([`DataPath::resolve`]).
 fn segments<'a>(
     data: &DataPath,
     dst: &'a Allocation,
@@ -147,36 +148,28 @@ fn segments<'a>(
     src_offset: u64,
     len: u64,
 ) -> Result<Vec<Segment<'a>>> {
-    let side =
-        |a: &'a Allocation, i: usize, extent: &'a Extent, at: u64, n: u64| -> Result<Side<'a>> {
-            let mapped = match data.hop(extent, a.routes[i])? {
-                Hop::Mapped => Some(a.local.as_ref().and_then(|m| m.ptr_for(at, n)).ok_or_else(
-                    || {
-                        Error::Internal(format!(
-                            "allocation {}: a mapped extent is not in the mapping",
-                            a.desc.id
-                        ))
-                    },
-                )?),
-                Hop::Tcp | Hop::Verbs => None,
-            };
-            let tcp = !matches!(a.routes[i], Route::Verbs { fallback: false });
-            Ok(Side {
-                extent,
-                at,
-                mapped,
-                tcp,
-            })
-        };
+    // Where a sub-range starting `from` bytes into a resolved piece lies.
+    let side = |p: &Resolved<'a>, from: u64| Side {
+        extent: p.extent,
+        at: p.at + from,
+        // Inside the piece's mapped range, which `Mapping::ptr_for`
+        // checked whole.
+        mapped: match p.reach {
+            Reach::Mapped(base) => Some(base.wrapping_add(usize::try_from(from).unwrap_or(0))),
+            Reach::Tcp | Reach::Verbs => None,
+        },
+        tcp: !matches!(p.route, Route::Verbs { fallback: false }),
+    };
     let mut out = Vec::new();
-    for (i, d_extent, d_at, _, d_len) in dst.desc.pieces(dst_offset, len) {
-        let s_start = src_offset + (d_at - dst_offset);
-        for (j, s_extent, s_at, _, n) in src.desc.pieces(s_start, d_len) {
-            let at = d_at + (s_at - s_start);
+    for d in data.resolve(dst.target(), dst_offset, len) {
+        let d = d?;
+        let s_start = src_offset + (d.at - dst_offset);
+        for s in data.resolve(src.target(), s_start, d.len) {
+            let s = s?;
             out.push(Segment {
-                dst: side(dst, i, d_extent, at, n)?,
-                src: side(src, j, s_extent, s_at, n)?,
-                len: n,
+                dst: side(&d, s.at - s_start),
+                src: side(&s, 0),
+                len: s.len,
             });
         }
     }

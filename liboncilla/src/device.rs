@@ -20,8 +20,7 @@ use crate::allocation::Allocation;
 use crate::error::{Error, Result};
 use crate::fabric::verbs::plan::DevicePiece;
 use crate::fabric::verbs::DeviceOutcome;
-use crate::fabric::{check_lease, find_or_push, remote_at, DataPath, Peer};
-use crate::route::Hop;
+use crate::fabric::{check_lease, find_or_push, remote_at, DataPath, Peer, Reach, Resolved};
 use crate::staging::{Staging, PIN_MIN};
 
 /// How a copy between two allocations runs.
@@ -241,9 +240,15 @@ fn mapped(
 fn all_verbs(data: &DataPath, a: &Allocation, offset: u64, len: u64) -> bool {
     a.local.is_none()
         && len > 0
-        && a.desc
-            .pieces(offset, len)
-            .all(|(i, e, ..)| matches!(data.hop(e, a.routes[i]), Ok(Hop::Verbs)))
+        && data.resolve(a.target(), offset, len).all(|p| {
+            matches!(
+                p,
+                Ok(Resolved {
+                    reach: Reach::Verbs,
+                    ..
+                })
+            )
+        })
 }
 
 /// Runs a planned GPUDirect copy between `a` and device memory `mem`,

@@ -75,6 +75,27 @@ pub(crate) struct Transfer<'a> {
     pub buf: IoBuf<'a>,
 }
 
+/// One piece of a copy, resolved: the extent that holds it, where it
+/// starts in the allocation, its length, the extent's route and where the
+/// piece goes now.
+pub(crate) struct Resolved<'a> {
+    pub extent: &'a Extent,
+    pub at: u64,
+    pub len: u64,
+    pub route: Route,
+    pub reach: Reach,
+}
+
+/// Where a resolved piece goes now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// This process's mapping of the extent, at this address (valid while
+    /// the allocation's handle is borrowed).
+    Mapped(*mut u8),
+    Tcp,
+    Verbs,
+}
+
 /// Moves bytes between local memory and allocations.
 pub(crate) struct DataPath {
     tcp: TcpFabric,
@@ -137,6 +158,48 @@ impl DataPath {
     /// As [`Route::hop`].
     pub fn hop(&self, extent: &Extent, route: Route) -> Result<Hop> {
         route.hop(extent, || self.rdma_for(extent))
+    }
+
+    /// The pieces of `[offset, offset + len)` of `target`, in allocation
+    /// order, each with where it goes now: the one place a copy asks how
+    /// an extent is reached (copies, copies between allocations and device
+    /// copies all plan from it).
+    ///
+    /// # Errors
+    /// As [`Route::hop`]; a mapped extent missing from the mapping.
+    pub(crate) fn resolve<'s, 'a: 's>(
+        &'s self,
+        target: Target<'a>,
+        offset: u64,
+        len: u64,
+    ) -> impl Iterator<Item = Result<Resolved<'a>>> + 's {
+        target
+            .desc
+            .pieces(offset, len)
+            .map(move |(i, extent, at, _, len)| {
+                let route = target.routes[i];
+                let reach = match self.hop(extent, route)? {
+                    Hop::Mapped => {
+                        Reach::Mapped(target.local.and_then(|m| m.ptr_for(at, len)).ok_or_else(
+                            || {
+                                Error::Internal(format!(
+                                    "allocation {}: a mapped extent is not in the mapping",
+                                    target.desc.id
+                                ))
+                            },
+                        )?)
+                    }
+                    Hop::Tcp => Reach::Tcp,
+                    Hop::Verbs => Reach::Verbs,
+                };
+                Ok(Resolved {
+                    extent,
+                    at,
+                    len,
+                    route,
+                    reach,
+                })
+            })
     }
 
     /// Runs every transfer; returns once all are complete (a write's bytes
@@ -236,15 +299,15 @@ impl DataPath {
         if let Err(e) = desc.check_range(t.offset, len) {
             return Ok(Err(e));
         }
-        let mut pieces = desc.pieces(t.offset, len);
-        let (Some((i, extent, at, _, _)), None) = (pieces.next(), pieces.next()) else {
+        let mut pieces = self.resolve(t.target, t.offset, len);
+        let (Some(first), None) = (pieces.next(), pieces.next()) else {
             return Err(t);
         };
-        match self.hop(extent, t.target.routes[i]) {
-            Ok(Hop::Tcp) => {}
+        let (extent, at) = match first {
+            Ok(p) if p.reach == Reach::Tcp => (p.extent, p.at),
             Ok(_) => return Err(t),
             Err(e) => return Ok(Err(e)),
-        }
+        };
         let mut one = [Chunk {
             req: request(&t.buf, desc, at, len),
             buf: t.buf,
@@ -261,38 +324,31 @@ impl DataPath {
         nodes: &mut Vec<NodeWork<'a>>,
         local: &mut Vec<(*mut u8, IoBuf<'a>)>,
     ) -> Result<()> {
-        let Target {
-            desc,
-            routes,
-            local: mapping,
-        } = t.target;
+        let desc = t.target.desc;
         let len = t.buf.len() as u64;
         desc.check_range(t.offset, len)?;
-        check_lease(desc, mapping)?;
+        check_lease(desc, t.target.local)?;
         let mut rest = t.buf;
         // Pieces come in allocation order, so the buffer is carved front to back.
-        for (i, extent, at, _, n) in desc.pieces(t.offset, len) {
+        for piece in self.resolve(t.target, t.offset, len) {
+            let Resolved {
+                extent,
+                at,
+                len: n,
+                reach,
+                ..
+            } = piece?;
             let (head, tail) = rest.split_at(usize::try_from(n).map_err(|_| overflow())?);
             rest = tail;
-            let hop = match (self.hop(extent, routes[i])?, &head) {
-                // An agent pulls through its TCP data port, whatever
-                // reaches it for this process's own bytes.
-                (Hop::Verbs, IoBuf::Pull(_)) => Hop::Tcp,
-                (hop, _) => hop,
-            };
-            let rdma = match hop {
-                Hop::Mapped => {
-                    let ptr = mapping.and_then(|m| m.ptr_for(at, n)).ok_or_else(|| {
-                        Error::Internal(format!(
-                            "allocation {}: a mapped extent is not in the mapping",
-                            desc.id
-                        ))
-                    })?;
+            let rdma = match (reach, &head) {
+                (Reach::Mapped(ptr), _) => {
                     local.push((ptr, head));
                     continue;
                 }
-                Hop::Verbs => Some((extent.agent_addr.as_str(), desc.id)),
-                Hop::Tcp => None,
+                // An agent pulls through its TCP data port, whatever
+                // reaches it for this process's own bytes.
+                (Reach::Verbs, IoBuf::Pull(_)) | (Reach::Tcp, _) => None,
+                (Reach::Verbs, _) => Some((extent.agent_addr.as_str(), desc.id)),
             };
             let work = find_or_push(
                 nodes,
