@@ -19,8 +19,9 @@ use oncilla_cuda::{pipeline, DeviceMem};
 use crate::allocation::Allocation;
 use crate::error::{Error, Result};
 use crate::fabric::verbs::plan::DevicePiece;
+use crate::fabric::verbs::remote_at;
 use crate::fabric::verbs::DeviceOutcome;
-use crate::fabric::{check_lease, find_or_push, remote_at, DataPath, Peer, Reach, Resolved};
+use crate::fabric::{check_lease, find_or_push, DataPath, Peer, Reach, Resolved};
 use crate::staging::{Staging, PIN_MIN};
 
 /// How a copy between two allocations runs.

@@ -1,7 +1,10 @@
-//! The data path: turns "copy these bytes of this allocation" into work on
-//! the route of each extent that holds them ([`crate::route`]), all nodes
-//! in parallel, and runs it through the [`Transport`] that shm, TCP and
-//! verbs each implement.
+//! The data path: plans "copy these bytes of this allocation" once —
+//! each piece resolved to where it goes now ([`DataPath::resolve`], from
+//! the extent's route, [`crate::route`]) and grouped by node — then each
+//! transport shapes its groups into its own work ([`tcp::work`]: requests
+//! dealt over connections; [`verbs::work`]: places in registered regions)
+//! and runs it through the [`Transport`] that shm, TCP and verbs each
+//! implement, all nodes in parallel.
 //!
 //! It never talks to the master or the agent's control socket and never
 //! chooses a fabric: the routes, decided when the allocation was opened,
@@ -17,20 +20,17 @@ use std::io::{Read, Write};
 use oncilla_model::fabric::Rdma;
 use oncilla_net::credential::{Credential, Renewable};
 use oncilla_net::tls::ClientTls;
-use oncilla_net::wire::{dial, Op, Request};
+use oncilla_net::wire::dial;
 
 use crate::descriptor::{Descriptor, Extent};
 use crate::error::{Error, Result};
 use crate::options::RdmaOptions;
 use crate::route::{Hop, Route};
 use shm::{Lease, Mapping, Memcpy};
-use tcp::{Chunk, IoBuf, TcpFabric, CHUNK};
+pub use tcp::{streams_for, STREAM_MIN};
+use tcp::{Chunk, IoBuf, TcpFabric};
 use verbs::plan::Remote;
 use verbs::Verbs;
-
-/// Least bytes worth a connection of their own: below this a node's share
-/// of a copy goes over fewer connections than allowed.
-pub const STREAM_MIN: u64 = 1 << 20;
 
 /// Moves the pieces of copies between caller memory and one node's memory
 /// on the calling thread. Shared memory, TCP and verbs implement it; the
@@ -103,16 +103,27 @@ pub(crate) struct DataPath {
     streams: usize,
 }
 
-/// A node's share of a copy: its chunks, later dealt out to connections;
-/// or, over verbs, its pieces by remote place (one allocation each).
-struct NodeWork<'a> {
+/// A node's share of a copy as the planner leaves it, transport-neutral:
+/// its pieces in order and how they go (TCP to its data port, or verbs
+/// through its agent for one allocation). Each transport turns a group
+/// into its own work ([`tcp::work`], [`verbs::work`]).
+struct Group<'a> {
     node: &'a str,
     addr: &'a str,
     bytes: u64,
-    chunks: Vec<Chunk<'a>>,
     /// `Some((agent address, allocation id))` for work over verbs.
     rdma: Option<(&'a str, u64)>,
-    pieces: Vec<(Remote<'a>, IoBuf<'a>)>,
+    pieces: Vec<Piece<'a>>,
+}
+
+/// One piece of a copy to a node: the allocation's descriptor, the extent
+/// that holds the piece, where it starts in the allocation, and the
+/// caller's bytes.
+pub(crate) struct Piece<'a> {
+    pub desc: &'a Descriptor,
+    pub extent: &'a Extent,
+    pub at: u64,
+    pub buf: IoBuf<'a>,
 }
 
 /// One thread's work in [`DataPath::run`].
@@ -231,30 +242,45 @@ impl DataPath {
         } else {
             first
         };
-        let mut nodes: Vec<NodeWork<'a>> = Vec::new();
+        let mut groups: Vec<Group<'a>> = Vec::new();
         let mut local: Vec<(*mut u8, IoBuf<'a>)> = Vec::new();
         for t in std::iter::once(first).chain(rest) {
-            self.plan(t, &mut nodes, &mut local)?;
+            self.plan(t, &mut groups, &mut local)?;
         }
-        let mut jobs: Vec<Job<'_, 'a>> = Vec::new();
-        for n in &mut nodes {
-            if let Some((agent, id)) = n.rdma {
-                let peer = Peer {
-                    node: n.node,
-                    addr: agent,
-                    alloc: id,
-                };
-                jobs.push(Job::Verbs(peer, &mut n.pieces));
-                continue;
+        // Each transport shapes its groups into its own work...
+        let mut over_tcp = Vec::new();
+        let mut over_verbs = Vec::new();
+        for g in groups {
+            match g.rdma {
+                Some((agent, alloc)) => {
+                    let peer = Peer {
+                        node: g.node,
+                        addr: agent,
+                        alloc,
+                    };
+                    over_verbs.push((peer, verbs::work(g.pieces)));
+                }
+                None => {
+                    let peer = Peer {
+                        node: g.node,
+                        addr: g.addr,
+                        alloc: 0,
+                    };
+                    let streams = streams_for(g.bytes, self.streams);
+                    let chunks = tcp::work(g.pieces, g.bytes, streams);
+                    over_tcp.push((peer, g.bytes, streams, chunks));
+                }
             }
-            let streams = streams_for(n.bytes, self.streams);
-            n.chunks = resplit(std::mem::take(&mut n.chunks), n.bytes, streams);
-            let peer = Peer {
-                node: n.node,
-                addr: n.addr,
-                alloc: 0,
-            };
-            deal(&mut n.chunks, n.bytes, streams, |part| {
+        }
+        // ...and the work is dealt to threads: a node over verbs is one
+        // job, a node over TCP one per connection.
+        let mut jobs: Vec<Job<'_, 'a>> = Vec::new();
+        for (peer, pieces) in &mut over_verbs {
+            jobs.push(Job::Verbs(*peer, pieces));
+        }
+        for (peer, bytes, streams, chunks) in &mut over_tcp {
+            let peer = *peer;
+            tcp::deal(chunks, *bytes, *streams, |part| {
                 jobs.push(Job::Tcp(peer, part));
             });
         }
@@ -292,7 +318,7 @@ impl DataPath {
     fn direct<'a>(&self, t: Transfer<'a>) -> std::result::Result<Result<()>, Transfer<'a>> {
         let len = t.buf.len() as u64;
         // Copies touching a mapping go the general way: the lease check.
-        if !one_request(len, self.streams) || t.target.local.is_some() {
+        if !tcp::one_request(len, self.streams) || t.target.local.is_some() {
             return Err(t);
         }
         let desc = t.target.desc;
@@ -309,19 +335,18 @@ impl DataPath {
             Err(e) => return Ok(Err(e)),
         };
         let mut one = [Chunk {
-            req: request(&t.buf, desc, at, len),
+            req: tcp::request(&t.buf, desc, at, len),
             buf: t.buf,
         }];
         Ok(self.tcp.run((&extent.node, &extent.data_addr), &mut one))
     }
 
     /// Adds one transfer to the plan: its mapped pieces to `local`, the
-    /// others to their node's work (one piece per chunk for now, or by pool
-    /// offset over verbs).
+    /// others to their node's group, in order.
     fn plan<'a>(
         &self,
         t: Transfer<'a>,
-        nodes: &mut Vec<NodeWork<'a>>,
+        groups: &mut Vec<Group<'a>>,
         local: &mut Vec<(*mut u8, IoBuf<'a>)>,
     ) -> Result<()> {
         let desc = t.target.desc;
@@ -350,27 +375,24 @@ impl DataPath {
                 (Reach::Verbs, IoBuf::Pull(_)) | (Reach::Tcp, _) => None,
                 (Reach::Verbs, _) => Some((extent.agent_addr.as_str(), desc.id)),
             };
-            let work = find_or_push(
-                nodes,
-                |w| w.node == extent.node && w.addr == extent.data_addr && w.rdma == rdma,
-                || NodeWork {
+            let group = find_or_push(
+                groups,
+                |g| g.node == extent.node && g.addr == extent.data_addr && g.rdma == rdma,
+                || Group {
                     node: &extent.node,
                     addr: &extent.data_addr,
                     bytes: 0,
-                    chunks: Vec::new(),
                     rdma,
                     pieces: Vec::new(),
                 },
             );
-            work.bytes += n;
-            if rdma.is_some() {
-                work.pieces.push((remote_at(extent, at), head));
-            } else {
-                work.chunks.push(Chunk {
-                    req: request(&head, desc, at, n),
-                    buf: head,
-                });
-            }
+            group.bytes += n;
+            group.pieces.push(Piece {
+                desc,
+                extent,
+                at,
+                buf: head,
+            });
         }
         Ok(())
     }
@@ -409,99 +431,6 @@ pub(crate) fn join_first_error(
         }
     }
     result
-}
-
-/// Whether a copy of `len` bytes to one node is one request on one
-/// connection when `max` connections are allowed.
-fn one_request(len: u64, max: usize) -> bool {
-    len <= CHUNK && streams_for(len, max) == 1
-}
-
-/// Connections a node's share of `bytes` goes over when `max` are allowed:
-/// one per [`STREAM_MIN`], at least one.
-pub fn streams_for(bytes: u64, max: usize) -> usize {
-    usize::try_from(bytes / STREAM_MIN)
-        .unwrap_or(usize::MAX)
-        .clamp(1, max.max(1))
-}
-
-/// Where allocation offset `at` (inside `extent`) lies on its node, for verbs.
-pub(crate) fn remote_at(extent: &Extent, at: u64) -> Remote<'_> {
-    Remote {
-        regions: &extent.rdma,
-        at: at - extent.alloc_offset,
-    }
-}
-
-fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) -> Request {
-    Request {
-        op: match buf {
-            IoBuf::Read(_) => Op::Read,
-            IoBuf::Write(_) => Op::Write,
-            IoBuf::Pull(_) => Op::Pull,
-        },
-        alloc_id: d.id,
-        key: d.key,
-        offset,
-        len,
-    }
-}
-
-/// Splits pieces into requests of at most [`CHUNK`] bytes, and small enough
-/// that `streams` connections each get a share of the node's `bytes`.
-fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<'a>> {
-    let target = CHUNK.min(bytes.div_ceil(streams as u64)).max(1);
-    if pieces.iter().all(|c| c.req.len <= target) {
-        return pieces;
-    }
-    let mut out = Vec::with_capacity(usize::try_from(bytes / target).unwrap_or(0) + pieces.len());
-    for Chunk { req, mut buf } in pieces {
-        let mut at = 0;
-        while at < req.len {
-            let n = (req.len - at).min(target);
-            let (head, tail) = buf.split_at(usize::try_from(n).unwrap_or(usize::MAX));
-            buf = tail;
-            out.push(Chunk {
-                req: Request {
-                    offset: req.offset + at,
-                    len: n,
-                    ..req
-                },
-                buf: head,
-            });
-            at += n;
-        }
-    }
-    out
-}
-
-/// Deals `chunks` (in order) into at most `streams` contiguous runs of
-/// about equal bytes and hands each to `job`.
-fn deal<'s, 'a>(
-    chunks: &'s mut [Chunk<'a>],
-    bytes: u64,
-    streams: usize,
-    mut job: impl FnMut(&'s mut [Chunk<'a>]),
-) {
-    let mut rest = chunks;
-    let mut taken = 0u64;
-    for k in 1..=streams as u64 {
-        if rest.is_empty() {
-            break;
-        }
-        let goal = bytes * k / streams as u64;
-        let mut n = 0;
-        while n < rest.len() && (taken < goal || n == 0) {
-            taken += rest[n].req.len;
-            n += 1;
-        }
-        let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        rest = tail;
-        job(part);
-    }
-    if !rest.is_empty() {
-        job(rest);
-    }
 }
 
 /// Refuses copies through a mapping whose allocation was released or
@@ -553,93 +482,4 @@ pub(crate) fn dialed(e: dial::DialError, fail: impl Fn(String) -> Error) -> Erro
 
 fn overflow() -> Error {
     Error::Internal("copy larger than the address space".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chunks<'a>(lens: &[u64], buf: &'a mut [u8]) -> Vec<Chunk<'a>> {
-        let mut rest = buf;
-        let mut offset = 0;
-        let mut out = Vec::new();
-        for &len in lens {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
-            rest = tail;
-            out.push(Chunk {
-                req: Request {
-                    op: Op::Read,
-                    alloc_id: 1,
-                    key: [0; 16],
-                    offset,
-                    len,
-                },
-                buf: IoBuf::Read(head),
-            });
-            offset += len;
-        }
-        out
-    }
-
-    #[test]
-    fn only_copies_worth_one_connection_take_the_direct_path() {
-        assert!(one_request(8, 4));
-        assert!(one_request(STREAM_MIN, 4));
-        // 4 MiB fits one request but is worth four connections.
-        assert!(!one_request(CHUNK, 4));
-        assert!(!one_request(2 * STREAM_MIN, 2));
-        assert!(one_request(CHUNK, 1));
-        assert!(!one_request(CHUNK + 1, 1));
-    }
-
-    #[test]
-    fn resplit_gives_every_stream_a_share_and_keeps_offsets() {
-        let mut buf = vec![0u8; 10 << 20];
-        let pieces = chunks(&[6 << 20, 4 << 20], &mut buf);
-        let out = resplit(pieces, 10 << 20, 4);
-        // 10 MiB over 4 streams: requests of at most 2.5 MiB.
-        assert!(out.iter().all(|c| c.req.len <= (10 << 20) / 4 + 1));
-        assert_eq!(out.iter().map(|c| c.req.len).sum::<u64>(), 10 << 20);
-        let mut at = 0;
-        for c in &out {
-            assert_eq!(c.req.offset, at);
-            assert_eq!(c.buf.len() as u64, c.req.len);
-            at += c.req.len;
-        }
-        // Never above CHUNK, whatever the stream count.
-        let mut buf = vec![0u8; 9 << 20];
-        let out = resplit(chunks(&[9 << 20], &mut buf), 9 << 20, 1);
-        assert!(out.iter().all(|c| c.req.len <= CHUNK));
-        assert_eq!(out.len(), 3);
-    }
-
-    #[test]
-    fn deal_covers_every_chunk_once_in_balanced_runs() {
-        for (n, streams) in [(1usize, 4usize), (3, 4), (4, 4), (17, 4), (64, 8), (5, 1)] {
-            let mut buf = vec![0u8; n * 100];
-            let mut cs = chunks(&vec![100; n], &mut buf);
-            let mut runs = Vec::new();
-            deal(&mut cs, n as u64 * 100, streams, |part| {
-                runs.push(part.iter().map(|c| c.req.offset).collect::<Vec<_>>())
-            });
-            assert!(
-                runs.len() <= streams && runs.len() == n.min(streams),
-                "{n} {streams}: {runs:?}"
-            );
-            let all: Vec<u64> = runs.concat();
-            assert_eq!(all, (0..n as u64).map(|i| i * 100).collect::<Vec<_>>());
-            let (min, max) = (
-                runs.iter().map(Vec::len).min().unwrap(),
-                runs.iter().map(Vec::len).max().unwrap(),
-            );
-            assert!(max - min <= 1, "{n} over {streams}: {runs:?}");
-        }
-    }
-
-    #[test]
-    fn streams_grow_with_size_up_to_the_limit() {
-        assert_eq!(streams_for(8, 4), 1);
-        assert_eq!(streams_for(2 * STREAM_MIN, 4), 2);
-        assert_eq!(streams_for(1 << 30, 4), 4);
-    }
 }

@@ -1,5 +1,7 @@
-//! TCP data client: authenticated connections to agents' data ports, kept in
-//! a pool per address, and pipelined reads and writes over one connection.
+//! TCP data client: a node's share of a copy shaped into requests and
+//! dealt over connections ([`work`], [`deal`]), authenticated connections
+//! to agents' data ports, kept in a pool per address, and pipelined reads
+//! and writes over one connection.
 //!
 //! A connection that saw any error is dropped, never returned to the pool,
 //! so a half-finished exchange can never confuse a later copy. Nothing here
@@ -19,8 +21,9 @@ use oncilla_net::credential::Renewable;
 use oncilla_net::tls::tunnel::DataStream;
 use oncilla_net::tls::ClientTls;
 use oncilla_net::wire::sock::{self, RecvBuf};
-use oncilla_net::wire::{self, dial, Reply, Request, Source, Status, REPLY_LEN};
+use oncilla_net::wire::{self, dial, Op, Reply, Request, Source, Status, REPLY_LEN};
 
+use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 
 /// Most bytes one request moves; larger pieces are split.
@@ -353,4 +356,201 @@ fn exchange(
         done += 1;
     }
     Ok(first_error.map_or(Ok(()), Err))
+}
+
+/// Least bytes worth a connection of their own: below this a node's share
+/// of a copy goes over fewer connections than allowed.
+pub const STREAM_MIN: u64 = 1 << 20;
+
+/// Whether a copy of `len` bytes to one node is one request on one
+/// connection when `max` connections are allowed.
+pub(crate) fn one_request(len: u64, max: usize) -> bool {
+    len <= CHUNK && streams_for(len, max) == 1
+}
+
+/// Connections a node's share of `bytes` goes over when `max` are allowed:
+/// one per [`STREAM_MIN`], at least one.
+pub fn streams_for(bytes: u64, max: usize) -> usize {
+    usize::try_from(bytes / STREAM_MIN)
+        .unwrap_or(usize::MAX)
+        .clamp(1, max.max(1))
+}
+
+/// A node's pieces as TCP work: one request each, recut so that `streams`
+/// connections share the node's `bytes` (at most [`CHUNK`] a request).
+pub(crate) fn work<'a>(
+    pieces: Vec<super::Piece<'a>>,
+    bytes: u64,
+    streams: usize,
+) -> Vec<Chunk<'a>> {
+    let chunks = pieces
+        .into_iter()
+        .map(|p| Chunk {
+            req: request(&p.buf, p.desc, p.at, p.buf.len() as u64),
+            buf: p.buf,
+        })
+        .collect();
+    resplit(chunks, bytes, streams)
+}
+
+/// The request that moves `buf` at `offset` of the allocation `d` describes.
+pub(crate) fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) -> Request {
+    Request {
+        op: match buf {
+            IoBuf::Read(_) => Op::Read,
+            IoBuf::Write(_) => Op::Write,
+            IoBuf::Pull(_) => Op::Pull,
+        },
+        alloc_id: d.id,
+        key: d.key,
+        offset,
+        len,
+    }
+}
+
+/// Splits pieces into requests of at most [`CHUNK`] bytes, and small enough
+/// that `streams` connections each get a share of the node's `bytes`.
+fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<'a>> {
+    let target = CHUNK.min(bytes.div_ceil(streams as u64)).max(1);
+    if pieces.iter().all(|c| c.req.len <= target) {
+        return pieces;
+    }
+    let mut out = Vec::with_capacity(usize::try_from(bytes / target).unwrap_or(0) + pieces.len());
+    for Chunk { req, mut buf } in pieces {
+        let mut at = 0;
+        while at < req.len {
+            let n = (req.len - at).min(target);
+            let (head, tail) = buf.split_at(usize::try_from(n).unwrap_or(usize::MAX));
+            buf = tail;
+            out.push(Chunk {
+                req: Request {
+                    offset: req.offset + at,
+                    len: n,
+                    ..req
+                },
+                buf: head,
+            });
+            at += n;
+        }
+    }
+    out
+}
+
+/// Deals `chunks` (in order) into at most `streams` contiguous runs of
+/// about equal bytes and hands each to `job`.
+pub(crate) fn deal<'s, 'a>(
+    chunks: &'s mut [Chunk<'a>],
+    bytes: u64,
+    streams: usize,
+    mut job: impl FnMut(&'s mut [Chunk<'a>]),
+) {
+    let mut rest = chunks;
+    let mut taken = 0u64;
+    for k in 1..=streams as u64 {
+        if rest.is_empty() {
+            break;
+        }
+        let goal = bytes * k / streams as u64;
+        let mut n = 0;
+        while n < rest.len() && (taken < goal || n == 0) {
+            taken += rest[n].req.len;
+            n += 1;
+        }
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        job(part);
+    }
+    if !rest.is_empty() {
+        job(rest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncilla_net::wire::Op;
+
+    fn chunks<'a>(lens: &[u64], buf: &'a mut [u8]) -> Vec<Chunk<'a>> {
+        let mut rest = buf;
+        let mut offset = 0;
+        let mut out = Vec::new();
+        for &len in lens {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+            rest = tail;
+            out.push(Chunk {
+                req: Request {
+                    op: Op::Read,
+                    alloc_id: 1,
+                    key: [0; 16],
+                    offset,
+                    len,
+                },
+                buf: IoBuf::Read(head),
+            });
+            offset += len;
+        }
+        out
+    }
+
+    #[test]
+    fn only_copies_worth_one_connection_take_the_direct_path() {
+        assert!(one_request(8, 4));
+        assert!(one_request(STREAM_MIN, 4));
+        // 4 MiB fits one request but is worth four connections.
+        assert!(!one_request(CHUNK, 4));
+        assert!(!one_request(2 * STREAM_MIN, 2));
+        assert!(one_request(CHUNK, 1));
+        assert!(!one_request(CHUNK + 1, 1));
+    }
+
+    #[test]
+    fn resplit_gives_every_stream_a_share_and_keeps_offsets() {
+        let mut buf = vec![0u8; 10 << 20];
+        let pieces = chunks(&[6 << 20, 4 << 20], &mut buf);
+        let out = resplit(pieces, 10 << 20, 4);
+        // 10 MiB over 4 streams: requests of at most 2.5 MiB.
+        assert!(out.iter().all(|c| c.req.len <= (10 << 20) / 4 + 1));
+        assert_eq!(out.iter().map(|c| c.req.len).sum::<u64>(), 10 << 20);
+        let mut at = 0;
+        for c in &out {
+            assert_eq!(c.req.offset, at);
+            assert_eq!(c.buf.len() as u64, c.req.len);
+            at += c.req.len;
+        }
+        // Never above CHUNK, whatever the stream count.
+        let mut buf = vec![0u8; 9 << 20];
+        let out = resplit(chunks(&[9 << 20], &mut buf), 9 << 20, 1);
+        assert!(out.iter().all(|c| c.req.len <= CHUNK));
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn deal_covers_every_chunk_once_in_balanced_runs() {
+        for (n, streams) in [(1usize, 4usize), (3, 4), (4, 4), (17, 4), (64, 8), (5, 1)] {
+            let mut buf = vec![0u8; n * 100];
+            let mut cs = chunks(&vec![100; n], &mut buf);
+            let mut runs = Vec::new();
+            deal(&mut cs, n as u64 * 100, streams, |part| {
+                runs.push(part.iter().map(|c| c.req.offset).collect::<Vec<_>>())
+            });
+            assert!(
+                runs.len() <= streams && runs.len() == n.min(streams),
+                "{n} {streams}: {runs:?}"
+            );
+            let all: Vec<u64> = runs.concat();
+            assert_eq!(all, (0..n as u64).map(|i| i * 100).collect::<Vec<_>>());
+            let (min, max) = (
+                runs.iter().map(Vec::len).min().unwrap(),
+                runs.iter().map(Vec::len).max().unwrap(),
+            );
+            assert!(max - min <= 1, "{n} over {streams}: {runs:?}");
+        }
+    }
+
+    #[test]
+    fn streams_grow_with_size_up_to_the_limit() {
+        assert_eq!(streams_for(8, 4), 1);
+        assert_eq!(streams_for(2 * STREAM_MIN, 4), 2);
+        assert_eq!(streams_for(1 << 30, 4), 4);
+    }
 }

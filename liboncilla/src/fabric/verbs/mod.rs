@@ -25,6 +25,7 @@ use oncilla_model::fabric::Rdma;
 use oncilla_net::credential::Renewable;
 use oncilla_net::tls::ClientTls;
 
+use crate::descriptor::Extent;
 use crate::error::{Error, Result};
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Peer, Transport};
@@ -45,6 +46,23 @@ pub(crate) enum DeviceOutcome {
     Moved,
     /// The HCA would not register the device memory (nothing moved): why.
     Refused(String),
+}
+
+/// Where allocation offset `at` (inside `extent`) lies on its node, for verbs.
+pub(crate) fn remote_at(extent: &Extent, at: u64) -> Remote<'_> {
+    Remote {
+        regions: &extent.rdma,
+        at: at - extent.alloc_offset,
+    }
+}
+
+/// A node's pieces as verbs work: each piece's place in the agent's
+/// registered regions, with the caller's bytes.
+pub(crate) fn work(pieces: Vec<super::Piece<'_>>) -> Vec<(Remote<'_>, IoBuf<'_>)> {
+    pieces
+        .into_iter()
+        .map(|p| (remote_at(p.extent, p.at), p.buf))
+        .collect()
 }
 
 impl Verbs {
