@@ -42,9 +42,9 @@ pub const DAEMON_ARG: &str = "oncillad";
 #[deny(missing_docs)]
 enum Cmd {
     /// List nodes: capacity, usage, state, fabrics.
-    Nodes(cmd::nodes::Args),
+    Nodes(cmd::Listing),
     /// List allocations: size, kind, extents, owner, age.
-    Allocs(cmd::allocs::Args),
+    Allocs(cmd::Listing),
     /// Show one allocation: placement, attached processes, and every extent
     /// with the fabric its creator uses for it.
     Show(cmd::show::Args),

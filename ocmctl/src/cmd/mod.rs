@@ -18,6 +18,19 @@ pub mod tls;
 pub mod top;
 
 use oncilla_model::alloc::AllocRef;
+use oncilla_ops::Conn;
+
+/// The flags of a listing (`nodes`, `allocs`): how to reach the master,
+/// and JSON instead of a table.
+#[derive(Debug, clap::Args)]
+#[deny(missing_docs)]
+pub struct Listing {
+    #[command(flatten)]
+    conn: Conn,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
 
 /// An allocation named on the command line: digits are an id, anything
 /// else a name (names never consist of digits only).

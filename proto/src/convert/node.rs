@@ -240,42 +240,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agent_statuses_round_trip_and_need_their_node_and_pool() {
-        let status = AgentStatus {
-            node: NodeInfo {
-                name: "node-0".into(),
-                ..NodeInfo::default()
-            },
-            pool: PoolUsage {
-                used: 1,
-                scrubbing: 2,
-                free: 3,
-                largest_free: 3,
-            },
-            allocations: 4,
-            sessions: 5,
-            mappings: 6,
-            incarnation: 7,
-            cpu_ns: 8,
-        };
-        let wire = pb::AgentStatus::from(status.clone());
-        assert_eq!(AgentStatus::try_from(wire.clone()), Ok(status));
-        let no_pool = pb::AgentStatus {
-            pool: None,
-            ..wire.clone()
-        };
-        assert_eq!(
-            AgentStatus::try_from(no_pool),
-            Err(WireError::Missing("agent's pool usage"))
-        );
-        let no_node = pb::AgentStatus { node: None, ..wire };
-        assert_eq!(
-            AgentStatus::try_from(no_node),
-            Err(WireError::Missing("agent's node info"))
-        );
-    }
-
-    #[test]
     fn node_lists_round_trip_and_need_their_info() {
         let list = NodeList {
             nodes: vec![NodeStatus {
