@@ -33,9 +33,10 @@ features=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla
 # The whole workspace with one feature set (as deploy/check.sh's other
 # verbs steps), so every build shares the same dependencies.
 cargo build --workspace --bins --features "$features"
-# The integration-test executables of tests/, as cargo names them.
+# The integration-test executables of tests/, as cargo names them (only
+# integration targets are built: no crate's unit tests are needed here).
 mapfile -t tests < <(
-  cargo test --workspace --no-run --features "$features" --message-format=json |
+  cargo test --workspace --test '*' --no-run --features "$features" --message-format=json |
     python3 -c '
 import json, sys
 for line in sys.stdin:
