@@ -62,7 +62,7 @@ fn truncating_the_shared_memory_cannot_crash_the_agent() {
     drop(file);
     // Freeing makes the agent scrub the range: it must still be memory.
     a.free().unwrap();
-    assert!(Cluster::eventually(Duration::from_secs(5), || {
+    assert!(Cluster::eventually(Cluster::EVENT, || {
         c.node("node-0").is_some_and(|n| n["state"] == "up")
     }));
     assert_eq!(c.agent_pid(0), Some(pid), "the agent is the same process");

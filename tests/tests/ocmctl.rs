@@ -54,7 +54,7 @@ fn fragmentation_is_visible_and_served_in_pieces() {
             .clone()
     };
     assert!(
-        Cluster::eventually(Duration::from_secs(10), || {
+        Cluster::eventually(Cluster::EVENT, || {
             let n = node1();
             n["largest_free"] == 2 << 20 && n["scrubbing"] == 0 && n["free"] == 4 << 20
         }),

@@ -288,7 +288,7 @@ fn silent_tls_peers_leave_no_threads_behind() {
     }
     // The agent's side finishes its handshake a moment after ours.
     assert!(
-        Cluster::eventually(Duration::from_secs(3), || tunnel_threads(&c) >= before + 40),
+        Cluster::eventually(Cluster::EVENT, || tunnel_threads(&c) >= before + 40),
         "20 tunnels should hold 40 relay threads on the agent, not {}: {:?}",
         tunnel_threads(&c),
         c.agent_threads(1)

@@ -408,7 +408,7 @@ fn a_freed_allocations_key_is_refused_and_the_pair_is_rebuilt() {
     // Once the old memory is back (and reported), the next tenant gets it:
     // the whole pool is one free hole and placement takes its start.
     assert!(
-        Cluster::eventually(Duration::from_secs(10), || {
+        Cluster::eventually(Cluster::EVENT, || {
             c.node("node-1").is_some_and(|n| {
                 n["free"] == 8 << 20 && n["largest_free"] == 8 << 20 && n["scrubbing"] == 0
             })
@@ -570,7 +570,7 @@ fn port_removed_mid_run_fails_clearly_then_falls_back() {
     );
     // The master hears of it: node-1 no longer offers verbs, and says why.
     assert!(
-        Cluster::eventually(Duration::from_secs(10), || {
+        Cluster::eventually(Cluster::EVENT, || {
             c.node("node-1").is_some_and(|n| {
                 !n["fabrics"]
                     .as_array()

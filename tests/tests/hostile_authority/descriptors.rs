@@ -259,7 +259,7 @@ fn one_user_cannot_fill_the_descriptors_in_flight() {
     drop(held);
     let ocm = c.client(0);
     let mut last = String::new();
-    let mapped = Cluster::eventually(Duration::from_secs(10), || {
+    let mapped = Cluster::eventually(Cluster::EVENT, || {
         match ocm.alloc(1 << 20, Kind::LocalHost) {
             Ok(mut a) => {
                 a.localbuf().unwrap()[..2].copy_from_slice(b"ok");

@@ -116,7 +116,7 @@ fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
     );
     // The hostile connections go: copies work again.
     drop(hostile);
-    let recovered = Cluster::eventually(Duration::from_secs(10), || {
+    let recovered = Cluster::eventually(Cluster::EVENT, || {
         let spec = AllocSpec::new(4096, Kind::RemoteHost)
             .on_nodes(["node-x"])
             .fabric(Fabric::Tcp);
@@ -203,7 +203,7 @@ fn a_reader_that_never_reads_cannot_pin_freed_memory() {
     // The master and the agent agree: once the free is scrubbed, what the
     // master lists free is what the agent's pool can give, all of it.
     let mut last = serde_json::Value::Null;
-    let agree = Cluster::eventually(Duration::from_secs(5), || {
+    let agree = Cluster::eventually(Cluster::EVENT, || {
         last = c.node("node-1").unwrap_or_default();
         last["free"] == last["largest_free"] && last["free"] == last["capacity"]
     });

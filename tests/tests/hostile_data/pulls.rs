@@ -182,7 +182,7 @@ fn a_pull_reaches_only_cluster_data_ports_and_what_the_client_may_read() {
         assert_eq!(status, Status::Internal, "{msg}");
         assert!(msg.contains("bad pull source"), "{msg}");
         assert!(
-            Cluster::eventually(Duration::from_secs(5), || tcp_closed(&t)),
+            Cluster::eventually(Cluster::EVENT, || tcp_closed(&t)),
             "the agent kept a connection out of step"
         );
     }

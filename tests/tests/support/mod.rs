@@ -347,6 +347,12 @@ impl Cluster {
         v.as_array().unwrap().len()
     }
 
+    /// The bound on a wait for an event that comes (a scrub reported with a
+    /// heartbeat, a thread or a connection that ends): long, so that only
+    /// behaviour that is wrong runs into it, never a loaded machine. Waits
+    /// whose deadline is the thing tested keep their own.
+    pub const EVENT: Duration = Duration::from_secs(60);
+
     /// Polls `cond` every 50 ms for up to `limit`.
     pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         let deadline = Instant::now() + limit;
