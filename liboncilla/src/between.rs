@@ -149,16 +149,20 @@ fn segments<'a>(
     len: u64,
 ) -> Result<Vec<Segment<'a>>> {
     // Where a sub-range starting `from` bytes into a resolved piece lies.
-    let side = |p: &Resolved<'a>, from: u64| Side {
-        extent: p.extent,
-        at: p.at + from,
-        // Inside the piece's mapped range, which `Mapping::ptr_for`
-        // checked whole.
-        mapped: match p.reach {
-            Reach::Mapped(base) => Some(base.wrapping_add(usize::try_from(from).unwrap_or(0))),
-            Reach::Tcp | Reach::Verbs => None,
-        },
-        tcp: !matches!(p.route, Route::Verbs { fallback: false }),
+    let side = |p: &Resolved<'a>, from: u64| -> Result<Side<'a>> {
+        Ok(Side {
+            extent: p.extent,
+            at: p.at + from,
+            // Inside the piece's mapped range, which `Mapping::ptr_for`
+            // checked whole.
+            mapped: match p.reach {
+                Reach::Mapped(base) => {
+                    Some(base.wrapping_add(usize::try_from(from).map_err(|_| too_large())?))
+                }
+                Reach::Tcp | Reach::Verbs => None,
+            },
+            tcp: !matches!(p.route, Route::Verbs { fallback: false }),
+        })
     };
     let mut out = Vec::new();
     for d in data.resolve(dst.target(), dst_offset, len) {
@@ -167,8 +171,8 @@ fn segments<'a>(
         for s in data.resolve(src.target(), s_start, d.len) {
             let s = s?;
             out.push(Segment {
-                dst: side(&d, s.at - s_start),
-                src: side(&s, 0),
+                dst: side(&d, s.at - s_start)?,
+                src: side(&s, 0)?,
                 len: s.len,
             });
         }
