@@ -149,7 +149,13 @@ fn a_reader_that_never_reads_cannot_pin_freed_memory() {
         len: 8 << 20,
     };
     (&s).write_all(&req.encode()).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The agent is serving it (and holds the memory) once its reply starts
+    // to arrive: wait for that, bounded, without reading a byte of it.
+    s.set_read_timeout(Some(Cluster::EVENT)).unwrap();
+    assert_eq!(
+        s.peek(&mut [0u8; 1]).expect("the agent starts its reply"),
+        1
+    );
     let master = c.master().expect("master");
     master
         .free(&oncilla_model::alloc::AllocRef::Id(id), false)
