@@ -6,49 +6,64 @@
 # given a BEFORE revision, `bench gpu` and `bench copy` of that build in the same run), and last a
 # summary that states each goal of the GPU work as met or not (summary.py).
 #
-# Every step is bounded; logs go to $OUT (default .gpu/out). About 2-3 minutes on an H100.
+# Every step is bounded, and all of them together by CHECK_BUDGET seconds (default 540, so the whole
+# check fits one 10-minute call of a device tool): a step gets the lesser of its own bound and what is
+# left, and a step with under 10 s left is skipped with a line that says so. Logs go under $OUT (default
+# .gpu/out) as each step ends, so a check cut short still leaves what it measured. About 100 s on an
+# H100.
 set -uo pipefail
 G=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-$G/out}; mkdir -p "$OUT"
+OUT=${OUT:-$G/out}
+# Each step's log goes to $L; at the end they are packed into $OUT/logs.tar.gz beside summary.md (a
+# device tool may bring back only a few files). A check cut short leaves them unpacked in $L.
+L=$OUT/logs; mkdir -p "$L"
 cd "$G/release"
 export PATH=$PWD:$PATH RUST_BACKTRACE=1
 step() { echo "== $1"; date +%T; }
-{ nvidia-smi -L; nproc; echo "revision $(cat "$G/REVISION" 2>/dev/null)"; } | tee "$OUT/machine.txt"
+deadline=$(( $(date +%s) + ${CHECK_BUDGET:-540} ))
+# bounded SECS CMD...: runs CMD for at most SECS, or what is left of the check's budget.
+bounded() {
+  local want=$1 left=$(( deadline - $(date +%s) )); shift
+  if [ "$left" -lt 10 ]; then echo "skipped: the check's budget is spent ($*)"; return 124; fi
+  timeout $(( want < left ? want : left )) "$@"
+}
+{ nvidia-smi -L; nproc; echo "revision $(cat "$G/REVISION" 2>/dev/null)"; } | tee "$L/machine.txt"
 
 step "cluster gpu tests"
-timeout 180 ./deps/cluster-* gpu --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1; echo "rc=$?"
-grep -E "^test |test result|FAILED|panicked" "$OUT/gpu-tests.log" | head -30
+bounded 180 ./deps/cluster-* gpu --test-threads=1 --nocapture > "$L/gpu-tests.log" 2>&1; echo "rc=$?"
+grep -E "^test |test result|FAILED|panicked" "$L/gpu-tests.log" | head -30
 
 step "cuda unit tests"
-timeout 60 ./deps/oncilla_cuda-* --test-threads=1 > "$OUT/cuda-unit.log" 2>&1; echo "rc=$?"
-grep -E "test result|FAILED|panicked" "$OUT/cuda-unit.log"
+bounded 60 ./deps/oncilla_cuda-* --test-threads=1 > "$L/cuda-unit.log" 2>&1; echo "rc=$?"
+grep -E "test result|FAILED|panicked" "$L/cuda-unit.log"
 
 step "bench gpu"
-timeout 200 ./ocmctl bench gpu --size 1MiB --size 64MiB --size 1GiB --repeat 3 --json > "$OUT/bench-gpu.json" 2> "$OUT/bench-gpu.err"; echo "rc=$?"
+bounded 200 ./ocmctl bench gpu --size 1MiB --size 64MiB --size 1GiB --repeat 5 --json > "$L/bench-gpu.json" 2> "$L/bench-gpu.err"; echo "rc=$?"
 if [ -x "$G/before/ocmctl" ]; then
   step "bench gpu, before ($(cat "$G/before/REVISION"))"
-  timeout 200 "$G/before/ocmctl" bench gpu --size 1MiB --size 64MiB --size 1GiB --repeat 3 --json > "$OUT/bench-gpu-before.json" 2>&1; echo "rc=$?"
+  bounded 200 "$G/before/ocmctl" bench gpu --size 1MiB --size 64MiB --size 1GiB --repeat 5 --json > "$L/bench-gpu-before.json" 2> "$L/bench-gpu-before.err"; echo "rc=$?"
 fi
 
 step "bench copy (host pairs), after and before alternating"
 for who in after before; do
   bin=./ocmctl; [ $who = before ] && bin="$G/before/ocmctl"
   [ -x "$bin" ] || continue
-  timeout 120 "$bin" bench copy --size 1MiB --size 64MiB --streams 1 --streams 4 --clients 1 > "$OUT/bench-copy-$who.txt" 2>&1
-  echo "$who rc=$?"; tail -20 "$OUT/bench-copy-$who.txt"
+  bounded 120 "$bin" bench copy --size 1MiB --size 64MiB --streams 1 --streams 4 --clients 1 > "$L/bench-copy-$who.txt" 2>&1
+  echo "$who rc=$?"; tail -20 "$L/bench-copy-$who.txt"
 done
 
 step "python suite"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/oncilla-site "$G"/wheel/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/oncilla-site ONCILLA_OCMCTL=$PWD/ocmctl ONCILLA_SCAN=$PWD/scan PYTHONUNBUFFERED=1
-(cd "$G" && timeout 180 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$OUT/pytest.log" 2>&1; echo "rc=$?"); tail -8 "$OUT/pytest.log"
+(cd "$G" && bounded 180 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$L/pytest.log" 2>&1; echo "rc=$?"); tail -8 "$L/pytest.log"
 
 step "scan into the GPU, 128M rows, 3 agents"
-timeout 150 ./ocmctl run --agents 3 --capacity 1600MiB -- ./scan --rows 128M > "$OUT/scan-gpu.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/scan-gpu.log"
+bounded 150 ./ocmctl run --agents 3 --capacity 1600MiB -- ./scan --rows 128M > "$L/scan-gpu.log" 2>&1; echo "rc=$?"; tail -8 "$L/scan-gpu.log"
 
 step "striped read of 3 agents (the scan's network ceiling)"
-timeout 120 ./ocmctl bench placement --size 1GiB --stripe 4MiB > "$OUT/placement.txt" 2>&1; echo "rc=$?"; tail -8 "$OUT/placement.txt"
+bounded 120 ./ocmctl bench placement --size 1GiB --stripe 4MiB > "$L/placement.txt" 2>&1; echo "rc=$?"; tail -8 "$L/placement.txt"
 
 step "summary"
-python3 "$G/summary.py" "$OUT" | tee "$OUT/summary.md"
+python3 "$G/summary.py" "$L" | tee "$OUT/summary.md"
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$L"
 date +%T

@@ -31,9 +31,10 @@ if [ -n "$before" ]; then
   (cd "$tree" && CARGO_TARGET_DIR="$root/target/before" cargo build --release -p ocmctl -p oncillad)
   git worktree remove --force "$tree"
   mkdir -p .gpu/before
-  cp target/before/release/ocmctl target/before/release/oncillad .gpu/before/
+  # ocmctl alone: it runs its own daemons (`ocmctl oncillad ...`), so the before build measures its own.
+  cp target/before/release/ocmctl .gpu/before/
   strip .gpu/before/* 2>/dev/null || true
   git rev-parse --short "$before" > .gpu/before/REVISION
 fi
-git rev-parse --short HEAD > .gpu/REVISION
+git describe --always --dirty --abbrev=7 > .gpu/REVISION   # "-dirty": built with uncommitted changes
 du -sh .gpu   # the device tool carries at most 64 MiB in all

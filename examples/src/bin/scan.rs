@@ -48,9 +48,15 @@ struct Args {
     /// Rows in the table (32 bytes each), e.g. 8M.
     #[arg(long, default_value = "4M")]
     rows: String,
-    /// Bytes per pipeline chunk (a multiple of 32).
-    #[arg(long, default_value = "8MiB")]
+    /// Bytes per pipeline chunk (a multiple of 32): one copy from remote
+    /// memory fills one chunk, drawing from every node its stripes are on.
+    #[arg(long, default_value = "32MiB")]
     chunk: String,
+    /// Bytes per stripe of the table across the nodes (a multiple of 4 KiB):
+    /// smaller than a chunk, so each chunk's copy reads several nodes at
+    /// once instead of one after another.
+    #[arg(long, default_value = "4MiB")]
+    stripe: String,
     /// Where the file copy of the table goes (deleted at the end).
     #[arg(long)]
     file: Option<PathBuf>,
@@ -280,6 +286,10 @@ fn run(args: &Args) -> Result<(), Failure> {
         .filter(|c| *c >= ROW as u64 && c % ROW as u64 == 0 && *c <= 1 << 30)
         .and_then(|c| usize::try_from(c).ok())
         .ok_or_else(|| Failure::Io("--chunk must be a multiple of 32 bytes up to 1GiB".into()))?;
+    let stripe = parse_size(&args.stripe)
+        .ok()
+        .filter(|s| *s >= 4096 && s % 4096 == 0)
+        .ok_or_else(|| Failure::Io("--stripe must be a multiple of 4KiB".into()))?;
     if rows == 0 {
         return Err(Failure::Io("--rows must be at least 1".into()));
     }
@@ -288,7 +298,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     let table = ocm.alloc_with(
         &AllocSpec::new(total, Kind::RemoteHost)
             .policy(Policy::Spread)
-            .stripe(chunk as u64 / 4096 * 4096),
+            .stripe(stripe),
     )?;
     let mut nodes: Vec<&str> = table
         .descriptor()
@@ -311,8 +321,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     let expected = load(&table, &path, rows, chunk)?;
     let (mut engine, engine_name) = Engine::pick(args.cpu, chunk);
     println!(
-        "scan engine: {engine_name}; {SLOTS} staging buffers of {}",
-        HumanBytes(chunk as u64)
+        "scan engine: {engine_name}; {SLOTS} staging buffers of {}; stripes of {}",
+        HumanBytes(chunk as u64),
+        HumanBytes(stripe)
     );
 
     let remote = engine.scan(total, chunk, |c, buf| {

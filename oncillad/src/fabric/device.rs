@@ -25,11 +25,13 @@ use oncilla_cuda::{CudaError, Gpu};
 /// Buffers in a ring: the network fills one while the device drains
 /// another and a third waits, so neither side idles on a hiccup.
 pub const RING_SLOTS: usize = 3;
-/// Bytes per buffer: large enough that a driver call's fixed cost (about
-/// 10 µs) is under 1% of its transfer, small enough that the first
-/// buffer's latency is a small part of a 1 MiB request.
-pub const SLOT_LEN: usize = 1 << 20;
-/// Most rings per GPU (each request holds one): 8 × 3 MiB page-locked,
+/// Bytes per buffer: 4 MiB, so that a driver call's fixed cost (about
+/// 10 µs, more where other processes' contexts share the GPU) is well
+/// under 1% of its transfer and a pull fetches its source in few requests;
+/// a request smaller than a buffer uses only what it needs, and a large
+/// one's first buffer is off the device in under 0.1 ms at PCIe speed.
+pub const SLOT_LEN: usize = 4 << 20;
+/// Most rings per GPU (each request holds one): 8 × 12 MiB page-locked,
 /// made only as concurrent device requests need them.
 pub const RINGS_PER_GPU: usize = 8;
 /// How long a request waits for a ring when all of its GPU's are lent,
