@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's whole test run (the README's test command; .ci/run calls it
 # after installing packages): the layering rules; every test of the default build; then the
-# RDMA `verbs` feature linted and unit-tested; then every integration test
+# RDMA `verbs` feature linted and unit-tested, beside every integration test
 # against a real verbs provider, Soft-RoCE inside a QEMU guest
 # (deploy/softroce/verbs-tests.sh: where the guest cannot run it prints one
 # line saying why and the run goes on). The verbs steps need
@@ -53,10 +53,27 @@ step python python/run-tests.sh
 
 # One feature set for every verbs step, so they share one build.
 verbs=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
+# The guest's build first, then the guest in the background while the
+# other verbs steps run beside it: the guest keeps about one of CI's two
+# cores busy, and those steps only check code and build a unit-test
+# binary, never a file the guest runs. Its output is shown when it ends.
+step "Soft-RoCE build" deploy/softroce/verbs-tests.sh --prepare
+guest_log=target/softroce-step.log
+# In a process group of its own (setsid), so that a failing step below
+# stops the whole guest (QEMU included) and not just its script.
+setsid deploy/softroce/verbs-tests.sh --run > "$guest_log" 2>&1 &
+guest=$!
+trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; (exit "$st"); report' EXIT
 step "clippy (verbs)" cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
 # The feature switches one thing: which file oncilla-rdma compiles as its
 # verbs module (rdma/src/lib.rs; a stand-in without it). Every other
 # crate's code is the same in both builds, and its unit tests ran above;
 # the verbs layer's own are run here.
 step "unit tests (verbs)" cargo test -p oncilla-rdma --lib --features oncilla-rdma/verbs
-step "Soft-RoCE guest" deploy/softroce/verbs-tests.sh
+guest_ends() {
+  local rc=0
+  wait "$guest" || rc=$?
+  cat "$guest_log"
+  return "$rc"
+}
+step "Soft-RoCE guest (rest)" guest_ends

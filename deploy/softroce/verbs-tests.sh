@@ -7,8 +7,8 @@
 #   1. those test binaries with the agents on rxe0 and rxe1 (agent i on
 #      device i mod 2) and the test process on rxe0, so bytes to node-1
 #      cross the veth pair;
-#   2. the verbs tests, and the cluster tests about verbs, again with
-#      every agent on rxe0;
+#   2. the verbs tests that move bytes, and the cluster tests about
+#      verbs, again with every agent on rxe0;
 #   3. the 4 GiB addressing test, on huge pages reserved for it;
 #   4. last, the test that deletes an RDMA port mid-run (it puts it back).
 #
@@ -25,9 +25,25 @@
 # the guest cannot run (no qemu, no Debian kernel, not x86-64), it prints
 # one line saying why and exits 0, so the rest of the suite still counts.
 #
-#   deploy/softroce/verbs-tests.sh [TEST-NAME-FILTER]
+#   deploy/softroce/verbs-tests.sh [--prepare | --run] [TEST-NAME-FILTER]
+#
+# --prepare builds and writes the guest's script; --run boots the guest on
+# what --prepare left. deploy/check.sh runs them apart, so that cargo is
+# free for its other verbs steps while the guest runs (nothing they build
+# is a file the guest runs). With neither, both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+
+phase=all
+case ${1:-} in
+  --prepare | --run) phase=${1#--}; shift ;;
+esac
+script=target/softroce-tests.sh
+# The guest writes its output to a file in a directory shared read-write
+# (its serial stream garbles long output); followed here as it grows.
+out=target/softroce-out
+
+prepare() {
 
 features=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
 # The whole workspace with one feature set (as deploy/check.sh's other
@@ -49,7 +65,7 @@ for line in sys.stdin:
 
 filter=${1:-}
 # Suites that run on the host only (see the top of this file).
-HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns"
+HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns mapping"
 # Every suite is either run here or named above, so a new one is not left
 # out unnoticed.
 for t in "${tests[@]}"; do
@@ -59,16 +75,15 @@ for t in "${tests[@]}"; do
     *) echo "verbs-tests: suite $name is neither run in the guest nor named in HOST_ONLY" >&2; exit 1 ;;
   esac
 done
-script=target/softroce-tests.sh
-# The guest writes its output to a file in a directory shared read-write
-# (its serial stream garbles long output); followed here as it grows.
-out=target/softroce-out
 rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
 {
   echo "exec >>$PWD/$out/log 2>&1"
   echo 'set -u; failed=0'
   echo 'export ONCILLA_RDMA_DEVICE=rxe0 RUST_BACKTRACE=1'
-  echo 'run() { echo "=== $1: ONCILLA_TEST_RDMA_DEV=$ONCILLA_TEST_RDMA_DEV"; shift; "$@" || failed=1; }'
+  # Each test's time beside its result (libtest's --report-time, which a
+  # stable toolchain's test binaries accept under RUSTC_BOOTSTRAP): the
+  # guest is most of CI's time, and this says which tests it goes to.
+  echo 'run() { echo "=== $1: ONCILLA_TEST_RDMA_DEV=$ONCILLA_TEST_RDMA_DEV"; shift; RUSTC_BOOTSTRAP=1 "$@" -Zunstable-options --report-time || failed=1; }'
   # Tests that need a set-up of their own run alone, below.
   alone=(--skip port_removed --skip offsets_past_4_gib)
   # The verbs tests print what they measured (agent CPU, copies after a
@@ -80,6 +95,11 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
     case $1 in
       hostile_authority) echo "${filter:-credential}" ;;
       cluster-again) echo "${filter:-verbs}" ;;
+      # The second pass is about where agents sit (all on the client's
+      # device), which matters to the paths that move bytes; queue-pair
+      # set-up over TLS, key refusal, bounce buffers under a locked-memory
+      # limit and the agent's CPU per byte ran in the first pass.
+      verbs-again) echo "${filter:-copies_of_every_size_class batches_move_every_byte one_allocation_over_verbs_and_tcp}" ;;
       *) echo "$filter" ;;
     esac
   }
@@ -96,7 +116,7 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
     name=${t%% *} exe=${t#* }
     case $name in
       cluster) echo "run $name $exe --test-threads 1 ${alone[*]} $(only cluster-again)" ;;
-      verbs) echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $filter" ;;
+      verbs) echo "run $name $exe --test-threads 1 $(shown $name) ${alone[*]} $(only verbs-again)" ;;
     esac
   done
   for t in "${tests[@]}"; do
@@ -115,6 +135,11 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
   done
   echo 'exit $failed'
 } > "$script"
+}
+
+[ "$phase" = run ] || prepare "$@"
+[ "$phase" != prepare ] || exit 0
+[ -f "$script" ] || { echo "verbs-tests: no $script: run with --prepare first" >&2; exit 1; }
 
 tail -n +1 -f "$out/log" &
 follow=$!
