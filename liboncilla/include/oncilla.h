@@ -62,6 +62,9 @@ typedef enum ocm_status_t {
   // The request would take this process's user past a quota (the
   // message names it; `ocmctl quota` shows them).
   OCM_E_QUOTA = 16,
+  // Remote memory cannot be mapped here (userfaultfd not allowed, too
+  // old a kernel, GPU memory) or its paging failed.
+  OCM_E_MAP = 17,
 } ocm_status_t;
 
 // How the master places an allocation that names no nodes (an `int` in
@@ -214,6 +217,33 @@ int ocm_last_error(void);
 // The full message of this thread's last failure ("" after a success),
 // valid until this thread's next call into liboncilla.
 const char *ocm_last_error_message(void);
+
+// Maps `a` into this process and stores its first byte's address in
+// `*ptr`. Remote memory is fetched in 64 KiB blocks as it is touched
+// (read ahead up to 4 MiB for sequential access, at most 1 GiB held
+// locally, a block that cannot be fetched within 30 s raises SIGBUS); an
+// allocation in this node's memory is mapped directly. Writes reach the
+// allocation, and other processes, at `ocm_flush` or `ocm_unmap`.
+// `flags` must be 0. `OCM_E_EXISTS` when `a` is mapped already; `OCM_E_MAP`
+// when this process may not map (the message says what to change).
+//
+// # Safety
+// `ptr` is NULL (refused) or points to writable storage for a pointer.
+int ocm_map(ocm_alloc_t a, int flags, void **ptr);
+
+// Writes back what was written through `a`'s mapping and unmaps it; the
+// pointer `ocm_map` gave is invalid after. `OCM_E_INVALID` when `a` is not
+// mapped (a second unmap); `OCM_E_MAP` when written bytes could not be
+// written back (a node is down): the range is released all the same.
+int ocm_unmap(ocm_alloc_t a);
+
+// Makes the bytes written through `a`'s mapping in `[offset, offset +
+// len)` visible to other processes (writes them back).
+int ocm_flush(ocm_alloc_t a, uint64_t offset, uint64_t len);
+
+// Drops the clean cached blocks of `[offset, offset + len)` of `a`'s
+// mapping: the next touch fetches what the allocation holds then.
+int ocm_invalidate(ocm_alloc_t a, uint64_t offset, uint64_t len);
 
 #ifdef __cplusplus
 }  // extern "C"

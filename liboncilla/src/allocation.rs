@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
+use crate::map::{MapOptions, Mapped};
 use crate::route::{self, Route};
 use crate::spec::Fabric;
 
@@ -195,6 +196,20 @@ impl Allocation {
             offset,
             buf: IoBuf::Read(dst),
         }])
+    }
+
+    /// Maps the allocation into this process: its bytes at
+    /// [`Mapped::as_ptr`], fetched block by block as they are touched
+    /// (userfaultfd demand paging over the allocation's own route), written
+    /// back at [`Mapped::flush`], eviction and unmap. An allocation wholly
+    /// in this node's memory is mapped directly, with no paging.
+    ///
+    /// # Errors
+    /// [`Error::Map`] for GPU memory, or where this process may not use
+    /// userfaultfd (the message names what to change);
+    /// [`Error::InvalidArgument`] for options out of range.
+    pub fn map(&self, options: MapOptions) -> Result<Mapped<'_>> {
+        crate::map::map(self, &self.client, options)
     }
 
     /// The bytes of an allocation that lies wholly in this node's memory,

@@ -66,6 +66,11 @@ pub enum Error {
     /// The CUDA driver failed a copy or an allocation on a GPU.
     #[error("{0}")]
     Gpu(String),
+    /// Remote memory cannot be mapped into this process (userfaultfd is
+    /// not allowed, the kernel is too old, the memory is a GPU's), or its
+    /// demand paging failed; the message says what to change.
+    #[error("{0}")]
+    Map(String),
     /// No usable cluster token.
     #[error(transparent)]
     Token(#[from] TokenError),

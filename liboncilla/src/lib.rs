@@ -51,6 +51,7 @@ mod descriptor;
 mod device;
 mod error;
 mod fabric;
+mod map;
 mod operator;
 mod options;
 mod route;
@@ -64,6 +65,7 @@ pub use batch::{Batch, Pending};
 pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};
 pub use fabric::{streams_for, STREAM_MIN};
+pub use map::{MapOptions, MapStats, Mapped, MAX_BLOCK};
 /// The cluster token and CA an [`Operator`] and [`Options`] take: re-exported
 /// so applications need no other crate of the workspace.
 pub use oncilla_net::auth::{Token, TokenError};

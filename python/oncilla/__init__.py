@@ -37,6 +37,8 @@ from ._oncilla import (  # noqa: F401  (re-exported)
     InternalError,
     InUse,
     InvalidArgument,
+    MapError,
+    Mapping,
     NodeDown,
     NodeUnreachable,
     NoGpu,
@@ -56,9 +58,10 @@ if sys.version_info >= (3, 12):
     # PEP 688: setting `__buffer__` on a class installs its buffer slots
     # (the extension's class gets them no other way under the 3.9 stable
     # ABI), so memoryview(alloc) and bytes-like use work directly.
-    for _name in ("__buffer__", "__release_buffer__"):
-        setattr(Allocation, _name, Allocation.__dict__[_name])
-    del _name
+    for _cls in (Allocation, Mapping):
+        for _name in ("__buffer__", "__release_buffer__"):
+            setattr(_cls, _name, _cls.__dict__[_name])
+    del _cls, _name
 
 __all__ = [
     "AgentUnreachable",
@@ -72,6 +75,8 @@ __all__ = [
     "InternalError",
     "InvalidArgument",
     "Kind",
+    "MapError",
+    "Mapping",
     "NoGpu",
     "NodeDown",
     "NodeUnreachable",

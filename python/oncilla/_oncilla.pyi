@@ -43,6 +43,9 @@ class InUse(OncillaError):
 class OutOfBounds(OncillaError):
     """A copy outside the allocation."""
 
+class MapError(OncillaError):
+    """Remote memory cannot be mapped here (userfaultfd not allowed, kernel too old, GPU memory), or its paging failed."""
+
 class NodeUnreachable(OncillaError):
     """A node holding bytes of the allocation cannot be reached."""
 
@@ -140,6 +143,16 @@ class Allocation:
         """Frees it even while other processes are attached."""
     def __enter__(self) -> Allocation: ...
     def __exit__(self, *exc: Any) -> bool: ...
+    def map(
+        self,
+        *,
+        block: Optional[int] = None,
+        read_ahead: Optional[int] = None,
+        budget: Optional[int] = None,
+        timeout: Optional[float] = None,
+        threads: Optional[int] = None,
+    ) -> Mapping:
+        """Maps the allocation into this process; remote memory is fetched in blocks as it is touched."""
     def view(self) -> memoryview:
         """A writable memoryview of local host memory, no copy."""
     def __buffer__(self, flags: int) -> memoryview:
@@ -162,3 +175,25 @@ class Allocation:
     @property
     def __cuda_array_interface__(self) -> Dict[str, Any]:
         """The CUDA array interface of local GPU memory (uint8)."""
+
+class Mapping:
+    """A mapped allocation (``Allocation.map()``): ``numpy.asarray(m)``,
+    ``m.view()`` and (3.12+) ``memoryview(m)`` are its memory, no copy.
+    Writes reach the allocation at ``flush()``; ``invalidate()`` drops clean
+    cached blocks. A context manager: leaving the block unmaps."""
+
+    def __len__(self) -> int: ...
+    def flush(self, offset: int = 0, length: Optional[int] = None) -> None: ...
+    def invalidate(self, offset: int = 0, length: Optional[int] = None) -> None: ...
+    def unmap(self) -> None: ...
+    @property
+    def stats(self) -> Dict[str, int]: ...
+    @property
+    def last_error(self) -> Optional[str]: ...
+    def view(self) -> memoryview: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+    def __release_buffer__(self, view: memoryview) -> None: ...
+    @property
+    def __array_interface__(self) -> Dict[str, Any]: ...
+    def __enter__(self) -> Mapping: ...
+    def __exit__(self, *exc: Any) -> bool: ...

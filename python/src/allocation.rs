@@ -9,7 +9,7 @@
 //! last view goes); an explicit `free()` is then refused rather than pull
 //! memory from under a view. It never frees what it did not open.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use liboncilla::{Descriptor, Oncilla};
@@ -19,6 +19,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::buffer::{Held, Raw};
 use crate::errors::{to_py, InUse, InvalidArgument, NotFound};
+use crate::mapping::Mapping;
 use crate::views;
 
 /// An allocation (see the module docs).
@@ -36,6 +37,8 @@ pub struct Allocation {
     closed: AtomicBool,
     /// A free or detach is running (the GIL released, the handle taken).
     releasing: AtomicBool,
+    /// Live `Mapping`s of it (each unmapped before the memory can go).
+    mappings: AtomicUsize,
 }
 
 impl Allocation {
@@ -47,6 +50,7 @@ impl Allocation {
             exported: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
+            mappings: AtomicUsize::new(0),
         }
     }
 
@@ -110,9 +114,25 @@ impl Allocation {
         self.exported.store(true, Ordering::Release);
     }
 
+    /// A `Mapping` of it was made: it is not freed until that is gone.
+    pub fn mapped(&self) {
+        self.mappings.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A `Mapping` of it was unmapped.
+    pub fn unmapped(&self) {
+        self.mappings.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Frees (`force`) or detaches, or only closes the handle when views
     /// were handed out.
     fn release(&self, py: Python<'_>, how: Release) -> PyResult<()> {
+        if self.mappings.load(Ordering::Acquire) > 0 {
+            return Err(InUse::new_err(format!(
+                "allocation {} is mapped (Allocation.map): unmap() the mapping, or let it and its views go, first",
+                self.desc.id
+            )));
+        }
         if self.exported.load(Ordering::Acquire) {
             if how == Release::Close {
                 self.closed.store(true, Ordering::Release);
@@ -414,6 +434,43 @@ impl Allocation {
         }
         self.release(py, Release::Close)?;
         Ok(false)
+    }
+
+    /// Maps the allocation into this process (remote memory is fetched in
+    /// blocks as it is touched; see `Mapping`). Keyword arguments override
+    /// liboncilla's defaults: `block` and `read_ahead` and `budget` in
+    /// bytes, `timeout` in seconds, `threads`. While mapped, the allocation
+    /// cannot be freed.
+    #[pyo3(signature = (*, block=None, read_ahead=None, budget=None, timeout=None, threads=None))]
+    fn map(
+        slf: &Bound<'_, Self>,
+        py: Python<'_>,
+        block: Option<u64>,
+        read_ahead: Option<u64>,
+        budget: Option<u64>,
+        timeout: Option<f64>,
+        threads: Option<usize>,
+    ) -> PyResult<Mapping> {
+        let mut o = liboncilla::MapOptions::default();
+        if let Some(b) = block {
+            o = o.block(b);
+        }
+        if let Some(r) = read_ahead {
+            o = o.read_ahead(r);
+        }
+        if let Some(b) = budget {
+            o = o.budget(b);
+        }
+        if let Some(t) = timeout {
+            let t = std::time::Duration::try_from_secs_f64(t).map_err(|_| {
+                InvalidArgument::new_err(format!("timeout {t} is not a duration in seconds"))
+            })?;
+            o = o.timeout(t);
+        }
+        if let Some(n) = threads {
+            o = o.threads(n);
+        }
+        Mapping::open(py, slf, o)
     }
 
     /// A writable `memoryview` of a local host allocation's memory, with

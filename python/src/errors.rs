@@ -111,6 +111,13 @@ create_exception!(
     "A bug or an unexpected answer."
 );
 
+create_exception!(
+    oncilla,
+    MapError,
+    OncillaError,
+    "Remote memory cannot be mapped here (userfaultfd not allowed, kernel too old, GPU memory), or its paging failed."
+);
+
 /// `e` as the Python exception of its kind.
 pub fn to_py(e: liboncilla::Error) -> PyErr {
     use liboncilla::Error as E;
@@ -132,6 +139,7 @@ pub fn to_py(e: liboncilla::Error) -> PyErr {
         E::NoGpu(_) => NoGpu::new_err(msg),
         E::Gpu(_) => GpuError::new_err(msg),
         E::Token(_) => TokenError::new_err(msg),
+        E::Map(_) => MapError::new_err(msg),
         E::Internal(_) => InternalError::new_err(msg),
     }
 }
@@ -156,6 +164,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NoGpu", py.get_type::<NoGpu>())?;
     m.add("GpuError", py.get_type::<GpuError>())?;
     m.add("TokenError", py.get_type::<TokenError>())?;
+    m.add("MapError", py.get_type::<MapError>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     Ok(())
 }

@@ -19,6 +19,7 @@ mod allocation;
 mod bench;
 mod buffer;
 mod errors;
+mod mapping;
 mod session;
 mod spec;
 mod views;
@@ -30,6 +31,7 @@ use pyo3::prelude::*;
 fn _oncilla(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::Session>()?;
     m.add_class::<allocation::Allocation>()?;
+    m.add_class::<mapping::Mapping>()?;
     m.add_function(wrap_pyfunction!(session::connect, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_rust_copy_out_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_rust_copy_seconds, m)?)?;

@@ -100,14 +100,24 @@ fn host_only(a: &Allocation, what: &str) -> PyResult<(usize, usize)> {
 /// A writable `memoryview` over local host memory: a ctypes array at the
 /// mapping's address that holds the allocation.
 pub fn memoryview<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyAny>> {
-    let py = slf.py();
     let (ptr, len) = host_only(slf.get(), "memoryview")?;
+    memoryview_of(slf.as_any(), ptr, len)
+}
+
+/// A writable `memoryview` of the `len` bytes at `ptr`, which live as long
+/// as `owner`: a ctypes array at that address that holds `owner`.
+pub fn memoryview_of<'py>(
+    owner: &Bound<'py, PyAny>,
+    ptr: usize,
+    len: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = owner.py();
     let ctypes = py.import("ctypes")?;
     let array = ctypes
         .getattr("c_ubyte")?
         .mul(len)?
         .call_method1("from_address", (ptr,))?;
-    array.setattr("_oncilla_allocation", slf)?;
+    array.setattr("_oncilla_owner", owner)?;
     // ctypes says "<B"; cast to plain "B" so slices can be assigned.
     py.import("builtins")?
         .getattr("memoryview")?

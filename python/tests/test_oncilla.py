@@ -243,6 +243,44 @@ def test_views_of_remote_memory_are_refused(ocm):
     a.free()
 
 
+def test_a_mapped_remote_allocation_is_a_numpy_array(ocm, cluster):
+    n = 8 * MiB + 4096 + 17
+    data = (np.arange(n, dtype=np.uint64) * 2654435761 >> 11).astype(np.uint8)
+    a = ocm.alloc(n, nodes=["node-1"])
+    ident = a.id
+    a.copy_in(0, data.tobytes())
+    m = a.map(budget=2 * MiB)
+    assert len(m) == n and m.stats["resident"] == 0, "nothing read before a touch"
+    v = np.asarray(m)
+    assert v.shape == (n,) and v.dtype == np.uint8
+    # Summed through the pointer, with a budget a quarter of the size.
+    assert int(v.sum(dtype=np.uint64)) == int(data.sum(dtype=np.uint64))
+    assert m.stats["resident"] <= 2 * MiB and m.stats["evicted"] > 0
+    # Writes through the view reach the allocation at flush...
+    v[:5] = np.frombuffer(b"hello", np.uint8)
+    assert a.copy_out(0, 5) != b"hello"
+    m.flush(0, 4096)
+    assert a.copy_out(0, 5) == b"hello"
+    # ...and another writer's bytes show after invalidate.
+    a.copy_in(n - 5, b"world")
+    m.invalidate()
+    assert bytes(v[n - 5:]) == b"world"
+    w = m.view()
+    assert w.nbytes == n and bytes(w[:5]) == b"hello"
+    # Not freed while mapped, not unmapped under views.
+    with pytest.raises(oncilla.InUse, match="mapped"):
+        a.free()
+    with pytest.raises(oncilla.InUse, match="views"):
+        m.unmap()
+    with pytest.raises(oncilla.InvalidArgument, match="page size"):
+        a.map(block=1000)
+    # The last view's end unmaps; then the allocation frees.
+    del v, w, m
+    gc.collect()
+    a.free()
+    assert_freed(cluster, ident, "free after the mapping went did not free it")
+
+
 def test_errors_are_typed(ocm, cluster):
     with ocm.alloc(MiB, nodes=["node-1"]) as a:
         with pytest.raises(oncilla.OutOfBounds):

@@ -146,7 +146,7 @@ static int basic(void) {
         "attach unknown name");
   CHECK(ocm_alloc(1ull << 50, OCM_REMOTE_HOST) == NULL && ocm_last_error() == OCM_E_NO_MEMORY,
         "too large");
-  for (int c = 0; c <= 15; c++) CHECK(strlen(ocm_strerror(c)) > 0, "strerror(%d)", c);
+  for (int c = 0; c <= 17; c++) CHECK(strlen(ocm_strerror(c)) > 0, "strerror(%d)", c);
   CHECK(strcmp(ocm_strerror(99), "unknown status code") == 0, "strerror of unknown");
   printf("ok bad input: NULL/forged handles, NULL buffers, bounds, kinds, policies, fabrics, flags, names, size\n");
 
@@ -201,10 +201,52 @@ static int attach(const char *name) {
   return ocm_tini() == OCM_OK ? 0 : 1;
 }
 
+/* Remote memory through a pointer: ocm_map, reads and writes through it,
+ * ocm_flush (then a copy sees the writes), ocm_invalidate (then the
+ * pointer sees a copy's writes), and the refusals of a second map, a bad
+ * flag, an unmapped handle and a double unmap. */
+static int mapped(void) {
+  CHECK(ocm_init() == OCM_OK, "ocm_init");
+  ocm_alloc_t a = make(OCM_REMOTE_HOST);
+  unsigned char *data = malloc(LEN), *back = malloc(LEN);
+  CHECK(a && data && back, "alloc and malloc");
+  fill(data, LEN, 5);
+  CHECK(ocm_copy_in(a, 0, data, LEN) == OCM_OK, "fill");
+  void *p = NULL;
+  CHECK(ocm_map(a, 1, &p) == OCM_E_INVALID, "flags must be 0");
+  CHECK(ocm_map(a, 0, NULL) == OCM_E_INVALID, "NULL ptr");
+  CHECK(ocm_flush(a, 0, 1) == OCM_E_INVALID, "flush before map");
+  CHECK(ocm_map(a, 0, &p) == OCM_OK && p != NULL, "ocm_map: %s", ocm_last_error_message());
+  void *again = NULL;
+  CHECK(ocm_map(a, 0, &again) == OCM_E_EXISTS, "a second map is refused");
+  unsigned char *m = p;
+  CHECK(memcmp(m, data, LEN) == 0, "the pointer reads the allocation");
+  fill(data, LEN, 6);
+  memcpy(m + 4096, data, LEN - 8192);
+  CHECK(ocm_flush(a, 0, LEN) == OCM_OK, "ocm_flush");
+  CHECK(ocm_copy_out(a, 4096, back, LEN - 8192) == OCM_OK, "read after flush");
+  CHECK(memcmp(back, data, LEN - 8192) == 0, "a copy sees what was flushed");
+  fill(data, 1 << 20, 7);
+  CHECK(ocm_copy_in(a, 0, data, 1 << 20) == OCM_OK, "write by copy");
+  CHECK(ocm_invalidate(a, 0, 1 << 20) == OCM_OK, "ocm_invalidate");
+  CHECK(memcmp(m, data, 1 << 20) == 0, "the pointer sees the copy after invalidate");
+  CHECK(ocm_flush(a, LEN, 1) == OCM_E_OUT_OF_BOUNDS, "flush past the end");
+  CHECK(ocm_unmap(a) == OCM_OK, "ocm_unmap");
+  CHECK(ocm_unmap(a) == OCM_E_INVALID, "a double unmap is refused");
+  CHECK(ocm_invalidate(a, 0, 1) == OCM_E_INVALID, "invalidate after unmap");
+  CHECK(ocm_map(a, 0, &p) == OCM_OK, "map again");
+  CHECK(ocm_free(a) == OCM_OK, "free while mapped unmaps first");
+  printf("ok map: pointer reads, flush, invalidate, refusals\n");
+  free(data);
+  free(back);
+  return ocm_tini() == OCM_OK ? failures : 1;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "map") == 0) return mapped();
   if (argc == 2 && strcmp(argv[1], "basic") == 0) return basic();
   if (argc == 3 && strcmp(argv[1], "create") == 0) return create(argv[2]);
   if (argc == 3 && strcmp(argv[1], "attach") == 0) return attach(argv[2]);
-  fprintf(stderr, "usage: abi basic | abi create NAME | abi attach NAME\n");
+  fprintf(stderr, "usage: abi basic | abi map | abi create NAME | abi attach NAME\n");
   return 2;
 }

@@ -3,8 +3,9 @@
 //! against a real local cluster:
 //!
 //! - `tests/c/abi.c`: every kind, copies with offsets, the status codes of
-//!   bad input, and a named allocation made by one C process and attached,
-//!   checked and freed by a second;
+//!   bad input, remote memory through `ocm_map`'s pointer, and a named
+//!   allocation made by one C process and attached, checked and freed by a
+//!   second;
 //! - the ported applications in `examples/c/` (BFS, the relational
 //!   operators) at small sizes, each checking its own answers.
 
@@ -104,6 +105,8 @@ fn c_programs_use_every_call_of_the_abi() {
     assert!(text.contains("ok bad input"), "{text}");
     assert!(text.contains("ok free"), "{text}");
 
+    let out = run(&c, &exe, &["map"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok map"));
     run(&c, &exe, &["create", "c-shared"]);
     run(&c, &exe, &["attach", "c-shared"]);
     // Nothing is left behind: every allocation was freed.

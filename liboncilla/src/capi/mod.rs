@@ -26,7 +26,10 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{AllocSpec, Allocation, Error, Fabric, Kind, Oncilla, Policy};
+use crate::{AllocSpec, Allocation, Error, Fabric, Kind, Mapped, Oncilla, Policy};
+
+mod map;
+pub use map::{ocm_flush, ocm_invalidate, ocm_map, ocm_unmap};
 
 /// Status codes: every call that can fail returns one (0 is success), and
 /// `ocm_last_error` repeats the calling thread's last one. The values are
@@ -68,6 +71,9 @@ pub enum ocm_status_t {
     /// The request would take this process's user past a quota (the
     /// message names it; `ocmctl quota` shows them).
     OCM_E_QUOTA = 16,
+    /// Remote memory cannot be mapped here (userfaultfd not allowed, too
+    /// old a kernel, GPU memory) or its paging failed.
+    OCM_E_MAP = 17,
 }
 
 use ocm_status_t::*;
@@ -161,6 +167,9 @@ struct Context {
 
 /// One allocation behind a handle, with its mapping found once.
 struct Handle {
+    /// `ocm_map`'s mapping, dropped (written back, unmapped) before the
+    /// allocation: fields drop in declaration order.
+    mapped: Mutex<Option<Mapped<'static>>>,
     alloc: Allocation,
     /// `ocm_localbuf`'s answer: the mapped bytes of a local host
     /// allocation (an address, valid while `alloc` lives), or 0.
@@ -200,6 +209,7 @@ impl From<Error> for Fail {
             Error::NoGpu(_) => OCM_E_NO_GPU,
             Error::Gpu(_) => OCM_E_GPU,
             Error::Token(_) => OCM_E_TOKEN,
+            Error::Map(_) => OCM_E_MAP,
             Error::Internal(_) => OCM_E_INTERNAL,
         };
         Fail(code, e.to_string())
@@ -295,7 +305,14 @@ fn file(mut alloc: Allocation) -> Result<ocm_alloc_t, Fail> {
         // Tokens are 17, 33, 49, ...: never NULL, never a small integer
         // mistaken for a handle.
         c.next += 16;
-        c.allocs.insert(c.next, Arc::new(Handle { alloc, local }));
+        c.allocs.insert(
+            c.next,
+            Arc::new(Handle {
+                mapped: Mutex::new(None),
+                alloc,
+                local,
+            }),
+        );
         Ok(c.next as ocm_alloc_t)
     })
 }
@@ -540,7 +557,18 @@ pub extern "C" fn ocm_free(a: ocm_alloc_t) -> c_int {
     status(|| {
         let h = with_context(|c| c.allocs.remove(&(a as usize)).ok_or_else(|| bad_handle(a)))?;
         match Arc::try_unwrap(h) {
-            Ok(h) => Ok(h.alloc.free()?),
+            Ok(h) => {
+                let Handle { mapped, alloc, .. } = h;
+                // Unmapped first: its dirty blocks go back before the
+                // memory does (pointless but harmless), and no mapping
+                // outlives its allocation.
+                if let Some(m) = mapped.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    if let Err(e) = m.unmap() {
+                        tracing::warn!(error = %e, "ocm_free of a mapped allocation");
+                    }
+                }
+                Ok(alloc.free()?)
+            }
             // Another thread is copying: the last one to finish frees it.
             Err(_) => Ok(()),
         }
@@ -696,6 +724,7 @@ fn strerror(code: c_int) -> &'static CStr {
         14 => c"no usable cluster token",
         15 => c"internal error",
         16 => c"quota exceeded",
+        17 => c"cannot map remote memory here",
         _ => c"unknown status code",
     }
 }

@@ -1,0 +1,554 @@
+//! Demand paging of one mapped allocation: a thread that takes the
+//! kernel's fault reports, and workers that fetch blocks over the
+//! allocation's own route and fill them in, write dirty blocks back, and
+//! keep the mapping within its budget.
+//!
+//! Ordering rules, which make it correct with any number of application
+//! threads touching the range:
+//! - A block is filled and marked present under the block table's lock, so
+//!   a fault is never handled against a half-updated state.
+//! - A fetched block arrives write-protected (unless a write faulted it
+//!   in), so its first write is always seen; a dirty block is
+//!   write-protected again *before* its bytes are read for a write-back,
+//!   so no write can slip between the copy and the mark "clean".
+//! - A block's pages are dropped only after it is written back, and a
+//!   thread that touches a block while it is written back or dropped waits
+//!   (the kernel holds it) until that ends, then retries.
+//! - A fetch that still fails after the timeout poisons the block: the
+//!   threads that touch it get SIGBUS, never zeros, never a hang.
+//!
+//! It owns its threads and the block table; it never chooses a route (the
+//! [`Backing`] copies as the allocation does).
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use super::blocks::{Blocks, OnWrite, State};
+use super::region::Region;
+use super::uffd::{Fault, Faults};
+use crate::error::{Error, Result};
+
+/// Where a mapping's bytes come from and go back to.
+pub(crate) trait Backing: Send + Sync + 'static {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    fn write(&self, offset: u64, data: &[u8]) -> Result<()>;
+}
+
+/// How a pager works (validated by [`super::MapOptions`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// Bytes of the allocation.
+    pub(crate) size: u64,
+    /// Bytes per block (a multiple of the page size).
+    pub(crate) block: usize,
+    /// Most blocks present at once.
+    pub(crate) budget_blocks: usize,
+    /// Most blocks one sequential fault fetches.
+    pub(crate) window: usize,
+    /// How long a block's fetch is retried before its pages are poisoned.
+    pub(crate) timeout: Duration,
+    /// Fetching threads.
+    pub(crate) workers: usize,
+}
+
+/// What a mapping has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapStats {
+    /// Faults on pages not present (each fetches or waits for one block).
+    pub faults: u64,
+    /// Bytes fetched (faulted in or read ahead).
+    pub fetched: u64,
+    /// Bytes written back (by flush, eviction or unmap).
+    pub written_back: u64,
+    /// Blocks dropped to stay within the budget.
+    pub evicted: u64,
+    /// Bytes of local memory the mapping holds now.
+    pub resident: u64,
+}
+
+struct Shared {
+    plan: Plan,
+    /// Blocks in the allocation.
+    count: usize,
+    faults: Faults,
+    region: Region,
+    backing: Box<dyn Backing>,
+    blocks: Mutex<Blocks>,
+    jobs: Mutex<VecDeque<usize>>,
+    job_ready: Condvar,
+    /// Signalled when a block leaves (room for a fetched one).
+    room: Condvar,
+    stop: AtomicBool,
+    /// Written to when stopping, so the fault thread's poll returns.
+    stop_write: OwnedFd,
+    stop_read: OwnedFd,
+    last_error: Mutex<Option<String>>,
+    faults_seen: AtomicU64,
+    fetched: AtomicU64,
+    written_back: AtomicU64,
+    evicted: AtomicU64,
+}
+
+/// A running pager; stopping it (or dropping it) joins its threads.
+pub(crate) struct Pager {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pager {
+    /// Registers `region` with `faults` and starts paging it from `backing`.
+    pub(crate) fn start(
+        plan: Plan,
+        faults: Faults,
+        region: Region,
+        backing: Box<dyn Backing>,
+    ) -> Result<Self> {
+        faults.register(region.base(), region.len())?;
+        let (stop_read, stop_write) = nix::unistd::pipe()
+            .map_err(|e| Error::Map(format!("cannot make the pager's wake-up pipe: {e}")))?;
+        let count = usize::try_from(plan.size.div_ceil(plan.block as u64))
+            .map_err(|_| Error::InvalidArgument("allocation too large to map".into()))?;
+        let shared = Arc::new(Shared {
+            blocks: Mutex::new(Blocks::new(count, plan.budget_blocks, plan.window)),
+            plan,
+            count,
+            faults,
+            region,
+            backing,
+            jobs: Mutex::new(VecDeque::new()),
+            job_ready: Condvar::new(),
+            room: Condvar::new(),
+            stop: AtomicBool::new(false),
+            stop_write,
+            stop_read,
+            last_error: Mutex::new(None),
+            faults_seen: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            written_back: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        });
+        let mut pager = Pager {
+            shared,
+            threads: Vec::new(),
+        };
+        let spawn = |name: String, f: fn(&Shared), s: &Arc<Shared>| {
+            let s = Arc::clone(s);
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || f(&s))
+                .map_err(|e| Error::Map(format!("cannot start the pager's threads: {e}")))
+        };
+        pager
+            .threads
+            .push(spawn("ocm-faults".into(), fault_loop, &pager.shared)?);
+        for i in 0..plan.workers.max(1) {
+            pager
+                .threads
+                .push(spawn(format!("ocm-fetch-{i}"), fetch_loop, &pager.shared)?);
+        }
+        Ok(pager)
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.shared.region.base()
+    }
+
+    /// Writes the dirty blocks of `[offset, offset + len)` back; returns the
+    /// first failure after trying every block (those stay dirty).
+    pub(crate) fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        let range = self.shared.blocks_of(offset, len);
+        let dirty = self.shared.table().begin_write_back(range);
+        let mut first = Ok(());
+        for b in dirty {
+            let r = self.shared.write_back(b);
+            let waiting_or_dirty = {
+                let mut t = self.shared.table();
+                t.written(b, r.is_ok());
+                t.state(b) == State::Dirty
+            };
+            if waiting_or_dirty {
+                // Dirty again (a writer waits) or not written: writable.
+                if let Err(e) = self
+                    .shared
+                    .faults
+                    .unprotect(self.shared.at(b), self.shared.span(b).1)
+                {
+                    self.shared.note(&e);
+                }
+            }
+            if let Err(e) = r {
+                self.shared.note(&e);
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
+    /// Drops the clean blocks of `[offset, offset + len)`: the next touch
+    /// fetches them again (and sees what other processes wrote since).
+    pub(crate) fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
+        let range = self.shared.blocks_of(offset, len);
+        // Under the lock: no fetch can fill a block between its drop and
+        // its mark "absent".
+        let mut t = self.shared.table();
+        for b in t.drop_clean(range) {
+            self.shared
+                .region
+                .discard(b * self.shared.plan.block, self.shared.span(b).1)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stats(&self) -> MapStats {
+        let s = &self.shared;
+        let present = s.table().present() as u64;
+        MapStats {
+            faults: s.faults_seen.load(Ordering::Relaxed),
+            fetched: s.fetched.load(Ordering::Relaxed),
+            written_back: s.written_back.load(Ordering::Relaxed),
+            evicted: s.evicted.load(Ordering::Relaxed),
+            resident: present * s.plan.block as u64,
+        }
+    }
+
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Blocks still dirty (what stopping now would lose).
+    pub(crate) fn dirty_bytes(&self) -> u64 {
+        self.shared.table().dirty() as u64 * self.shared.plan.block as u64
+    }
+
+    /// Writes every dirty block back, stops the threads and unregisters
+    /// the range. Returns the write-back's failure, if any (the range is
+    /// released all the same).
+    pub(crate) fn stop(mut self) -> Result<()> {
+        let flushed = self.flush(0, self.shared.plan.size);
+        self.halt();
+        flushed
+    }
+
+    fn halt(&mut self) {
+        let s = &self.shared;
+        s.stop.store(true, Ordering::SeqCst);
+        let _ = nix::unistd::write(&s.stop_write, &[1]);
+        s.job_ready.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Err(e) = s.faults.unregister(s.region.base(), s.region.len()) {
+            tracing::warn!(error = %e, "cannot unregister a mapped range");
+        }
+    }
+}
+
+impl Drop for Pager {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.halt();
+        }
+    }
+}
+
+impl Shared {
+    fn table(&self) -> MutexGuard<'_, Blocks> {
+        // A panic while holding it leaves a consistent table: every change
+        // is one assignment.
+        self.blocks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The block indices covering `[offset, offset + len)`, clipped to the
+    /// allocation.
+    fn blocks_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
+        let block = self.plan.block as u64;
+        let end = offset.saturating_add(len).min(self.plan.size);
+        let first = usize::try_from(offset / block).unwrap_or(usize::MAX);
+        let last = usize::try_from(end.div_ceil(block)).unwrap_or(usize::MAX);
+        first..last.max(first)
+    }
+
+    /// Block `b`'s offset in the allocation and its bytes there (the last
+    /// block may be short).
+    fn span(&self, b: usize) -> (u64, usize) {
+        let block = self.plan.block as u64;
+        let offset = b as u64 * block;
+        let len = (self.plan.size - offset).min(block);
+        // At most `block`, a usize.
+        (offset, usize::try_from(len).unwrap_or(self.plan.block))
+    }
+
+    /// Block `b`'s first byte in the region.
+    fn at(&self, b: usize) -> *mut u8 {
+        // In range: `b` is a block of the allocation, whose bytes the
+        // region holds.
+        self.region.base().wrapping_add(b * self.plan.block)
+    }
+
+    /// The block of a faulting address, if it is in the range.
+    fn block_at(&self, addr: usize) -> Option<usize> {
+        let base = self.region.base() as usize;
+        let b = addr.checked_sub(base)? / self.plan.block;
+        (b < self.count).then_some(b)
+    }
+
+    /// Page-rounded length of block `b` (what fills and poisons cover).
+    fn pages(&self, b: usize) -> usize {
+        let page = page_size();
+        self.span(b).1.div_ceil(page) * page
+    }
+
+    fn note(&self, e: &Error) {
+        tracing::warn!(error = %e, "mapped allocation");
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+    }
+
+    /// Reads block `b`'s bytes, retrying what may pass (a node restarting,
+    /// a broken connection) until the timeout.
+    fn fetch(&self, b: usize, buf: &mut [u8]) -> Result<()> {
+        let (offset, len) = self.span(b);
+        let deadline = Instant::now() + self.plan.timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.backing.read(offset, &mut buf[..len]) {
+                Ok(()) => return Ok(()),
+                Err(e) if transient(&e) && Instant::now() + pause < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes block `b` back. It must be write-protected (or its writers
+    /// held) while this reads it.
+    fn write_back(&self, b: usize) -> Result<()> {
+        let (offset, len) = self.span(b);
+        self.faults.protect(self.at(b), self.pages(b))?;
+        // SAFETY: block `b` is present (dirty blocks are) and write-
+        // protected, so its `len` bytes are mapped and nobody changes them
+        // while they are read; they lie inside the region.
+        let bytes = unsafe { std::slice::from_raw_parts(self.at(b), len) };
+        self.backing.write(offset, bytes)?;
+        self.written_back.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Evicts `victims` (written back first where dirty).
+    fn evict(&self, victims: Vec<(usize, bool)>) {
+        for (b, dirty) in victims {
+            let pages = self.pages(b);
+            let ready = if dirty { self.write_back(b) } else { Ok(()) };
+            if let Err(e) = ready {
+                // Its bytes exist nowhere else: it stays, over budget.
+                self.note(&e);
+                self.table().kept(b);
+                self.room.notify_all();
+                if let Err(e) = self.faults.unprotect(self.at(b), pages) {
+                    self.note(&e);
+                }
+                continue;
+            }
+            let dropped = self.region.discard(b * self.plan.block, pages);
+            let waiting = self.table().evicted(b);
+            self.room.notify_all();
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = dropped {
+                self.note(&e);
+            }
+            if waiting {
+                if let Err(e) = self.faults.wake(self.at(b), pages) {
+                    self.note(&e);
+                }
+            }
+        }
+    }
+
+    /// The block table once one more block fits within the budget: the
+    /// least recently faulted blocks are evicted first (written back where
+    /// dirty), so the mapping never holds more than its budget. Where
+    /// nothing can leave (every present block busy, or kept because its
+    /// write-back failed) the block goes in over budget rather than wait
+    /// for ever.
+    fn make_room(&self) -> MutexGuard<'_, Blocks> {
+        let mut t = self.table();
+        while !t.has_room() {
+            let victims = t.make_room(1);
+            if !victims.is_empty() {
+                drop(t);
+                self.evict(victims);
+                t = self.table();
+            } else if t.leaving() > 0 {
+                // Others' evictions are under way: they make the room.
+                t = self.room.wait(t).unwrap_or_else(|e| e.into_inner());
+            } else {
+                break;
+            }
+        }
+        t
+    }
+
+    fn on_fault(&self, fault: Fault) -> Result<()> {
+        match fault {
+            Fault::Missing { addr, write } => {
+                let Some(b) = self.block_at(addr) else {
+                    return Ok(());
+                };
+                self.faults_seen.fetch_add(1, Ordering::Relaxed);
+                let mut t = self.table();
+                match t.state(b) {
+                    State::Absent | State::Fetching { .. } => {
+                        let fetch = t.fault(b, write);
+                        drop(t);
+                        if !fetch.is_empty() {
+                            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+                            jobs.extend(fetch);
+                            self.job_ready.notify_all();
+                        }
+                        Ok(())
+                    }
+                    // Being dropped: the thread waits, then refaults.
+                    State::Evicting { .. } => {
+                        t.wait_on(b);
+                        Ok(())
+                    }
+                    // Present already (the fill raced this report), or
+                    // poisoned: the retry finds the page or the signal.
+                    State::Clean | State::Dirty | State::Writing | State::Failed => {
+                        self.faults.wake(self.at(b), self.pages(b))
+                    }
+                }
+            }
+            Fault::Protected { addr } => {
+                let Some(b) = self.block_at(addr) else {
+                    return Ok(());
+                };
+                let action = self.table().write_fault(b);
+                match action {
+                    OnWrite::Unprotect => self.faults.unprotect(self.at(b), self.pages(b)),
+                    OnWrite::Wait => Ok(()),
+                    OnWrite::Wake => self.faults.wake(self.at(b), self.pages(b)),
+                }
+            }
+        }
+    }
+}
+
+/// The kernel's fault reports, handled until the pager stops.
+fn fault_loop(s: &Shared) {
+    let mut buf = super::uffd::message_buffer(64);
+    while !s.stop.load(Ordering::SeqCst) {
+        let mut fds = [
+            PollFd::new(s.faults.as_fd(), PollFlags::POLLIN),
+            PollFd::new(s.stop_read.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                s.note(&Error::Map(format!("cannot wait for page faults: {e}")));
+                return;
+            }
+        }
+        if s.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match s.faults.read(&mut buf) {
+            Ok(faults) => {
+                for f in faults {
+                    if let Err(e) = s.on_fault(f) {
+                        s.note(&e);
+                    }
+                }
+            }
+            Err(e) => s.note(&e),
+        }
+    }
+}
+
+/// Fetches queued blocks until the pager stops.
+fn fetch_loop(s: &Shared) {
+    let mut buf = vec![0u8; s.plan.block];
+    loop {
+        let b = {
+            let mut jobs = s.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if s.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Some(b) = jobs.pop_front() {
+                    break b;
+                }
+                jobs = s.job_ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let pages = s.pages(b);
+        match s.fetch(b, &mut buf) {
+            Ok(()) => {
+                // Past the allocation's end, the last page reads zeros.
+                buf[s.span(b).1..pages].fill(0);
+                let mut t = s.make_room();
+                let writable = t.fetch_writes(b);
+                // SAFETY: block `b` is page-aligned inside the registered
+                // region and `pages` long; `buf` holds `pages` bytes.
+                let filled = unsafe { s.faults.fill(s.at(b), buf.as_ptr(), pages, writable) };
+                match filled {
+                    Ok(()) => {
+                        t.fetched(b);
+                        s.fetched.fetch_add(s.span(b).1 as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        t.failed(b);
+                        drop(t);
+                        s.note(&e);
+                        if let Err(e) = s.faults.poison(s.at(b), pages) {
+                            s.note(&e);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let (offset, len) = s.span(b);
+                s.note(&Error::Map(format!(
+                    "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
+                     SIGBUS: {e}"
+                )));
+                s.table().failed(b);
+                if let Err(e) = s.faults.poison(s.at(b), pages) {
+                    s.note(&e);
+                }
+            }
+        }
+    }
+}
+
+/// Failures a retry may get past.
+pub(crate) fn transient(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::NodeUnreachable { .. }
+            | Error::Fabric { .. }
+            | Error::Unavailable(_)
+            | Error::NodeDown(_)
+    )
+}
+
+pub(crate) fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .unwrap_or(4096)
+}
