@@ -11,6 +11,9 @@
 //! - `placement` ([`bandwidth`]): copy bandwidth by where the bytes live.
 //! - `gpu` ([`gpu`]): `copy` between every pair of kinds (GPU ones where
 //!   there is a GPU) beside cudaMemcpy, memcpy and `copy_in`/`copy_out`.
+//! - `map` ([`map`]): remote memory through a pointer (`Allocation::map`)
+//!   beside copies of the same bytes: a scan, cold touches, write-back, and
+//!   a sort four times the mapping's budget beside the same sort locally.
 //! - `raw-server` ([`rawtcp`]): the raw TCP baseline's server.
 //! - `soak` ([`soak`]): fault injection with verification.
 //! - `flood` ([`flood`]): copy latency while hostile connections are held
@@ -34,6 +37,7 @@ pub mod error;
 pub mod fair;
 pub mod flood;
 pub mod gpu;
+pub mod map;
 pub mod pages;
 pub mod probe;
 pub mod procbench;
@@ -61,6 +65,12 @@ pub enum Bench {
     /// `copy_in`/`copy_out` of the same bytes, with a ratio column; the
     /// host pairs only where there is no GPU.
     Gpu(gpu::GpuArgs),
+    /// Remote memory through a pointer (`Allocation::map`) beside copies of
+    /// the same bytes: a sequential scan against copy_out, cold random
+    /// touches against an 8-byte copy_out, write-back against copy_in, and
+    /// a sort of an array four times the mapping's budget against the same
+    /// sort in local memory.
+    Map(map::MapArgs),
     /// Serve the raw TCP baseline that `bench copy --raw` measures against
     /// (run it beside the target agent).
     RawServer(copy::RawServerArgs),
@@ -94,6 +104,7 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::Copy(args) => copy::run(args, daemon),
         Bench::Placement(args) => bandwidth::run(args, daemon),
         Bench::Gpu(args) => gpu::run(args, daemon),
+        Bench::Map(args) => map::run(args, daemon),
         Bench::RawServer(args) => copy::raw_server(args),
         Bench::CopyWorker(args) => procbench::worker(args),
         Bench::Soak(args) => soak::run(args, daemon),
