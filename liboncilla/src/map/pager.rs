@@ -159,31 +159,31 @@ impl Pager {
         self.shared.region.base()
     }
 
-    /// Writes the dirty blocks of `[offset, offset + len)` back; returns the
-    /// first failure after trying every block (those stay dirty).
+    /// Writes the dirty blocks of `[offset, offset + len)` back, each run of
+    /// neighbours in one copy; returns the first failure after trying every
+    /// run (its blocks stay dirty).
     pub(crate) fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        let range = self.shared.blocks_of(offset, len);
-        let dirty = self.shared.table().begin_write_back(range);
+        let s = &self.shared;
+        let range = s.blocks_of(offset, len);
+        let dirty = s.table().begin_write_back(range);
         let mut first = Ok(());
-        for b in dirty {
-            let r = self.shared.write_back(b);
-            let waiting_or_dirty = {
-                let mut t = self.shared.table();
-                t.written(b, r.is_ok());
-                t.state(b) == State::Dirty
-            };
-            if waiting_or_dirty {
-                // Dirty again (a writer waits) or not written: writable.
-                if let Err(e) = self
-                    .shared
-                    .faults
-                    .unprotect(self.shared.at(b), self.shared.span(b).1)
-                {
-                    self.shared.note(&e);
+        for (start, count) in runs(&dirty, usize::MAX) {
+            let r = s.write_back(start, count);
+            for b in start..start + count {
+                let dirty_again = {
+                    let mut t = s.table();
+                    t.written(b, r.is_ok());
+                    t.state(b) == State::Dirty
+                };
+                if dirty_again {
+                    // A writer waits, or it was not written: writable.
+                    if let Err(e) = s.faults.unprotect(s.at(b), s.pages(b)) {
+                        s.note(&e);
+                    }
                 }
             }
             if let Err(e) = r {
-                self.shared.note(&e);
+                s.note(&e);
                 if first.is_ok() {
                     first = Err(e);
                 }
@@ -315,10 +315,20 @@ impl Shared {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
     }
 
-    /// Reads block `b`'s bytes, retrying what may pass (a node restarting,
-    /// a broken connection) until the timeout.
-    fn fetch(&self, b: usize, buf: &mut [u8]) -> Result<()> {
-        let (offset, len) = self.span(b);
+    /// The allocation's bytes of blocks `first..first + count`: their
+    /// offset and length (the last block may be short).
+    fn run_span(&self, first: usize, count: usize) -> (u64, usize) {
+        let (offset, _) = self.span(first);
+        let (last, last_len) = self.span(first + count - 1);
+        // At most `count` blocks, which the region holds: a usize.
+        let len = usize::try_from(last - offset).unwrap_or(usize::MAX) + last_len;
+        (offset, len)
+    }
+
+    /// Reads blocks `first..first + count` in one copy, retrying what may
+    /// pass (a node restarting, a broken connection) until the timeout.
+    fn fetch(&self, first: usize, count: usize, buf: &mut [u8]) -> Result<()> {
+        let (offset, len) = self.run_span(first, count);
         let deadline = Instant::now() + self.plan.timeout;
         let mut pause = Duration::from_millis(20);
         loop {
@@ -333,28 +343,38 @@ impl Shared {
         }
     }
 
-    /// Writes block `b` back. It must be write-protected (or its writers
-    /// held) while this reads it.
-    fn write_back(&self, b: usize) -> Result<()> {
-        let (offset, len) = self.span(b);
-        self.faults.protect(self.at(b), self.pages(b))?;
-        // SAFETY: block `b` is present (dirty blocks are) and write-
-        // protected, so its `len` bytes are mapped and nobody changes them
-        // while they are read; they lie inside the region.
-        let bytes = unsafe { std::slice::from_raw_parts(self.at(b), len) };
+    /// Writes blocks `first..first + count` back in one copy, after
+    /// write-protecting them (so nobody changes them while they are read).
+    fn write_back(&self, first: usize, count: usize) -> Result<()> {
+        let (offset, len) = self.run_span(first, count);
+        let last = first + count - 1;
+        let pages = last * self.plan.block + self.pages(last) - first * self.plan.block;
+        self.faults.protect(self.at(first), pages)?;
+        // SAFETY: the blocks are present (dirty blocks are) and write-
+        // protected, so their `len` bytes are mapped and nobody changes
+        // them while they are read; they lie inside the region.
+        let bytes = unsafe { std::slice::from_raw_parts(self.at(first), len) };
         self.backing.write(offset, bytes)?;
         self.written_back.fetch_add(len as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Evicts `victims` (written back first where dirty).
+    /// Evicts `victims` (written back first where dirty, each run of dirty
+    /// neighbours in one copy).
     fn evict(&self, victims: Vec<(usize, bool)>) {
-        for (b, dirty) in victims {
-            let pages = self.pages(b);
-            let ready = if dirty { self.write_back(b) } else { Ok(()) };
-            if let Err(e) = ready {
-                // Its bytes exist nowhere else: it stays, over budget.
+        let mut dirty: Vec<usize> = victims.iter().filter(|v| v.1).map(|v| v.0).collect();
+        dirty.sort_unstable();
+        let mut failed = Vec::new();
+        for (start, count) in runs(&dirty, usize::MAX) {
+            if let Err(e) = self.write_back(start, count) {
+                // Their bytes exist nowhere else: they stay, over budget.
                 self.note(&e);
+                failed.extend(start..start + count);
+            }
+        }
+        for (b, _) in victims {
+            let pages = self.pages(b);
+            if failed.contains(&b) {
                 self.table().kept(b);
                 self.room.notify_all();
                 if let Err(e) = self.faults.unprotect(self.at(b), pages) {
@@ -478,60 +498,86 @@ fn fault_loop(s: &Shared) {
     }
 }
 
-/// Fetches queued blocks until the pager stops.
+/// Most bytes one fetch reads: queued neighbours (read ahead) come in one
+/// copy, up to this.
+const RUN_MAX: usize = 4 << 20;
+
+/// Fetches queued blocks until the pager stops, each run of queued
+/// neighbours in one copy.
 fn fetch_loop(s: &Shared) {
-    let mut buf = vec![0u8; s.plan.block];
+    let per_run = (RUN_MAX / s.plan.block).max(1);
+    let mut buf = vec![0u8; per_run * s.plan.block];
     loop {
-        let b = {
+        let (first, count) = {
             let mut jobs = s.jobs.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 if s.stop.load(Ordering::SeqCst) {
                     return;
                 }
                 if let Some(b) = jobs.pop_front() {
-                    break b;
+                    let mut count = 1;
+                    while count < per_run && jobs.front() == Some(&(b + count)) {
+                        jobs.pop_front();
+                        count += 1;
+                    }
+                    break (b, count);
                 }
                 jobs = s.job_ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let pages = s.pages(b);
-        match s.fetch(b, &mut buf) {
-            Ok(()) => {
-                // Past the allocation's end, the last page reads zeros.
-                buf[s.span(b).1..pages].fill(0);
-                let mut t = s.make_room();
-                let writable = t.fetch_writes(b);
-                // SAFETY: block `b` is page-aligned inside the registered
-                // region and `pages` long; `buf` holds `pages` bytes.
-                let filled = unsafe { s.faults.fill(s.at(b), buf.as_ptr(), pages, writable) };
-                match filled {
-                    Ok(()) => {
+        let fetched = s.fetch(first, count, &mut buf);
+        for (i, b) in (first..first + count).enumerate() {
+            let pages = s.pages(b);
+            let at = i * s.plan.block;
+            let outcome = match &fetched {
+                Ok(()) => {
+                    // Past the allocation's end, the last page reads zeros.
+                    buf[at + s.span(b).1..at + pages].fill(0);
+                    let mut t = s.make_room();
+                    let writable = t.fetch_writes(b);
+                    // SAFETY: block `b` is page-aligned inside the
+                    // registered region and `pages` long; `buf` holds
+                    // `pages` bytes from `at`.
+                    let filled =
+                        unsafe { s.faults.fill(s.at(b), buf[at..].as_ptr(), pages, writable) };
+                    if filled.is_ok() {
                         t.fetched(b);
                         s.fetched.fetch_add(s.span(b).1 as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => {
+                    } else {
                         t.failed(b);
-                        drop(t);
-                        s.note(&e);
-                        if let Err(e) = s.faults.poison(s.at(b), pages) {
-                            s.note(&e);
-                        }
                     }
+                    filled
                 }
-            }
-            Err(e) => {
-                let (offset, len) = s.span(b);
-                s.note(&Error::Map(format!(
-                    "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
-                     SIGBUS: {e}"
-                )));
-                s.table().failed(b);
+                Err(e) => {
+                    let (offset, len) = s.span(b);
+                    s.table().failed(b);
+                    Err(Error::Map(format!(
+                        "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
+                         SIGBUS: {e}"
+                    )))
+                }
+            };
+            if let Err(e) = outcome {
+                s.note(&e);
                 if let Err(e) = s.faults.poison(s.at(b), pages) {
                     s.note(&e);
                 }
             }
         }
     }
+}
+
+/// Runs of consecutive blocks in `sorted`: `(first, count)`, each at most
+/// `max` long.
+fn runs(sorted: &[usize], max: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &b in sorted {
+        match out.last_mut() {
+            Some((first, count)) if *first + *count == b && *count < max => *count += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
 }
 
 /// Failures a retry may get past.
@@ -551,4 +597,19 @@ pub(crate) fn page_size() -> usize {
         .flatten()
         .and_then(|p| usize::try_from(p).ok())
         .unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_group_neighbours_up_to_a_bound() {
+        assert_eq!(runs(&[], 4), vec![]);
+        assert_eq!(
+            runs(&[3, 4, 5, 9, 10, 12], 8),
+            vec![(3, 3), (9, 2), (12, 1)]
+        );
+        assert_eq!(runs(&[0, 1, 2, 3, 4], 2), vec![(0, 2), (2, 2), (4, 1)]);
+    }
 }
