@@ -13,7 +13,12 @@
 # for each interpreter (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build -p ocmctl -p oncilla-examples
+# The binaries the suite runs (ocmctl, the scan), built the way
+# deploy/check.sh's test step builds the workspace: the same feature
+# unification, so after that step this builds nothing (`cargo build -p`
+# would unify features for two packages only and rebuild every
+# dependency).
+cargo test --workspace --no-run
 rm -rf target/wheels
 MATURIN_PEP517_ARGS="--profile dev" \
   python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
