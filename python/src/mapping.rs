@@ -22,10 +22,16 @@ use crate::errors::{to_py, InUse, InvalidArgument, NotFound};
 #[pyclass(module = "oncilla", name = "Mapping", frozen)]
 pub struct Mapping {
     /// Dropped (written back, unmapped) before `handle`: fields drop in
-    /// declaration order. `None` once unmapped.
-    mapped: Mutex<Option<liboncilla::Mapped<'static>>>,
-    /// The allocation the mapping borrows, alive as long as this object.
-    handle: Arc<liboncilla::Allocation>,
+    /// declaration order. `None` once unmapped. Shared with a flush or
+    /// invalidate running without the GIL (the lock is never held across
+    /// one: a thread holding the GIL could wait on it while that call waits
+    /// for the GIL).
+    mapped: Mutex<Option<Arc<liboncilla::Mapped<'static>>>>,
+    /// The allocation the mapping borrows, kept until it is unmapped (then
+    /// released, so the allocation can be freed while this object lives).
+    handle: Mutex<Option<Arc<liboncilla::Allocation>>>,
+    /// The allocation's id, for messages.
+    id: u64,
     /// The Python allocation, which counts this mapping as a view.
     owner: Py<Allocation>,
     /// A view of the mapped memory was handed out: it stays mapped as long
@@ -61,13 +67,19 @@ impl Mapping {
         owner.get().mapped();
         let len = mapped.len();
         Ok(Self {
-            mapped: Mutex::new(Some(mapped)),
-            handle,
+            mapped: Mutex::new(Some(Arc::new(mapped))),
+            id: handle.id(),
+            handle: Mutex::new(Some(handle)),
             owner: owner.clone().unbind(),
             exported: AtomicBool::new(false),
             counted: AtomicBool::new(true),
             len,
         })
+    }
+
+    /// Lets go of the allocation's handle (after the mapping is gone).
+    fn release_handle(&self) {
+        drop(self.handle.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     /// No longer counted as a live mapping of the allocation (once).
@@ -77,7 +89,7 @@ impl Mapping {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<liboncilla::Mapped<'static>>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<liboncilla::Mapped<'static>>>> {
         // Holds only an Option: a panic elsewhere cannot leave it half-written.
         self.mapped.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -93,7 +105,7 @@ impl Mapping {
     fn unmapped(&self) -> PyErr {
         NotFound::new_err(format!(
             "allocation {} is not mapped any more (unmap() was called)",
-            self.handle.id()
+            self.id
         ))
     }
 
@@ -114,9 +126,8 @@ impl Mapping {
         py: Python<'_>,
         f: impl FnOnce(&liboncilla::Mapped<'static>) -> liboncilla::Result<()> + Send,
     ) -> PyResult<()> {
-        let slot = self.lock();
-        let m = slot.as_ref().ok_or_else(|| self.unmapped())?;
-        py.allow_threads(|| f(m)).map_err(to_py)
+        let m = self.lock().clone().ok_or_else(|| self.unmapped())?;
+        py.allow_threads(move || f(&m)).map_err(to_py)
     }
 }
 
@@ -149,11 +160,24 @@ impl Mapping {
         if self.exported.load(Ordering::Acquire) {
             return Err(InUse::new_err(format!(
                 "the mapping of allocation {} has views (NumPy, memoryview) that may still be alive; it is unmapped with this object once they are gone",
-                self.handle.id()
+                self.id
             )));
         }
-        let m = self.lock().take().ok_or_else(|| self.unmapped())?;
+        let mut slot = self.lock();
+        let shared = slot.take().ok_or_else(|| self.unmapped())?;
+        let m = match Arc::try_unwrap(shared) {
+            Ok(m) => m,
+            Err(shared) => {
+                *slot = Some(shared);
+                return Err(InUse::new_err(format!(
+                    "the mapping of allocation {} is being flushed or invalidated on another thread; unmap it once that returns",
+                    self.id
+                )));
+            }
+        };
+        drop(slot);
         let outcome = py.allow_threads(move || m.unmap()).map_err(to_py);
+        self.release_handle();
         self.uncount();
         outcome
     }
@@ -233,16 +257,17 @@ impl Mapping {
         };
         format!(
             "<oncilla.Mapping of allocation {}, {} bytes, {state}>",
-            self.handle.id(),
-            self.len
+            self.id, self.len
         )
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // Unmapped (written back) before the allocation may be freed.
+        // Unmapped (written back) before the allocation may be freed, and
+        // before the handle the mapping borrows goes.
         drop(self.lock().take());
+        self.release_handle();
         self.uncount();
     }
 }

@@ -281,6 +281,40 @@ def test_a_mapped_remote_allocation_is_a_numpy_array(ocm, cluster):
     assert_freed(cluster, ident, "free after the mapping went did not free it")
 
 
+def test_unmap_beside_a_flush_on_another_thread_never_deadlocks(ocm):
+    # A flush runs without the GIL; an unmap on another thread (holding the
+    # GIL) must not wait on the flush while the flush waits for the GIL.
+    n = 4 * MiB
+    b = ocm.alloc(n, nodes=["node-1"])
+    mb = b.map()
+    stop = threading.Event()
+
+    def flusher():
+        while not stop.is_set():
+            try:
+                mb.flush()
+            except oncilla.NotFound:
+                return  # unmapped under it: the next call says so
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    # Racing the flushes: each try unmaps or is refused (InUse), never waits.
+    unmapped = False
+    for _ in range(200):
+        try:
+            mb.unmap()
+            unmapped = True
+            break
+        except oncilla.InUse:
+            pass
+    stop.set()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the flushing thread hung"
+    if not unmapped:
+        mb.unmap()  # the flushes are over: nothing holds it now
+    b.free()  # the unmapped mapping holds nothing of it
+
+
 def test_errors_are_typed(ocm, cluster):
     with ocm.alloc(MiB, nodes=["node-1"]) as a:
         with pytest.raises(oncilla.OutOfBounds):
