@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 use liboncilla::{AllocSpec, Allocation, Kind, MapOptions, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
 use oncilla_ops::Table;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 
 use crate::report::{gib_per_s, pct};
 use crate::BenchError;
@@ -169,14 +172,13 @@ fn scan(
             ));
         }
     }
-    let (m, c) = (pct(&mapped, 50.0), pct(&copied, 50.0));
-    t.row(vec![
-        "sequential scan (sum every byte)".into(),
-        format!("{m:.2} GiB/s"),
-        format!("{c:.2} GiB/s"),
-        format!("{:.2}", m / c),
+    ratio_row(
+        t,
+        "sequential scan (sum every byte)",
+        &mapped,
+        &copied,
         format!("copy_out + the same sum; {faults} faults"),
-    ]);
+    );
     Ok(())
 }
 
@@ -205,35 +207,35 @@ fn write_back(a: &Allocation, src: &[u8], repeat: usize, t: &mut Table) -> Resul
         a.copy_in(0, src)?;
         copied.push(gib_per_s(size, started.elapsed()));
     }
-    let (f, c) = (pct(&flushed, 50.0), pct(&copied, 50.0));
-    t.row(vec![
-        "write-back of a dirty mapping (flush)".into(),
-        format!("{f:.2} GiB/s"),
-        format!("{c:.2} GiB/s"),
-        format!("{:.2}", f / c),
+    ratio_row(
+        t,
+        "write-back of a dirty mapping (flush)",
+        &flushed,
+        &copied,
         "copy_in of the same bytes".into(),
-    ]);
+    );
     Ok(())
 }
 
-/// A deterministic shuffle of `0..n` (xorshift; the benchmark needs no
-/// statistical quality, only distinct cold pages).
-fn shuffled(n: usize, seed: u64) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..n).collect();
-    let mut x = seed | 1;
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let j = usize::try_from(x % (i as u64 + 1)).unwrap_or(0);
-        v.swap(i, j);
-    }
-    v
+/// A row of the first table: the medians of the mapped and the copied
+/// runs (GiB/s) and their ratio.
+fn ratio_row(t: &mut Table, case: &str, mapped: &[f64], copied: &[f64], note: String) {
+    let (m, c) = (pct(mapped, 50.0), pct(copied, 50.0));
+    t.row(vec![
+        case.into(),
+        format!("{m:.2} GiB/s"),
+        format!("{c:.2} GiB/s"),
+        format!("{:.2}", m / c),
+        note,
+    ]);
 }
 
 fn touch(a: &Allocation, block: u64, touches: usize, t: &mut Table) -> Result<(), BenchError> {
     let blocks = usize::try_from(a.size() / block).unwrap_or(usize::MAX);
-    let picks: Vec<usize> = shuffled(blocks, 7).into_iter().take(touches).collect();
+    // Distinct pages in a fixed order, so runs compare the same touches.
+    let mut picks: Vec<usize> = (0..blocks).collect();
+    picks.shuffle(&mut StdRng::seed_from_u64(7));
+    picks.truncate(touches);
     let m = a.map(
         MapOptions::default()
             .block(block)
@@ -270,15 +272,8 @@ fn touch(a: &Allocation, block: u64, touches: usize, t: &mut Table) -> Result<()
 
 fn sort_case(a: &Allocation, bytes: u64) -> Result<(), BenchError> {
     let n = usize::try_from(bytes / 8).map_err(|_| BenchError::Usage("--sort too large".into()))?;
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let data: Vec<u64> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        })
-        .collect();
+    let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+    let data: Vec<u64> = (0..n).map(|_| rng.random()).collect();
     let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
     a.copy_in(0, &raw)?;
     drop(raw);

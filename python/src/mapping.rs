@@ -225,13 +225,7 @@ impl Mapping {
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (ptr, len) = self.exported_range()?;
-        let d = PyDict::new(py);
-        d.set_item("shape", (len,))?;
-        d.set_item("typestr", "|u1")?;
-        d.set_item("data", (ptr, false))?;
-        d.set_item("strides", py.None())?;
-        d.set_item("version", 3)?;
-        Ok(d)
+        crate::views::interface(py, ptr as u64, len)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -127,8 +127,13 @@ pub fn memoryview_of<'py>(
 
 /// NumPy's array interface (version 3) over local host memory.
 pub fn array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
-    let py = slf.py();
     let (ptr, len) = host_only(slf.get(), "NumPy array interface")?;
+    interface(slf.py(), ptr as u64, len)
+}
+
+/// The array interface (NumPy's, and the CUDA one's common part; version
+/// 3) of `len` writable bytes (uint8) at `ptr`.
+pub fn interface(py: Python<'_>, ptr: u64, len: usize) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("shape", (len,))?;
     d.set_item("typestr", "|u1")?;
@@ -148,13 +153,8 @@ pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound
             "only a local GPU allocation has a CUDA array interface",
         ));
     };
-    let d = PyDict::new(py);
-    d.set_item("shape", (len,))?;
-    d.set_item("typestr", "|u1")?;
-    d.set_item("data", (ptr, false))?;
-    d.set_item("strides", py.None())?;
+    let d = interface(py, ptr, len)?;
     d.set_item("stream", py.None())?;
-    d.set_item("version", 3)?;
     Ok(d)
 }
 
