@@ -1,33 +1,49 @@
 #!/usr/bin/env bash
-# Installs liboncilla's C ABI after `cargo build --release`: the header,
-# the shared and static libraries (as liboncilla.so / liboncilla.a) and a
-# pkg-config file, so that
+# Installs Oncilla's two C libraries after `cargo build --release`:
+#   liboncilla (oncilla.h; liboncilla.so and liboncilla.a; oncilla.pc)
+#   liboncillamem, the original runtime's API (oncillamem.h;
+#     liboncillamem.so; oncillamem.pc)
+# so that
 #   cc app.c $(pkg-config --cflags --libs oncilla)
-# works. Usage: deploy/install-c.sh [PREFIX]   (default /usr/local)
+#   cc old_app.c $(pkg-config --cflags --libs oncillamem)
+# work. A program links one of the two: their functions share names.
+#
+# Usage: deploy/install-c.sh [PREFIX [LIBDIR]]
+#   PREFIX  where to install (default /usr/local)
+#   LIBDIR  where cargo left the libraries (default target/release; the
+#           tests install a debug build from target/debug/deps)
 # For a PREFIX pkg-config does not search, also export
 #   PKG_CONFIG_PATH=PREFIX/lib/pkgconfig  and  LD_LIBRARY_PATH=PREFIX/lib
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 prefix=${1:-/usr/local}
-rel=$root/target/release
-for f in libliboncilla.so libliboncilla.a; do
-  [ -f "$rel/$f" ] || { echo "$rel/$f missing: run cargo build --release -p liboncilla first" >&2; exit 1; }
+from=${2:-$root/target/release}
+for f in liboncilla.so liboncilla.a liboncillamem.so; do
+  [ -f "$from/$f" ] || {
+    echo "$from/$f missing: run cargo build --release -p oncilla-capi -p oncillamem first" >&2
+    exit 1
+  }
 done
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
 install -d "$prefix/include" "$prefix/lib/pkgconfig"
-install -m 644 "$root/liboncilla/include/oncilla.h" "$prefix/include/oncilla.h"
-install -m 755 "$rel/libliboncilla.so" "$prefix/lib/liboncilla.so"
-install -m 644 "$rel/libliboncilla.a" "$prefix/lib/liboncilla.a"
-cat >"$prefix/lib/pkgconfig/oncilla.pc" <<PC
+install -m 644 "$root/capi/include/oncilla.h" "$root/oncillamem/include/oncillamem.h" "$prefix/include/"
+install -m 755 "$from/liboncilla.so" "$from/liboncillamem.so" "$prefix/lib/"
+install -m 644 "$from/liboncilla.a" "$prefix/lib/"
+# pc NAME LIB DESCRIPTION: the pkg-config file of one library.
+pc() {
+  cat >"$prefix/lib/pkgconfig/$1.pc" <<PC
 prefix=$prefix
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 
-Name: oncilla
-Description: Oncilla managed global address space: allocate cluster memory and copy to and from it
+Name: $1
+Description: $3
 Version: $version
 Cflags: -I\${includedir}
-Libs: -L\${libdir} -loncilla
+Libs: -L\${libdir} -l$2
 Libs.private: -lpthread -ldl -lm
 PC
-echo "installed oncilla.h, liboncilla.so, liboncilla.a and oncilla.pc under $prefix"
+}
+pc oncilla oncilla "Oncilla managed global address space: allocate cluster memory and copy to and from it"
+pc oncillamem oncillamem "The original Oncilla runtime's API (oncillamem.h) over an Oncilla cluster"
+echo "installed oncilla.h, oncillamem.h, liboncilla.so/.a, liboncillamem.so, oncilla.pc and oncillamem.pc under $prefix"

@@ -6,7 +6,7 @@
 #   examples/c/run.sh relational [--tuples 4M,16M,64M] ...
 #
 # The example is compiled the way any C program links liboncilla: the
-# header from liboncilla/include, the shared library cargo built. After
+# header from capi/include, the shared library cargo built. After
 # deploy/install-c.sh the same source builds with
 #   cc -O2 -pthread relational.c $(pkg-config --cflags --libs oncilla)
 # AGENTS and CAPACITY (memory per agent) size the cluster.
@@ -23,12 +23,12 @@ case "$prog" in
 esac
 
 cd "$root"
-cargo build --release -p ocmctl -p oncillad -p liboncilla
+cargo build --release -p ocmctl -p oncillad -p oncilla-capi
 out=target/release/c-examples
 mkdir -p "$out"
 "${CC:-cc}" -std=c11 -O2 -pthread -Wall -Wextra -Werror -pedantic \
-  -I liboncilla/include -I examples/c \
+  -I capi/include -I examples/c \
   -o "$out/$prog" "examples/c/$prog.c" \
-  -L target/release -lliboncilla -Wl,-rpath,"$root/target/release"
+  -L target/release -loncilla -Wl,-rpath,"$root/target/release"
 exec target/release/ocmctl run --agents "${AGENTS:-3}" --capacity "${CAPACITY:-640MiB}" \
   -- "$out/$prog" "$@"

@@ -13,8 +13,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use liboncilla::capi::{self, ocm_params_t, ocm_status_t};
 use liboncilla::{AllocSpec, Kind};
+use oncilla as capi;
+use oncilla::{ocm_params_t, ocm_status_t};
 use oncilla_proto::pb;
 use proptest::prelude::*;
 use support::Cluster;

@@ -1,6 +1,10 @@
-//! The C ABI (`include/oncilla.h`, generated from this file by cbindgen):
-//! the original Oncilla calls (`ocm_init`, `ocm_alloc`, `ocm_copy`, ...)
-//! over [`Oncilla`], with stable numeric status codes and opaque handles.
+//! liboncilla's C ABI (`liboncilla.so`/`.a`, `include/oncilla.h`
+//! generated from this crate by cbindgen): the Oncilla calls (`ocm_init`,
+//! `ocm_alloc`, `ocm_copy`, ...) over [`Oncilla`], with stable numeric
+//! status codes and opaque handles. A crate of its own so that Rust users of
+//! liboncilla build no C library, and so that `oncillamem` (the original
+//! runtime's API, whose functions share these names) links liboncilla
+//! without two definitions of one symbol.
 //!
 //! Handles are tokens, never pointers to Rust memory: each names an entry
 //! of a process-wide table, so a NULL, forged or freed handle is answered
@@ -20,61 +24,17 @@
 
 #![allow(non_camel_case_types)]
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::catch_unwind;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{AllocSpec, Allocation, Error, Fabric, Kind, Mapped, Oncilla, Policy};
+pub use liboncilla::ffi::ocm_status_t;
+use liboncilla::ffi::{aligned, bytes, bytes_mut, guard, invalid, outcome, text, Fail};
+use liboncilla::{AllocSpec, Allocation, Fabric, Kind, Mapped, Oncilla, Policy};
 
 mod map;
 pub use map::{ocm_flush, ocm_invalidate, ocm_map, ocm_unmap};
-
-/// Status codes: every call that can fail returns one (0 is success), and
-/// `ocm_last_error` repeats the calling thread's last one. The values are
-/// part of the ABI and never change.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ocm_status_t {
-    OCM_OK = 0,
-    /// A NULL pointer, an unknown kind, policy or fabric, a bad string.
-    OCM_E_INVALID = 1,
-    /// A NULL, unknown or already freed allocation handle.
-    OCM_E_BAD_HANDLE = 2,
-    /// `ocm_init` has not run (or `ocm_tini` has).
-    OCM_E_NOT_INITIALIZED = 3,
-    /// A copy outside an allocation.
-    OCM_E_OUT_OF_BOUNDS = 4,
-    /// Not enough free memory in the cluster (or on the GPU).
-    OCM_E_NO_MEMORY = 5,
-    /// No such allocation or name in the cluster (freed by someone else).
-    OCM_E_NOT_FOUND = 6,
-    /// Wrong token or access key.
-    OCM_E_PERMISSION = 7,
-    /// The local agent, the master or a node cannot be reached, or is down.
-    OCM_E_UNREACHABLE = 8,
-    /// The data path to a node failed mid-copy.
-    OCM_E_FABRIC = 9,
-    /// The name is taken by another allocation.
-    OCM_E_EXISTS = 10,
-    /// Other processes are attached (free it from every process).
-    OCM_E_BUSY = 11,
-    /// GPU memory where there is none (no CUDA driver, no such device).
-    OCM_E_NO_GPU = 12,
-    /// The CUDA driver failed.
-    OCM_E_GPU = 13,
-    /// No usable cluster token (ONCILLA_TOKEN / ONCILLA_TOKEN_FILE).
-    OCM_E_TOKEN = 14,
-    /// A bug, an unexpected answer, or a panic caught at the boundary.
-    OCM_E_INTERNAL = 15,
-    /// The request would take this process's user past a quota (the
-    /// message names it; `ocmctl quota` shows them).
-    OCM_E_QUOTA = 16,
-    /// Remote memory cannot be mapped here (userfaultfd not allowed, too
-    /// old a kernel, GPU memory) or its paging failed.
-    OCM_E_MAP = 17,
-}
 
 use ocm_status_t::*;
 
@@ -178,76 +138,9 @@ struct Handle {
 
 static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
 
-thread_local! {
-    static LAST: RefCell<(ocm_status_t, CString)> = RefCell::new((OCM_OK, CString::default()));
-}
-
 fn context() -> MutexGuard<'static, Option<Context>> {
     // Every critical section leaves the table consistent before it can panic.
     CONTEXT.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A failure: its code and message.
-struct Fail(ocm_status_t, String);
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Self {
-        let code = match &e {
-            Error::AgentUnreachable { .. }
-            | Error::Unavailable(_)
-            | Error::NodeDown(_)
-            | Error::NodeUnreachable { .. } => OCM_E_UNREACHABLE,
-            Error::NotFound(_) => OCM_E_NOT_FOUND,
-            Error::CapacityExhausted(_) => OCM_E_NO_MEMORY,
-            Error::QuotaExceeded(_) => OCM_E_QUOTA,
-            Error::PermissionDenied(_) => OCM_E_PERMISSION,
-            Error::InvalidArgument(_) => OCM_E_INVALID,
-            Error::AlreadyExists(_) => OCM_E_EXISTS,
-            Error::InUse(_) => OCM_E_BUSY,
-            Error::OutOfBounds { .. } => OCM_E_OUT_OF_BOUNDS,
-            Error::Fabric { .. } => OCM_E_FABRIC,
-            Error::NoGpu(_) => OCM_E_NO_GPU,
-            Error::Gpu(_) => OCM_E_GPU,
-            Error::Token(_) => OCM_E_TOKEN,
-            Error::Map(_) => OCM_E_MAP,
-            Error::Internal(_) => OCM_E_INTERNAL,
-        };
-        Fail(code, e.to_string())
-    }
-}
-
-fn invalid(msg: impl Into<String>) -> Fail {
-    Fail(OCM_E_INVALID, msg.into())
-}
-
-fn remember(code: ocm_status_t, msg: String) {
-    let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    // A call from a thread's exit (its storage gone) keeps no last error.
-    let _ = LAST.try_with(|l| *l.borrow_mut() = (code, msg));
-}
-
-/// Runs `f` at the boundary: its outcome (a failure, a panic, or success)
-/// is recorded for `ocm_last_error`; a failure answers its code.
-fn outcome<T>(f: impl FnOnce() -> Result<T, Fail>) -> Result<T, ocm_status_t> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => {
-            remember(OCM_OK, String::new());
-            Ok(v)
-        }
-        Ok(Err(Fail(code, msg))) => {
-            remember(code, msg);
-            Err(code)
-        }
-        Err(_) => {
-            remember(OCM_E_INTERNAL, "internal error: panic in liboncilla".into());
-            Err(OCM_E_INTERNAL)
-        }
-    }
-}
-
-/// [`outcome`] for calls that answer a value: `on_error` on failure.
-fn guard<T>(on_error: T, f: impl FnOnce() -> Result<T, Fail>) -> T {
-    outcome(f).unwrap_or(on_error)
 }
 
 /// [`outcome`] for calls that answer a status.
@@ -258,16 +151,8 @@ fn status(f: impl FnOnce() -> Result<(), Fail>) -> c_int {
     }
 }
 
-fn last_code() -> c_int {
-    LAST.try_with(|l| l.borrow().0 as c_int)
-        .unwrap_or(OCM_E_INTERNAL as c_int)
-}
-
 fn not_initialized() -> Fail {
-    Fail(
-        OCM_E_NOT_INITIALIZED,
-        "liboncilla is not initialized: call ocm_init() first".into(),
-    )
+    liboncilla::ffi::not_initialized("liboncilla")
 }
 
 fn bad_handle(h: *const ocm_allocation) -> Fail {
@@ -315,20 +200,6 @@ fn file(mut alloc: Allocation) -> Result<ocm_alloc_t, Fail> {
         );
         Ok(c.next as ocm_alloc_t)
     })
-}
-
-/// A C string argument.
-///
-/// # Safety
-/// `s` is NULL or a NUL-terminated string that stays readable for the call.
-unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
-    if s.is_null() {
-        return Err(invalid(format!("{what} is NULL")));
-    }
-    // SAFETY: not NULL (checked) and NUL-terminated per the caller.
-    unsafe { CStr::from_ptr(s) }
-        .to_str()
-        .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
 /// The most node names `ocm_params_t` may carry (an allocation has at
@@ -383,29 +254,6 @@ fn flag(v: u8, what: &str) -> Result<bool, Fail> {
         1 => Ok(true),
         v => Err(invalid(format!("{what} is {v}, not 0 or 1"))),
     }
-}
-
-/// Refuses a NULL or misaligned pointer to `T`.
-fn aligned<T>(p: *const T, what: &str) -> Result<(), Fail> {
-    if p.is_null() {
-        return Err(invalid(format!("{what} is NULL")));
-    }
-    if !p.is_aligned() {
-        return Err(invalid(format!(
-            "{what} ({p:p}) is not aligned to {} bytes",
-            std::mem::align_of::<T>()
-        )));
-    }
-    Ok(())
-}
-
-/// A buffer length the caller's memory can hold (`from_raw_parts` needs
-/// at most `isize::MAX` bytes).
-fn buffer_len(len: u64) -> Result<usize, Fail> {
-    usize::try_from(len)
-        .ok()
-        .filter(|&l| isize::try_from(l).is_ok())
-        .ok_or_else(|| invalid(format!("len {len} does not fit in memory")))
 }
 
 /// Connects this process to its node's agent (`ONCILLA_SOCKET`, token
@@ -606,17 +454,9 @@ pub unsafe extern "C" fn ocm_copy_in(
 ) -> c_int {
     status(|| {
         let h = handle(a)?;
-        let len = buffer_len(len)?;
-        if src.is_null() && len > 0 {
-            return Err(invalid("src is NULL"));
-        }
-        let bytes = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: not NULL (checked), `len` readable bytes per the
-            // caller, at most isize::MAX (checked).
-            unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) }
-        };
+        // SAFETY: NULL (refused unless `len` is 0) or `len` readable bytes
+        // for the call, per the caller.
+        let bytes = unsafe { bytes(src.cast::<u8>(), len, "src")? };
         h.alloc.copy_in(offset, bytes)?;
         Ok(())
     })
@@ -636,17 +476,9 @@ pub unsafe extern "C" fn ocm_copy_out(
 ) -> c_int {
     status(|| {
         let h = handle(a)?;
-        let len = buffer_len(len)?;
-        if dst.is_null() && len > 0 {
-            return Err(invalid("dst is NULL"));
-        }
-        let bytes = if len == 0 {
-            &mut [][..]
-        } else {
-            // SAFETY: not NULL (checked), `len` writable bytes used by
-            // nothing else per the caller, at most isize::MAX (checked).
-            unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) }
-        };
+        // SAFETY: NULL (refused unless `len` is 0) or `len` writable bytes
+        // nothing else touches during the call, per the caller.
+        let bytes = unsafe { bytes_mut(dst.cast::<u8>(), len, "dst")? };
         h.alloc.copy_out(offset, bytes)?;
         Ok(())
     })
@@ -702,46 +534,18 @@ pub extern "C" fn ocm_kind(a: ocm_alloc_t) -> ocm_kind_t {
 pub extern "C" fn ocm_strerror(code: c_int) -> *const c_char {
     // Under catch_unwind like every entry, though a match cannot panic; it
     // leaves the thread's last error alone.
-    catch_unwind(|| strerror(code).as_ptr()).unwrap_or(c"internal error".as_ptr())
-}
-
-fn strerror(code: c_int) -> &'static CStr {
-    match code {
-        0 => c"success",
-        1 => c"invalid argument",
-        2 => c"bad allocation handle (NULL, unknown or freed)",
-        3 => c"liboncilla is not initialized (call ocm_init)",
-        4 => c"out of bounds",
-        5 => c"not enough memory in the cluster",
-        6 => c"no such allocation",
-        7 => c"permission denied",
-        8 => c"agent, master or node unreachable",
-        9 => c"data transfer failed",
-        10 => c"name already in use",
-        11 => c"allocation in use by other processes",
-        12 => c"no GPU",
-        13 => c"GPU driver failure",
-        14 => c"no usable cluster token",
-        15 => c"internal error",
-        16 => c"quota exceeded",
-        17 => c"cannot map remote memory here",
-        _ => c"unknown status code",
-    }
+    catch_unwind(|| liboncilla::ffi::strerror(code).as_ptr()).unwrap_or(c"internal error".as_ptr())
 }
 
 /// The status of this thread's last call (0 when it succeeded).
 #[no_mangle]
 pub extern "C" fn ocm_last_error() -> c_int {
-    catch_unwind(last_code).unwrap_or(OCM_E_INTERNAL as c_int)
+    liboncilla::ffi::last_code()
 }
 
 /// The full message of this thread's last failure ("" after a success),
 /// valid until this thread's next call into liboncilla.
 #[no_mangle]
 pub extern "C" fn ocm_last_error_message() -> *const c_char {
-    // The thread's storage is gone only while the thread exits.
-    catch_unwind(|| LAST.try_with(|l| l.borrow().1.as_ptr()).ok())
-        .ok()
-        .flatten()
-        .unwrap_or(c"".as_ptr())
+    liboncilla::ffi::last_message()
 }

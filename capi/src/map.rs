@@ -1,13 +1,14 @@
 //! The C ABI of mapped remote memory (`ocm_map`, `ocm_flush`,
 //! `ocm_invalidate`, `ocm_unmap`): a handle's mapping lives in its
 //! [`Handle`], dropped before the allocation. It only adapts
-//! [`crate::Mapped`] to C; paging is `crate::map`'s.
+//! [`Mapped`] to C; paging is liboncilla's.
 
 use std::ffi::{c_int, c_void};
 
 use super::ocm_status_t::*;
-use super::{handle, invalid, ocm_alloc_t, status, Fail, Handle};
-use crate::{MapOptions, Mapped};
+use super::{handle, ocm_alloc_t, status, Handle};
+use liboncilla::ffi::{invalid, Fail};
+use liboncilla::{MapOptions, Mapped};
 
 /// Maps `a` into this process and stores its first byte's address in
 /// `*ptr`. Remote memory is fetched in 64 KiB blocks as it is touched
@@ -85,7 +86,7 @@ pub extern "C" fn ocm_invalidate(a: ocm_alloc_t, offset: u64, len: u64) -> c_int
 }
 
 /// `f` on `a`'s mapping, as a status.
-fn on_mapping(a: ocm_alloc_t, f: impl FnOnce(&Mapped<'static>) -> crate::Result<()>) -> c_int {
+fn on_mapping(a: ocm_alloc_t, f: impl FnOnce(&Mapped<'static>) -> liboncilla::Result<()>) -> c_int {
     status(|| {
         let h = handle(a)?;
         let slot = h.mapped.lock().unwrap_or_else(|e| e.into_inner());

@@ -10,7 +10,8 @@
 
 use std::ffi::c_int;
 
-use liboncilla::capi::{self, ocm_params_t, ocm_status_t};
+use oncilla as capi;
+use oncilla::{ocm_params_t, ocm_status_t};
 use proptest::prelude::*;
 
 const INVALID: c_int = ocm_status_t::OCM_E_INVALID as c_int;
