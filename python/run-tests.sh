@@ -13,13 +13,13 @@
 # for each interpreter (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The binaries the suite runs (ocmctl, the scan). `cargo test --workspace`
-# (deploy/check.sh's test step) builds the binaries only of packages that
-# have integration tests, so not the scan; `--workspace --bins` resolves
-# features for the whole workspace as that step did, so it rebuilds only
-# the workspace's own crates (`cargo build -p` would unify features for
-# two packages only and rebuild every dependency).
-cargo build --workspace --bins
+# The binaries the suite runs (ocmctl, the scan), built the way
+# deploy/check.sh's test step builds the workspace: the same feature
+# unification, so after that step this builds nothing (`cargo build`
+# resolves features without the dev-dependencies and rebuilds most of the
+# workspace). Both packages have integration tests, so the test build
+# makes their binaries.
+cargo test --workspace --no-run
 rm -rf target/wheels
 MATURIN_PEP517_ARGS="--profile dev" \
   python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
