@@ -4,8 +4,12 @@
 //! test checks bytes, not that code ran: what threads read and write
 //! through the pointer, what another session sees after `flush` and what
 //! the mapping sees after `invalidate`, every byte of a walk through an
-//! allocation 16 times its budget, and a dead node's block raising SIGBUS
-//! in a child process while the rest stays readable.
+//! allocation 16 times its budget, a dead node's block raising SIGBUS in a
+//! child process while the rest stays readable, and children confined as a
+//! container's seccomp profile confines them: without userfaultfd, a clear
+//! refusal naming what to change; with only its user-mode-only form, a
+//! mapping that works through the pointer, and a `read(2)` into a page not
+//! fetched yet failing with EFAULT as documented.
 
 #![allow(clippy::unwrap_used)]
 
@@ -212,12 +216,132 @@ fn a_walk_through_sixteen_times_the_budget_keeps_every_byte_and_the_footprint() 
 
 /// The child's side of the dead-node test: maps the named allocation,
 /// reads node-1's block, then touches node-2's (which must kill it).
+/// How much of userfaultfd a confined child keeps.
+#[derive(Clone, Copy, PartialEq)]
+enum Confine {
+    /// None of it: the system call and /dev/userfaultfd's ioctl fail.
+    NoUserfaultfd,
+    /// Only the system call with `UFFD_USER_MODE_ONLY`.
+    UserModeOnly,
+}
+
+/// Confines this thread, and the threads it starts from now on, with a
+/// seccomp filter that refuses (EPERM) what `how` takes away, as a
+/// container runtime's default profile does.
+fn confine(how: Confine) {
+    use libc::{
+        sock_filter, sock_fprog, BPF_ABS, BPF_ALU, BPF_AND, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD,
+        BPF_RET, BPF_W, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO,
+    };
+    const USERFAULTFD_IOC_NEW: u32 = 0xAA00;
+    const UFFD_USER_MODE_ONLY: u32 = 1;
+    let stmt = |code: u32, k: u32| sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let deny = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    // seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i (low word first).
+    let mut prog = vec![
+        stmt(BPF_LD | BPF_W | BPF_ABS, 4),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, 0xC000_003E, 1, 0), // AUDIT_ARCH_X86_64
+        stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        stmt(BPF_LD | BPF_W | BPF_ABS, 0),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, libc::SYS_ioctl as u32, 0, 3),
+        stmt(BPF_LD | BPF_W | BPF_ABS, 24),
+        jump(BPF_JMP | BPF_JEQ | BPF_K, USERFAULTFD_IOC_NEW, 0, 1),
+        stmt(BPF_RET | BPF_K, deny),
+        jump(
+            BPF_JMP | BPF_JEQ | BPF_K,
+            libc::SYS_userfaultfd as u32,
+            1,
+            0,
+        ),
+        stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    ];
+    if how == Confine::UserModeOnly {
+        prog.extend([
+            stmt(BPF_LD | BPF_W | BPF_ABS, 16),
+            stmt(BPF_ALU | BPF_AND | BPF_K, UFFD_USER_MODE_ONLY),
+            jump(BPF_JMP | BPF_JEQ | BPF_K, UFFD_USER_MODE_ONLY, 0, 1),
+            stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        ]);
+    }
+    prog.push(stmt(BPF_RET | BPF_K, deny));
+    let fprog = sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integers; PR_SET_SECCOMP reads the
+    // program `fprog` points at (alive for the call), which only ever
+    // allows or refuses system calls.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 #[test]
 fn role() {
     let Ok(role) = std::env::var(ROLE_ENV) else {
-        return; // only meaningful as a child of the test below
+        return; // only meaningful as a child of the tests below
     };
-    assert_eq!(role, "touch-dead");
+    match role.as_str() {
+        "touch-dead" => touch_dead(),
+        "no-userfaultfd" => {
+            confine(Confine::NoUserfaultfd);
+            let ocm = Oncilla::connect_with(Options::from_env().unwrap()).unwrap();
+            let a = ocm.attach("confined").unwrap();
+            let outcome = a.map(MapOptions::default()).map(drop);
+            match outcome {
+                Err(e) => println!("refused: {e}"),
+                Ok(()) => println!("mapped without userfaultfd"),
+            }
+        }
+        "user-mode-only" => {
+            confine(Confine::UserModeOnly);
+            let ocm = Oncilla::connect_with(Options::from_env().unwrap()).unwrap();
+            let a = ocm.attach("confined").unwrap();
+            let m = a.map(MapOptions::default().read_ahead(64 << 10)).unwrap();
+            let want = pattern(m.len(), 5);
+            assert!(read_mapped(&m, 0, 4096) == want[..4096]);
+            println!("read through the pointer");
+            // A system call writing into a page not fetched yet: the kernel
+            // may not wait for this process's own pager.
+            let (r, w) = nix::unistd::pipe().unwrap();
+            nix::unistd::write(&w, &[7u8; 4096]).unwrap();
+            let far = m.len() - 4096;
+            // SAFETY: the last page of the mapping, alive for the call and
+            // touched by nothing else.
+            let page = unsafe { std::slice::from_raw_parts_mut(m.as_ptr().add(far), 4096) };
+            match nix::unistd::read(&r, page) {
+                Err(nix::errno::Errno::EFAULT) => {
+                    println!("read(2) into an unfetched page: EFAULT")
+                }
+                other => println!("read(2) into an unfetched page: {other:?}"),
+            }
+            m.unmap().unwrap();
+            println!("unmapped");
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// The child of the SIGBUS test: reads a live node's byte, then a dead
+/// node's (which must raise SIGBUS).
+fn touch_dead() {
     let ocm = Oncilla::connect_with(Options::from_env().unwrap()).unwrap();
     let a = ocm.attach("striped").unwrap();
     let m = a.map(short_timeout()).unwrap();
@@ -229,6 +353,70 @@ fn role() {
     let byte = read_mapped(&m, dead, 1)[0];
     // Reaching here is the failure: a dead node's bytes read as something.
     println!("dead byte {byte} read after {:?}", started.elapsed());
+}
+
+/// Runs this test binary's `role` as `role` in a child process against `c`.
+fn child(c: &Cluster, role: &str, env: &[(&str, String)]) -> std::process::Output {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "role", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .env("ONCILLA_SOCKET", c.socket(0))
+        .env("ONCILLA_TOKEN_FILE", c.token_file())
+        .env_remove("ONCILLA_TOKEN")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn confined_processes_are_refused_clearly_or_page_within_user_mode_limits() {
+    let c = Cluster::start(2, "32MiB");
+    let ocm = c.client(0);
+    let size = 1 << 20;
+    let spec = AllocSpec::new(size as u64, Kind::RemoteHost)
+        .on_nodes(["node-1"])
+        .named("confined");
+    let a = ocm.alloc_with(&spec).unwrap();
+    a.copy_in(0, &pattern(size, 5)).unwrap();
+
+    let out = child(&c, "no-userfaultfd", &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("refused: cannot map remote memory")
+            || stdout.contains("refused: mapping remote memory needs userfaultfd"),
+        "{stdout}"
+    );
+    for what in [
+        "/dev/userfaultfd",
+        "vm.unprivileged_userfaultfd",
+        "CAP_SYS_PTRACE",
+    ] {
+        assert!(stdout.contains(what), "the refusal names {what}:\n{stdout}");
+    }
+
+    let out = child(&c, "user-mode-only", &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "read through the pointer",
+        "read(2) into an unfetched page: EFAULT",
+        "unmapped",
+    ] {
+        assert!(stdout.contains(line), "{line}:\n{stdout}");
+    }
+    // Nothing a confined child did changed the allocation.
+    let mut back = vec![0u8; size];
+    a.copy_out(0, &mut back).unwrap();
+    assert!(back == pattern(size, 5));
 }
 
 #[test]
@@ -262,16 +450,11 @@ fn a_dead_nodes_block_raises_sigbus_and_the_rest_stays_readable() {
     c.kill_agent(2);
 
     let started = Instant::now();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "role", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, "touch-dead")
-        .env("ONCILLA_SOCKET", c.socket(0))
-        .env("ONCILLA_TOKEN_FILE", c.token_file())
-        .env_remove("ONCILLA_TOKEN")
-        .env("DEAD_AT", dead.to_string())
-        .env("LIVE_AT", live.to_string())
-        .output()
-        .unwrap();
+    let out = child(
+        &c,
+        "touch-dead",
+        &[("DEAD_AT", dead.to_string()), ("LIVE_AT", live.to_string())],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
