@@ -513,7 +513,9 @@ fn verbs_copies_on_real_hardware() {
         eprintln!("skipped: ONCILLA_TEST_RDMA_DEV={dev} but this test was built without `--features verbs`");
         return;
     }
-    let c = Cluster::start(2, "256MiB");
+    // Pools just large enough: each is registered with the device whole,
+    // which is slow under the guest's emulated CPU.
+    let c = Cluster::start(2, "96MiB");
     let mut o = Options::new(c.socket(0), c.token.clone());
     o.fabric = Fabric::Verbs;
     let ocm = Oncilla::connect_with(o).unwrap();
