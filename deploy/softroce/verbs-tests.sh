@@ -15,7 +15,8 @@
 # Which binaries: in the guest every remote copy under `auto` goes over
 # the provider, so the suites of the data path run there (cluster, verbs,
 # property, copies, sharing, failure) and, of hostile_authority, the
-# credential tests (ConnectVerbs checks credentials too). The others test
+# credential tests (ConnectVerbs checks credentials too), of mapping, the
+# test that pages both ways through the pointer. The others test
 # a listener, a message, a budget, a tool or a layer above the same client
 # (C, Python), whatever the fabric: they run on the host, in
 # deploy/check.sh's `cargo test --workspace`, at native speed instead of
@@ -53,8 +54,8 @@ filter=${1:-}
 # Suites that run on the host only (see the top of this file; netns also
 # because network namespaces do not reach the guest's RDMA devices: rxe
 # works only in the default namespace on this kernel).
-HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns mapping"
-GUEST="cluster verbs property copies sharing failure hostile_authority"
+HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns"
+GUEST="cluster verbs property copies sharing failure hostile_authority mapping"
 # Every suite of tests/ (from cargo's metadata, nothing built) is either run
 # here or named above, so a new one is not left out unnoticed.
 for name in $(cargo metadata --no-deps --format-version 1 | python3 -c '
@@ -104,6 +105,10 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
   only() {
     case $1 in
       hostile_authority) echo "${filter:-credential}" ;;
+      # Paging over verbs: blocks received by RDMA straight into the
+      # mapping's shared-memory pages, written back from them (the rest of
+      # the suite is about paging itself, whatever the fabric).
+      mapping) echo "${filter:-threads_read_and_write}" ;;
       cluster-again) echo "${filter:-verbs}" ;;
       # The second pass is about where agents sit (all on the client's
       # device), which matters to the paths that move bytes; queue-pair
