@@ -481,6 +481,19 @@ fn a_dead_nodes_block_raises_sigbus_and_the_rest_stays_readable() {
         matches!(&lost, Error::Map(msg) if msg.contains("could not be written back")),
         "{lost}"
     );
+
+    // Free works after all that, and nothing leaks: the master lists no
+    // allocation, and node-1's agent reports its whole pool free again.
+    a.free().unwrap();
+    assert!(
+        Cluster::eventually(Cluster::EVENT, || {
+            let node = c.node("node-1").unwrap();
+            c.allocation_count() == 0 && node["free"] == node["capacity"]
+        }),
+        "accounts after free: {} allocations, node-1 {:?}",
+        c.allocation_count(),
+        c.node("node-1")
+    );
 }
 
 #[test]
