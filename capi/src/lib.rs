@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use liboncilla::ffi::ocm_status_t;
 use liboncilla::ffi::{aligned, bytes, bytes_mut, guard, invalid, outcome, text, Fail};
-use liboncilla::{AllocSpec, Allocation, Fabric, Kind, Mapped, Oncilla, Policy};
+use liboncilla::{AllocSpec, Allocation, Fabric, Kind, Oncilla, OwnedMapping, Policy};
 
 mod map;
 pub use map::{ocm_flush, ocm_invalidate, ocm_map, ocm_unmap};
@@ -127,10 +127,11 @@ struct Context {
 
 /// One allocation behind a handle, with its mapping found once.
 struct Handle {
-    /// `ocm_map`'s mapping, dropped (written back, unmapped) before the
-    /// allocation: fields drop in declaration order.
-    mapped: Mutex<Option<Mapped<'static>>>,
-    alloc: Allocation,
+    /// `ocm_map`'s mapping, which holds a share of the allocation; unmapped
+    /// before the allocation is freed.
+    mapped: Mutex<Option<OwnedMapping>>,
+    /// The only other share is a mapping's.
+    alloc: Arc<Allocation>,
     /// `ocm_localbuf`'s answer: the mapped bytes of a local host
     /// allocation (an address, valid while `alloc` lives), or 0.
     local: usize,
@@ -194,7 +195,7 @@ fn file(mut alloc: Allocation) -> Result<ocm_alloc_t, Fail> {
             c.next,
             Arc::new(Handle {
                 mapped: Mutex::new(None),
-                alloc,
+                alloc: Arc::new(alloc),
                 local,
             }),
         );
@@ -415,7 +416,13 @@ pub extern "C" fn ocm_free(a: ocm_alloc_t) -> c_int {
                         tracing::warn!(error = %e, "ocm_free of a mapped allocation");
                     }
                 }
-                Ok(alloc.free()?)
+                match Arc::try_unwrap(alloc) {
+                    Ok(alloc) => Ok(alloc.free()?),
+                    // Unreachable: the mapping's share went with it. Were
+                    // it not, the last share frees the allocation as it
+                    // drops.
+                    Err(_) => Ok(()),
+                }
             }
             // Another thread is copying: the last one to finish frees it.
             Err(_) => Ok(()),

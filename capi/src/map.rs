@@ -1,13 +1,16 @@
 //! The C ABI of mapped remote memory (`ocm_map`, `ocm_flush`,
 //! `ocm_invalidate`, `ocm_unmap`): a handle's mapping lives in its
-//! [`Handle`], dropped before the allocation. It only adapts
-//! [`Mapped`] to C; paging is liboncilla's.
+//! [`Handle`] and holds a share of the allocation. It only adapts
+//! [`OwnedMapping`] to C; paging is liboncilla's.
 
 use std::ffi::{c_int, c_void};
 
 use super::ocm_status_t::*;
 use super::{handle, ocm_alloc_t, status, Handle};
 use liboncilla::ffi::{invalid, Fail};
+use std::sync::Arc;
+
+use liboncilla::OwnedMapping;
 use liboncilla::{MapOptions, Mapped};
 
 /// Maps `a` into this process and stores its first byte's address in
@@ -41,13 +44,8 @@ pub unsafe extern "C" fn ocm_map(a: ocm_alloc_t, flags: c_int, ptr: *mut *mut c_
                 ),
             ));
         }
-        let m = h.alloc.map(MapOptions::default())?;
+        let m = OwnedMapping::new(Arc::clone(&h.alloc), MapOptions::default())?;
         let at = m.as_ptr().cast::<c_void>();
-        // SAFETY: the mapping borrows `h.alloc`, which lives in the same
-        // `Handle` (behind the Arc, never moved while shared) and is dropped
-        // after it (field order; `ocm_free` unmaps first). `Mapped` only
-        // ties its lifetime to the allocation; it holds no pointer into it.
-        let m: Mapped<'static> = unsafe { std::mem::transmute::<Mapped<'_>, Mapped<'static>>(m) };
         *slot = Some(m);
         // SAFETY: not NULL (checked); writable per the caller.
         unsafe { ptr.write(at) };

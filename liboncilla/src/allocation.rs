@@ -25,7 +25,7 @@ use crate::spec::Fabric;
 /// free it and see the result.
 pub struct Allocation {
     /// The session: kept alive as long as the handle.
-    client: Arc<Client>,
+    pub(crate) client: Arc<Client>,
     /// Shared with batches in flight, which keep it (and the mapping)
     /// alive until they end.
     pub(crate) desc: Arc<Descriptor>,

@@ -65,7 +65,7 @@ pub use batch::{Batch, Pending};
 pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};
 pub use fabric::{streams_for, STREAM_MIN};
-pub use map::{MapOptions, MapStats, Mapped, MAX_BLOCK};
+pub use map::{MapOptions, MapStats, Mapped, OwnedMapping, MAX_BLOCK};
 /// The cluster token and CA an [`Operator`] and [`Options`] take: re-exported
 /// so applications need no other crate of the workspace.
 pub use oncilla_net::auth::{Token, TokenError};

@@ -3,7 +3,7 @@
 //! zero-copy views of it: `view()` (a memoryview), NumPy's array interface,
 //! and `memoryview(m)` on CPython 3.12 and later.
 //!
-//! A `Mapping` keeps its allocation's handle alive (the allocation counts
+//! A `Mapping` holds a share of its allocation (the allocation counts
 //! its live mappings: it cannot be freed while mapped), and every view of the
 //! mapping keeps the `Mapping` alive, which is unmapped only when no view
 //! can remain. Touching the memory never needs the GIL from the pager: its
@@ -21,15 +21,13 @@ use crate::errors::{to_py, InUse, InvalidArgument, NotFound};
 /// A mapped allocation (`Allocation.map()`).
 #[pyclass(module = "oncilla", name = "Mapping", frozen)]
 pub struct Mapping {
-    /// Dropped (written back, unmapped) before `handle`: fields drop in
-    /// declaration order. `None` once unmapped. Shared with a flush or
-    /// invalidate running without the GIL (the lock is never held across
-    /// one: a thread holding the GIL could wait on it while that call waits
-    /// for the GIL).
-    mapped: Mutex<Option<Arc<liboncilla::Mapped<'static>>>>,
-    /// The allocation the mapping borrows, kept until it is unmapped (then
-    /// released, so the allocation can be freed while this object lives).
-    handle: Mutex<Option<Arc<liboncilla::Allocation>>>,
+    /// The mapping, holding a share of the allocation until it is unmapped
+    /// (then let go, so the allocation can be freed while this object
+    /// lives). `None` once unmapped. Shared with a flush or invalidate
+    /// running without the GIL (the lock is never held across one: a
+    /// thread holding the GIL could wait on it while that call waits for
+    /// the GIL).
+    mapped: Mutex<Option<Arc<liboncilla::OwnedMapping>>>,
     /// The allocation's id, for messages.
     id: u64,
     /// The Python allocation, which counts this mapping as a view.
@@ -50,36 +48,21 @@ impl Mapping {
         options: liboncilla::MapOptions,
     ) -> PyResult<Self> {
         let handle = owner.get().handle()?;
-        let h = Arc::clone(&handle);
+        let id = handle.id();
         let mapped = py
-            .allow_threads(move || {
-                let m = h.map(options)?;
-                // SAFETY: the mapping borrows the allocation inside `h`'s
-                // Arc, whose heap place never moves; `Mapping` holds a
-                // clone of that Arc (`handle`) and drops the mapping
-                // first. `Mapped` holds no pointer into the allocation.
-                Ok::<_, liboncilla::Error>(unsafe {
-                    std::mem::transmute::<liboncilla::Mapped<'_>, liboncilla::Mapped<'static>>(m)
-                })
-            })
+            .allow_threads(move || liboncilla::OwnedMapping::new(handle, options))
             .map_err(to_py)?;
         // The allocation is not freed while this is mapped.
         owner.get().mapped();
         let len = mapped.len();
         Ok(Self {
             mapped: Mutex::new(Some(Arc::new(mapped))),
-            id: handle.id(),
-            handle: Mutex::new(Some(handle)),
+            id,
             owner: owner.clone().unbind(),
             exported: AtomicBool::new(false),
             counted: AtomicBool::new(true),
             len,
         })
-    }
-
-    /// Lets go of the allocation's handle (after the mapping is gone).
-    fn release_handle(&self) {
-        drop(self.handle.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     /// No longer counted as a live mapping of the allocation (once).
@@ -89,7 +72,7 @@ impl Mapping {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Arc<liboncilla::Mapped<'static>>>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Arc<liboncilla::OwnedMapping>>> {
         // Holds only an Option: a panic elsewhere cannot leave it half-written.
         self.mapped.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -124,7 +107,7 @@ impl Mapping {
     fn run(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&liboncilla::Mapped<'static>) -> liboncilla::Result<()> + Send,
+        f: impl FnOnce(&liboncilla::OwnedMapping) -> liboncilla::Result<()> + Send,
     ) -> PyResult<()> {
         let m = self.lock().clone().ok_or_else(|| self.unmapped())?;
         py.allow_threads(move || f(&m)).map_err(to_py)
@@ -177,7 +160,6 @@ impl Mapping {
         };
         drop(slot);
         let outcome = py.allow_threads(move || m.unmap()).map_err(to_py);
-        self.release_handle();
         self.uncount();
         outcome
     }
@@ -258,10 +240,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // Unmapped (written back) before the allocation may be freed, and
-        // before the handle the mapping borrows goes.
+        // Unmapped (written back), and its share of the allocation let go,
+        // before the allocation may be freed.
         drop(self.lock().take());
-        self.release_handle();
         self.uncount();
     }
 }

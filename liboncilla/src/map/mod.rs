@@ -11,9 +11,11 @@
 //! private cache: two mappings of one allocation are not coherent.
 //!
 //! It owns the options and the handle; paging is [`pager`], its
-//! bookkeeping [`blocks`], the kernel's side [`uffd`], the range [`region`].
+//! bookkeeping [`blocks`], the kernel's side [`uffd`], the range [`region`];
+//! [`OwnedMapping`] holds its allocation instead of borrowing it.
 
 mod blocks;
+mod owned;
 mod pager;
 mod region;
 mod uffd;
@@ -22,6 +24,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use owned::OwnedMapping;
 pub use pager::MapStats;
 
 use crate::allocation::Allocation;
@@ -261,9 +264,11 @@ impl Drop for Mapped<'_> {
     }
 }
 
-/// Maps `alloc` ([`Allocation::map`]).
+/// Maps `alloc` ([`Allocation::map`]). The caller ties the mapping's
+/// lifetime to the allocation: a borrow of it, or a share it holds
+/// ([`OwnedMapping`]).
 pub(crate) fn map<'a>(
-    alloc: &'a Allocation,
+    alloc: &Allocation,
     client: &Arc<Client>,
     options: MapOptions,
 ) -> Result<Mapped<'a>> {

@@ -289,7 +289,13 @@ fn a_node_credential_acts_only_as_its_node() {
     let (welcome, msg) = wire::read_welcome(&mut conn).unwrap();
     assert_eq!(welcome, wire::Welcome::Denied, "{msg}");
 
-    assert_eq!(c.node("node-0").unwrap()["state"], "up");
+    // Still up: a beat missed while a loaded (emulated) machine was busy
+    // may show it down for a moment, a crash for good.
+    assert!(
+        Cluster::eventually(Cluster::EVENT, || c.node("node-0").unwrap()["state"] == "up"),
+        "node-0 after the attempts: {:?}",
+        c.node("node-0")
+    );
     let mut back = [0u8; 14];
     theirs.copy_out(0, &mut back).unwrap();
     assert_eq!(&back, b"victim's bytes");
