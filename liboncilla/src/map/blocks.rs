@@ -56,9 +56,6 @@ pub(crate) struct Blocks {
     lru: VecDeque<(u64, usize)>,
     tick: u64,
     present: usize,
-    /// Blocks whose bytes are arriving in local memory (room reserved,
-    /// not present yet): they count against the budget.
-    filling: usize,
     /// Present blocks chosen to leave and not gone yet.
     leaving: usize,
     budget: usize,
@@ -81,7 +78,6 @@ impl Blocks {
             lru: VecDeque::new(),
             tick: 0,
             present: 0,
-            filling: 0,
             leaving: 0,
             budget: budget.max(1),
             last: None,
@@ -141,7 +137,6 @@ impl Blocks {
 
     /// `block`'s bytes are in place.
     pub(crate) fn fetched(&mut self, block: usize) {
-        self.filling = self.filling.saturating_sub(1);
         let write = self.fetch_writes(block);
         self.state[block] = if write { State::Dirty } else { State::Clean };
         self.tick += 1;
@@ -152,7 +147,6 @@ impl Blocks {
 
     /// `block` could not be fetched within the timeout.
     pub(crate) fn failed(&mut self, block: usize) {
-        self.filling = self.filling.saturating_sub(1);
         self.state[block] = State::Failed;
     }
 
@@ -177,15 +171,9 @@ impl Blocks {
         }
     }
 
-    /// Whether `extra` more blocks fit within the budget now.
-    pub(crate) fn has_room(&self, extra: usize) -> bool {
-        self.present + self.filling + extra <= self.budget
-    }
-
-    /// Room for `count` blocks whose bytes are about to arrive
-    /// ([`Blocks::fetched`] or [`Blocks::failed`] ends each).
-    pub(crate) fn reserve(&mut self, count: usize) {
-        self.filling += count;
+    /// Whether one more block fits within the budget now.
+    pub(crate) fn has_room(&self) -> bool {
+        self.present < self.budget
     }
 
     /// Present blocks chosen to leave and not gone yet.
@@ -200,7 +188,7 @@ impl Blocks {
     pub(crate) fn make_room(&mut self, extra: usize) -> Vec<(usize, bool)> {
         let mut leaving = Vec::new();
         let mut skipped = Vec::new();
-        while (self.present + self.filling + extra).saturating_sub(self.leaving) > self.budget {
+        while (self.present + extra).saturating_sub(self.leaving) > self.budget {
             let Some((tick, b)) = self.lru.pop_front() else {
                 break;
             };

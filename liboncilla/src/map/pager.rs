@@ -5,10 +5,8 @@
 //!
 //! Ordering rules, which make it correct with any number of application
 //! threads touching the range:
-//! - A block's bytes are received straight into its pages through the
-//!   region's stage (room for them reserved in the budget first), then
-//!   mapped into the view and marked present under the block table's lock,
-//!   so a fault is never handled against a half-updated state.
+//! - A block is filled and marked present under the block table's lock, so
+//!   a fault is never handled against a half-updated state.
 //! - A fetched block arrives write-protected (unless a write faulted it
 //!   in), so its first write is always seen; a dirty block is
 //!   write-protected again *before* its bytes are read for a write-back,
@@ -327,23 +325,14 @@ impl Shared {
         (offset, len)
     }
 
-    /// Reads blocks `first..first + count` in one copy straight into their
-    /// pages (through the stage), retrying what may pass (a node
-    /// restarting, a broken connection) until the timeout.
-    fn fetch(&self, first: usize, count: usize) -> Result<()> {
+    /// Reads blocks `first..first + count` in one copy, retrying what may
+    /// pass (a node restarting, a broken connection) until the timeout.
+    fn fetch(&self, first: usize, count: usize, buf: &mut [u8]) -> Result<()> {
         let (offset, len) = self.run_span(first, count);
-        self.region.populate(first * self.plan.block, len);
-        // SAFETY: the blocks are inside the region and being fetched, which
-        // gives them to this worker alone: the view has none of their pages
-        // mapped (a thread touching them waits for the install), and no
-        // other worker, eviction or write-back touches them.
-        let buf = unsafe {
-            std::slice::from_raw_parts_mut(self.region.stage().add(first * self.plan.block), len)
-        };
         let deadline = Instant::now() + self.plan.timeout;
         let mut pause = Duration::from_millis(20);
         loop {
-            match self.backing.read(offset, buf) {
+            match self.backing.read(offset, &mut buf[..len]) {
                 Ok(()) => return Ok(()),
                 Err(e) if transient(&e) && Instant::now() + pause < deadline => {
                     std::thread::sleep(pause);
@@ -362,18 +351,9 @@ impl Shared {
         let pages = last * self.plan.block + self.pages(last) - first * self.plan.block;
         self.faults.protect(self.at(first), pages)?;
         // SAFETY: the blocks are present (dirty blocks are) and write-
-        // protected, so nobody changes their `len` bytes while they are read
-        // through the stage (which never faults); they lie inside the
-        // region.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                self.region
-                    .stage()
-                    .add(first * self.plan.block)
-                    .cast_const(),
-                len,
-            )
-        };
+        // protected, so their `len` bytes are mapped and nobody changes
+        // them while they are read; they lie inside the region.
+        let bytes = unsafe { std::slice::from_raw_parts(self.at(first), len) };
         self.backing.write(offset, bytes)?;
         self.written_back.fetch_add(len as u64, Ordering::Relaxed);
         Ok(())
@@ -417,15 +397,16 @@ impl Shared {
         }
     }
 
-    /// Reserves room for `count` blocks about to arrive: the least recently
-    /// faulted blocks are evicted first (written back where dirty), so the
-    /// mapping never holds more than its budget. Where nothing can leave
-    /// (every present block busy, or kept because its write-back failed)
-    /// the blocks go in over budget rather than wait for ever.
-    fn make_room(&self, count: usize) {
+    /// The block table once one more block fits within the budget: the
+    /// least recently faulted blocks are evicted first (written back where
+    /// dirty), so the mapping never holds more than its budget. Where
+    /// nothing can leave (every present block busy, or kept because its
+    /// write-back failed) the block goes in over budget rather than wait
+    /// for ever.
+    fn make_room(&self) -> MutexGuard<'_, Blocks> {
         let mut t = self.table();
-        while !t.has_room(count) {
-            let victims = t.make_room(count);
+        while !t.has_room() {
+            let victims = t.make_room(1);
             if !victims.is_empty() {
                 drop(t);
                 self.evict(victims);
@@ -437,7 +418,7 @@ impl Shared {
                 break;
             }
         }
-        t.reserve(count);
+        t
     }
 
     fn on_fault(&self, fault: Fault) -> Result<()> {
@@ -464,20 +445,11 @@ impl Shared {
                         t.wait_on(b);
                         Ok(())
                     }
-                    // Present, and the page not mapped: the install raced
-                    // this report, or the kernel unmapped the page (it is
-                    // still in memory). Mapping that one page again (as the
-                    // block's protection says) or finding it there wakes the
-                    // thread.
-                    State::Clean | State::Dirty | State::Writing => {
-                        let state = t.state(b);
-                        drop(t);
-                        let page = page_size();
-                        let at = (addr / page * page) as *mut u8;
-                        self.faults.install(at, page, state == State::Dirty)
+                    // Present already (the fill raced this report), or
+                    // poisoned: the retry finds the page or the signal.
+                    State::Clean | State::Dirty | State::Writing | State::Failed => {
+                        self.faults.wake(self.at(b), self.pages(b))
                     }
-                    // Poisoned: the retry takes the signal.
-                    State::Failed => self.faults.wake(self.at(b), self.pages(b)),
                 }
             }
             Fault::Protected { addr } => {
@@ -534,6 +506,7 @@ const RUN_MAX: usize = 4 << 20;
 /// neighbours in one copy.
 fn fetch_loop(s: &Shared) {
     let per_run = (RUN_MAX / s.plan.block).max(1);
+    let mut buf = vec![0u8; per_run * s.plan.block];
     loop {
         let (first, count) = {
             let mut jobs = s.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -552,69 +525,43 @@ fn fetch_loop(s: &Shared) {
                 jobs = s.job_ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
             }
         };
-        s.make_room(count);
-        match s.fetch(first, count) {
-            Ok(()) => s.install(first, count),
-            Err(e) => {
-                let (offset, len) = s.run_span(first, count);
-                s.give_up(
-                    first..first + count,
-                    &Error::Map(format!(
-                        "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
-                         SIGBUS: {e}"
-                    )),
-                );
-            }
-        }
-    }
-}
-
-impl Shared {
-    /// Maps fetched blocks `first..first + count` into the view, each run of
-    /// neighbours that go in alike (write-protected, or writable because a
-    /// write faulted them) in one call, and marks them present.
-    fn install(&self, first: usize, count: usize) {
-        let mut t = self.table();
-        let mut b = first;
-        while b < first + count {
-            let writable = t.fetch_writes(b);
-            let mut end = b + 1;
-            while end < first + count && t.fetch_writes(end) == writable {
-                end += 1;
-            }
-            let pages = (end - 1 - b) * self.plan.block + self.pages(end - 1);
-            match self.faults.install(self.at(b), pages, writable) {
+        let fetched = s.fetch(first, count, &mut buf);
+        for (i, b) in (first..first + count).enumerate() {
+            let pages = s.pages(b);
+            let at = i * s.plan.block;
+            let outcome = match &fetched {
                 Ok(()) => {
-                    for x in b..end {
-                        t.fetched(x);
-                        self.fetched
-                            .fetch_add(self.span(x).1 as u64, Ordering::Relaxed);
+                    // Past the allocation's end, the last page reads zeros.
+                    buf[at + s.span(b).1..at + pages].fill(0);
+                    let mut t = s.make_room();
+                    let writable = t.fetch_writes(b);
+                    // SAFETY: block `b` is page-aligned inside the
+                    // registered region and `pages` long; `buf` holds
+                    // `pages` bytes from `at`.
+                    let filled =
+                        unsafe { s.faults.fill(s.at(b), buf[at..].as_ptr(), pages, writable) };
+                    if filled.is_ok() {
+                        t.fetched(b);
+                        s.fetched.fetch_add(s.span(b).1 as u64, Ordering::Relaxed);
+                    } else {
+                        t.failed(b);
                     }
+                    filled
                 }
                 Err(e) => {
-                    drop(t);
-                    self.give_up(b..end, &e);
-                    t = self.table();
+                    let (offset, len) = s.span(b);
+                    s.table().failed(b);
+                    Err(Error::Map(format!(
+                        "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
+                         SIGBUS: {e}"
+                    )))
                 }
-            }
-            b = end;
-        }
-    }
-
-    /// Blocks that cannot be fetched: their memory is dropped and their
-    /// pages raise SIGBUS from now on.
-    fn give_up(&self, blocks: std::ops::Range<usize>, e: &Error) {
-        self.note(e);
-        for b in blocks {
-            let pages = self.pages(b);
-            // What arrived before the failure goes (the poison marks only
-            // pages that are not there).
-            if let Err(e) = self.region.discard(b * self.plan.block, pages) {
-                self.note(&e);
-            }
-            self.table().failed(b);
-            if let Err(e) = self.faults.poison(self.at(b), pages) {
-                self.note(&e);
+            };
+            if let Err(e) = outcome {
+                s.note(&e);
+                if let Err(e) = s.faults.poison(s.at(b), pages) {
+                    s.note(&e);
+                }
             }
         }
     }

@@ -1,6 +1,5 @@
 //! The kernel's side of demand paging: a userfaultfd that reports the
-//! faults of a registered range of shared memory and maps its pages in,
-//! protects, wakes and poisons it.
+//! faults of a registered range and fills, protects, wakes and poisons it.
 //!
 //! The calls are made with the kernel's own definitions
 //! (`linux/userfaultfd.h`, a stable ABI of a dozen ioctls and one 32-byte
@@ -8,12 +7,9 @@
 //! bindgen (libclang, kernel headers) at build time: the default build needs
 //! only the Rust toolchain. What it must get right: creating the descriptor
 //! so that it works for every privilege (`/dev/userfaultfd`, the system
-//! call, then the user-mode-only system call); registering missing *and*
-//! minor faults of a shared-memory range, so that a fault is resolved with
-//! `UFFDIO_CONTINUE` by mapping the page the pager already received the
-//! bytes into (no copy), and with `UFFDIO_CONTINUE_MODE_WP` (a fetched page
-//! arrives write-protected, so its first write is seen, with no window in
-//! which a write could go unseen);
+//! call, then the user-mode-only system call); `UFFDIO_COPY` with
+//! `UFFDIO_COPY_MODE_WP` (a fetched page arrives write-protected, so its
+//! first write is seen, with no window in which a write could go unseen);
 //! `UFFDIO_POISON` (a page that could not be fetched raises SIGBUS instead
 //! of hanging or reading zeros). It owns the descriptor; it never decides
 //! what to fetch or when.
@@ -24,14 +20,11 @@ use crate::error::{Error, Result};
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
-const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
-const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 const UFFD_FEATURE_POISON: u64 = 1 << 14;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
-const UFFDIO_CONTINUE_MODE_WP: u64 = 1 << 1;
+const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
 const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
-const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
@@ -56,10 +49,12 @@ struct UffdioRange {
 }
 
 #[repr(C)]
-struct UffdioContinue {
-    range: UffdioRange,
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
     mode: u64,
-    mapped: i64,
+    copy: i64,
 }
 
 #[repr(C)]
@@ -88,7 +83,7 @@ nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
 nix::ioctl_read!(uffdio_unregister, 0xAA, 0x01, UffdioRange);
 nix::ioctl_read!(uffdio_wake, 0xAA, 0x02, UffdioRange);
 nix::ioctl_readwrite!(uffdio_writeprotect, 0xAA, 0x06, UffdioWriteprotect);
-nix::ioctl_readwrite!(uffdio_continue, 0xAA, 0x07, UffdioContinue);
+nix::ioctl_readwrite!(uffdio_copy, 0xAA, 0x03, UffdioCopy);
 nix::ioctl_readwrite!(uffdio_poison, 0xAA, 0x08, UffdioPoison);
 
 /// What to change so that this process may map remote memory.
@@ -99,9 +94,7 @@ const PRIVILEGE_HINT: &str = "mapping remote memory needs userfaultfd, which thi
 /// A fault the kernel reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// A touch of a page not mapped in (`write`: by a write): not in
-    /// memory at all, or in memory but not mapped (a minor fault: its
-    /// bytes are arriving, or the kernel unmapped it).
+    /// A touch of a page not filled yet (`write`: by a write).
     Missing { addr: usize, write: bool },
     /// A write to a write-protected page.
     Protected { addr: usize },
@@ -137,31 +130,25 @@ impl Faults {
         };
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP
-                | UFFD_FEATURE_POISON
-                | UFFD_FEATURE_MINOR_SHMEM
-                | UFFD_FEATURE_WP_HUGETLBFS_SHMEM,
+            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_POISON,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API on a fresh userfaultfd with a struct of the
         // kernel's layout, which the kernel fills in.
         unsafe { uffdio_api(fd.as_raw_fd(), &mut api) }.map_err(|e| {
             Error::Map(format!(
-                "this kernel's userfaultfd lacks minor faults or write-protection of shared \
-                 memory, or poisoning ({e}): mapping remote memory needs Linux 6.6 or later"
+                "this kernel's userfaultfd lacks write-protection or poisoning ({e}): mapping \
+                 remote memory needs Linux 6.6 or later"
             ))
         })?;
         Ok(Self { fd, kernel_faults })
     }
 
-    /// Reports missing, minor and write-protect faults of the shared
-    /// memory `[base, base + len)`.
+    /// Reports missing and write-protect faults of `[base, base + len)`.
     pub(crate) fn register(&self, base: *mut u8, len: usize) -> Result<()> {
         let mut register = UffdioRegister {
             range: range(base, len),
-            mode: UFFDIO_REGISTER_MODE_MISSING
-                | UFFDIO_REGISTER_MODE_MINOR
-                | UFFDIO_REGISTER_MODE_WP,
+            mode: UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_REGISTER of a range this process mapped (the
@@ -179,24 +166,33 @@ impl Faults {
             .map_err(|e| Error::Map(format!("cannot unregister the mapped range: {e}")))
     }
 
-    /// Maps the pages of `[dst, dst + len)` in from the memory file they
-    /// share with the pager's stage (where their bytes already are),
-    /// write-protected unless `writable`, and wakes the threads waiting on
-    /// them.
-    pub(crate) fn install(&self, dst: *mut u8, len: usize, writable: bool) -> Result<()> {
-        let mut cont = UffdioContinue {
-            range: range(dst, len),
-            mode: if writable { 0 } else { UFFDIO_CONTINUE_MODE_WP },
-            mapped: 0,
+    /// Fills the missing pages `[dst, dst + len)` with `src`, write-protected
+    /// unless `writable`, and wakes the threads waiting on them.
+    ///
+    /// # Safety
+    /// `dst..dst + len` is page-aligned inside a registered range, and `src`
+    /// is readable for `len` bytes.
+    pub(crate) unsafe fn fill(
+        &self,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+        writable: bool,
+    ) -> Result<()> {
+        let mut copy = UffdioCopy {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: if writable { 0 } else { UFFDIO_COPY_MODE_WP },
+            copy: 0,
         };
-        // SAFETY: UFFDIO_CONTINUE of whole blocks of the registered range
-        // (the pager passes those), with a struct of the kernel's layout:
-        // it only maps pages of the file that are in memory already.
-        match unsafe { uffdio_continue(self.fd.as_raw_fd(), &mut cont) } {
+        // SAFETY: the caller's contract; the kernel copies `len` bytes from
+        // `src` into pages it allocates for the missing range.
+        match unsafe { uffdio_copy(self.fd.as_raw_fd(), &mut copy) } {
             Ok(_) => Ok(()),
-            // Already mapped (a racing install): the threads must still wake.
+            // Already filled (a racing fill): the threads must still wake.
             Err(nix::errno::Errno::EEXIST) => self.wake(dst, len),
-            Err(e) => Err(Error::Map(format!("cannot map fetched pages in: {e}"))),
+            Err(e) => Err(Error::Map(format!("cannot fill mapped pages: {e}"))),
         }
     }
 
