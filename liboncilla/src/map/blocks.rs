@@ -173,7 +173,12 @@ impl Blocks {
 
     /// Whether one more block fits within the budget now.
     pub(crate) fn has_room(&self) -> bool {
-        self.present < self.budget
+        self.has_room_for(1)
+    }
+
+    /// Whether `n` more blocks fit within the budget now.
+    pub(crate) fn has_room_for(&self, n: usize) -> bool {
+        self.present + n <= self.budget
     }
 
     /// Present blocks chosen to leave and not gone yet.

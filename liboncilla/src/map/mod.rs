@@ -47,7 +47,7 @@ pub struct MapOptions {
     /// Bytes fetched per fault: a multiple of the page size, up to
     /// [`MAX_BLOCK`] (default 64 KiB).
     pub block: u64,
-    /// Most bytes fetched ahead of sequential faults (default 4 MiB; the
+    /// Most bytes fetched ahead of sequential faults (default 32 MiB; the
     /// block size: none).
     pub read_ahead: u64,
     /// Most bytes of local memory the mapping holds; past it the least
@@ -66,7 +66,7 @@ impl Default for MapOptions {
     fn default() -> Self {
         Self {
             block: 64 << 10,
-            read_ahead: 4 << 20,
+            read_ahead: 32 << 20,
             budget: 1 << 30,
             timeout: Duration::from_secs(30),
             threads: 4,

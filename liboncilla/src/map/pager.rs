@@ -80,7 +80,8 @@ struct Shared {
     region: Region,
     backing: Box<dyn Backing>,
     blocks: Mutex<Blocks>,
-    jobs: Mutex<VecDeque<usize>>,
+    /// Runs of blocks to fetch: `(first, count)`.
+    jobs: Mutex<VecDeque<(usize, usize)>>,
     job_ready: Condvar,
     /// Signalled when a block leaves (room for a fetched one).
     room: Condvar,
@@ -421,6 +422,20 @@ impl Shared {
         t
     }
 
+    /// The runs to queue for a fault on `faulted`, given the blocks to
+    /// fetch (`faulted` first if it was absent, then those read ahead):
+    /// the faulted block alone, so the thread waits for one block, not a
+    /// whole run; then the blocks read ahead in runs of neighbours of up to
+    /// [`RUN_MAX`] bytes, which the workers fetch side by side.
+    fn runs_to_fetch(&self, faulted: usize, fetch: &[usize]) -> Vec<(usize, usize)> {
+        let per_run = (RUN_MAX / self.plan.block).max(1);
+        let (first, ahead) = match fetch.split_first() {
+            Some((&b, rest)) if b == faulted => (Some((b, 1)), rest),
+            _ => (None, fetch),
+        };
+        first.into_iter().chain(runs(ahead, per_run)).collect()
+    }
+
     fn on_fault(&self, fault: Fault) -> Result<()> {
         match fault {
             Fault::Missing { addr, write } => {
@@ -434,8 +449,9 @@ impl Shared {
                         let fetch = t.fault(b, write);
                         drop(t);
                         if !fetch.is_empty() {
+                            let runs = self.runs_to_fetch(b, &fetch);
                             let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-                            jobs.extend(fetch);
+                            jobs.extend(runs);
                             self.job_ready.notify_all();
                         }
                         Ok(())
@@ -502,8 +518,8 @@ fn fault_loop(s: &Shared) {
 /// copy, up to this.
 const RUN_MAX: usize = 4 << 20;
 
-/// Fetches queued blocks until the pager stops, each run of queued
-/// neighbours in one copy.
+/// Fetches queued runs until the pager stops, each in one copy, and fills
+/// each in with one call per stretch of blocks that go in alike.
 fn fetch_loop(s: &Shared) {
     let per_run = (RUN_MAX / s.plan.block).max(1);
     let mut buf = vec![0u8; per_run * s.plan.block];
@@ -514,55 +530,76 @@ fn fetch_loop(s: &Shared) {
                 if s.stop.load(Ordering::SeqCst) {
                     return;
                 }
-                if let Some(b) = jobs.pop_front() {
-                    let mut count = 1;
-                    while count < per_run && jobs.front() == Some(&(b + count)) {
-                        jobs.pop_front();
-                        count += 1;
-                    }
-                    break (b, count);
+                if let Some(run) = jobs.pop_front() {
+                    break run;
                 }
                 jobs = s.job_ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let fetched = s.fetch(first, count, &mut buf);
-        for (i, b) in (first..first + count).enumerate() {
-            let pages = s.pages(b);
-            let at = i * s.plan.block;
-            let outcome = match &fetched {
-                Ok(()) => {
-                    // Past the allocation's end, the last page reads zeros.
-                    buf[at + s.span(b).1..at + pages].fill(0);
-                    let mut t = s.make_room();
-                    let writable = t.fetch_writes(b);
-                    // SAFETY: block `b` is page-aligned inside the
-                    // registered region and `pages` long; `buf` holds
-                    // `pages` bytes from `at`.
-                    let filled =
-                        unsafe { s.faults.fill(s.at(b), buf[at..].as_ptr(), pages, writable) };
-                    if filled.is_ok() {
-                        t.fetched(b);
-                        s.fetched.fetch_add(s.span(b).1 as u64, Ordering::Relaxed);
-                    } else {
-                        t.failed(b);
-                    }
-                    filled
-                }
-                Err(e) => {
-                    let (offset, len) = s.span(b);
-                    s.table().failed(b);
-                    Err(Error::Map(format!(
-                        "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
-                         SIGBUS: {e}"
-                    )))
-                }
-            };
-            if let Err(e) = outcome {
+        match s.fetch(first, count, &mut buf) {
+            Ok(()) => s.fill_run(first, count, &mut buf),
+            Err(e) => {
+                let (offset, len) = s.run_span(first, count);
+                let e = Error::Map(format!(
+                    "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
+                     SIGBUS: {e}"
+                ));
                 s.note(&e);
-                if let Err(e) = s.faults.poison(s.at(b), pages) {
-                    s.note(&e);
+                for b in first..first + count {
+                    s.table().failed(b);
+                    if let Err(e) = s.faults.poison(s.at(b), s.pages(b)) {
+                        s.note(&e);
+                    }
                 }
             }
+        }
+    }
+}
+
+impl Shared {
+    /// Fills fetched blocks `first..first + count` (their bytes in `buf`)
+    /// into the range: room made for each, then one fill per stretch of
+    /// neighbours that go in alike (write-protected, or writable because a
+    /// write faulted them), under the table's lock.
+    fn fill_run(&self, first: usize, count: usize, buf: &mut [u8]) {
+        let end = first + count;
+        // Past the allocation's end, the last page reads zeros.
+        let (_, len) = self.run_span(first, count);
+        let whole = (count - 1) * self.plan.block + self.pages(end - 1);
+        buf[len..whole].fill(0);
+        let mut b = first;
+        while b < end {
+            let mut t = self.make_room();
+            let writable = t.fetch_writes(b);
+            let mut stop = b + 1;
+            while stop < end && t.fetch_writes(stop) == writable && t.has_room_for(stop - b + 1) {
+                stop += 1;
+            }
+            let at = (b - first) * self.plan.block;
+            let pages = (stop - 1 - b) * self.plan.block + self.pages(stop - 1);
+            // SAFETY: blocks `b..stop` are page-aligned inside the
+            // registered region and `pages` long together; `buf` holds
+            // `pages` bytes from `at` (the run's bytes, zeroed past the
+            // allocation's end).
+            let filled = unsafe { self.faults.fill(self.at(b), buf[at..].as_ptr(), pages, writable) };
+            for x in b..stop {
+                if filled.is_ok() {
+                    t.fetched(x);
+                    self.fetched.fetch_add(self.span(x).1 as u64, Ordering::Relaxed);
+                } else {
+                    t.failed(x);
+                }
+            }
+            drop(t);
+            if let Err(e) = filled {
+                self.note(&e);
+                for x in b..stop {
+                    if let Err(e) = self.faults.poison(self.at(x), self.pages(x)) {
+                        self.note(&e);
+                    }
+                }
+            }
+            b = stop;
         }
     }
 }
