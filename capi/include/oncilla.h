@@ -220,7 +220,7 @@ const char *ocm_last_error_message(void);
 
 // Maps `a` into this process and stores its first byte's address in
 // `*ptr`. Remote memory is fetched in 64 KiB blocks as it is touched
-// (read ahead up to 4 MiB for sequential access, at most 1 GiB held
+// (read ahead up to 32 MiB for sequential access, at most 1 GiB held
 // locally, a block that cannot be fetched within 30 s raises SIGBUS); an
 // allocation in this node's memory is mapped directly. Writes reach the
 // allocation, and other processes, at `ocm_flush` or `ocm_unmap`.
