@@ -581,11 +581,15 @@ impl Shared {
             // registered region and `pages` long together; `buf` holds
             // `pages` bytes from `at` (the run's bytes, zeroed past the
             // allocation's end).
-            let filled = unsafe { self.faults.fill(self.at(b), buf[at..].as_ptr(), pages, writable) };
+            let filled = unsafe {
+                self.faults
+                    .fill(self.at(b), buf[at..].as_ptr(), pages, writable)
+            };
             for x in b..stop {
                 if filled.is_ok() {
                     t.fetched(x);
-                    self.fetched.fetch_add(self.span(x).1 as u64, Ordering::Relaxed);
+                    self.fetched
+                        .fetch_add(self.span(x).1 as u64, Ordering::Relaxed);
                 } else {
                     t.failed(x);
                 }

@@ -292,7 +292,8 @@ fn a_node_credential_acts_only_as_its_node() {
     // Still up: a beat missed while a loaded (emulated) machine was busy
     // may show it down for a moment, a crash for good.
     assert!(
-        Cluster::eventually(Cluster::EVENT, || c.node("node-0").unwrap()["state"] == "up"),
+        Cluster::eventually(Cluster::EVENT, || c.node("node-0").unwrap()["state"]
+            == "up"),
         "node-0 after the attempts: {:?}",
         c.node("node-0")
     );
