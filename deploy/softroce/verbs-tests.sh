@@ -16,7 +16,8 @@
 # the provider, so the suites of the data path run there (cluster, verbs,
 # property, copies, sharing, failure) and, of hostile_authority, the
 # credential tests (ConnectVerbs checks credentials too), of mapping, the
-# test that pages both ways through the pointer. The others test
+# tests that page both ways through the pointer and seal a dead node's
+# block. The others test
 # a listener, a message, a budget, a tool or a layer above the same client
 # (C, Python), whatever the fabric: they run on the host, in
 # deploy/check.sh's `cargo test --workspace`, at native speed instead of
@@ -105,10 +106,10 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
   only() {
     case $1 in
       hostile_authority) echo "${filter:-credential}" ;;
-      # Paging over verbs: blocks received by RDMA straight into the
-      # mapping's shared-memory pages, written back from them (the rest of
-      # the suite is about paging itself, whatever the fabric).
-      mapping) echo "${filter:-threads_read_and_write}" ;;
+      # Paging over verbs, both ways through the pointer, and a dead
+      # node's block raising SIGBUS on this guest's older kernel (the rest
+      # of the suite is about paging itself, whatever the fabric).
+      mapping) echo "${filter:-threads_read_and_write a_dead_nodes_block}" ;;
       cluster-again) echo "${filter:-verbs}" ;;
       # The second pass is about where agents sit (all on the client's
       # device), which matters to the paths that move bytes; queue-pair

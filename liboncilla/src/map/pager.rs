@@ -14,7 +14,7 @@
 //! - A block's pages are dropped only after it is written back, and a
 //!   thread that touches a block while it is written back or dropped waits
 //!   (the kernel holds it) until that ends, then retries.
-//! - A fetch that still fails after the timeout poisons the block: the
+//! - A fetch that still fails after the timeout seals the block: the
 //!   threads that touch it get SIGBUS, never zeros, never a hang.
 //!
 //! It owns its threads and the block table; it never chooses a route (the
@@ -51,7 +51,8 @@ pub(crate) struct Plan {
     pub(crate) budget_blocks: usize,
     /// Most blocks one sequential fault fetches.
     pub(crate) window: usize,
-    /// How long a block's fetch is retried before its pages are poisoned.
+    /// How long a block's fetch is retried before its pages are sealed
+    /// (touching them raises SIGBUS).
     pub(crate) timeout: Duration,
     /// Fetching threads.
     pub(crate) workers: usize,
@@ -305,10 +306,23 @@ impl Shared {
         (b < self.count).then_some(b)
     }
 
-    /// Page-rounded length of block `b` (what fills and poisons cover).
+    /// Page-rounded length of block `b` (what fills and seals cover).
     fn pages(&self, b: usize) -> usize {
         let page = page_size();
         self.span(b).1.div_ceil(page) * page
+    }
+
+    /// Makes failed block `b` raise SIGBUS when touched, and wakes the
+    /// threads waiting on it so that they take the signal.
+    fn seal(&self, b: usize) {
+        let pages = self.pages(b);
+        let sealed = self
+            .region
+            .seal(b * self.plan.block, pages)
+            .and_then(|()| self.faults.wake(self.at(b), pages));
+        if let Err(e) = sealed {
+            self.note(&e);
+        }
     }
 
     fn note(&self, e: &Error) {
@@ -450,9 +464,17 @@ impl Shared {
                         drop(t);
                         if !fetch.is_empty() {
                             let runs = self.runs_to_fetch(b, &fetch);
+                            let wake = runs.len().min(self.plan.workers);
                             let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
                             jobs.extend(runs);
-                            self.job_ready.notify_all();
+                            drop(jobs);
+                            // One worker per run, not all of them: on a
+                            // busy machine the others would only wake to
+                            // contend for the queue ahead of the one that
+                            // fetches the faulted block.
+                            for _ in 0..wake {
+                                self.job_ready.notify_one();
+                            }
                         }
                         Ok(())
                     }
@@ -462,7 +484,7 @@ impl Shared {
                         Ok(())
                     }
                     // Present already (the fill raced this report), or
-                    // poisoned: the retry finds the page or the signal.
+                    // sealed: the retry finds the page or the signal.
                     State::Clean | State::Dirty | State::Writing | State::Failed => {
                         self.faults.wake(self.at(b), self.pages(b))
                     }
@@ -547,9 +569,7 @@ fn fetch_loop(s: &Shared) {
                 s.note(&e);
                 for b in first..first + count {
                     s.table().failed(b);
-                    if let Err(e) = s.faults.poison(s.at(b), s.pages(b)) {
-                        s.note(&e);
-                    }
+                    s.seal(b);
                 }
             }
         }
@@ -598,9 +618,7 @@ impl Shared {
             if let Err(e) = filled {
                 self.note(&e);
                 for x in b..stop {
-                    if let Err(e) = self.faults.poison(self.at(x), self.pages(x)) {
-                        self.note(&e);
-                    }
+                    self.seal(x);
                 }
             }
             b = stop;

@@ -1,5 +1,5 @@
 //! The kernel's side of demand paging: a userfaultfd that reports the
-//! faults of a registered range and fills, protects, wakes and poisons it.
+//! faults of a registered range and fills, protects and wakes it.
 //!
 //! The calls are made with the kernel's own definitions
 //! (`linux/userfaultfd.h`, a stable ABI of a dozen ioctls and one 32-byte
@@ -9,10 +9,8 @@
 //! so that it works for every privilege (`/dev/userfaultfd`, the system
 //! call, then the user-mode-only system call); `UFFDIO_COPY` with
 //! `UFFDIO_COPY_MODE_WP` (a fetched page arrives write-protected, so its
-//! first write is seen, with no window in which a write could go unseen);
-//! `UFFDIO_POISON` (a page that could not be fetched raises SIGBUS instead
-//! of hanging or reading zeros). It owns the descriptor; it never decides
-//! what to fetch or when.
+//! first write is seen, with no window in which a write could go unseen).
+//! It owns the descriptor; it never decides what to fetch or when.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
@@ -20,7 +18,6 @@ use crate::error::{Error, Result};
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
-const UFFD_FEATURE_POISON: u64 = 1 << 14;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
@@ -70,13 +67,6 @@ struct UffdioWriteprotect {
     mode: u64,
 }
 
-#[repr(C)]
-struct UffdioPoison {
-    range: UffdioRange,
-    mode: u64,
-    updated: i64,
-}
-
 nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
 nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
 // The kernel declares these two `_IOR` though it only reads the range.
@@ -84,7 +74,6 @@ nix::ioctl_read!(uffdio_unregister, 0xAA, 0x01, UffdioRange);
 nix::ioctl_read!(uffdio_wake, 0xAA, 0x02, UffdioRange);
 nix::ioctl_readwrite!(uffdio_writeprotect, 0xAA, 0x06, UffdioWriteprotect);
 nix::ioctl_readwrite!(uffdio_copy, 0xAA, 0x03, UffdioCopy);
-nix::ioctl_readwrite!(uffdio_poison, 0xAA, 0x08, UffdioPoison);
 
 /// What to change so that this process may map remote memory.
 const PRIVILEGE_HINT: &str = "mapping remote memory needs userfaultfd, which this process may not \
@@ -100,7 +89,7 @@ pub(crate) enum Fault {
     Protected { addr: usize },
 }
 
-/// A userfaultfd with write-protection and poisoning.
+/// A userfaultfd with write-protection.
 pub(crate) struct Faults {
     fd: OwnedFd,
     /// Whether faults taken inside the kernel (a `read(2)` into the range)
@@ -109,8 +98,8 @@ pub(crate) struct Faults {
 }
 
 impl Faults {
-    /// Opens a non-blocking userfaultfd with write-protect and poison
-    /// faults, the most capable this process may have.
+    /// Opens a non-blocking userfaultfd with write-protect faults, the most
+    /// capable this process may have.
     ///
     /// # Errors
     /// [`Error::Map`] naming what to change where userfaultfd is not
@@ -130,15 +119,15 @@ impl Faults {
         };
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_POISON,
+            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API on a fresh userfaultfd with a struct of the
         // kernel's layout, which the kernel fills in.
         unsafe { uffdio_api(fd.as_raw_fd(), &mut api) }.map_err(|e| {
             Error::Map(format!(
-                "this kernel's userfaultfd lacks write-protection or poisoning ({e}): mapping \
-                 remote memory needs Linux 6.6 or later"
+                "this kernel's userfaultfd lacks write-protection ({e}): mapping remote memory \
+                 needs Linux 5.7 or later"
             ))
         })?;
         Ok(Self { fd, kernel_faults })
@@ -193,23 +182,6 @@ impl Faults {
             // Already filled (a racing fill): the threads must still wake.
             Err(nix::errno::Errno::EEXIST) => self.wake(dst, len),
             Err(e) => Err(Error::Map(format!("cannot fill mapped pages: {e}"))),
-        }
-    }
-
-    /// Makes `[start, start + len)` raise SIGBUS when touched, and wakes the
-    /// threads waiting on it (they then take the signal).
-    pub(crate) fn poison(&self, start: *mut u8, len: usize) -> Result<()> {
-        let mut poison = UffdioPoison {
-            range: range(start, len),
-            mode: 0,
-            updated: 0,
-        };
-        // SAFETY: UFFDIO_POISON on a range registered with this descriptor
-        // (the pager passes whole blocks of its region); only missing pages
-        // are marked, and present ones (none: the block failed) are left.
-        match unsafe { uffdio_poison(self.fd.as_raw_fd(), &mut poison) } {
-            Ok(_) | Err(nix::errno::Errno::EEXIST) => Ok(()),
-            Err(e) => Err(Error::Map(format!("cannot poison mapped pages: {e}"))),
         }
     }
 
