@@ -172,10 +172,7 @@ fn a_killed_agent_goes_down_and_only_allocations_on_it_degrade() {
     for a in [&doomed, &striped] {
         let j = alloc_json(&c, a.id());
         assert_eq!(j["health"], "degraded", "{j:#}");
-        assert!(j["health_notes"][0]
-            .as_str()
-            .unwrap()
-            .starts_with("node-2 down since"));
+        assert!(notes_name(&j, "node-2 down since"), "{j:#}");
     }
     // Healthy extents keep working; those on node-2 fail, naming it.
     let mut back = vec![0u8; 1 << 20];
@@ -204,10 +201,7 @@ fn a_killed_agent_goes_down_and_only_allocations_on_it_degrade() {
     for a in [&doomed, &striped] {
         let j = alloc_json(&c, a.id());
         assert_eq!(j["health"], "lost", "{j:#}");
-        assert!(j["health_notes"][0]
-            .as_str()
-            .unwrap()
-            .starts_with("node-2 restarted"));
+        assert!(notes_name(&j, "node-2 restarted"), "{j:#}");
     }
     let err = doomed.copy_out(0, &mut back).unwrap_err();
     assert!(
@@ -417,4 +411,15 @@ fn callers_wait_through_a_restarted_masters_recovery() {
         .expect("alloc through a session during recovery");
     a.copy_in(0, b"after the wait").unwrap();
     a.free().expect("free");
+}
+
+/// Whether one of an allocation's health notes starts with `what`: on a
+/// loaded machine another node may have a note of its own (a beat missed
+/// for a moment), so the one about node-2 need not come first.
+fn notes_name(j: &serde_json::Value, what: &str) -> bool {
+    j["health_notes"].as_array().is_some_and(|notes| {
+        notes
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.starts_with(what)))
+    })
 }
