@@ -27,8 +27,10 @@ step() {
   steps+=("$(printf '%-24s %6d s' "$name" $((SECONDS - t0)))")
   current=""
 }
+# report [STATUS]: the step times, then exit with STATUS (default: the
+# status the script is exiting with).
 report() {
-  local rc=$?
+  local rc=${1:-$?}
   echo
   echo "deploy/check.sh step times:"
   local line
@@ -63,7 +65,9 @@ guest_log=target/softroce-step.log
 # stops the whole guest (QEMU included) and not just its script.
 setsid deploy/softroce/verbs-tests.sh --run > "$guest_log" 2>&1 &
 guest=$!
-trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; (exit "$st"); report' EXIT
+# (The status goes to report as an argument: under `set -e` a failing
+# `(exit "$st")` would end the trap before it printed anything.)
+trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; report "$st"' EXIT
 step "clippy (verbs)" cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
 # The feature switches one thing: which file oncilla-rdma compiles as its
 # verbs module (rdma/src/lib.rs; a stand-in without it). Every other
