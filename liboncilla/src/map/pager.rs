@@ -312,6 +312,16 @@ impl Shared {
         self.span(b).1.div_ceil(page) * page
     }
 
+    /// Blocks that cannot be filled (`e` says why): marked failed, and
+    /// sealed so that touching them raises SIGBUS.
+    fn give_up(&self, blocks: std::ops::Range<usize>, e: &Error) {
+        self.note(e);
+        for b in blocks {
+            self.table().failed(b);
+            self.seal(b);
+        }
+    }
+
     /// Makes failed block `b` raise SIGBUS when touched, and wakes the
     /// threads waiting on it so that they take the signal.
     fn seal(&self, b: usize) {
@@ -566,11 +576,7 @@ fn fetch_loop(s: &Shared) {
                     "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
                      SIGBUS: {e}"
                 ));
-                s.note(&e);
-                for b in first..first + count {
-                    s.table().failed(b);
-                    s.seal(b);
-                }
+                s.give_up(first..first + count, &e);
             }
         }
     }
@@ -605,20 +611,17 @@ impl Shared {
                 self.faults
                     .fill(self.at(b), buf[at..].as_ptr(), pages, writable)
             };
-            for x in b..stop {
-                if filled.is_ok() {
-                    t.fetched(x);
-                    self.fetched
-                        .fetch_add(self.span(x).1 as u64, Ordering::Relaxed);
-                } else {
-                    t.failed(x);
+            match filled {
+                Ok(()) => {
+                    for x in b..stop {
+                        t.fetched(x);
+                        self.fetched
+                            .fetch_add(self.span(x).1 as u64, Ordering::Relaxed);
+                    }
                 }
-            }
-            drop(t);
-            if let Err(e) = filled {
-                self.note(&e);
-                for x in b..stop {
-                    self.seal(x);
+                Err(e) => {
+                    drop(t);
+                    self.give_up(b..stop, &e);
                 }
             }
             b = stop;

@@ -89,9 +89,7 @@ impl Region {
         }
         .map_err(|e| Error::Map(format!("cannot drop mapped pages: {e}")))
     }
-}
 
-impl Region {
     /// Seals the pages of `[offset, offset + len)` (inside the range, whole
     /// pages): from now on touching them raises SIGBUS, for every thread,
     /// until the range is unmapped. Threads already waiting on a fault
