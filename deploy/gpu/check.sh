@@ -4,7 +4,10 @@
 # JSON, with ratios to the physical baselines), the Python suite, the streaming scan into the GPU beside
 # `ocmctl bench placement`'s striped read of the same agents, `bench copy` (and, where prepare.sh was
 # given a BEFORE revision, `bench gpu` and `bench copy` of that build in the same run), and last a
-# summary that states each goal of the GPU work as met or not (summary.py).
+# summary that states each goal of the GPU work as met or not (summary.py). Also: a program written for
+# the original runtime's API (tests/c/oncillamem.c against liboncillamem), every kind including the GPU
+# ones; `bench alloc` after and before; and `bench map` (remote memory through a pointer, where the
+# machine allows userfaultfd).
 #
 # Every step is bounded, and all of them together by CHECK_BUDGET seconds (default 540, so the whole
 # check fits one 10-minute call of a device tool): a step gets the lesser of its own bound and what is
@@ -17,6 +20,8 @@ OUT=${OUT:-$G/out}
 # Each step's log goes to $L; at the end they are packed into $OUT/logs.tar.gz beside summary.md (a
 # device tool may bring back only a few files). A check cut short leaves them unpacked in $L.
 L=$OUT/logs; mkdir -p "$L"
+# prepare.sh packs the binaries (the device tool carries 64 MiB at most).
+[ -f "$G/bins.tar.gz" ] && { tar -xzf "$G/bins.tar.gz" -C "$G" && rm "$G/bins.tar.gz"; }
 cd "$G/release"
 export PATH=$PWD:$PATH RUST_BACKTRACE=1
 step() { echo "== $1"; date +%T; }
@@ -44,6 +49,18 @@ if [ -x "$G/before/ocmctl" ]; then
   bounded 200 "$G/before/ocmctl" bench gpu --size 1MiB --size 64MiB --size 1GiB --repeat 5 --json > "$L/bench-gpu-before.json" 2> "$L/bench-gpu-before.err"; echo "rc=$?"
 fi
 
+step "the original API (oncillamem.h): every kind, the GPU ones included"
+bounded 90 ./ocmctl run --agents 2 --capacity 64MiB -- ./oncillamem-c > "$L/oncillamem.log" 2>&1; echo "rc=$?"
+cat "$L/oncillamem.log" | head -20
+
+step "bench alloc, after and before"
+for who in after before; do
+  bin=./ocmctl; [ $who = before ] && bin="$G/before/ocmctl"
+  [ -x "$bin" ] || continue
+  bounded 90 "$bin" bench alloc --iterations 50 --json > "$L/bench-alloc-$who.json" 2> "$L/bench-alloc-$who.err"
+  echo "$who rc=$?"
+done
+
 step "bench copy (host pairs), after and before alternating"
 for who in after before; do
   bin=./ocmctl; [ $who = before ] && bin="$G/before/ocmctl"
@@ -62,6 +79,9 @@ bounded 150 ./ocmctl run --agents 3 --capacity 1600MiB -- ./scan --rows 128M > "
 
 step "striped read of 3 agents (the scan's network ceiling)"
 bounded 120 ./ocmctl bench placement --size 1GiB --stripe 4MiB > "$L/placement.txt" 2>&1; echo "rc=$?"; tail -8 "$L/placement.txt"
+
+step "bench map (remote memory through a pointer)"
+bounded 150 ./ocmctl bench map --size 1GiB --repeat 3 > "$L/bench-map.txt" 2>&1; echo "rc=$?"; tail -14 "$L/bench-map.txt"
 
 step "summary"
 python3 "$G/summary.py" "$L" | tee "$OUT/summary.md"

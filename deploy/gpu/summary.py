@@ -4,7 +4,8 @@ of deploy/gpu/check.sh (all numbers from the same machine and run). Usage: summa
 
 Reads bench-gpu.json (`ocmctl bench gpu --json`: GB/s and the ratio to the physical baseline measured
 beside it), scan-gpu.log (the scan's `remote memory` row, GB/s) and placement.txt (`bench placement`'s
-striped read of the same three agents, GiB/s); bench-gpu-before.json where a before build was run.
+striped read of the same three agents, GiB/s); bench-gpu-before.json where a before build was run;
+oncillamem.log (tests/c/oncillamem.c's "ok ..." lines) and bench-alloc-{after,before}.json.
 Prints Markdown; a goal whose input is missing says so instead of passing."""
 import json
 import re
@@ -103,6 +104,42 @@ if before:
 else:
     goals.append(("no regression of the host pairs", "NOT MEASURED",
                   "no before build (deploy/gpu/prepare.sh BEFORE_REV)"))
+
+try:
+    c_lines = (out / "oncillamem.log").read_text().splitlines()
+except OSError:
+    c_lines = None
+if c_lines is None:
+    goals.append(("the original API (oncillamem.h) runs every kind, the GPU ones included", "NOT MEASURED",
+                  "no oncillamem.log"))
+else:
+    want = ["ok OCM_LOCAL_GPU:", "ok OCM_REMOTE_GPU:", "ok ocm_copy:", "ok ocm_copy with GPU memory:", "ok tini"]
+    missing = [w for w in want if not any(line.startswith(w) for line in c_lines)]
+    goals.append(("the original API (oncillamem.h) runs every kind, the GPU ones included",
+                  "met" if not missing else "NOT MET",
+                  f"missing: {', '.join(missing)}; last line: {c_lines[-1] if c_lines else '(none)'}"
+                  if missing else f"{sum(line.startswith('ok ') for line in c_lines)} groups ok"))
+
+
+def p50s(name):
+    """(size, what) -> p50 in µs of one `bench alloc --json` run."""
+    return {(r["size"], what): r[f"{what}_us"]["p50"] for r in load(name).get("rows", [])
+            for what in ("alloc", "free")}
+
+
+alloc_after, alloc_before = p50s("bench-alloc-after.json"), p50s("bench-alloc-before.json")
+if not alloc_after or not alloc_before:
+    goals.append(("bench alloc: no regression beside the before build", "NOT MEASURED",
+                  f"{len(alloc_after)} after / {len(alloc_before)} before rows"))
+else:
+    # p50s of one run vary by about 0.1 ms; a regression is past 10% and past that noise.
+    worse = [(k, v, alloc_before[k]) for k, v in alloc_after.items()
+             if k in alloc_before and v > 1.1 * alloc_before[k] and v - alloc_before[k] > 100]
+    goals.append(("bench alloc: no regression beside the before build (p50 within 10% or 0.1 ms)",
+                  "met" if not worse else "NOT MET",
+                  ", ".join(f"{w} {s} B: {a / 1000:.2f} ms, before {b / 1000:.2f} ms" for (s, w), a, b in worse)
+                  or ", ".join(f"{w} {s} B {a / 1000:.2f} ms (before {alloc_before[(s, w)] / 1000:.2f})"
+                               for (s, w), a in sorted(alloc_after.items()) if (s, w) in alloc_before)))
 
 print("| goal | outcome | detail |\n|---|---|---|")
 for name, outcome, detail in goals:

@@ -187,6 +187,39 @@ static void copies(void) {
   printf("ok ocm_copy: remote to remote, local to remote (op_flag 0), local to local\n");
 }
 
+/* ocm_copy with GPU memory at both ends: this node's GPU memory to an
+ * allocation of GPU memory an agent holds (through the latter's local
+ * buffer) and back, each byte checked. Skipped without a GPU. */
+static void gpu_copies(void) {
+  ocm_alloc_t g = make(OCM_LOCAL_GPU, LOC, 0);
+  if (g == NULL) return;
+  ocm_alloc_t r = make(OCM_REMOTE_GPU, LOC, REM);
+  if (r == NULL) {
+    CHECK(ocm_free(g) == 0, "ocm_free");
+    return;
+  }
+  unsigned char *expect = must_malloc(LOC), *got = must_malloc(REM);
+  fill(expect, LOC, 21);
+  CHECK(ocm_copy_in(g, expect) == 0, "ocm_copy_in to GPU memory");
+  size_t n = (1u << 20) + 5;
+  /* g's device bytes [0, n) -> r's local buffer [0, n) -> r's remote GPU bytes at 4096. */
+  struct ocm_params out = {0, 0, 0, 4096, n, 1};
+  CHECK(ocm_copy(r, g, &out) == 0, "ocm_copy local GPU to remote GPU");
+  CHECK(ocm_copy_out(got, r) == 0 && memcmp(got + 4096, expect, n) == 0, "the remote GPU bytes");
+  void *rbuf;
+  size_t len;
+  CHECK(ocm_localbuf(r, &rbuf, &len) == 0 && memcmp(rbuf, expect, n) == 0, "the local buffer on the way");
+  /* And back, shifted: r's remote bytes at 4096 -> r's local buffer -> g's device bytes at 7. */
+  memset(rbuf, 0, len);
+  struct ocm_params back = {0, 7, 4096, 0, n, 1};
+  CHECK(ocm_copy(g, r, &back) == 0, "ocm_copy remote GPU to local GPU");
+  CHECK(ocm_copy_out(got, g) == 0 && memcmp(got + 7, expect, n) == 0, "the local GPU bytes");
+  CHECK(ocm_free(g) == 0 && ocm_free(r) == 0, "ocm_free");
+  free(expect);
+  free(got);
+  printf("ok ocm_copy with GPU memory: local GPU to remote GPU and back\n");
+}
+
 static void bad_input(void) {
   CHECK(ocm_alloc(NULL) == NULL && oncillamem_last_error() == -1, "ocm_alloc(NULL)");
   struct ocm_alloc_params odd = {4096, 4096, 0};
@@ -231,6 +264,7 @@ int main(void) {
   for (size_t i = 0; i < sizeof remote / sizeof remote[0]; i++) remote_kind(remote[i]);
   for (size_t i = 0; i < sizeof local / sizeof local[0]; i++) local_kind(local[i]);
   copies();
+  gpu_copies();
   bad_input();
   /* Left for ocm_tini to free. */
   ocm_alloc_t left = make(OCM_REMOTE_RDMA, 4096, 1u << 20);
