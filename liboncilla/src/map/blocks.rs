@@ -56,6 +56,8 @@ pub(crate) struct Blocks {
     lru: VecDeque<(u64, usize)>,
     tick: u64,
     present: usize,
+    /// Fetched blocks whose pages are going in (room kept for them).
+    filling: usize,
     /// Present blocks chosen to leave and not gone yet.
     leaving: usize,
     budget: usize,
@@ -78,6 +80,7 @@ impl Blocks {
             lru: VecDeque::new(),
             tick: 0,
             present: 0,
+            filling: 0,
             leaving: 0,
             budget: budget.max(1),
             last: None,
@@ -176,9 +179,22 @@ impl Blocks {
         self.has_room_for(1)
     }
 
-    /// Whether `n` more blocks fit within the budget now.
+    /// Whether `n` more blocks fit within the budget now (room kept for
+    /// blocks going in counts as taken).
     pub(crate) fn has_room_for(&self, n: usize) -> bool {
-        self.present + n <= self.budget
+        self.present + self.filling + n <= self.budget
+    }
+
+    /// Keeps room for `n` fetched blocks whose pages go in next, outside
+    /// the table's lock; [`Blocks::filled`] gives it back.
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.filling += n;
+    }
+
+    /// Gives back room kept for `n` blocks ([`Blocks::reserve`]): their
+    /// pages went in (and [`Blocks::fetched`] counts each) or they failed.
+    pub(crate) fn filled(&mut self, n: usize) {
+        self.filling -= n;
     }
 
     /// Present blocks chosen to leave and not gone yet.
@@ -193,7 +209,7 @@ impl Blocks {
     pub(crate) fn make_room(&mut self, extra: usize) -> Vec<(usize, bool)> {
         let mut leaving = Vec::new();
         let mut skipped = Vec::new();
-        while (self.present + extra).saturating_sub(self.leaving) > self.budget {
+        while (self.present + self.filling + extra).saturating_sub(self.leaving) > self.budget {
             let Some((tick, b)) = self.lru.pop_front() else {
                 break;
             };
@@ -286,6 +302,24 @@ impl Blocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn room_kept_for_a_fill_counts_against_the_budget() {
+        let mut b = Blocks::new(10, 2, 1);
+        assert_eq!(b.fault(0, false), vec![0]);
+        b.reserve(1);
+        assert!(b.has_room_for(1) && !b.has_room_for(2));
+        b.filled(1);
+        b.fetched(0);
+        assert_eq!(b.fault(1, false), vec![1]);
+        b.reserve(1);
+        // Block 0 present, block 1 going in: a third must make block 0 leave.
+        assert!(!b.has_room());
+        assert_eq!(b.make_room(1), vec![(0, false)]);
+        b.filled(1);
+        b.fetched(1);
+        assert!(!b.evicted(0) && b.present() == 1 && b.has_room());
+    }
 
     #[test]
     fn sequential_faults_widen_the_window_and_a_jump_resets_it() {

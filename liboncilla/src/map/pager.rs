@@ -1,12 +1,16 @@
-//! Demand paging of one mapped allocation: a thread that takes the
-//! kernel's fault reports, and workers that fetch blocks over the
-//! allocation's own route and fill them in, write dirty blocks back, and
-//! keep the mapping within its budget.
+//! Demand paging of one mapped allocation: workers that take the kernel's
+//! fault reports themselves (the one that reads a fault fetches the
+//! faulted block, so a fault waits for no hand-off between threads), fetch
+//! blocks read ahead over the allocation's own route and fill them in,
+//! write dirty blocks back, and keep the mapping within its budget.
 //!
 //! Ordering rules, which make it correct with any number of application
 //! threads touching the range:
-//! - A block is filled and marked present under the block table's lock, so
-//!   a fault is never handled against a half-updated state.
+//! - A block changes state under the block table's lock. While it is
+//!   fetching, it belongs to the worker fetching it: eviction, flush and
+//!   invalidation take present blocks only, so the fill runs outside the
+//!   lock (room kept for it), and the kernel wakes every thread waiting on
+//!   its pages when they go in, whether or not its report was read yet.
 //! - A fetched block arrives write-protected (unless a write faulted it
 //!   in), so its first write is always seen; a dirty block is
 //!   write-protected again *before* its bytes are read for a write-back,
@@ -27,7 +31,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::blocks::{Blocks, OnWrite, State};
 use super::region::Region;
@@ -82,12 +87,15 @@ struct Shared {
     backing: Box<dyn Backing>,
     blocks: Mutex<Blocks>,
     /// Runs of blocks to fetch: `(first, count)`.
-    jobs: Mutex<VecDeque<(usize, usize)>>,
-    job_ready: Condvar,
+    jobs: Mutex<VecDeque<Run>>,
+    /// Counts the queued runs (a semaphore): a worker takes a run only
+    /// after taking one count, and its epoll wakes one waiting worker per
+    /// run queued.
+    queued: EventFd,
     /// Signalled when a block leaves (room for a fetched one).
     room: Condvar,
     stop: AtomicBool,
-    /// Written to when stopping, so the fault thread's poll returns.
+    /// Written to when stopping, so every worker's wait returns.
     stop_write: OwnedFd,
     stop_read: OwnedFd,
     last_error: Mutex<Option<String>>,
@@ -124,7 +132,10 @@ impl Pager {
             region,
             backing,
             jobs: Mutex::new(VecDeque::new()),
-            job_ready: Condvar::new(),
+            queued: EventFd::from_flags(
+                EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
+            )
+            .map_err(|e| Error::Map(format!("cannot make the pager's run counter: {e}")))?,
             room: Condvar::new(),
             stop: AtomicBool::new(false),
             stop_write,
@@ -139,20 +150,14 @@ impl Pager {
             shared,
             threads: Vec::new(),
         };
-        let spawn = |name: String, f: fn(&Shared), s: &Arc<Shared>| {
-            let s = Arc::clone(s);
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || f(&s))
-                .map_err(|e| Error::Map(format!("cannot start the pager's threads: {e}")))
-        };
-        pager
-            .threads
-            .push(spawn("ocm-faults".into(), fault_loop, &pager.shared)?);
         for i in 0..plan.workers.max(1) {
-            pager
-                .threads
-                .push(spawn(format!("ocm-fetch-{i}"), fetch_loop, &pager.shared)?);
+            let epoll = watch(&pager.shared)?;
+            let s = Arc::clone(&pager.shared);
+            let thread = std::thread::Builder::new()
+                .name(format!("ocm-pager-{i}"))
+                .spawn(move || worker(&s, &epoll))
+                .map_err(|e| Error::Map(format!("cannot start the pager's threads: {e}")))?;
+            pager.threads.push(thread);
         }
         Ok(pager)
     }
@@ -247,7 +252,6 @@ impl Pager {
         let s = &self.shared;
         s.stop.store(true, Ordering::SeqCst);
         let _ = nix::unistd::write(&s.stop_write, &[1]);
-        s.job_ready.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -446,25 +450,28 @@ impl Shared {
         t
     }
 
-    /// The runs to queue for a fault on `faulted`, given the blocks to
-    /// fetch (`faulted` first if it was absent, then those read ahead):
-    /// the faulted block alone, so the thread waits for one block, not a
-    /// whole run; then the blocks read ahead in runs of neighbours of up to
+    /// The runs for a fault on `faulted`, given the blocks to fetch
+    /// (`faulted` first if it was absent, then those read ahead): the
+    /// faulted block alone, so the thread waits for one block, not a whole
+    /// run; then the blocks read ahead in runs of neighbours of up to
     /// [`RUN_MAX`] bytes, which the workers fetch side by side.
-    fn runs_to_fetch(&self, faulted: usize, fetch: &[usize]) -> Vec<(usize, usize)> {
+    fn runs_to_fetch(&self, faulted: usize, fetch: &[usize]) -> (Option<Run>, Vec<Run>) {
         let per_run = (RUN_MAX / self.plan.block).max(1);
         let (first, ahead) = match fetch.split_first() {
             Some((&b, rest)) if b == faulted => (Some((b, 1)), rest),
             _ => (None, fetch),
         };
-        first.into_iter().chain(runs(ahead, per_run)).collect()
+        (first, runs(ahead, per_run))
     }
 
-    fn on_fault(&self, fault: Fault) -> Result<()> {
+    /// Handles one fault report. Returns the run this worker fetches now
+    /// (the faulted block, when nobody fetches it yet); runs read ahead go
+    /// to the queue.
+    fn on_fault(&self, fault: Fault) -> Result<Option<Run>> {
         match fault {
             Fault::Missing { addr, write } => {
                 let Some(b) = self.block_at(addr) else {
-                    return Ok(());
+                    return Ok(None);
                 };
                 self.faults_seen.fetch_add(1, Ordering::Relaxed);
                 let mut t = self.table();
@@ -472,37 +479,25 @@ impl Shared {
                     State::Absent | State::Fetching { .. } => {
                         let fetch = t.fault(b, write);
                         drop(t);
-                        if !fetch.is_empty() {
-                            let runs = self.runs_to_fetch(b, &fetch);
-                            let wake = runs.len().min(self.plan.workers);
-                            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-                            jobs.extend(runs);
-                            drop(jobs);
-                            // One worker per run, not all of them: on a
-                            // busy machine the others would only wake to
-                            // contend for the queue ahead of the one that
-                            // fetches the faulted block.
-                            for _ in 0..wake {
-                                self.job_ready.notify_one();
-                            }
-                        }
-                        Ok(())
+                        let (mine, ahead) = self.runs_to_fetch(b, &fetch);
+                        self.queue(ahead);
+                        Ok(mine)
                     }
                     // Being dropped: the thread waits, then refaults.
                     State::Evicting { .. } => {
                         t.wait_on(b);
-                        Ok(())
+                        Ok(None)
                     }
                     // Present already (the fill raced this report), or
                     // sealed: the retry finds the page or the signal.
                     State::Clean | State::Dirty | State::Writing | State::Failed => {
-                        self.faults.wake(self.at(b), self.pages(b))
+                        self.faults.wake(self.at(b), self.pages(b)).map(|()| None)
                     }
                 }
             }
             Fault::Protected { addr } => {
                 let Some(b) = self.block_at(addr) else {
-                    return Ok(());
+                    return Ok(None);
                 };
                 let action = self.table().write_fault(b);
                 match action {
@@ -510,83 +505,143 @@ impl Shared {
                     OnWrite::Wait => Ok(()),
                     OnWrite::Wake => self.faults.wake(self.at(b), self.pages(b)),
                 }
+                .map(|()| None)
+            }
+        }
+    }
+
+    /// Queues runs read ahead, one count each, so that each wakes one
+    /// waiting worker (not all of them: on a busy machine the others would
+    /// only contend for the queue).
+    fn queue(&self, runs: Vec<Run>) {
+        if runs.is_empty() {
+            return;
+        }
+        let n = runs.len();
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(runs);
+        for _ in 0..n {
+            if let Err(e) = self.queued.write(1) {
+                // Only past 2^64 - 2 queued runs; a worker that comes back
+                // to the queue still finds the run.
+                self.note(&Error::Map(format!("cannot count a queued run: {e}")));
+            }
+        }
+    }
+
+    /// A queued run, if one is left (taken with its count).
+    fn take_run(&self) -> Option<Run> {
+        match self.queued.read() {
+            Ok(_) => self
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front(),
+            Err(_) => None, // EAGAIN: none queued
+        }
+    }
+
+    /// Fetches run `first..first + count` in one copy and fills it in, or
+    /// seals it when the fetch fails for good.
+    fn fetch_run(&self, first: usize, count: usize, buf: &mut [u8]) {
+        match self.fetch(first, count, buf) {
+            Ok(()) => self.fill_run(first, count, buf),
+            Err(e) => {
+                let (offset, len) = self.run_span(first, count);
+                let e = Error::Map(format!(
+                    "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
+                     SIGBUS: {e}"
+                ));
+                self.give_up(first..first + count, &e);
             }
         }
     }
 }
 
-/// The kernel's fault reports, handled until the pager stops.
-fn fault_loop(s: &Shared) {
-    let mut buf = super::uffd::message_buffer(64);
+/// What a worker's epoll reports.
+const FAULTS: u64 = 0;
+const QUEUED: u64 = 1;
+const STOP: u64 = 2;
+
+/// A worker, until the pager stops: fault reports first (the one that
+/// reads a fault fetches the faulted block itself), then queued runs, and
+/// when there is neither, a wait for either. The fault descriptor and the
+/// counter are watched with `EPOLLEXCLUSIVE`, so an event wakes one
+/// waiting worker, not all.
+fn worker(s: &Shared, epoll: &Epoll) {
+    let per_run = (RUN_MAX / s.plan.block).max(1);
+    let mut buf = vec![0u8; per_run * s.plan.block];
+    // One report at a time: the others stay for the other workers.
+    let mut msg = super::uffd::message_buffer(1);
+    let mut events = [EpollEvent::empty(); 3];
     while !s.stop.load(Ordering::SeqCst) {
-        let mut fds = [
-            PollFd::new(s.faults.as_fd(), PollFlags::POLLIN),
-            PollFd::new(s.stop_read.as_fd(), PollFlags::POLLIN),
-        ];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => {
-                s.note(&Error::Map(format!("cannot wait for page faults: {e}")));
-                return;
-            }
-        }
-        if s.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        match s.faults.read(&mut buf) {
-            Ok(faults) => {
+        match s.faults.read(&mut msg) {
+            Ok(faults) if !faults.is_empty() => {
                 for f in faults {
-                    if let Err(e) = s.on_fault(f) {
-                        s.note(&e);
+                    match s.on_fault(f) {
+                        Ok(Some((first, count))) => s.fetch_run(first, count, &mut buf),
+                        Ok(None) => {}
+                        Err(e) => s.note(&e),
                     }
                 }
+                continue;
             }
+            Ok(_) => {}
             Err(e) => s.note(&e),
+        }
+        if let Some((first, count)) = s.take_run() {
+            s.fetch_run(first, count, &mut buf);
+            continue;
+        }
+        match epoll.wait(&mut events, EpollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                return s.note(&Error::Map(format!("cannot wait for page faults: {e}")));
+            }
         }
     }
 }
+
+/// An epoll of the fault descriptor and the run counter (one waiter woken
+/// per event) and the stop pipe (all woken).
+fn watch(s: &Shared) -> Result<Epoll> {
+    let fail = |e: nix::errno::Errno| Error::Map(format!("cannot watch for page faults: {e}"));
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(fail)?;
+    let one = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
+    epoll
+        .add(s.faults.as_fd(), EpollEvent::new(one, FAULTS))
+        .map_err(fail)?;
+    epoll
+        .add(s.queued.as_fd(), EpollEvent::new(one, QUEUED))
+        .map_err(fail)?;
+    epoll
+        .add(
+            s.stop_read.as_fd(),
+            EpollEvent::new(EpollFlags::EPOLLIN, STOP),
+        )
+        .map_err(fail)?;
+    Ok(epoll)
+}
+
+/// Consecutive blocks `(first, count)`, fetched in one copy.
+type Run = (usize, usize);
 
 /// Most bytes one fetch reads: queued neighbours (read ahead) come in one
 /// copy, up to this.
 const RUN_MAX: usize = 4 << 20;
 
-/// Fetches queued runs until the pager stops, each in one copy, and fills
-/// each in with one call per stretch of blocks that go in alike.
-fn fetch_loop(s: &Shared) {
-    let per_run = (RUN_MAX / s.plan.block).max(1);
-    let mut buf = vec![0u8; per_run * s.plan.block];
-    loop {
-        let (first, count) = {
-            let mut jobs = s.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if s.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Some(run) = jobs.pop_front() {
-                    break run;
-                }
-                jobs = s.job_ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
-            }
-        };
-        match s.fetch(first, count, &mut buf) {
-            Ok(()) => s.fill_run(first, count, &mut buf),
-            Err(e) => {
-                let (offset, len) = s.run_span(first, count);
-                let e = Error::Map(format!(
-                    "cannot fetch {len} mapped bytes at offset {offset}; their pages raise \
-                     SIGBUS: {e}"
-                ));
-                s.give_up(first..first + count, &e);
-            }
-        }
-    }
-}
-
 impl Shared {
     /// Fills fetched blocks `first..first + count` (their bytes in `buf`)
     /// into the range: room made for each, then one fill per stretch of
     /// neighbours that go in alike (write-protected, or writable because a
-    /// write faulted them), under the table's lock.
+    /// write faulted them). The fill itself runs outside the table's lock,
+    /// with room kept for it, so workers fill side by side: a fill copies
+    /// the bytes again, page by page, and costs as much as their fetch.
+    /// Nothing else changes a block while it is fetching (eviction, flush
+    /// and invalidation take present blocks only), and the fill wakes the
+    /// threads that fault on it.
     fn fill_run(&self, first: usize, count: usize, buf: &mut [u8]) {
         let end = first + count;
         // Past the allocation's end, the last page reads zeros.
@@ -601,6 +656,8 @@ impl Shared {
             while stop < end && t.fetch_writes(stop) == writable && t.has_room_for(stop - b + 1) {
                 stop += 1;
             }
+            t.reserve(stop - b);
+            drop(t);
             let at = (b - first) * self.plan.block;
             let pages = (stop - 1 - b) * self.plan.block + self.pages(stop - 1);
             // SAFETY: blocks `b..stop` are page-aligned inside the
@@ -611,6 +668,8 @@ impl Shared {
                 self.faults
                     .fill(self.at(b), buf[at..].as_ptr(), pages, writable)
             };
+            let mut t = self.table();
+            t.filled(stop - b);
             match filled {
                 Ok(()) => {
                     for x in b..stop {
@@ -621,6 +680,7 @@ impl Shared {
                 }
                 Err(e) => {
                     drop(t);
+                    self.room.notify_all();
                     self.give_up(b..stop, &e);
                 }
             }
@@ -631,8 +691,8 @@ impl Shared {
 
 /// Runs of consecutive blocks in `sorted`: `(first, count)`, each at most
 /// `max` long.
-fn runs(sorted: &[usize], max: usize) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
+fn runs(sorted: &[usize], max: usize) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::new();
     for &b in sorted {
         match out.last_mut() {
             Some((first, count)) if *first + *count == b && *count < max => *count += 1,
