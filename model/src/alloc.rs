@@ -65,6 +65,9 @@ pub enum Invalid {
     /// The node name as [`echo`] quotes it, and its length.
     #[error("node name {0} is too long: {1} bytes, at most {MAX_NODE_NAME}")]
     NodeNameTooLong(String, usize),
+    /// The zone label as [`echo`] quotes it.
+    #[error("zone {0} is not a label: a letter or digit first, then letters, digits, '.', '_' and '-', at most {max} bytes", max = crate::node::MAX_ZONE)]
+    Zone(String),
 }
 
 /// Checks the program name a session gives (shown to operators and kept

@@ -25,10 +25,36 @@ pub struct RdmaPort {
     pub rate: String,
 }
 
+/// Most bytes of a zone label.
+pub const MAX_ZONE: usize = 63;
+
+/// Checks a zone label (a failure domain an agent declares: a rack, a
+/// power feed, a host of VMs): empty for none, else a letter or digit
+/// first, then letters, digits, '.', '_' and '-', at most [`MAX_ZONE`]
+/// bytes, so that it prints in a table cell and a metric label as it is.
+///
+/// # Errors
+/// [`crate::alloc::Invalid::Zone`] (quoting a bounded prefix).
+pub fn check_zone(zone: &str) -> Result<(), crate::alloc::Invalid> {
+    let ok = zone.is_empty()
+        || (zone.len() <= MAX_ZONE
+            && zone.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && zone
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')));
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::alloc::Invalid::Zone(crate::echo::echo(zone)))
+    }
+}
+
 /// What an agent offers the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeInfo {
     pub name: String,
+    /// The failure domain it declared ([`check_zone`]; empty: none).
+    pub zone: String,
     /// gRPC `host:port` of the agent service.
     pub agent_addr: String,
     /// TCP data `host:port`.
@@ -128,4 +154,34 @@ pub struct AgentStatus {
     pub incarnation: u64,
     /// CPU time the agent process has used (user + system), nanoseconds.
     pub cpu_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zones_are_labels_or_nothing() {
+        for ok in [
+            "",
+            "a",
+            "rack-1",
+            "eu-west.2b",
+            "0_power-feed",
+            &"z".repeat(MAX_ZONE),
+        ] {
+            assert!(check_zone(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "-a",
+            ".a",
+            "rack 1",
+            "rack/1",
+            "r\nack",
+            "räck",
+            &"z".repeat(MAX_ZONE + 1),
+        ] {
+            assert!(check_zone(bad).is_err(), "{bad:?}");
+        }
+    }
 }

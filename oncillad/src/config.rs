@@ -51,6 +51,10 @@ pub struct Cli {
     /// Memory this node exports, e.g. 64MiB, 4GiB (agent; required with --join).
     #[arg(long, env = "ONCILLA_CAPACITY", value_name = "SIZE")]
     pub capacity: Option<String>,
+    /// The failure domain this node is in (agent): a rack, a power feed, a
+    /// host of VMs; letters, digits, '.', '_' and '-' [default: none].
+    #[arg(long, env = "ONCILLA_ZONE", value_name = "LABEL")]
+    pub zone: Option<String>,
     /// Back the pool with huge pages: `auto` uses them when enough are free
     /// and otherwise falls back to base pages (and says so), `on` refuses to
     /// start without them [default: auto].
@@ -147,6 +151,7 @@ struct FileConfig {
     advertise: Option<String>,
     socket: Option<PathBuf>,
     capacity: Option<String>,
+    zone: Option<String>,
     hugepages: Option<HugePages>,
     pull_rate: Option<String>,
     credential_lifetime: Option<u64>,
@@ -186,6 +191,8 @@ pub enum ConfigError {
     NoCapacity,
     #[error("--capacity: {0}")]
     Size(#[from] SizeError),
+    #[error("--zone: {0}")]
+    Zone(#[source] oncilla_model::alloc::Invalid),
     #[error("--pull-rate: {0}")]
     PullRate(#[source] SizeError),
     #[error("--credential-lifetime {0}: give {MIN_CREDENTIAL_LIFETIME} to {MAX_CREDENTIAL_LIFETIME} seconds")]
@@ -242,6 +249,8 @@ pub struct AgentConfig {
     pub data_listen: SocketAddr,
     pub socket: PathBuf,
     pub capacity: u64,
+    /// The failure domain it declares (empty: none).
+    pub zone: String,
     pub huge_pages: HugePages,
     /// Bytes a second one user may pull into this node (0: no limit).
     pub pull_rate: u64,
@@ -353,6 +362,13 @@ impl Config {
                         .or(file.socket)
                         .unwrap_or_else(|| PathBuf::from(oncilla_net::DEFAULT_SOCKET)),
                     capacity: parse_size(&capacity)?,
+                    zone: match cli.zone.or(file.zone) {
+                        Some(zone) => {
+                            oncilla_model::node::check_zone(&zone).map_err(ConfigError::Zone)?;
+                            zone
+                        }
+                        None => String::new(),
+                    },
                     huge_pages: cli.hugepages.or(file.hugepages).unwrap_or_default(),
                     pull_rate: match cli.pull_rate.or(file.pull_rate) {
                         Some(rate) => parse_size(&rate).map_err(ConfigError::PullRate)?,
@@ -486,6 +502,9 @@ impl Config {
             line("data_listen", q(&a.data_listen.to_string()));
             line("socket", q(&a.socket.display().to_string()));
             line("capacity", q(&a.capacity.to_string()));
+            if !a.zone.is_empty() {
+                line("zone", q(&a.zone));
+            }
             line(
                 "hugepages",
                 q(&format!("{:?}", a.huge_pages).to_lowercase()),

@@ -1,7 +1,7 @@
 //! Attacks on the master, on a real loopback cluster: tables of the
 //! largest allocations list and survive a master restart, a forged
-//! registration cannot take a live node's name, and ids a peer makes up
-//! never wrap the master's counter. Each test
+//! registration cannot take a live node's name, ids a peer makes up
+//! never wrap the master's counter, and a zone must be a label. Each test
 //! performs the push, checks the outcome is a clear answer (never a
 //! cluster that cannot recover), then that the cluster still serves a
 //! normal allocation, copy and free. Every wait is bounded.
@@ -280,5 +280,35 @@ fn ids_are_not_reused_after_a_master_restart_with_a_node_away() {
     for id in [&kept, &fresh] {
         assert!(c.ocmctl(&["free", id]).status.success());
     }
+    c.still_serves();
+}
+
+/// A registration whose zone is not a label (a kilobyte with newlines and
+/// escape codes, to forge lines in `ocmctl nodes` and the logs) is refused
+/// at the master's edge, by name, and no node appears.
+#[test]
+fn a_zone_that_is_not_a_label_is_refused() {
+    let c = Cluster::start(1, "8MiB");
+    let zone = format!("rack\n\x1b[2Jnode-0 up{}", "x".repeat(1024));
+    let bad = pb::RegisterRequest {
+        node: Some(pb::NodeInfo {
+            name: "node-9".into(),
+            agent_addr: "127.0.0.1:9".into(),
+            data_addr: "127.0.0.1:9".into(),
+            capacity: 1 << 20,
+            zone,
+            ..Default::default()
+        }),
+        incarnation: 0x2bad,
+        ..Default::default()
+    };
+    let (code, msg) = register(&c, bad).unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
+    assert!(
+        msg.contains("zone") && msg.contains("is not a label"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n') && msg.len() < 400, "{msg:?}");
+    assert!(c.node("node-9").is_none());
     c.still_serves();
 }

@@ -209,3 +209,58 @@ fn alloc_flags_place_stripe_and_name() {
     let gone = c.ocmctl(&["show", "cube"]);
     assert!(String::from_utf8_lossy(&gone.stderr).contains("no allocation is named \"cube\""));
 }
+
+/// Agents declare the failure domain they are in (`--zone`, or
+/// `ONCILLA_ZONE`); `ocmctl nodes` shows it in its table and its JSON; a
+/// label that is not one is refused at start, by name.
+#[test]
+fn agents_declare_their_zone_and_nodes_show_it() {
+    let mut c = Cluster::start_env(2, "4MiB", &[("ONCILLA_ZONE", "rack-a")]);
+    c.stop_agent(1);
+    c.start_agent_with(1, &["--zone", "rack-b.2"]);
+    let zone = |c: &Cluster, name: &str| {
+        c.node(name)
+            .and_then(|n| n["zone"].as_str().map(str::to_string))
+    };
+    assert!(
+        Cluster::eventually(Duration::from_secs(30), || {
+            zone(&c, "node-1").as_deref() == Some("rack-b.2") && c.nodes_up() == 2
+        }),
+        "node-1 did not come back in rack-b.2: {:?}",
+        c.nodes()
+    );
+    assert_eq!(zone(&c, "node-0").as_deref(), Some("rack-a"));
+    let table = ok(&c.ocmctl(&["nodes"]));
+    let header = table.lines().next().unwrap();
+    assert!(
+        header.starts_with("NAME") && header.contains(" ZONE "),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("node-1") && l.contains(" rack-b.2 ")),
+        "{table}"
+    );
+
+    let token = c.token_file();
+    let out = std::process::Command::new(support::bin("oncillad"))
+        .args([
+            "--join",
+            "127.0.0.1:1",
+            "--capacity",
+            "1MiB",
+            "--zone",
+            "rack 1",
+        ])
+        .args(["--token-file", &token])
+        .env_remove("ONCILLA_ZONE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--zone: zone \"rack 1\" is not a label"),
+        "{err}"
+    );
+}

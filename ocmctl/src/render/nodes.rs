@@ -12,6 +12,7 @@ pub fn table(list: &NodeList, now_ms: u64) -> String {
     let nodes = &list.nodes;
     let mut t = Table::new(&[
         "NAME",
+        "ZONE",
         "ADDRESS",
         "DATA",
         "CAPACITY",
@@ -63,6 +64,11 @@ pub fn table(list: &NodeList, now_ms: u64) -> String {
         }
         t.row(vec![
             info.name,
+            if info.zone.is_empty() {
+                "-".into()
+            } else {
+                info.zone
+            },
             info.agent_addr,
             info.data_addr,
             HumanBytes(info.capacity).to_string(),
@@ -152,6 +158,7 @@ pub fn json(list: &NodeList) -> Value {
                 let pool = n.pool;
                 json!({
                     "name": info.name,
+                    "zone": (!info.zone.is_empty()).then_some(&info.zone),
                     "agent_addr": info.agent_addr,
                     "data_addr": info.data_addr,
                     "capacity": info.capacity,

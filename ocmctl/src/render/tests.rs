@@ -53,6 +53,7 @@ fn cluster() -> NodeList {
         free: 79 * GIB,
     }];
     rdma.gpu_rdma = "dmabuf".into();
+    rdma.zone = "rack-a".into();
     let mut fell_back = node("node-1", 2);
     fell_back.page_size = 4096;
     fell_back.pool_note = "huge pages unavailable: 4 KiB pages".into();

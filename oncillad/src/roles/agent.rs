@@ -83,6 +83,7 @@ pub(crate) fn start(
     let (gpu_rdma, gpu_rdma_note) = rdma.probe_gpu(gpu_devices.first().map(|g| g.index));
     let node = oncilla_model::node::NodeInfo {
         name: config.name.clone(),
+        zone: agent_cfg.zone.clone(),
         agent_addr: config.advertised(grpc_addr),
         data_addr: config.advertised(data_addr),
         capacity: pool.capacity(),

@@ -12,8 +12,11 @@ use crate::pb;
 impl TryFrom<pb::RegisterRequest> for Registration {
     type Error = WireError;
     fn try_from(r: pb::RegisterRequest) -> Result<Self, WireError> {
+        let node: oncilla_model::node::NodeInfo =
+            r.node.ok_or(WireError::Missing("the node"))?.into();
+        oncilla_model::node::check_zone(&node.zone)?;
         Ok(Self {
-            node: r.node.ok_or(WireError::Missing("the node"))?.into(),
+            node,
             incarnation: r.incarnation,
             master_incarnation: r.master_incarnation,
             held: r

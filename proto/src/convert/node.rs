@@ -65,6 +65,7 @@ impl From<pb::NodeInfo> for NodeInfo {
     fn from(n: pb::NodeInfo) -> Self {
         Self {
             name: n.name,
+            zone: n.zone,
             agent_addr: n.agent_addr,
             data_addr: n.data_addr,
             capacity: n.capacity,
@@ -85,6 +86,7 @@ impl From<NodeInfo> for pb::NodeInfo {
     fn from(n: NodeInfo) -> Self {
         Self {
             name: n.name,
+            zone: n.zone,
             agent_addr: n.agent_addr,
             data_addr: n.data_addr,
             capacity: n.capacity,

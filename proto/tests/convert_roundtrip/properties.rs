@@ -244,6 +244,25 @@ proptest! {
         prop_assert_eq!(Registration::try_from(bad), Err(WireError::Invalid(Invalid::Id(id))));
     }
 
+    /// A registration whose zone is not a label (too long, a bad first
+    /// character, a space or a control character) is refused by name.
+    #[test]
+    fn registrations_with_a_bad_zone_are_refused(
+        r in registrations(),
+        zone in prop_oneof![
+            "[a-z0-9]{64,80}",
+            "[._-][a-z0-9]{0,8}",
+            "[a-z][a-z0-9]{0,8}[ \n\t/:][a-z0-9]{0,8}",
+        ],
+    ) {
+        let mut w = pb::RegisterRequest::from(r);
+        w.node.as_mut().unwrap().zone = zone.clone();
+        prop_assert_eq!(
+            Registration::try_from(w),
+            Err(WireError::Invalid(Invalid::Zone(oncilla_model::echo::echo(&zone))))
+        );
+    }
+
     /// Registration replies survive the wire.
     #[test]
     fn registereds_round_trip(r in registereds()) {

@@ -258,9 +258,14 @@ pub(super) fn rdma_ports() -> impl Strategy<Value = RdmaPort> {
         )
 }
 
+/// Zone labels as `check_zone` accepts them, none among them.
+pub(super) fn zones() -> impl Strategy<Value = String> {
+    "([a-zA-Z0-9][a-zA-Z0-9._-]{0,62})?"
+}
+
 pub(super) fn node_infos() -> impl Strategy<Value = NodeInfo> {
     (
-        (node_names(), text(), text(), any::<u64>()),
+        (node_names(), zones(), text(), text(), any::<u64>()),
         vec(
             prop::sample::select(vec!["tcp".to_string(), "shm".into(), "verbs".into()]),
             0..3,
@@ -272,7 +277,7 @@ pub(super) fn node_infos() -> impl Strategy<Value = NodeInfo> {
     )
         .prop_map(
             |(
-                (name, agent_addr, data_addr, capacity),
+                (name, zone, agent_addr, data_addr, capacity),
                 fabrics,
                 (page_size, pool_note),
                 (rdma, rdma_note),
@@ -280,6 +285,7 @@ pub(super) fn node_infos() -> impl Strategy<Value = NodeInfo> {
                 (gpu_rdma, gpu_rdma_note),
             )| NodeInfo {
                 name,
+                zone,
                 agent_addr,
                 data_addr,
                 capacity,
