@@ -3,8 +3,9 @@
 # are broken, naming each file that breaks one. Pure text checks on the
 # sources, in a second; deploy/check.sh runs it first.
 #
-#   1. Protobuf (`pb::`) only in `proto/`, the daemon's `grpc/` edge and
-#      the integration tests (the attack tests speak the wire on purpose).
+#   1. Protobuf (`pb::`) only in `proto/`, the daemon's `grpc/` edge,
+#      `etcd/` (etcd's own wire, which never leaves that crate) and the
+#      integration tests (the attack tests speak the wire on purpose).
 #   2. The daemon's core (`agent/`, `master/`, `memory/`, `pool/`) never
 #      imports the schema or network crates, tonic or the `grpc/` edge;
 #      `agent/` and `fabric/` never import each other, and `memory/` and
@@ -47,9 +48,9 @@ pbs() { { grep -v 'tonic_health::pb' "$1" 2>/dev/null || true; } | grep -c 'pb::
 
 # 1. Protobuf only at its places.
 while IFS= read -r f; do
-  case $f in proto/* | oncillad/src/grpc/* | tests/*) continue ;; esac
+  case $f in proto/* | oncillad/src/grpc/* | etcd/* | tests/*) continue ;; esac
   n=$(pbs "$f")
-  [ "$n" -eq 0 ] || report "$f" pb "$n" "$n uses of protobuf (pb::) outside proto/, oncillad/src/grpc/ and tests/"
+  [ "$n" -eq 0 ] || report "$f" pb "$n" "$n uses of protobuf (pb::) outside proto/, oncillad/src/grpc/, etcd/ and tests/"
 done < <(sources)
 
 # 2. The daemon's core knows no wire and no edge.
