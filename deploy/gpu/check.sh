@@ -32,6 +32,12 @@ bounded() {
   if [ "$left" -lt 10 ]; then echo "skipped: the check's budget is spent ($*)"; return 124; fi
   timeout $(( want < left ? want : left )) "$@"
 }
+# ocmctl_of WHO: the ocmctl of build WHO (after: this one; before: the
+# BEFORE build prepare.sh made, if it made one), or nothing.
+ocmctl_of() {
+  if [ "$1" = after ]; then echo ./ocmctl
+  elif [ -x "$G/before/ocmctl" ]; then echo "$G/before/ocmctl"; fi
+}
 { nvidia-smi -L; nproc; echo "revision $(cat "$G/REVISION" 2>/dev/null)"; } | tee "$L/machine.txt"
 
 step "cluster gpu tests"
@@ -51,20 +57,18 @@ fi
 
 step "the original API (oncillamem.h): every kind, the GPU ones included"
 bounded 90 ./ocmctl run --agents 2 --capacity 64MiB -- ./oncillamem-c > "$L/oncillamem.log" 2>&1; echo "rc=$?"
-cat "$L/oncillamem.log" | head -20
+head -20 "$L/oncillamem.log"
 
 step "bench alloc, after and before"
 for who in after before; do
-  bin=./ocmctl; [ $who = before ] && bin="$G/before/ocmctl"
-  [ -x "$bin" ] || continue
+  bin=$(ocmctl_of $who); [ -n "$bin" ] || continue
   bounded 90 "$bin" bench alloc --iterations 50 --json > "$L/bench-alloc-$who.json" 2> "$L/bench-alloc-$who.err"
   echo "$who rc=$?"
 done
 
 step "bench copy (host pairs), after and before alternating"
 for who in after before; do
-  bin=./ocmctl; [ $who = before ] && bin="$G/before/ocmctl"
-  [ -x "$bin" ] || continue
+  bin=$(ocmctl_of $who); [ -n "$bin" ] || continue
   bounded 120 "$bin" bench copy --size 1MiB --size 64MiB --streams 1 --streams 4 --clients 1 > "$L/bench-copy-$who.txt" 2>&1
   echo "$who rc=$?"; tail -20 "$L/bench-copy-$who.txt"
 done

@@ -456,12 +456,16 @@ impl Shared {
     /// run; then the blocks read ahead in runs of neighbours of up to
     /// [`RUN_MAX`] bytes, which the workers fetch side by side.
     fn runs_to_fetch(&self, faulted: usize, fetch: &[usize]) -> (Option<Run>, Vec<Run>) {
-        let per_run = (RUN_MAX / self.plan.block).max(1);
         let (first, ahead) = match fetch.split_first() {
             Some((&b, rest)) if b == faulted => (Some((b, 1)), rest),
             _ => (None, fetch),
         };
-        (first, runs(ahead, per_run))
+        (first, runs(ahead, self.per_run()))
+    }
+
+    /// Most blocks in one run ([`RUN_MAX`] bytes, at least one block).
+    fn per_run(&self) -> usize {
+        (RUN_MAX / self.plan.block).max(1)
     }
 
     /// Handles one fault report. Returns the run this worker fetches now
@@ -524,8 +528,8 @@ impl Shared {
             .extend(runs);
         for _ in 0..n {
             if let Err(e) = self.queued.write(1) {
-                // Only past 2^64 - 2 queued runs; a worker that comes back
-                // to the queue still finds the run.
+                // Only past 2^64 - 2 counts, which a queue of runs never
+                // reaches; an uncounted run waits for the next count.
                 self.note(&Error::Map(format!("cannot count a queued run: {e}")));
             }
         }
@@ -560,19 +564,13 @@ impl Shared {
     }
 }
 
-/// What a worker's epoll reports.
-const FAULTS: u64 = 0;
-const QUEUED: u64 = 1;
-const STOP: u64 = 2;
-
 /// A worker, until the pager stops: fault reports first (the one that
 /// reads a fault fetches the faulted block itself), then queued runs, and
 /// when there is neither, a wait for either. The fault descriptor and the
 /// counter are watched with `EPOLLEXCLUSIVE`, so an event wakes one
 /// waiting worker, not all.
 fn worker(s: &Shared, epoll: &Epoll) {
-    let per_run = (RUN_MAX / s.plan.block).max(1);
-    let mut buf = vec![0u8; per_run * s.plan.block];
+    let mut buf = vec![0u8; s.per_run() * s.plan.block];
     // One report at a time: the others stay for the other workers.
     let mut msg = super::uffd::message_buffer(1);
     let mut events = [EpollEvent::empty(); 3];
@@ -605,22 +603,20 @@ fn worker(s: &Shared, epoll: &Epoll) {
 }
 
 /// An epoll of the fault descriptor and the run counter (one waiter woken
-/// per event) and the stop pipe (all woken).
+/// per event) and the stop pipe (all woken). Its events carry no tag: a
+/// woken worker looks at every source.
 fn watch(s: &Shared) -> Result<Epoll> {
     let fail = |e: nix::errno::Errno| Error::Map(format!("cannot watch for page faults: {e}"));
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(fail)?;
     let one = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
     epoll
-        .add(s.faults.as_fd(), EpollEvent::new(one, FAULTS))
+        .add(s.faults.as_fd(), EpollEvent::new(one, 0))
         .map_err(fail)?;
     epoll
-        .add(s.queued.as_fd(), EpollEvent::new(one, QUEUED))
+        .add(s.queued.as_fd(), EpollEvent::new(one, 0))
         .map_err(fail)?;
     epoll
-        .add(
-            s.stop_read.as_fd(),
-            EpollEvent::new(EpollFlags::EPOLLIN, STOP),
-        )
+        .add(s.stop_read.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
         .map_err(fail)?;
     Ok(epoll)
 }
