@@ -91,11 +91,16 @@ rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
 {
   echo "exec >>$PWD/$out/log 2>&1"
   echo 'set -u; failed=0'
-  echo 'export ONCILLA_RDMA_DEVICE=rxe0 RUST_BACKTRACE=1'
+  # Emulation stalls a daemon for a second at times: failure detection
+  # in the guest's clusters is 1 s heartbeats (down after five missed),
+  # not the 200 ms the host's tests use (tests/tests/support).
+  echo 'export ONCILLA_RDMA_DEVICE=rxe0 RUST_BACKTRACE=1 ONCILLA_TEST_HEARTBEAT_MS=1000'
+  # A failed suite is followed by the kernel's last lines (an OOM kill
+  # or a crashed daemon shows there, and nowhere else in the guest).
   # Each test's time beside its result (libtest's --report-time, which a
   # stable toolchain's test binaries accept under RUSTC_BOOTSTRAP): the
   # guest is most of CI's time, and this says which tests it goes to.
-  echo 'run() { echo "=== $1: ONCILLA_TEST_RDMA_DEV=$ONCILLA_TEST_RDMA_DEV"; shift; RUSTC_BOOTSTRAP=1 "$@" -Zunstable-options --report-time || failed=1; }'
+  echo 'run() { echo "=== $1: ONCILLA_TEST_RDMA_DEV=$ONCILLA_TEST_RDMA_DEV"; shift; RUSTC_BOOTSTRAP=1 "$@" -Zunstable-options --report-time || { failed=1; echo "--- the kernel'"'"'s last words"; dmesg | tail -n 30; }; }'
   # Tests that need a set-up of their own run alone, below.
   alone=(--skip port_removed --skip offsets_past_4_gib)
   # The verbs tests print what they measured (agent CPU, copies after a

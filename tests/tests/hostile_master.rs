@@ -241,10 +241,7 @@ fn ids_are_not_reused_after_a_master_restart_with_a_node_away() {
     let kept = alloc(&c, "node-1");
     let file = c.dir.join("payload");
     std::fs::write(&file, b"kept").unwrap();
-    assert!(c
-        .ocmctl(&["put", &kept, file.to_str().unwrap()])
-        .status
-        .success());
+    c.ocmctl_ok(&["put", &kept, file.to_str().unwrap()]);
     // node-1 away (stopped, its memory intact) while the master restarts.
     let away = Pid::from_raw(i32::try_from(c.agent_pid(1).unwrap()).unwrap());
     kill(away, Signal::SIGSTOP).unwrap();
@@ -278,7 +275,7 @@ fn ids_are_not_reused_after_a_master_restart_with_a_node_away() {
         .collect();
     assert!(ids.contains(&kept) && ids.contains(&fresh), "{ids:?}");
     for id in [&kept, &fresh] {
-        assert!(c.ocmctl(&["free", id]).status.success());
+        c.ocmctl_ok(&["free", id]);
     }
     c.still_serves();
 }

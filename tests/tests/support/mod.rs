@@ -19,6 +19,18 @@ use oncilla_cluster::{Config, Daemon, Stop};
 /// an agent's pool with rxe alone has taken over 20 s.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The daemons' heartbeat in these tests: 200 ms (a node is suspect
+/// after three missed, down after five), or `ONCILLA_TEST_HEARTBEAT_MS`
+/// where the machine stalls for longer than that (the Soft-RoCE guest
+/// runs under emulation and sets 1000). Failure detection is a setting
+/// tuned to the platform's scheduling delays, not a speed a test assumes.
+pub fn heartbeat_ms() -> u64 {
+    std::env::var("ONCILLA_TEST_HEARTBEAT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
 /// Raises this process's soft RLIMIT_NOFILE towards `want` (never past the
 /// hard limit); daemons started afterwards inherit it. Returns the soft
 /// limit now in force.
@@ -77,7 +89,7 @@ pub fn remote_fabric() -> Fabric {
 }
 
 /// A cluster started by [`oncilla_cluster`] with the tests' settings (the
-/// built `oncillad`, 200 ms heartbeats, 20 s to come up, SIGKILL on drop,
+/// built `oncillad`, [`heartbeat_ms`], 20 s to come up, SIGKILL on drop,
 /// this run's RDMA devices): every launcher call is reachable through it
 /// (`Deref`), the fallible ones panic here instead, and the helpers below
 /// drive it with liboncilla and `ocmctl`.
@@ -117,14 +129,14 @@ impl Cluster {
     /// exporting its own capacity, allowing `limit` for them to come up (a
     /// large pool takes a while to populate and lock).
     pub fn start_sized(capacities: &[&str], limit: Duration) -> Self {
-        Self::start_with(capacities, limit, false, 200, &[])
+        Self::start_with(capacities, limit, false, heartbeat_ms(), &[])
     }
 
     /// [`Cluster::start`] with metrics on every daemon.
     pub fn start_metrics(agents: usize, capacity: &str) -> Self {
         let config = Config::new(Daemon::Binary(bin("oncillad")), &vec![capacity; agents])
             .metrics(true)
-            .heartbeat_ms(200);
+            .heartbeat_ms(heartbeat_ms());
         Self::start_config(config, START_TIMEOUT)
     }
 
@@ -133,13 +145,19 @@ impl Cluster {
         let config = Config::new(Daemon::Binary(bin("oncillad")), &vec![capacity; agents])
             .metrics(true)
             .tls(true)
-            .heartbeat_ms(200);
+            .heartbeat_ms(heartbeat_ms());
         Self::start_config(config, START_TIMEOUT)
     }
 
     /// [`Cluster::start`] with `env` set for every daemon.
     pub fn start_env(agents: usize, capacity: &str, env: &[(&str, &str)]) -> Self {
-        Self::start_with(&vec![capacity; agents], START_TIMEOUT, false, 200, env)
+        Self::start_with(
+            &vec![capacity; agents],
+            START_TIMEOUT,
+            false,
+            heartbeat_ms(),
+            env,
+        )
     }
 
     /// [`Cluster::start`] with heartbeats every `ms` (a restarted master's
@@ -151,7 +169,13 @@ impl Cluster {
     /// [`Cluster::start`] with TLS on every daemon's TCP listeners (a
     /// cluster CA and certificates made in the cluster's directory).
     pub fn start_tls(agents: usize, capacity: &str) -> Self {
-        Self::start_with(&vec![capacity; agents], START_TIMEOUT, true, 200, &[])
+        Self::start_with(
+            &vec![capacity; agents],
+            START_TIMEOUT,
+            true,
+            heartbeat_ms(),
+            &[],
+        )
     }
 
     fn start_with(
