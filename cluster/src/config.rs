@@ -26,6 +26,14 @@ pub enum Stop {
     Term(Duration),
 }
 
+/// Masters elected through etcd (see [`Config::elected`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Election {
+    pub standbys: usize,
+    pub etcd: Vec<String>,
+    pub lease_secs: u64,
+}
+
 /// A local cluster's shape; build with [`Config::new`] and the setters.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -43,6 +51,7 @@ pub struct Config {
     pub(crate) keep: bool,
     pub(crate) tls: bool,
     pub(crate) metrics: bool,
+    pub(crate) election: Option<Election>,
 }
 
 impl Config {
@@ -64,7 +73,21 @@ impl Config {
             keep: false,
             tls: false,
             metrics: false,
+            election: None,
         }
+    }
+
+    /// `standbys` more masters beside the first, all elected through the
+    /// etcd members at `etcd` with leases of `lease_secs` (the etcd is the
+    /// caller's: see [`crate::etcd::Etcd`]); agents and operators are given
+    /// every master's address.
+    pub fn elected(mut self, standbys: usize, etcd: &[String], lease_secs: u64) -> Self {
+        self.election = Some(Election {
+            standbys,
+            etcd: etcd.to_vec(),
+            lease_secs,
+        });
+        self
     }
 
     /// Metrics on every daemon (`--metrics-listen` on a loopback port of

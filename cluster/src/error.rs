@@ -50,6 +50,8 @@ pub enum ClusterError {
         dir: PathBuf,
     },
     /// A restarted agent did not register again in time.
+    #[error("etcd not healthy after {}s; logs in {}", limit.as_secs(), dir.display())]
+    EtcdNotUp { limit: Duration, dir: PathBuf },
     #[error("{name} did not come back within {}s; log in {}", limit.as_secs(), log.display())]
     NotBack {
         name: String,

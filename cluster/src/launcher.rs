@@ -12,11 +12,8 @@
 //! It owns the processes it starts and nothing else: it never signals a
 //! process it did not start, and never reads what the daemons store.
 
-use std::fs::File;
-use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Child;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,22 +22,35 @@ use oncilla_net::auth::Token;
 use oncilla_net::credential::NodeKeys;
 use oncilla_net::tls::ClientTls;
 
-use crate::config::{Config, Daemon, Stop};
+use crate::config::{Config, Stop};
 use crate::error::ClusterError;
+pub use crate::process::free_port;
+use crate::process::{private_dir, program, spawn, tail, terminate};
 use oncilla_ops::certs;
 use oncilla_ops::master::{Master, MasterError};
 
 /// How long [`Handle::stop_agent`] waits after SIGTERM before SIGKILL.
 const STOP_AGENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much of each daemon's log a failed test prints.
+const POST_MORTEM_LINES: usize = 40;
 
 /// Name of agent `i`.
 pub fn node_name(i: usize) -> String {
     format!("node-{i}")
 }
 
+/// Name of master `i`: `master`, then `master-1`, ... for standbys.
+pub fn master_name(i: usize) -> String {
+    match i {
+        0 => "master".to_string(),
+        i => format!("master-{i}"),
+    }
+}
+
 /// The running daemons, and the extra arguments each agent last started with.
 struct Procs {
-    master: Option<Child>,
+    /// The first master, then the standbys (see [`master_name`]).
+    masters: Vec<Option<Child>>,
     agents: Vec<Option<Child>>,
     args: Vec<Vec<String>>,
 }
@@ -66,8 +76,10 @@ impl Shared {
 /// cheap to clone and to send to another thread.
 #[derive(Clone)]
 pub struct Handle {
-    /// The master's gRPC address.
+    /// The (first) master's gRPC address.
     pub master_addr: String,
+    /// Every master's gRPC address: the first, then the standbys'.
+    pub master_addrs: Vec<String>,
     /// The cluster token (also in [`Handle::token_file`]).
     pub token: Token,
     /// Number of agents.
@@ -101,12 +113,27 @@ impl Handle {
         self.dir.join(format!("{name}.log"))
     }
 
-    /// A connection to the master.
+    /// A connection to the master (the leader, with standbys).
     ///
     /// # Errors
     /// A runtime that cannot start.
     pub fn master(&self) -> Result<Master, MasterError> {
-        Master::connect(&self.master_addr, &self.token, self.tls.as_ref())
+        Master::connect(&self.masters_arg(), &self.token, self.tls.as_ref())
+    }
+
+    /// Every master's address, comma-separated: what agents join and
+    /// operators pass as `--master`.
+    pub fn masters_arg(&self) -> String {
+        self.master_addrs.join(",")
+    }
+
+    /// Which master leads now (the one that answers as the master does),
+    /// if any; asked one by one.
+    pub fn leader(&self) -> Option<usize> {
+        self.master_addrs.iter().position(|addr| {
+            Master::connect(addr, &self.token, self.tls.as_ref())
+                .is_ok_and(|m| m.node_list().is_ok())
+        })
     }
 
     /// The cluster CA certificate, when the cluster speaks TLS.
@@ -172,18 +199,33 @@ impl Handle {
     /// # Errors
     /// It is running already, or cannot be started.
     pub fn start_master(&self) -> Result<(), ClusterError> {
+        self.start_master_at(0)
+    }
+
+    /// Starts master `i` (0: the first, then the standbys) again on its
+    /// address.
+    ///
+    /// # Errors
+    /// No such master, it is running already, or it cannot be started.
+    pub fn start_master_at(&self, i: usize) -> Result<(), ClusterError> {
+        let name = master_name(i);
+        let addr = self
+            .master_addrs
+            .get(i)
+            .ok_or_else(|| ClusterError::NoAgent(name.clone()))?;
         let mut procs = self.shared.procs();
-        if procs.master.is_some() {
-            return Err(ClusterError::Running("master".into()));
+        if procs.masters[i].is_some() {
+            return Err(ClusterError::Running(name));
         }
         let tf = self.token_file().display().to_string();
         let hb = self.shared.config.heartbeat_ms.to_string();
-        // Kept in the cluster's directory: quotas set survive a restart.
+        // Kept in the cluster's directory: quotas set survive a restart
+        // (and are every master's).
         let quotas = self.dir.join("quotas.toml").display().to_string();
         let mut args: Vec<String> = [
             "--master",
             "--listen",
-            &self.master_addr,
+            addr,
             "--token-file",
             &tf,
             "--heartbeat-ms",
@@ -194,19 +236,54 @@ impl Handle {
         .iter()
         .map(|a| a.to_string())
         .collect();
-        args.extend(self.tls_args("master"));
-        args.extend(self.metrics_args("master"));
-        procs.master = Some(spawn(&self.shared.config, &self.dir, "master", &args)?);
+        if let Some(e) = &self.shared.config.election {
+            args.extend([
+                "--etcd".to_string(),
+                e.etcd.join(","),
+                "--etcd-lease-secs".to_string(),
+                e.lease_secs.to_string(),
+            ]);
+        }
+        args.extend(self.tls_args(&name));
+        args.extend(self.metrics_args(&name));
+        procs.masters[i] = Some(spawn(&self.shared.config, &self.dir, &name, &args)?);
         Ok(())
     }
 
     /// SIGKILL to the master.
     pub fn kill_master(&self) {
-        let child = self.shared.procs().master.take();
+        self.kill_master_at(0);
+    }
+
+    /// SIGKILL to master `i` (no goodbye to anyone).
+    pub fn kill_master_at(&self, i: usize) {
+        let child = self
+            .shared
+            .procs()
+            .masters
+            .get_mut(i)
+            .and_then(Option::take);
         if let Some(mut c) = child {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// `signal` to master `i`, which stays this cluster's (SIGSTOP freezes
+    /// it as a machine cut off would be, SIGCONT brings it back).
+    pub fn signal_master(&self, i: usize, signal: nix::sys::signal::Signal) {
+        let procs = self.shared.procs();
+        if let Some(Some(c)) = procs.masters.get(i) {
+            if let Ok(pid) = i32::try_from(c.id()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+            }
+        }
+    }
+
+    /// Process id of master `i`, while it runs.
+    pub fn master_pid(&self, i: usize) -> Option<u32> {
+        let procs = self.shared.procs();
+        procs.masters.get(i)?.as_ref().map(Child::id)
     }
 
     /// Starts agent `i` (again) with its name, ports, socket and configured
@@ -260,7 +337,7 @@ impl Handle {
             .ok_or_else(|| ClusterError::NoAgent(name.clone()))?;
         let mut args: Vec<String> = [
             "--join",
-            &self.master_addr,
+            &self.masters_arg(),
             "--name",
             &name,
             "--listen",
@@ -406,13 +483,19 @@ impl Handle {
     /// Fails when a daemon this cluster runs has exited.
     fn check_running(&self) -> Result<(), ClusterError> {
         let mut procs = self.shared.procs();
-        let Procs { master, agents, .. } = &mut *procs;
-        let running = master.iter_mut().map(|c| ("master".to_string(), c)).chain(
-            agents
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, c)| Some((node_name(i), c.as_mut()?))),
-        );
+        let Procs {
+            masters, agents, ..
+        } = &mut *procs;
+        let running = masters
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, c)| Some((master_name(i), c.as_mut()?)))
+            .chain(
+                agents
+                    .iter_mut()
+                    .enumerate()
+                    .filter_map(|(i, c)| Some((node_name(i), c.as_mut()?))),
+            );
         for (name, child) in running {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(ClusterError::Exited {
@@ -452,20 +535,15 @@ impl Cluster {
     /// the cluster is not up in time. What was started is stopped again.
     pub fn start(config: Config) -> Result<Self, ClusterError> {
         let agents = config.agents();
-        let master_addr = format!("127.0.0.1:{}", free_port()?);
+        let masters = 1 + config.election.as_ref().map_or(0, |e| e.standbys);
+        let master_addrs = (0..masters)
+            .map(|_| Ok(format!("127.0.0.1:{}", free_port()?)))
+            .collect::<Result<Vec<_>, ClusterError>>()?;
+        let master_addr = master_addrs[0].clone();
         let ports = (0..agents)
             .map(|_| Ok((free_port()?, free_port()?)))
             .collect::<Result<Vec<_>, ClusterError>>()?;
-        let dir = std::env::temp_dir().join(format!(
-            "{}-{}-{:08x}",
-            config.dir_prefix,
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|source| ClusterError::io(&dir, source))?;
+        let dir = private_dir(&config.dir_prefix)?;
         let tls = config.tls;
         let metrics_ports = if config.metrics {
             (0..=agents)
@@ -477,6 +555,7 @@ impl Cluster {
         let mut cluster = Self {
             handle: Handle {
                 master_addr,
+                master_addrs,
                 token: Token::random(),
                 agents,
                 dir,
@@ -486,7 +565,7 @@ impl Cluster {
                     ports,
                     metrics_ports,
                     procs: Mutex::new(Procs {
-                        master: None,
+                        masters: (0..masters).map(|_| None).collect(),
                         agents: (0..agents).map(|_| None).collect(),
                         args: vec![Vec::new(); agents],
                     }),
@@ -514,12 +593,17 @@ impl Cluster {
             let dir = cluster.handle.dir.clone();
             let ca = certs::make_ca(&dir)?;
             let loopback = ["127.0.0.1".to_string()];
-            for name in std::iter::once("master".to_string()).chain((0..agents).map(node_name)) {
+            for name in (0..masters)
+                .map(master_name)
+                .chain((0..agents).map(node_name))
+            {
                 certs::make_cert(&dir, &name, &loopback, &dir)?;
             }
             cluster.handle.tls = Some(ClientTls::load(&ca)?);
         }
-        cluster.start_master()?;
+        for i in 0..masters {
+            cluster.start_master_at(i)?;
+        }
         for i in 0..agents {
             cluster.start_agent(i)?;
         }
@@ -537,11 +621,13 @@ impl Cluster {
     pub fn detach(mut self) -> Vec<u32> {
         self.done = true;
         let mut procs = self.handle.shared.procs();
-        let pids = procs
-            .master
-            .take()
-            .into_iter()
-            .chain(procs.agents.iter_mut().filter_map(Option::take))
+        let Procs {
+            masters, agents, ..
+        } = &mut *procs;
+        let pids = masters
+            .iter_mut()
+            .filter_map(Option::take)
+            .chain(agents.iter_mut().filter_map(Option::take))
             .map(|c| c.id())
             .collect();
         pids
@@ -555,15 +641,22 @@ impl Cluster {
         }
         let mut children: Vec<(String, Child)> = {
             let mut procs = self.handle.shared.procs();
-            let master = procs.master.take().map(|c| ("master".to_string(), c));
-            let agents: Vec<(String, Child)> = procs
-                .agents
+            let Procs {
+                masters, agents, ..
+            } = &mut *procs;
+            let masters = masters
                 .iter_mut()
                 .enumerate()
-                .filter_map(|(i, c)| Some((node_name(i), c.take()?)))
-                .collect();
-            master.into_iter().chain(agents).collect()
+                .filter_map(|(i, c)| Some((master_name(i), c.take()?)));
+            let agents = agents
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, c)| Some((node_name(i), c.take()?)));
+            masters.chain(agents).collect()
         };
+        if std::thread::panicking() {
+            self.post_mortem(&mut children);
+        }
         match self.handle.shared.config.stop {
             Stop::Kill => {
                 for (_, c) in &mut children {
@@ -604,101 +697,29 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// What a failed test needs to say why: each daemon's state (running,
+    /// or how it exited) and its log's last lines, on stderr, which the
+    /// test harness shows beside the failure.
+    fn post_mortem(&self, children: &mut [(String, Child)]) {
+        for (name, child) in children.iter_mut() {
+            let state = match child.try_wait() {
+                Ok(None) => "running".to_string(),
+                Ok(Some(status)) => format!("exited ({status})"),
+                Err(e) => format!("unknown ({e})"),
+            };
+            eprintln!(
+                "{}: {name} {state}; the last lines of {}:\n{}",
+                program(),
+                self.log(name).display(),
+                tail(&self.log(name), POST_MORTEM_LINES)
+            );
+        }
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// SIGTERM to `child`.
-fn terminate(child: &Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-}
-
-/// This program's name, for the few lines the launcher prints itself.
-fn program() -> String {
-    std::env::args_os()
-        .next()
-        .map(PathBuf::from)
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "oncilla-cluster".into())
-}
-
-/// Starts daemon `name` with `args`, logging to `DIR/NAME.log`.
-fn spawn(config: &Config, dir: &Path, name: &str, args: &[String]) -> Result<Child, ClusterError> {
-    let log_path = dir.join(format!("{name}.log"));
-    // Appended: a restarted daemon's log follows its predecessor's.
-    let log = File::options()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|source| ClusterError::io(&log_path, source))?;
-    let mut cmd = match &config.daemon {
-        Daemon::Binary(path) => Command::new(path),
-        Daemon::ReExec(arg) => {
-            let mut cmd = Command::new(std::env::current_exe().map_err(ClusterError::OwnExe)?);
-            cmd.arg(arg);
-            cmd
-        }
-    };
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    if !config.inherit_oncilla_env {
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("ONCILLA_") {
-                cmd.env_remove(k);
-            }
-        }
-    }
-    for (k, v) in &config.env {
-        cmd.env(k, v);
-    }
-    if config.keep {
-        // Its own process group: a later Ctrl-C in this shell leaves it running.
-        cmd.process_group(0);
-    } else {
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
-        // no memory of the parent; it makes the daemon get SIGTERM if the
-        // thread that started it dies without cleaning up, so no process is
-        // left behind.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    cmd.spawn().map_err(|source| ClusterError::Spawn {
-        name: name.to_string(),
-        source,
-    })
-}
-
-/// A loopback port free right now, below the kernel's ephemeral range
-/// (32768 and up by default), so that no outgoing connection (another
-/// test's, say) takes it as its source port before the daemon binds it.
-pub fn free_port() -> Result<u16, ClusterError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 131;
-    (0..2000u64)
-        .map(|i| 20000 + u16::try_from((seed + i * 17) % 12000).unwrap_or(0))
-        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
-        .ok_or(ClusterError::NoPort)
-}
-
-/// The last `lines` lines of a log.
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

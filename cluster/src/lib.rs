@@ -12,6 +12,8 @@
 //! - [`run`] ([`work`]) is a cluster for the length of one piece of work on
 //!   its own thread, torn down on return, Ctrl-C and SIGTERM (`ocmctl demo`,
 //!   `ocmctl run`, the benchmarks).
+//! - [`etcd::Etcd`] runs a real etcd (one member or several) for masters
+//!   elected through it ([`Config::elected`]).
 //! - Its readiness waits ask the master and the health service through
 //!   `oncilla-ops`, as an operator would.
 //!
@@ -20,10 +22,12 @@
 
 pub mod config;
 pub mod error;
+pub mod etcd;
 pub mod launcher;
+mod process;
 pub mod work;
 
 pub use config::{Config, Daemon, Stop};
 pub use error::ClusterError;
-pub use launcher::{free_port, node_name, Cluster, Handle};
+pub use launcher::{free_port, master_name, node_name, Cluster, Handle};
 pub use work::run;

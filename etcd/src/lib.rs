@@ -52,6 +52,9 @@ pub enum EtcdError {
     /// The lease is gone (expired or revoked): whatever it held is lost.
     #[error("etcd lease {0:x} has expired or was revoked")]
     LeaseGone(i64),
+    /// etcd did not answer in time (the caller's bound).
+    #[error("etcd did not answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
     /// An answer without the field that makes it one.
     #[error("etcd {0} answered without its result")]
     Malformed(&'static str),

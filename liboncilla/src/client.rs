@@ -140,11 +140,14 @@ impl Client {
     where
         Fut: std::future::Future<Output = std::result::Result<T, CallError>>,
     {
-        let waiting = |left: std::time::Duration| {
-            tracing::info!(
+        let waiting = |left: std::time::Duration, why| match why {
+            oncilla_proto::client::Waiting::Recovery => tracing::info!(
                 wait_ms = left.as_millis(),
                 "the master has just started and waits for agents to re-register: waiting"
-            );
+            ),
+            oncilla_proto::client::Waiting::Election => {
+                tracing::info!("no master leads yet (an election is under way): waiting")
+            }
         };
         Ok(self.rt.block_on(oncilla_proto::client::through_recovery(
             || f(&self.session),

@@ -45,6 +45,9 @@ pub struct Registered {
     pub peers: Vec<String>,
     /// Changes whenever `peers` does.
     pub peers_version: u64,
+    /// The master's term when masters are elected (larger for every later
+    /// leader), else 0: the agent refuses older terms from then on.
+    pub term: u64,
 }
 
 /// An agent's periodic report.

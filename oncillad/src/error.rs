@@ -57,6 +57,12 @@ pub enum CoreError {
     },
     #[error("master recovering after a start: agents are re-registering; retry in {} ms", .0.as_millis())]
     Recovering(std::time::Duration),
+    /// A master of an older term than this node follows (fencing).
+    #[error("a master of term {term} was deposed: this node follows the master of term {follows}")]
+    Deposed { term: u64, follows: u64 },
+    /// This master does not lead (a standby, or it lost its lease).
+    #[error("master is a standby{}", .leader.as_ref().map_or_else(|| "; no leader is elected yet".to_string(), |l| format!("; the leader is at {l}")))]
+    Standby { leader: Option<String> },
     #[error(transparent)]
     Pool(#[from] PoolError),
 }

@@ -6,13 +6,13 @@
 //! and tells systemd the first time every role is ready (`READY=1` on
 //! `$NOTIFY_SOCKET`, for `Type=notify`). It never decides readiness.
 
-use std::time::Duration;
-
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use oncilla_proto::health::{AGENT, MASTER};
+
+use crate::master::seat::Seat;
 
 /// Publishes the roles' readiness (`None`: the role does not run here)
 /// until the daemon stops.
@@ -64,16 +64,33 @@ fn status(ready: bool) -> ServingStatus {
     }
 }
 
-/// Says when the master's recovery window is over: `recovering` is how
-/// long it still lasts.
-pub async fn master_ready(recovering: impl Fn() -> Duration, ready: watch::Sender<bool>) {
+/// Says whether the master role is ready: this daemon leads (always,
+/// without an election) and its core's recovery window is over. Follows
+/// `seat` as it changes.
+pub async fn master_ready<L: crate::master::AgentLink>(
+    mut seat: watch::Receiver<Seat<L>>,
+    ready: watch::Sender<bool>,
+) {
     loop {
-        let left = recovering();
-        if left.is_zero() {
-            ready.send_replace(true);
+        let core = seat.borrow_and_update().core().ok();
+        let left = core.as_ref().map(|c| c.recovering());
+        ready.send_replace(left.is_some_and(|l| l.is_zero()));
+        let open = match left {
+            Some(l) if !l.is_zero() => tokio::select! {
+                () = tokio::time::sleep(l) => true,
+                r = seat.changed() => r.is_ok(),
+            },
+            _ => seat.changed().await.is_ok(),
+        };
+        if !open {
+            // The seat never changes again: only a recovery may be left.
+            let core = seat.borrow().core().ok();
+            if let Some(core) = core {
+                tokio::time::sleep(core.recovering()).await;
+                ready.send_replace(true);
+            }
             return;
         }
-        tokio::time::sleep(left).await;
     }
 }
 

@@ -49,6 +49,8 @@ pub(crate) enum DaemonError {
     Socket { path: String, reason: String },
     #[error(transparent)]
     Addr(#[from] oncilla_proto::client::AddrError),
+    #[error("--etcd: {0}")]
+    Etcd(#[from] oncilla_etcd::EtcdError),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error("cannot start the async runtime: {0}")]
@@ -150,10 +152,19 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     };
     let (master_ready, master_ready_rx) = watch::channel(false);
     let (agent_ready, agent_ready_rx) = watch::channel(false);
-    let mut router =
-        tcp_server.add_optional_service(master_token.map(|token| {
-            roles::master::start(&config, token, trust.clone(), &metrics, master_ready)
-        }));
+    let master = match master_token {
+        Some(token) => Some(roles::master::start(
+            &config,
+            token,
+            trust.clone(),
+            &metrics,
+            master_ready,
+            config.advertised(grpc_addr),
+            stop_rx.clone(),
+        )?),
+        None => None,
+    };
+    let mut router = tcp_server.add_optional_service(master);
 
     let agent = roles::agent::start(
         &config,

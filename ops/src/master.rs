@@ -12,6 +12,7 @@ use oncilla_net::auth::{Token, TokenError};
 use oncilla_net::tls::{ClientTls, TlsError};
 use oncilla_proto::calls::{self, CallError};
 use oncilla_proto::client::{self, AddrError};
+use oncilla_proto::masters::Masters;
 
 /// Why a call to the master failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +44,8 @@ pub enum MasterError {
 #[derive(Debug, clap::Args)]
 #[deny(missing_docs)]
 pub struct Conn {
-    /// Master gRPC address.
+    /// Master gRPC address; with standby masters, list them all
+    /// (comma-separated): the one that leads is followed.
     #[arg(
         long,
         env = "ONCILLA_MASTER",
@@ -88,22 +90,23 @@ impl Conn {
     }
 }
 
-/// A master connection with its own single-threaded runtime.
+/// A connection to a cluster's masters (the leader among them, followed
+/// as it changes) with its own single-threaded runtime.
 pub struct Master {
-    addr: String,
     tls: Option<ClientTls>,
-    client: calls::Master,
+    masters: Masters<calls::Master>,
     rt: tokio::runtime::Runtime,
 }
 
 impl Master {
-    /// A lazy connection to `addr` (over TLS trusting `tls` when given):
-    /// nothing is dialed until the first call.
+    /// A lazy connection to the master at `addrs` (`HOST:PORT`, or several
+    /// comma-separated: the leader among them is followed), over TLS
+    /// trusting `tls` when given: nothing is dialed until the first call.
     ///
     /// # Errors
     /// A bad address or a runtime that cannot start.
     pub fn connect(
-        addr: &str,
+        addrs: &str,
         token: &Token,
         tls: Option<&ClientTls>,
     ) -> Result<Self, MasterError> {
@@ -111,14 +114,21 @@ impl Master {
             .enable_all()
             .build()
             .map_err(MasterError::Runtime)?;
-        let client = {
+        let list: Vec<String> = addrs.split(',').map(|a| a.trim().to_string()).collect();
+        let (token, trust) = (token.clone(), tls.cloned());
+        let masters = {
             let _guard = rt.enter();
-            calls::Master::new(client::lazy(addr, token, tls)?)
+            Masters::new(&list, move |addr| {
+                Ok(calls::Master::new(client::lazy(
+                    addr,
+                    &token,
+                    trust.as_ref(),
+                )?))
+            })?
         };
         Ok(Self {
-            addr: addr.to_string(),
             tls: tls.cloned(),
-            client,
+            masters,
             rt,
         })
     }
@@ -129,29 +139,46 @@ impl Master {
         self.tls.as_ref()
     }
 
-    /// Runs `f` on the master; while the master is in its recovery
-    /// window, waits it out (bounded, one line on stderr saying why)
-    /// instead of failing.
-    fn call<'a, T, Fut>(&'a self, f: impl Fn(&'a calls::Master) -> Fut) -> Result<T, MasterError>
+    /// Runs `f` on the leading master; while the master is in its
+    /// recovery window, or while none leads, waits (bounded, one line on
+    /// stderr saying why) instead of failing.
+    fn call<T, Fut>(&self, f: impl Fn(calls::Master) -> Fut) -> Result<T, MasterError>
     where
         Fut: std::future::Future<Output = Result<T, CallError>>,
     {
-        let waiting = |left: std::time::Duration| {
-            eprintln!(
-                "the master at {} has just started and waits for agents to re-register: waiting {} ms",
-                self.addr,
-                left.as_millis()
-            );
+        let last = std::cell::RefCell::new(self.masters.current().0);
+        let attempt = || async {
+            self.masters
+                .at_leader(CallError::status, &f)
+                .await
+                .map_err(|(addr, e)| {
+                    *last.borrow_mut() = addr;
+                    e
+                })
         };
-        self.rt
-            .block_on(client::through_recovery(|| f(&self.client), waiting))
-            .map_err(|e| match e {
-                CallError::Rpc(s) => MasterError::Rpc(match self.tls {
-                    Some(_) => client::unreachable("master", &self.addr, s),
-                    None => client::unreachable_plain("master", &self.addr, s),
-                }),
-                CallError::Malformed(m) => MasterError::Malformed(m),
-            })
+        let waiting = |left: std::time::Duration, why: client::Waiting| {
+            let at = last.borrow();
+            match why {
+                client::Waiting::Recovery => eprintln!(
+                    "the master at {at} has just started and waits for agents to re-register: waiting {} ms",
+                    left.as_millis()
+                ),
+                client::Waiting::Election => eprintln!(
+                    "the master at {at} is a standby and no master leads yet (an election is under way): waiting"
+                ),
+            }
+        };
+        let out = self.rt.block_on(client::through_recovery(attempt, waiting));
+        out.map_err(|e| match e {
+            CallError::Rpc(s) => {
+                let at = last.borrow();
+                MasterError::Rpc(match self.tls {
+                    Some(_) => client::unreachable("master", &at, s),
+                    None => client::unreachable_plain("master", &at, s),
+                })
+            }
+            CallError::Malformed(m) => MasterError::Malformed(m),
+        })
     }
 
     /// Every node the master knows.
@@ -167,7 +194,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn node_list(&self) -> Result<NodeList, MasterError> {
-        self.call(calls::Master::list_nodes)
+        self.call(|m| async move { m.list_nodes().await })
     }
 
     /// Every allocation in the table, page by page (each page a message of
@@ -179,7 +206,7 @@ impl Master {
         let mut all: Vec<Allocation> = Vec::new();
         let mut after = 0;
         loop {
-            let page = self.call(|m| m.list_allocations(after))?;
+            let page = self.call(|m| async move { m.list_allocations(after).await })?;
             all.extend(page.allocations);
             match page.next_after {
                 0 => return Ok(all),
@@ -195,7 +222,7 @@ impl Master {
     /// # Errors
     /// The call fails (an unknown allocation included).
     pub fn allocation(&self, alloc: &AllocRef) -> Result<Allocation, MasterError> {
-        self.call(|m| m.get_allocation(alloc))
+        self.call(|m| async move { m.get_allocation(alloc).await })
     }
 
     /// A persistent allocation (it outlives this process).
@@ -203,7 +230,10 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn allocate(&self, spec: AllocSpec) -> Result<Allocation, MasterError> {
-        self.call(|m| m.allocate(&spec))
+        self.call(|m| {
+            let spec = spec.clone();
+            async move { m.allocate(&spec).await }
+        })
     }
 
     /// Frees an allocation (`force`: even while processes are attached).
@@ -211,7 +241,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn free(&self, alloc: &AllocRef, force: bool) -> Result<(), MasterError> {
-        self.call(|m| m.free(alloc, force))
+        self.call(|m| async move { m.free(alloc, force).await })
     }
 
     /// Every quota and what each user holds.
@@ -219,7 +249,7 @@ impl Master {
     /// # Errors
     /// The call fails.
     pub fn quotas(&self) -> Result<oncilla_model::quota::Report, MasterError> {
-        self.call(calls::Master::list_quotas)
+        self.call(|m| async move { m.list_quotas().await })
     }
 
     /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
@@ -231,6 +261,6 @@ impl Master {
         who: oncilla_model::quota::Subject,
         limits: Option<oncilla_model::quota::Limits>,
     ) -> Result<oncilla_model::quota::Report, MasterError> {
-        self.call(|m| m.set_quota(who, limits))
+        self.call(|m| async move { m.set_quota(who, limits).await })
     }
 }

@@ -25,17 +25,27 @@ pub const RECOVERY_WAIT: Duration = Duration::from_secs(60);
 /// Shortest pause between attempts while the master recovers.
 const RECOVERY_POLL: Duration = Duration::from_millis(20);
 
-/// Runs `call` again while the master answers that it is recovering,
-/// sleeping as long as it asks between attempts and at most
-/// [`RECOVERY_WAIT`] in all; `waiting` hears the first wait (to say why the
-/// caller pauses). Safe for any call: a master that recovers does nothing
-/// before it refuses.
+/// Why a caller waits for the master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// The master has just started and waits for agents to re-register.
+    Recovery,
+    /// The master asked is a standby and none leads yet.
+    Election,
+}
+
+/// Runs `call` again while the master answers that it is recovering, or
+/// that it stands by while no master leads, sleeping as long as it asks
+/// between attempts and at most [`RECOVERY_WAIT`] in all; `waiting` hears
+/// the first wait and why (to say why the caller pauses). Safe for any
+/// call: a master that recovers or stands by does nothing before it
+/// refuses.
 ///
 /// # Errors
 /// The call's own failure, or the last refusal once the wait is used up.
 pub async fn through_recovery<T, F, Fut>(
     mut call: F,
-    mut waiting: impl FnMut(Duration),
+    mut waiting: impl FnMut(Duration, Waiting),
 ) -> Result<T, CallError>
 where
     F: FnMut() -> Fut,
@@ -48,7 +58,14 @@ where
             Err(e) => e,
             ok => return ok,
         };
-        let Some(after) = failed.status().and_then(crate::status::retry_after) else {
+        let waits = failed.status().and_then(|s| {
+            let why = match crate::status::reason(s) {
+                Some((crate::status::Reason::Standby, _)) => Waiting::Election,
+                _ => Waiting::Recovery,
+            };
+            crate::status::retry_after(s).map(|after| (after, why))
+        });
+        let Some((after, why)) = waits else {
             return Err(failed);
         };
         let now = tokio::time::Instant::now();
@@ -57,10 +74,38 @@ where
         }
         let pause = after.max(RECOVERY_POLL).min(until - now);
         if !told {
-            waiting(after);
+            waiting(after, why);
             told = true;
         }
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// The metadata a master's reservations and releases carry its term in
+/// (fencing: an agent refuses terms older than one it has met).
+pub const TERM_HEADER: &str = "oncilla-term";
+
+/// Marks `req` as sent by the master of `term` (0: masters are not
+/// elected; nothing is added).
+pub fn set_term<T>(req: &mut tonic::Request<T>, term: u64) {
+    if term != 0 {
+        req.metadata_mut()
+            .insert(TERM_HEADER, tonic::metadata::MetadataValue::from(term));
+    }
+}
+
+/// The term `req` was sent under (0 when it names none).
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a term that is not a decimal number.
+pub fn term_of<T>(req: &tonic::Request<T>) -> Result<u64, tonic::Status> {
+    match req.metadata().get(TERM_HEADER) {
+        None => Ok(0),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| tonic::Status::invalid_argument(format!("invalid {TERM_HEADER}"))),
     }
 }
 
@@ -110,6 +155,15 @@ pub fn session(channel: AuthChannel) -> SessionClient {
 pub struct AddrError {
     addr: String,
     reason: String,
+}
+
+impl AddrError {
+    pub(crate) fn new(addr: &str, reason: &str) -> Self {
+        Self {
+            addr: addr.to_string(),
+            reason: reason.to_string(),
+        }
+    }
 }
 
 /// The endpoint for `host:port`, with the project's timeouts; over TLS

@@ -4,8 +4,8 @@
 //! This crate owns the schema (generated from `oncilla.proto` at build
 //! time with a pure-Rust compiler), `convert` (the one place a protobuf
 //! message becomes a domain value of `oncilla_model`), the services called
-//! in domain values (`calls`), typed status details (`status`) and dialing
-//! a gRPC peer (`client`). The data protocol, sockets, TLS and credentials
+//! in domain values (`calls`), typed status details (`status`), dialing
+//! a gRPC peer (`client`) and finding the leading master (`masters`). The data protocol, sockets, TLS and credentials
 //! are `oncilla-net`'s. It must never contain placement, pool or
 //! fabric-choice logic (the model and the daemon hold those), and no I/O
 //! beyond encoding, decoding and making a call.
@@ -13,6 +13,7 @@
 pub mod calls;
 pub mod client;
 pub mod convert;
+pub mod masters;
 pub mod status;
 
 /// Generated protobuf messages and gRPC clients and servers.

@@ -21,6 +21,8 @@ pub enum Reason {
     Recovering,
     /// The request would take its user past a quota.
     Quota,
+    /// The master asked is a standby (see [`standby`]).
+    Standby,
 }
 
 impl Reason {
@@ -31,6 +33,7 @@ impl Reason {
             Reason::AgentFailed => pb::ErrorReason::ErrorAgentFailed,
             Reason::Recovering => pb::ErrorReason::ErrorRecovering,
             Reason::Quota => pb::ErrorReason::ErrorQuota,
+            Reason::Standby => pb::ErrorReason::ErrorStandby,
         }
     }
 }
@@ -41,6 +44,7 @@ pub fn with_reason(code: Code, message: impl Into<String>, reason: Reason, node:
         reason: reason.wire() as i32,
         node: node.to_string(),
         retry_after_ms: 0,
+        leader: String::new(),
     };
     Status::with_details(code, message, detail.encode_to_vec().into())
 }
@@ -52,16 +56,44 @@ pub fn recovering(message: impl Into<String>, left: std::time::Duration) -> Stat
         reason: pb::ErrorReason::ErrorRecovering as i32,
         node: String::new(),
         retry_after_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+        leader: String::new(),
     };
     Status::with_details(Code::Unavailable, message, detail.encode_to_vec().into())
 }
 
+/// A standby master's refusal: `UNAVAILABLE`, [`Reason::Standby`], the
+/// leader's address when one is known, and when to ask again.
+pub fn standby(
+    message: impl Into<String>,
+    leader: Option<&str>,
+    again: std::time::Duration,
+) -> Status {
+    let detail = pb::ErrorDetail {
+        reason: pb::ErrorReason::ErrorStandby as i32,
+        node: String::new(),
+        retry_after_ms: u64::try_from(again.as_millis()).unwrap_or(u64::MAX),
+        leader: leader.unwrap_or_default().to_string(),
+    };
+    Status::with_details(Code::Unavailable, message, detail.encode_to_vec().into())
+}
+
+/// Where a standby master said the leader is (`Some(None)`: it knows of
+/// none yet), when `status` is a standby's refusal.
+pub fn standby_leader(status: &Status) -> Option<Option<String>> {
+    let detail = pb::ErrorDetail::decode(status.details()).ok()?;
+    (detail.reason == pb::ErrorReason::ErrorStandby as i32)
+        .then(|| Some(detail.leader).filter(|l| !l.is_empty()))
+}
+
 /// How long the master asks a caller to wait, when `status` is its
-/// refusal while it recovers.
+/// refusal while it recovers or a standby's (one that reached the caller
+/// knew no leader, or named one that could not be reached: a leader whose
+/// lease has yet to run out).
 pub fn retry_after(status: &Status) -> Option<std::time::Duration> {
     let detail = pb::ErrorDetail::decode(status.details()).ok()?;
-    (detail.reason == pb::ErrorReason::ErrorRecovering as i32)
-        .then(|| std::time::Duration::from_millis(detail.retry_after_ms))
+    let waits = detail.reason == pb::ErrorReason::ErrorRecovering as i32
+        || detail.reason == pb::ErrorReason::ErrorStandby as i32;
+    waits.then(|| std::time::Duration::from_millis(detail.retry_after_ms))
 }
 
 /// The reason attached to `status` and the node it names, if any.
@@ -74,6 +106,7 @@ pub fn reason(status: &Status) -> Option<(Reason, String)> {
         pb::ErrorReason::ErrorAgentFailed => Reason::AgentFailed,
         pb::ErrorReason::ErrorRecovering => Reason::Recovering,
         pb::ErrorReason::ErrorQuota => Reason::Quota,
+        pb::ErrorReason::ErrorStandby => Reason::Standby,
     };
     Some((reason, detail.node))
 }
@@ -93,5 +126,29 @@ mod tests {
         assert_eq!(reason(&s), Some((Reason::NoGpu, "n1".to_string())));
         assert_eq!(s.message(), "whatever text");
         assert_eq!(reason(&Status::failed_precondition("no GPU here")), None);
+    }
+
+    #[test]
+    fn a_standby_names_the_leader_or_asks_to_wait_while_none_leads() {
+        let at = standby(
+            "standby",
+            Some("10.0.0.2:7070"),
+            std::time::Duration::from_millis(200),
+        );
+        assert_eq!(at.code(), Code::Unavailable);
+        assert_eq!(standby_leader(&at), Some(Some("10.0.0.2:7070".to_string())));
+        assert_eq!(
+            retry_after(&at),
+            Some(std::time::Duration::from_millis(200))
+        );
+        assert_eq!(reason(&at).map(|r| r.0), Some(Reason::Standby));
+        let none = standby("standby", None, std::time::Duration::from_millis(200));
+        assert_eq!(standby_leader(&none), Some(None));
+        assert_eq!(
+            retry_after(&none),
+            Some(std::time::Duration::from_millis(200))
+        );
+        let rec = recovering("recovering", std::time::Duration::from_millis(5));
+        assert_eq!(standby_leader(&rec), None);
     }
 }

@@ -26,24 +26,50 @@ pub enum RoleArg {
     Agent,
 }
 
-/// Asks, prints the answer, and fails unless it is SERVING.
+/// Asks, prints the answer, and fails unless it is SERVING. Given several
+/// masters (standbys among them), asks each and succeeds when one serves:
+/// the leader does, standbys do not.
 ///
 /// # Errors
-/// No answer, or one other than SERVING.
+/// No answer, or none SERVING.
 pub fn run(args: &Args) -> Result<(), CliError> {
     let conn = &args.conn;
-    let addr = args.addr.clone().unwrap_or_else(|| conn.master.clone());
+    let addrs: Vec<String> = match &args.addr {
+        Some(a) => vec![a.clone()],
+        None => conn
+            .master
+            .split(',')
+            .map(|a| a.trim().to_string())
+            .collect(),
+    };
     let service = match args.role {
         None => "",
         Some(RoleArg::Master) => oncilla_ops::health::MASTER,
         Some(RoleArg::Agent) => oncilla_ops::health::AGENT,
     };
     let tls = conn.tls().map_err(MasterError::from)?;
-    let status = oncilla_ops::health::check(&addr, service, tls.as_ref())
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    println!("{addr}: {status}");
-    if status != "SERVING" {
-        return Err(CliError::Other(format!("{addr} is not serving")));
+    let mut serving = false;
+    let mut last = None;
+    for addr in &addrs {
+        match oncilla_ops::health::check(addr, service, tls.as_ref()) {
+            Ok(status) => {
+                println!("{addr}: {status}");
+                serving |= status == "SERVING";
+            }
+            Err(e) => {
+                if addrs.len() > 1 {
+                    eprintln!("{addr}: {e}");
+                }
+                last = Some(e.to_string());
+            }
+        }
     }
-    Ok(())
+    match (serving, last) {
+        (true, _) => Ok(()),
+        (false, Some(e)) if addrs.len() == 1 => Err(CliError::Other(e)),
+        (false, _) => Err(CliError::Other(format!(
+            "{} is not serving",
+            addrs.join(", ")
+        ))),
+    }
 }

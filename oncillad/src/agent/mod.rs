@@ -49,6 +49,9 @@ pub struct Agent {
     wake: Notify,
     /// The master incarnation this agent last registered with.
     master_incarnation: AtomicU64,
+    /// The largest master term this agent has met (0 while masters are
+    /// not elected): anything from an older term is refused.
+    term: AtomicU64,
     /// The node's RDMA ports: device memory is registered there.
     rdma: Arc<Rdma>,
     /// Set when what `info` reports changed (an RDMA port went away): the
@@ -86,6 +89,7 @@ impl Agent {
             ended: Mutex::new(Vec::new()),
             wake: Notify::new(),
             master_incarnation: AtomicU64::new(0),
+            term: AtomicU64::new(0),
             info_changed: AtomicBool::new(false),
             peers: Arc::default(),
         }
@@ -404,6 +408,21 @@ impl Agent {
 
     pub fn set_master_incarnation(&self, m: u64) {
         self.master_incarnation.store(m, Ordering::SeqCst);
+    }
+
+    /// Admits a master of `term` (fencing): a term at least as large as
+    /// any met before is followed from now on; an older one is refused, so
+    /// a deposed master (cut off, paused, or not yet aware its lease
+    /// ended) can change nothing here once a newer leader was met.
+    ///
+    /// # Errors
+    /// [`CoreError::Deposed`] for an older term.
+    pub fn admit_term(&self, term: u64) -> Result<(), CoreError> {
+        let follows = self.term.fetch_max(term, Ordering::SeqCst).max(term);
+        if term < follows {
+            return Err(CoreError::Deposed { term, follows });
+        }
+        Ok(())
     }
 
     /// Everything this agent holds and serves, for (re-)registering; with

@@ -29,8 +29,10 @@ pub struct Cli {
     /// Run the master role.
     #[arg(long, env = "ONCILLA_MASTER_ROLE")]
     pub master: bool,
-    /// Run the agent role and join the master at HOST:PORT.
-    #[arg(long, env = "ONCILLA_JOIN", value_name = "HOST:PORT")]
+    /// Run the agent role and join the master at HOST:PORT; with standby
+    /// masters, list them all (comma-separated): the agent follows the
+    /// one that leads.
+    #[arg(long, env = "ONCILLA_JOIN", value_name = "HOST:PORT[,HOST:PORT...]")]
     pub join: Option<String>,
     /// This node's name in the cluster [default: the host name].
     #[arg(long, env = "ONCILLA_NAME")]
@@ -124,6 +126,16 @@ pub struct Cli {
     /// A secret of its own: it opens only the metrics.
     #[arg(long, env = "ONCILLA_METRICS_TOKEN_FILE", value_name = "PATH")]
     pub metrics_token_file: Option<PathBuf>,
+    /// Master: elect the leader among several masters through these etcd
+    /// members (comma-separated URLs, e.g. http://10.0.0.5:2379); the
+    /// others stand by and take over when the leader's lease ends. Without
+    /// it this master always leads (one master, nothing external).
+    #[arg(long, env = "ONCILLA_ETCD", value_name = "URL[,URL...]")]
+    pub etcd: Option<String>,
+    /// Master with --etcd: the leader's lease in seconds, the longest a
+    /// dead or cut-off leader holds the cluster up [default: 5].
+    #[arg(long, env = "ONCILLA_ETCD_LEASE_SECS", value_name = "SECONDS")]
+    pub etcd_lease_secs: Option<u64>,
     /// Master: file keeping users' quotas (TOML; read at start, written by
     /// `ocmctl quota set`, made on the first change). Without it quotas
     /// cannot be set.
@@ -167,6 +179,8 @@ struct FileConfig {
     tls_ca: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     metrics_token_file: Option<PathBuf>,
+    etcd: Option<String>,
+    etcd_lease_secs: Option<u64>,
     quota_file: Option<PathBuf>,
 }
 
@@ -211,6 +225,16 @@ pub enum ConfigError {
     MetricsTokenIsClusterToken(PathBuf),
     #[error("--quota-file is the master's; this daemon runs no master")]
     QuotasOnAgent,
+    #[error("--etcd and --etcd-lease-secs are the master's; this daemon runs no master")]
+    EtcdOnAgent,
+    #[error("--etcd-lease-secs is the lease of an election through etcd: pass --etcd too")]
+    LeaseWithoutEtcd,
+    #[error("--etcd {0:?}: give etcd members as http:// or https:// URLs, comma-separated")]
+    EtcdUrl(String),
+    #[error("--etcd-lease-secs {0}: give {MIN_LEASE_SECS} to {MAX_LEASE_SECS} seconds")]
+    EtcdLease(u64),
+    #[error("--join {0:?}: give the master as HOST:PORT, or several comma-separated")]
+    Join(String),
     #[error(transparent)]
     Quotas(#[from] crate::quota_file::QuotaFileError),
     #[error("TLS needs all of --tls-cert, --tls-key and --tls-ca; missing {0}")]
@@ -229,6 +253,58 @@ pub enum ConfigError {
     },
 }
 
+/// The masters an agent joins: one HOST:PORT or several, comma-separated.
+fn join_list(join: &str) -> Result<Vec<String>, ConfigError> {
+    let list: Vec<String> = join.split(',').map(|a| a.trim().to_string()).collect();
+    let well_formed = |a: &String| {
+        a.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
+        })
+    };
+    if list.iter().all(well_formed) {
+        Ok(list)
+    } else {
+        Err(ConfigError::Join(join.to_string()))
+    }
+}
+
+/// The master's election from `--etcd` and `--etcd-lease-secs`.
+fn election(
+    master: bool,
+    etcd: Option<String>,
+    lease: Option<u64>,
+) -> Result<Option<Election>, ConfigError> {
+    if !master {
+        return match (etcd, lease) {
+            (None, None) => Ok(None),
+            _ => Err(ConfigError::EtcdOnAgent),
+        };
+    }
+    let Some(urls) = etcd else {
+        return match lease {
+            None => Ok(None),
+            Some(_) => Err(ConfigError::LeaseWithoutEtcd),
+        };
+    };
+    let list: Vec<String> = urls.split(',').map(|u| u.trim().to_string()).collect();
+    let url = |u: &String| {
+        u.strip_prefix("http://")
+            .or_else(|| u.strip_prefix("https://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace))
+    };
+    if !list.iter().all(url) {
+        return Err(ConfigError::EtcdUrl(urls));
+    }
+    let secs = lease.unwrap_or(DEFAULT_LEASE_SECS);
+    if !(MIN_LEASE_SECS..=MAX_LEASE_SECS).contains(&secs) {
+        return Err(ConfigError::EtcdLease(secs));
+    }
+    Ok(Some(Election {
+        etcd: list,
+        lease: std::time::Duration::from_secs(secs),
+    }))
+}
+
 /// What one user's pulls may move into a node each second, unless
 /// `--pull-rate` says otherwise: more than a TCP connection carries, so
 /// only a user pulling on many connections at once meets it.
@@ -242,10 +318,28 @@ pub const DEFAULT_CREDENTIAL_LIFETIME: std::time::Duration = std::time::Duration
 pub const MIN_CREDENTIAL_LIFETIME: u64 = 3;
 pub const MAX_CREDENTIAL_LIFETIME: u64 = 86_400;
 
+/// Bounds of `--etcd-lease-secs`: a renewal every third of the lease must
+/// fit a slow etcd round trip, and a minute is the longest a cluster should
+/// wait for a dead leader.
+pub const MIN_LEASE_SECS: u64 = 2;
+pub const MAX_LEASE_SECS: u64 = 60;
+/// The leader's lease unless `--etcd-lease-secs` says otherwise.
+pub const DEFAULT_LEASE_SECS: u64 = 5;
+
+/// How masters are elected, when they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Election {
+    /// The etcd members' URLs.
+    pub etcd: Vec<String>,
+    /// The leader's lease.
+    pub lease: std::time::Duration,
+}
+
 /// The agent role's settings.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    pub join: String,
+    /// The masters' addresses (one, or every standby's too).
+    pub join: Vec<String>,
     pub data_listen: SocketAddr,
     pub socket: PathBuf,
     pub capacity: u64,
@@ -279,6 +373,8 @@ pub struct Config {
     pub metrics: Option<(SocketAddr, Token)>,
     /// The master's quota file and the quotas it held at start.
     pub quotas: Option<(PathBuf, Quotas)>,
+    /// The master's election; `None`: it always leads.
+    pub election: Option<Election>,
 }
 
 /// A daemon's TLS: what it serves and what it trusts.
@@ -352,7 +448,7 @@ impl Config {
                     .or(file.capacity)
                     .ok_or(ConfigError::NoCapacity)?;
                 Some(AgentConfig {
-                    join,
+                    join: join_list(&join)?,
                     data_listen: cli
                         .data_listen
                         .or(file.data_listen)
@@ -456,10 +552,16 @@ impl Config {
             }
             None => None,
         };
+        let election = election(
+            master,
+            cli.etcd.or(file.etcd),
+            cli.etcd_lease_secs.or(file.etcd_lease_secs),
+        )?;
         Ok(Self {
             tls,
             metrics,
             quotas,
+            election,
             master,
             agent,
             node_keys,
@@ -498,7 +600,7 @@ impl Config {
             ),
         }
         if let Some(a) = &self.agent {
-            line("join", q(&a.join));
+            line("join", q(&a.join.join(",")));
             line("data_listen", q(&a.data_listen.to_string()));
             line("socket", q(&a.socket.display().to_string()));
             line("capacity", q(&a.capacity.to_string()));
@@ -555,6 +657,14 @@ impl Config {
             ),
             None => line("# quota_file", q("(none: quotas cannot be set)")),
         }
+        match &self.election {
+            _ if !self.master => {}
+            Some(e) => {
+                line("etcd", q(&e.etcd.join(",")));
+                line("etcd_lease_secs", e.lease.as_secs().to_string());
+            }
+            None => line("# etcd", q("(none: this master always leads)")),
+        }
         s
     }
 
@@ -592,170 +702,4 @@ fn hostname() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cli(args: &[&str]) -> Cli {
-        Cli::try_parse_from(std::iter::once("oncillad").chain(args.iter().copied())).unwrap()
-    }
-
-    #[test]
-    fn flags_beat_file() {
-        let dir = std::env::temp_dir().join(format!("oncilla-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("c.toml");
-        std::fs::write(
-            &file,
-            "join = \"m:1\"\ncapacity = \"1MiB\"\ntoken = \"0123456789abcdef0123456789abcdef\"\nname = \"fromfile\"\nhugepages = \"off\"\n",
-        )
-        .unwrap();
-        let c = Config::load(cli(&["--config", file.to_str().unwrap(), "--name", "flag"])).unwrap();
-        assert_eq!(c.name, "flag");
-        let agent = c.agent.unwrap();
-        assert_eq!(agent.capacity, 1 << 20);
-        assert_eq!(agent.join, "m:1");
-        assert_eq!(agent.huge_pages, HugePages::Off);
-        std::fs::write(&file, "bogus = 1\n").unwrap();
-        let err = Config::load(cli(&["--config", file.to_str().unwrap()])).unwrap_err();
-        assert!(err.to_string().contains("unknown field"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn validates_roles_and_sizes() {
-        assert!(matches!(
-            Config::load(cli(&["--token", "0123456789abcdef0123456789abcdef"])),
-            Err(ConfigError::NoRole)
-        ));
-        assert!(matches!(
-            Config::load(cli(&[
-                "--join",
-                "m:1",
-                "--token",
-                "0123456789abcdef0123456789abcdef"
-            ])),
-            Err(ConfigError::NoCapacity)
-        ));
-        let err = Config::load(cli(&[
-            "--join",
-            "m:1",
-            "--token",
-            "0123456789abcdef0123456789abcdef",
-            "--capacity",
-            "12XB",
-        ]))
-        .unwrap_err();
-        assert!(err.to_string().contains("unknown unit"), "{err}");
-        assert!(matches!(
-            Config::load(cli(&["--master"])),
-            Err(ConfigError::Token(_))
-        ));
-    }
-
-    #[test]
-    fn tls_takes_all_three_files_and_a_private_key() {
-        let base = ["--master", "--token", "0123456789abcdef0123456789abcdef"];
-        let with = |extra: &[&str]| Config::load(cli(&[&base[..], extra].concat()));
-        assert!(matches!(
-            with(&["--tls-cert", "c.pem"]),
-            Err(ConfigError::TlsPartial("--tls-key"))
-        ));
-        assert!(matches!(
-            with(&["--tls-cert", "c.pem", "--tls-key", "k.pem"]),
-            Err(ConfigError::TlsPartial("--tls-ca"))
-        ));
-        assert!(matches!(
-            with(&["--tls-key", "k.pem", "--tls-ca", "ca.pem"]),
-            Err(ConfigError::TlsPartial("--tls-cert"))
-        ));
-        assert!(with(&[]).unwrap().tls.is_none());
-        // A key others may read is refused with its path, as a token file is.
-        let dir = std::env::temp_dir().join(format!("oncilla-cfg-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = dir.join("k.pem");
-        std::fs::write(&key, "x").unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-        std::fs::write(dir.join("c.pem"), "x").unwrap();
-        let (c, k, ca) = (dir.join("c.pem"), key.clone(), dir.join("c.pem"));
-        let e = with(&[
-            "--tls-cert",
-            c.to_str().unwrap(),
-            "--tls-key",
-            k.to_str().unwrap(),
-            "--tls-ca",
-            ca.to_str().unwrap(),
-        ])
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("TLS private key") && e.to_string().contains("chmod 600"),
-            "{e}"
-        );
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn the_metrics_token_is_a_secret_of_its_own() {
-        use std::os::unix::fs::PermissionsExt;
-        let cluster = "0123456789abcdef0123456789abcdef";
-        let dir = std::env::temp_dir().join(format!("oncilla-cfg-mt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let private = |name: &str, text: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, text).unwrap();
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-            p.display().to_string()
-        };
-        let same = private("same", cluster);
-        let own = private("own", "fedcba9876543210fedcba9876543210");
-        let keys = NodeKeys::derive(&Token::new(cluster).unwrap(), "n1").to_text();
-        let keys = private("keys", &keys);
-        fn metrics(file: &str) -> [&str; 4] {
-            [
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--metrics-token-file",
-                file,
-            ]
-        }
-        for role in [
-            vec!["--master", "--token", cluster],
-            vec![
-                "--join",
-                "m:1",
-                "--capacity",
-                "1MiB",
-                "--node-keys-file",
-                &keys,
-            ],
-        ] {
-            let e = Config::load(cli(&[&role[..], &metrics(&same)].concat())).unwrap_err();
-            assert!(
-                matches!(e, ConfigError::MetricsTokenIsClusterToken(_)),
-                "{e}"
-            );
-            assert!(Config::load(cli(&[&role[..], &metrics(&own)].concat())).is_ok());
-        }
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn advertises_reachable_address() {
-        let c = Config::load(cli(&[
-            "--master",
-            "--token",
-            "0123456789abcdef0123456789abcdef",
-            "--advertise",
-            "node7",
-        ]))
-        .unwrap();
-        assert_eq!(c.advertised("0.0.0.0:9".parse().unwrap()), "node7:9");
-        let c = Config::load(cli(&[
-            "--master",
-            "--token",
-            "0123456789abcdef0123456789abcdef",
-        ]))
-        .unwrap();
-        assert_eq!(c.advertised("127.0.0.2:9".parse().unwrap()), "127.0.0.2:9");
-    }
-}
+mod tests;

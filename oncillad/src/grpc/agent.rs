@@ -51,6 +51,9 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
         members_only(&req, "reserving pool memory")?;
+        self.agent
+            .admit_term(oncilla_proto::client::term_of(&req)?)
+            .map_err(Status::from)?;
         let r: Reservation = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the refiller: keep it off the executor.
@@ -82,6 +85,9 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         members_only(&req, "releasing pool memory")?;
+        self.agent
+            .admit_term(oncilla_proto::client::term_of(&req)?)
+            .map_err(Status::from)?;
         let id = req.into_inner().alloc_id;
         // The extents go to the refiller once the last in-flight copy using
         // them is done; nothing here waits for that. Device memory is freed

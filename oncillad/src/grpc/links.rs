@@ -4,6 +4,8 @@
 //! service forwards). Domain values are converted here, at the edge;
 //! channels are made once per peer and reused.
 
+use std::sync::Arc;
+
 use dashmap::DashMap;
 use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Registered, Registration, Reservation, Reserved,
@@ -13,17 +15,22 @@ use oncilla_net::auth::Token;
 use oncilla_net::credential::Credential;
 use oncilla_net::tls::ClientTls;
 use oncilla_proto::client::{self, AgentClient, MasterClient};
+use oncilla_proto::masters::Masters;
 use oncilla_proto::pb;
 use tonic::Status;
 
 use super::status::link_error;
 use crate::agent::MasterPort;
 use crate::error::LinkError;
+use crate::master::tenure::Tenure;
 use crate::master::AgentLink;
 
 /// Deadline of a release and of an identity probe (shorter than other
 /// calls: see `release` and `identify`).
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Deadline of an agent's heartbeat to the master.
+const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A failed call to the peer `what` at `addr`, as the core sees it.
 fn failed(what: &str, addr: &str, s: Status) -> LinkError {
@@ -38,6 +45,9 @@ pub struct GrpcAgentLink {
     token: Token,
     tls: Option<ClientTls>,
     clients: DashMap<String, AgentClient>,
+    /// An elected master's tenure: its term goes with every change it
+    /// asks of an agent, and none is asked once the tenure lapsed.
+    tenure: Option<Arc<Tenure>>,
 }
 
 impl GrpcAgentLink {
@@ -47,7 +57,30 @@ impl GrpcAgentLink {
             token,
             tls,
             clients: DashMap::new(),
+            tenure: None,
         }
+    }
+
+    /// The links of the master elected for `tenure`.
+    #[must_use]
+    pub fn elected(mut self, tenure: Arc<Tenure>) -> Self {
+        self.tenure = Some(tenure);
+        self
+    }
+
+    /// `req` marked with this master's term, unless its tenure lapsed.
+    fn fenced<T>(&self, addr: &str, req: T) -> Result<tonic::Request<T>, LinkError> {
+        let mut req = tonic::Request::new(req);
+        if let Some(t) = &self.tenure {
+            if !t.holds() {
+                return Err(LinkError::Refused(format!(
+                    "not asking agent {addr}: this master's leadership (term {}) has lapsed",
+                    t.term()
+                )));
+            }
+            client::set_term(&mut req, t.term());
+        }
+        Ok(req)
     }
 
     fn client(&self, addr: &str) -> Result<AgentClient, LinkError> {
@@ -64,16 +97,17 @@ impl GrpcAgentLink {
 
 impl AgentLink for GrpcAgentLink {
     async fn reserve(&self, addr: &str, req: Reservation) -> Result<Reserved, LinkError> {
+        let req = self.fenced(addr, pb::ReserveRequest::from(req))?;
         let mut c = self.client(addr)?;
-        c.reserve(pb::ReserveRequest::from(req))
+        c.reserve(req)
             .await
             .map(|r| r.into_inner().into())
             .map_err(|s| failed("agent", addr, s))
     }
 
     async fn release(&self, addr: &str, alloc_id: u64) -> Result<Option<PoolUsage>, LinkError> {
+        let mut req = self.fenced(addr, pb::ReleaseRequest { alloc_id })?;
         let mut c = self.client(addr)?;
-        let mut req = tonic::Request::new(pb::ReleaseRequest { alloc_id });
         // Best effort: a holder that misses it releases on its next
         // heartbeat, so a free never waits long for a sick node.
         req.set_timeout(RELEASE_TIMEOUT);
@@ -97,68 +131,106 @@ impl AgentLink for GrpcAgentLink {
     }
 }
 
-/// An agent's connection to the master.
+/// An agent's connection to the master: the leader among the masters it
+/// was given (see [`Masters`]).
 #[derive(Clone)]
 pub struct MasterLink {
-    addr: String,
+    masters: Arc<Masters<MasterClient>>,
     /// Dialled without TLS (a failure may then mean the master wants it).
     plain: bool,
-    client: MasterClient,
 }
 
 impl MasterLink {
-    /// A lazily connected link to the master at `addr`, presenting this
+    /// A lazily connected link to the masters at `addrs`, presenting this
     /// node's credential (over TLS trusting `tls` when given).
     ///
     /// # Errors
     /// A message for an address that cannot be dialled.
     pub fn new(
-        addr: &str,
+        addrs: &[String],
         credential: &Credential,
         tls: Option<&ClientTls>,
     ) -> Result<Self, client::AddrError> {
+        let (credential, trust) = (credential.clone(), tls.cloned());
+        let masters = Masters::new(addrs, move |addr| {
+            Ok(client::master(client::lazy_as(
+                addr,
+                &credential,
+                trust.as_ref(),
+            )?))
+        })?;
         Ok(Self {
-            addr: addr.to_string(),
+            masters: Arc::new(masters),
             plain: tls.is_none(),
-            client: client::master(client::lazy_as(addr, credential, tls)?),
         })
     }
 
     /// A failed membership call, as the agent core sees it.
-    fn failed(&self, s: Status) -> LinkError {
-        let message = self.wrap(s.clone()).message().to_string();
+    fn failed(&self, addr: &str, s: Status) -> LinkError {
+        let message = self.wrap(addr, s.clone()).message().to_string();
         link_error(&s, message)
     }
 
-    fn wrap(&self, s: Status) -> Status {
+    fn wrap(&self, addr: &str, s: Status) -> Status {
         if self.plain {
-            client::unreachable_plain("master", &self.addr, s)
+            client::unreachable_plain("master", addr, s)
         } else {
-            client::unreachable("master", &self.addr, s)
+            client::unreachable("master", addr, s)
         }
+    }
+
+    /// `call` at the leading master; its status, named for the master that
+    /// gave it, on failure.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, (String, Status)>
+    where
+        F: FnMut(MasterClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.masters
+            .at_leader(|s| Some(s), call)
+            .await
+            .map(tonic::Response::into_inner)
     }
 
     // What the session service forwards: the master's status goes back to
     // the application as it is (code, message and reason).
 
     pub async fn allocate(&self, req: pb::AllocateRequest) -> Result<pb::Allocation, Status> {
-        let r = self.client.clone().allocate(req).await;
-        r.map(tonic::Response::into_inner).map_err(|s| self.wrap(s))
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.allocate(req).await }
+        })
+        .await
+        .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 
     pub async fn free(&self, req: pb::FreeRequest) -> Result<(), Status> {
-        let r = self.client.clone().free(req).await;
-        r.map(|_| ()).map_err(|s| self.wrap(s))
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.free(req).await }
+        })
+        .await
+        .map(|_| ())
+        .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 
     pub async fn attach(&self, req: pb::MasterAttachRequest) -> Result<pb::Allocation, Status> {
-        let r = self.client.clone().attach(req).await;
-        r.map(tonic::Response::into_inner).map_err(|s| self.wrap(s))
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.attach(req).await }
+        })
+        .await
+        .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 
     pub async fn detach(&self, req: pb::DetachRequest) -> Result<(), Status> {
-        let r = self.client.clone().detach(req).await;
-        r.map(|_| ()).map_err(|s| self.wrap(s))
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.detach(req).await }
+        })
+        .await
+        .map(|_| ())
+        .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 }
 
@@ -175,10 +247,13 @@ impl MasterPort for MasterLink {
                 held: part,
                 ..whole.clone()
             };
-            let r = self.client.clone().register(call).await;
-            let reply = r
-                .map(tonic::Response::into_inner)
-                .map_err(|s| self.failed(s))?;
+            let reply = self
+                .call(|mut c| {
+                    let call = call.clone();
+                    async move { c.register(call).await }
+                })
+                .await
+                .map_err(|(addr, s)| self.failed(&addr, s))?;
             release.extend_from_slice(&reply.release);
             last = Some(reply);
         }
@@ -188,12 +263,18 @@ impl MasterPort for MasterLink {
     }
 
     async fn heartbeat(&self, req: Heartbeat) -> Result<HeartbeatReply, LinkError> {
-        let r = self
-            .client
-            .clone()
-            .heartbeat(pb::HeartbeatRequest::from(req))
-            .await;
-        r.map(|r| r.into_inner().into()).map_err(|s| self.failed(s))
+        let req = pb::HeartbeatRequest::from(req);
+        self.call(|mut c| {
+            let mut req = tonic::Request::new(req.clone());
+            // A master that does not answer a heartbeat soon is passed
+            // over (a frozen leader must not hold the node for a whole
+            // call's timeout).
+            req.set_timeout(HEARTBEAT_TIMEOUT);
+            async move { c.heartbeat(req).await }
+        })
+        .await
+        .map(Into::into)
+        .map_err(|(addr, s)| self.failed(&addr, s))
     }
 }
 

@@ -10,6 +10,7 @@ use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
 use oncilla_proto::pb::master_server::MasterServer;
 use oncilla_proto::pb::{self, master_server};
+use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
@@ -17,18 +18,26 @@ use super::authority::Caller;
 use super::{checked, reply};
 use crate::error::CoreError;
 use crate::grpc::links::GrpcAgentLink;
+use crate::master::seat::Seat;
 use crate::master::Master;
 
 /// The service as served: authenticated on every call.
 pub type Served = InterceptedService<MasterServer<MasterService>, Authenticate>;
 
 pub struct MasterService {
-    core: Arc<Master<GrpcAgentLink>>,
+    seat: watch::Receiver<Seat<GrpcAgentLink>>,
 }
 
 impl MasterService {
-    pub fn new(core: Arc<Master<GrpcAgentLink>>) -> Self {
-        Self { core }
+    /// The service of whichever core `seat` holds: a standby refuses every
+    /// call, naming the leader when it knows it.
+    pub fn new(seat: watch::Receiver<Seat<GrpcAgentLink>>) -> Self {
+        Self { seat }
+    }
+
+    /// The core that serves a call now.
+    fn core(&self) -> Result<Arc<Master<GrpcAgentLink>>, Status> {
+        self.seat.borrow().core().map_err(Status::from)
     }
 
     /// The service as the server mounts it: every call authenticated
@@ -64,7 +73,7 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let r: Registration = checked(req.into_inner())?;
         caller.register(&r)?;
-        reply(self.core.register(r).await)
+        reply(self.core()?.register(r).await)
     }
 
     async fn heartbeat(
@@ -74,7 +83,7 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let beat = req.into_inner().into();
         caller.heartbeat(&beat)?;
-        Ok(Response::new(self.core.heartbeat(beat).await.into()))
+        Ok(Response::new(self.core()?.heartbeat(beat).await.into()))
     }
 
     #[tracing::instrument(skip_all, fields(size = req.get_ref().spec.as_ref().map_or(0, |s| s.size)))]
@@ -87,9 +96,9 @@ impl master_server::Master for MasterService {
         caller.allocate(&r)?;
         if let (Caller::Node(node), Some(who)) = (&caller, &r.requester) {
             // Its own session's request (checked above): the node is alive.
-            self.core.heard_from(node, who.agent_incarnation);
+            self.core()?.heard_from(node, who.agent_incarnation);
         }
-        reply(self.core.allocate(r).await)
+        reply(self.core()?.allocate(r).await)
     }
 
     #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
@@ -100,7 +109,9 @@ impl master_server::Master for MasterService {
         let who: Option<Owner> = r.requester.map(Into::into);
         caller.for_requester(who.as_ref(), &r.session_id, "free")?;
         let uid = who.and_then(|o| o.uid);
-        self.core.free(&target, &r.session_id, uid, r.force).await?;
+        self.core()?
+            .free(&target, &r.session_id, uid, r.force)
+            .await?;
         Ok(Response::new(pb::FreeReply {}))
     }
 
@@ -117,7 +128,7 @@ impl master_server::Master for MasterService {
             .into();
         caller.for_requester(Some(&who), &who.session_id, "attach")?;
         let target = alloc_ref(r.alloc).map_err(invalid)?;
-        reply(self.core.attach(&target, who))
+        reply(self.core()?.attach(&target, who))
     }
 
     #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
@@ -128,7 +139,7 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let r = req.into_inner();
         caller.for_requester(None, &r.session_id, "detach")?;
-        self.core.detach(r.id, &r.session_id)?;
+        self.core()?.detach(r.id, &r.session_id)?;
         Ok(Response::new(pb::DetachReply {}))
     }
 
@@ -136,10 +147,11 @@ impl master_server::Master for MasterService {
         &self,
         _req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::NodeList>, Status> {
+        let core = self.core()?;
         Ok(Response::new(pb::NodeList {
-            nodes: self.core.nodes().into_iter().map(Into::into).collect(),
+            nodes: core.nodes().into_iter().map(Into::into).collect(),
             // Rounded up: 0 only once the window is over.
-            recovering_ms: u64::try_from(self.core.recovering().as_micros().div_ceil(1000))
+            recovering_ms: u64::try_from(core.recovering().as_micros().div_ceil(1000))
                 .unwrap_or(u64::MAX),
         }))
     }
@@ -151,7 +163,7 @@ impl master_server::Master for MasterService {
         Caller::of(&req)?.operator("listing allocations")?;
         let after = req.into_inner().after;
         let (page, more) =
-            self.core
+            self.core()?
                 .allocations_page(after, client::PAGE_ALLOCATIONS, client::PAGE_EXTENTS);
         let next_after = if more {
             page.last().map_or(0, |a| a.id)
@@ -170,7 +182,7 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::Allocation>, Status> {
         Caller::of(&req)?.operator("looking up an allocation")?;
         let target = alloc_ref(req.into_inner().alloc).map_err(invalid)?;
-        reply(self.core.allocation(&target))
+        reply(self.core()?.allocation(&target))
     }
 
     async fn list_quotas(
@@ -178,7 +190,7 @@ impl master_server::Master for MasterService {
         req: Request<pb::ListQuotasRequest>,
     ) -> Result<Response<pb::QuotaList>, Status> {
         Caller::of(&req)?.operator("listing quotas")?;
-        Ok(Response::new(self.core.quota_report().into()))
+        Ok(Response::new(self.core()?.quota_report().into()))
     }
 
     #[tracing::instrument(skip_all, fields(uid = req.get_ref().uid, default = req.get_ref().is_default))]
@@ -188,6 +200,6 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::QuotaList>, Status> {
         Caller::of(&req)?.operator("setting quotas")?;
         let (who, limits) = quota_setting(req.into_inner()).map_err(invalid)?;
-        reply(self.core.set_quota(who, limits))
+        reply(self.core()?.set_quota(who, limits))
     }
 }

@@ -9,6 +9,9 @@ use tonic::{Code, Status};
 use crate::error::{CoreError, LinkError};
 use crate::pool::PoolError;
 
+/// When a standby that knows no leader asks callers to try again.
+const STANDBY_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl From<CoreError> for Status {
     fn from(e: CoreError) -> Self {
         let msg = e.to_string();
@@ -48,6 +51,10 @@ impl From<CoreError> for Status {
             // The one UNAVAILABLE a server gives itself; the message starts
             // with "master" so callers do not reword it as unreachable.
             CoreError::Recovering(left) => oncilla_proto::status::recovering(msg, left),
+            CoreError::Standby { leader } => {
+                oncilla_proto::status::standby(msg, leader.as_deref(), STANDBY_RETRY)
+            }
+            CoreError::Deposed { .. } => Status::failed_precondition(msg),
             CoreError::Internal(_) | CoreError::Pool(_) => Status::internal(msg),
         }
     }

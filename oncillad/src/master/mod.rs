@@ -15,7 +15,9 @@
 //! - `quotas`: showing and setting users' quotas (enforced by `allocate`);
 //! - `recovery`: registration, heartbeats, rebuilding after a restart;
 //! - `liveness`: when a silent node is suspect or down;
-//! - `placement`: which nodes hold which bytes (pure).
+//! - `placement`: which nodes hold which bytes (pure);
+//! - `seat`: whether this daemon leads (which core) or stands by;
+//! - `tenure`: how long an elected master may act.
 
 mod allocate;
 pub mod liveness;
@@ -23,8 +25,10 @@ mod node;
 pub mod placement;
 mod quotas;
 mod recovery;
+pub mod seat;
 mod sessions;
 mod state;
+pub mod tenure;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -70,6 +74,8 @@ pub struct Master<L> {
     liveness: Liveness,
     /// Random per start, never 0; agents report which master they knew.
     incarnation: u64,
+    /// Its term when masters are elected (see [`Master::with_term`]), else 0.
+    term: u64,
     started: Instant,
     /// How long after `started` the table stays frozen.
     recovery: Duration,
@@ -87,6 +93,7 @@ impl<L: AgentLink> Master<L> {
             link,
             liveness,
             incarnation: rand::random::<u64>().max(1),
+            term: 0,
             started: Instant::now(),
             recovery: liveness.recovery(),
             state: Mutex::new(State::new()),
@@ -100,6 +107,18 @@ impl<L: AgentLink> Master<L> {
 
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// The master elected as leader in `term` (larger for every later
+    /// leader): agents that registered with it refuse older terms.
+    #[must_use]
+    pub fn with_term(mut self, term: u64) -> Self {
+        self.term = term;
+        self
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// Time left before the master changes its table (0 once serving).

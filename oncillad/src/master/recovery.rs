@@ -52,6 +52,7 @@ impl<L: AgentLink> Master<L> {
             release,
             peers,
             peers_version,
+            term: self.term,
         })
         .inspect(|r| {
             tracing::info!(node = %name, released = r.release.len(), dead_sessions = dead.len(), "node registered");

@@ -18,7 +18,8 @@ use oncilla_model::Kind;
 use prometheus::{Encoder, Gauge, GaugeVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::agent::Agent;
-use crate::master::{AgentLink, Master};
+use crate::master::seat::Seat;
+use crate::master::AgentLink;
 
 /// Reads state into gauges just before a scrape.
 type Sampler = Box<dyn Fn() + Send + Sync>;
@@ -223,10 +224,24 @@ impl Metrics {
         }));
     }
 
-    /// The master role's gauges: nodes as it sees them, its table and its
-    /// recovery window.
-    pub fn watch_master<L: AgentLink + 'static>(&self, master: &Arc<Master<L>>) {
+    /// The master role's gauges: whether it leads and in which term, and
+    /// while it leads the nodes as it sees them, its table and its
+    /// recovery window (a standby shows none).
+    pub fn watch_master<L: AgentLink + Send + Sync + 'static>(
+        &self,
+        seat: tokio::sync::watch::Receiver<Seat<L>>,
+    ) {
         let r = &self.registry;
+        let leading = gauge(
+            r,
+            "oncilla_master_leading",
+            "1 while this master leads (always, without an election), 0 while it stands by.",
+        );
+        let term = gauge(
+            r,
+            "oncilla_master_term",
+            "The term this master leads in (the etcd revision of its election), 0 without an election or while it stands by.",
+        );
         let nodes = gauge_vec(
             r,
             "oncilla_master_nodes",
@@ -267,12 +282,24 @@ impl Metrics {
             "oncilla_master_recovery_remaining_seconds",
             "Time left in the master's recovery window.",
         );
-        let master = Arc::clone(master);
         self.sample(Box::new(move || {
-            let list = master.nodes();
+            let core = seat.borrow().core().ok();
+            leading.set(i64::from(core.is_some()));
+            term.set(core.as_ref().map_or(0, |c| i64_of(c.term())));
             // Nodes come and go: labels are rebuilt each scrape.
             age.reset();
             node_bytes.reset();
+            allocs.reset();
+            alloc_bytes.reset();
+            let Some(master) = core else {
+                for state in ["up", "suspect", "down"] {
+                    nodes.with_label_values(&[state]).set(0);
+                }
+                recovering.set(0);
+                left.set(0.0);
+                return;
+            };
+            let list = master.nodes();
             let mut by_state = [0i64; 3];
             for n in &list {
                 by_state[match n.state {
@@ -293,8 +320,6 @@ impl Metrics {
             for (state, n) in ["up", "suspect", "down"].iter().zip(by_state) {
                 nodes.with_label_values(&[state]).set(n);
             }
-            allocs.reset();
-            alloc_bytes.reset();
             for ((kind, health), (count, bytes)) in master.census() {
                 let labels = [kind_label(kind), health_label(health)];
                 allocs.with_label_values(&labels).set(i64_of(count));

@@ -185,7 +185,7 @@ pub(crate) fn start(
                 let _ = rx.changed().await;
             }),
     );
-    tracing::info!(node = %config.name, data = %data_addr, socket = %agent_cfg.socket.display(), join = %agent_cfg.join, "agent role ready");
+    tracing::info!(node = %config.name, data = %data_addr, socket = %agent_cfg.socket.display(), join = %agent_cfg.join.join(","), "agent role ready");
     Ok(Some(Started {
         service,
         socket: agent_cfg.socket.clone(),

@@ -74,6 +74,7 @@ impl From<pb::RegisterReply> for Registered {
             release: r.release,
             peers: r.peers,
             peers_version: r.peers_version,
+            term: r.term,
         }
     }
 }
@@ -86,6 +87,7 @@ impl From<Registered> for pb::RegisterReply {
             release: r.release,
             peers: r.peers,
             peers_version: r.peers_version,
+            term: r.term,
         }
     }
 }

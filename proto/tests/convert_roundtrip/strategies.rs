@@ -410,15 +410,17 @@ pub(super) fn registereds() -> impl Strategy<Value = Registered> {
         vec(1..=MAX_ID, 0..4),
         vec(text(), 0..4),
         any::<u64>(),
+        any::<u64>(),
     )
         .prop_map(
-            |(heartbeat_interval_ms, master_incarnation, release, peers, peers_version)| {
+            |(heartbeat_interval_ms, master_incarnation, release, peers, peers_version, term)| {
                 Registered {
                     heartbeat_interval_ms,
                     master_incarnation,
                     release,
                     peers,
                     peers_version,
+                    term,
                 }
             },
         )

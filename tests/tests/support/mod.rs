@@ -132,6 +132,21 @@ impl Cluster {
         Self::start_with(capacities, limit, false, heartbeat_ms(), &[])
     }
 
+    /// [`Cluster::start`] with `standbys` more masters, all elected
+    /// through the etcd members at `etcd` with leases of `lease_secs`.
+    pub fn start_elected(
+        agents: usize,
+        capacity: &str,
+        standbys: usize,
+        etcd: &[String],
+        lease_secs: u64,
+    ) -> Self {
+        let config = Config::new(Daemon::Binary(bin("oncillad")), &vec![capacity; agents])
+            .heartbeat_ms(heartbeat_ms())
+            .elected(standbys, etcd, lease_secs);
+        Self::start_config(config, START_TIMEOUT)
+    }
+
     /// [`Cluster::start`] with metrics on every daemon.
     pub fn start_metrics(agents: usize, capacity: &str) -> Self {
         let config = Config::new(Daemon::Binary(bin("oncillad")), &vec![capacity; agents])
@@ -352,7 +367,7 @@ impl Cluster {
     pub fn ocmctl(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(bin("ocmctl"));
         cmd.args(args)
-            .env("ONCILLA_MASTER", &self.master_addr)
+            .env("ONCILLA_MASTER", self.masters_arg())
             .env("ONCILLA_TOKEN_FILE", self.token_file())
             .env_remove("ONCILLA_TOKEN")
             .env_remove("ONCILLA_TLS_CA");
