@@ -11,7 +11,11 @@
 #   deploy/netns-cluster.sh cut NODE | heal NODE    # unplug / replug its link
 #   deploy/netns-cluster.sh down
 #
-# Node 0 runs the master and an agent; the others run agents. Binaries come
+# Node 0 runs the master and an agent; the others run agents. With
+# ONCILLA_NETNS_MASTERS=M, nodes 0..M-1 all run masters, elected through an
+# etcd (Debian's etcd-server) that runs in a namespace of its own at
+# 10.78.0.9:2379, with leases of ONCILLA_NETNS_LEASE seconds (default 2).
+# Binaries come
 # from target/release (build with `cargo build --release --workspace`) or
 # $ONCILLA_BIN. State, logs and the token live in $ONCILLA_NETNS_DIR
 # (default /tmp/oncilla-netns); ONCILLA_NETNS_PREFIX names the namespaces.
@@ -25,6 +29,42 @@ BR=${P}br
 NET=10.78.0
 
 ns() { echo "$P$1"; }
+MASTERS=${ONCILLA_NETNS_MASTERS:-1}
+# Every master's address: what agents join and operators ask.
+masters() {
+  local list=() i
+  for i in $(seq 0 $((MASTERS - 1))); do list+=("$NET.$((i + 10)):7070"); done
+  (IFS=,; echo "${list[*]}")
+}
+
+# Namespace $(ns ID) on the bridge at address IP (links ${P}vID/${P}pID).
+plug() {
+  local id=$1 ip=$2 s; s=$(ns "$id")
+  ip netns add "$s" 2>/dev/null || true
+  ip link add "${P}v$id" type veth peer name "${P}p$id" 2>/dev/null || true
+  ip link set "${P}p$id" netns "$s" 2>/dev/null || true
+  ip link set "${P}v$id" master "$BR" up
+  ip -n "$s" addr replace "$ip/24" dev "${P}p$id"
+  ip -n "$s" link set "${P}p$id" up
+  ip -n "$s" link set lo up
+}
+
+# An etcd in its own namespace on the bridge, for elected masters.
+etcd_up() {
+  local s; s=$(ns e)
+  plug e "$NET.9"
+  ip netns exec "$s" setsid etcd --name e0 --data-dir "$DIR/etcd" \
+    --listen-client-urls "http://$NET.9:2379" --advertise-client-urls "http://$NET.9:2379" \
+    --listen-peer-urls "http://$NET.9:2380" --initial-advertise-peer-urls "http://$NET.9:2380" \
+    --initial-cluster "e0=http://$NET.9:2380" >>"$DIR/etcd.log" 2>&1 &
+  echo $! > "$DIR/etcd.pid"
+  for _ in $(seq 1 300); do
+    ip netns exec "$s" bash -c "exec 3<>/dev/tcp/$NET.9/2379" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "etcd did not come up; log in $DIR/etcd.log" >&2
+  exit 1
+}
 
 up() {
   local n=${1:-3} cap=${2:-256MiB}
@@ -35,20 +75,12 @@ up() {
   chmod 600 "$DIR/token"
   ip link add "$BR" type bridge 2>/dev/null || true
   ip link set "$BR" up
-  for i in $(seq 0 $((n - 1))); do
-    local s; s=$(ns "$i")
-    ip netns add "$s" 2>/dev/null || true
-    ip link add "${P}v$i" type veth peer name "${P}p$i" 2>/dev/null || true
-    ip link set "${P}p$i" netns "$s" 2>/dev/null || true
-    ip link set "${P}v$i" master "$BR" up
-    ip -n "$s" addr replace "$NET.$((i + 10))/24" dev "${P}p$i"
-    ip -n "$s" link set "${P}p$i" up
-    ip -n "$s" link set lo up
-  done
+  for i in $(seq 0 $((n - 1))); do plug "$i" "$NET.$((i + 10))"; done
   echo "$n" > "$DIR/nodes"
   echo "$cap" > "$DIR/capacity"
+  [ "$MASTERS" -gt 1 ] && etcd_up
   for i in $(seq 0 $((n - 1))); do start "$i"; done
-  local master="$NET.10:7070"
+  local master; master=$(masters)
   # Up: every node registered and the master out of its recovery window.
   for _ in $(seq 1 200); do
     if [ "$(run 0 ocmctl nodes --json 2>/dev/null | grep -c '"up"')" = "$n" ] &&
@@ -67,8 +99,12 @@ up() {
 start() {
   local i=$1 s ip role=()
   s=$(ns "$i"); ip="$NET.$((i + 10))"
-  [ "$i" -eq 0 ] && role=(--master)
-  ip netns exec "$s" setsid "$BIN/oncillad" "${role[@]}" --join "$NET.10:7070" --name "node-$i" \
+  if [ "$i" -lt "$MASTERS" ]; then
+    role=(--master)
+    [ "$MASTERS" -gt 1 ] &&
+      role+=(--etcd "http://$NET.9:2379" --etcd-lease-secs "${ONCILLA_NETNS_LEASE:-2}")
+  fi
+  ip netns exec "$s" setsid "$BIN/oncillad" "${role[@]}" --join "$(masters)" --name "node-$i" \
     --listen "$ip:7070" --data-listen "$ip:7071" --socket "$DIR/node-$i.sock" \
     --capacity "$(cat "$DIR/capacity")" --token-file "$DIR/token" >>"$DIR/node-$i.log" 2>&1 &
   echo $! > "$DIR/node-$i.pid"
@@ -85,23 +121,25 @@ run() {
   local i=$1; shift
   local cmd=$1; shift
   [ -x "$BIN/$cmd" ] && cmd="$BIN/$cmd"
-  ONCILLA_MASTER="$NET.10:7070" ONCILLA_TOKEN_FILE="$DIR/token" ONCILLA_SOCKET="$DIR/node-$i.sock" \
+  ONCILLA_MASTER="$(masters)" ONCILLA_TOKEN_FILE="$DIR/token" ONCILLA_SOCKET="$DIR/node-$i.sock" \
     ip netns exec "$(ns "$i")" "$cmd" "$@"
 }
 
 down() {
   local n; n=$(cat "$DIR/nodes" 2>/dev/null || echo 0)
-  for f in "$DIR"/node-*.pid; do
+  for f in "$DIR"/node-*.pid "$DIR"/etcd.pid; do
     [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
   done
   sleep 0.5
-  for f in "$DIR"/node-*.pid; do
+  for f in "$DIR"/node-*.pid "$DIR"/etcd.pid; do
     [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
   done
   for i in $(seq 0 $((n - 1))); do
     ip link del "${P}v$i" 2>/dev/null || true
     ip netns del "$(ns "$i")" 2>/dev/null || true
   done
+  ip link del "${P}ve" 2>/dev/null || true
+  ip netns del "$(ns e)" 2>/dev/null || true
   ip link del "$BR" 2>/dev/null || true
   rm -rf "$DIR"
   echo "cluster down"

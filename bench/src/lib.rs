@@ -20,6 +20,8 @@
 //!   open against the data port (loopback, its own cluster).
 //! - `fair` ([`fair`]): a normal tenant's latency alone and beside a greedy
 //!   tenant (another user pressing on every shared resource).
+//! - `takeover` ([`takeover`]): kill -9 of the leading master to the first
+//!   allocation done, with one etcd member and with three.
 //!
 //! Local clusters come from [`oncilla_cluster`], started with the
 //! [`Daemon`] the caller passes (`ocmctl` re-executes itself). `copy`
@@ -44,6 +46,7 @@ pub mod procbench;
 pub mod rawtcp;
 pub mod report;
 pub mod soak;
+pub mod takeover;
 
 pub use error::BenchError;
 use oncilla_cluster::{Config, Daemon};
@@ -88,6 +91,9 @@ pub enum Bench {
     /// beside a greedy tenant that allocates, opens sessions, copies and
     /// pulls as fast as it can; a local cluster on loopback.
     Fair(fair::FairArgs),
+    /// Masters elected through a real etcd (one member, then three): the
+    /// time from kill -9 of the leader to the first allocation done.
+    Takeover(takeover::TakeoverArgs),
     /// The greedy tenant `bench fair` starts (internal).
     #[command(hide = true)]
     FairGreedy(fair::GreedyArgs),
@@ -111,6 +117,7 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::Flood(args) => flood::run(args, daemon),
         Bench::Fair(args) => fair::run(args, daemon),
         Bench::FairGreedy(args) => fair::greedy(args),
+        Bench::Takeover(args) => takeover::run(args, daemon),
     }
 }
 

@@ -127,12 +127,13 @@ impl Handle {
         self.master_addrs.join(",")
     }
 
-    /// Which master leads now (the one that answers as the master does),
-    /// if any; asked one by one.
+    /// Which master leads and serves now (its master role SERVING on the
+    /// health service: standbys and a recovering leader are not), if any;
+    /// asked one by one, without waiting.
     pub fn leader(&self) -> Option<usize> {
         self.master_addrs.iter().position(|addr| {
-            Master::connect(addr, &self.token, self.tls.as_ref())
-                .is_ok_and(|m| m.node_list().is_ok())
+            oncilla_ops::health::check(addr, oncilla_ops::health::MASTER, self.tls.as_ref())
+                .is_ok_and(|s| s == "SERVING")
         })
     }
 

@@ -60,6 +60,18 @@ pub enum EtcdError {
     Malformed(&'static str),
 }
 
+/// `message` as a request that the etcd member answering it refuses while
+/// it has no leader itself (etcd's `hasleader` metadata): a member cut off
+/// from the rest must not keep a lease alive or hold a campaign open.
+fn with_leader<T>(message: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    req.metadata_mut().insert(
+        "hasleader",
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
+    req
+}
+
 fn call(call: &'static str) -> impl FnOnce(tonic::Status) -> EtcdError {
     move |status| EtcdError::Call {
         call,
@@ -185,7 +197,7 @@ impl Etcd {
         let replies = self
             .lease
             .clone()
-            .lease_keep_alive(ReceiverStream::new(rx))
+            .lease_keep_alive(with_leader(ReceiverStream::new(rx)))
             .await
             .map_err(call("lease keep-alive"))?
             .into_inner();
@@ -209,11 +221,11 @@ impl Etcd {
         let r = self
             .election
             .clone()
-            .campaign(v3electionpb::CampaignRequest {
+            .campaign(with_leader(v3electionpb::CampaignRequest {
                 name: name.as_bytes().to_vec(),
                 lease,
                 value: value.to_vec(),
-            })
+            }))
             .await
             .map_err(call("campaign"))?
             .into_inner();

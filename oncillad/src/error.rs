@@ -58,13 +58,25 @@ pub enum CoreError {
     #[error("master recovering after a start: agents are re-registering; retry in {} ms", .0.as_millis())]
     Recovering(std::time::Duration),
     /// A master of an older term than this node follows (fencing).
-    #[error("a master of term {term} was deposed: this node follows the master of term {follows}")]
+    #[error("{}", deposed(*term, *follows))]
     Deposed { term: u64, follows: u64 },
+    /// This master's leadership ended while it served a call: what the
+    /// call did may be undone by the next leader, so it is not confirmed.
+    #[error("this master's leadership (term {term}) ended during the call; its outcome is unknown (the new leader keeps or releases what it did): check, then retry")]
+    Lapsed { term: u64 },
     /// This master does not lead (a standby, or it lost its lease).
     #[error("master is a standby{}", .leader.as_ref().map_or_else(|| "; no leader is elected yet".to_string(), |l| format!("; the leader is at {l}")))]
     Standby { leader: Option<String> },
     #[error(transparent)]
     Pool(#[from] PoolError),
+}
+
+/// Why a master of `term` may not change a node that follows `follows`.
+fn deposed(term: u64, follows: u64) -> String {
+    match term {
+        0 => format!("a master that was not elected may not change this node: it follows the elected master of term {follows}"),
+        _ => format!("a master of term {term} was deposed: this node follows the master of term {follows}"),
+    }
 }
 
 /// A peer reached through a port (the master's `AgentLink`, the agent's

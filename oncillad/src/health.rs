@@ -14,25 +14,39 @@ use oncilla_proto::health::{AGENT, MASTER};
 
 use crate::master::seat::Seat;
 
+/// The master role's readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MasterReady {
+    /// Starting, or leading but still in its recovery window.
+    NotYet,
+    /// Standing by (elected masters): started and doing its part, but not
+    /// the master that serves (`oncilla.v1.Master` stays NOT_SERVING).
+    Standby,
+    /// Leading, past its recovery window.
+    Serving,
+}
+
 /// Publishes the roles' readiness (`None`: the role does not run here)
-/// until the daemon stops.
+/// until the daemon stops. A standby master counts as started for the
+/// whole daemon (`""`, systemd) and as not serving for its role.
 pub async fn publish(
     reporter: HealthReporter,
-    mut master: Option<watch::Receiver<bool>>,
+    mut master: Option<watch::Receiver<MasterReady>>,
     mut agent: Option<watch::Receiver<bool>>,
 ) {
     let mut told_systemd = false;
     // A role whose sender is gone keeps its last word.
     let (mut master_open, mut agent_open) = (master.is_some(), agent.is_some());
     loop {
-        let now = |r: &Option<watch::Receiver<bool>>| r.as_ref().map(|r| *r.borrow());
-        let (m, a) = (now(&master), now(&agent));
-        for (name, state) in [(MASTER, m), (AGENT, a)] {
+        let m = master.as_ref().map(|r| *r.borrow());
+        let a = agent.as_ref().map(|r| *r.borrow());
+        let serving = m.map(|m| m == MasterReady::Serving);
+        for (name, state) in [(MASTER, serving), (AGENT, a)] {
             if let Some(ready) = state {
                 reporter.set_service_status(name, status(ready)).await;
             }
         }
-        let all = m.unwrap_or(true) && a.unwrap_or(true);
+        let all = m.is_none_or(|m| m != MasterReady::NotYet) && a.unwrap_or(true);
         reporter.set_service_status("", status(all)).await;
         if all && !told_systemd {
             told_systemd = true;
@@ -49,7 +63,7 @@ pub async fn publish(
 
 /// Waits for `r` to change; false when its sender is gone (or there is
 /// none).
-async fn changed(r: Option<&mut watch::Receiver<bool>>) -> bool {
+async fn changed<T>(r: Option<&mut watch::Receiver<T>>) -> bool {
     match r {
         Some(r) => r.changed().await.is_ok(),
         None => false,
@@ -65,16 +79,26 @@ fn status(ready: bool) -> ServingStatus {
 }
 
 /// Says whether the master role is ready: this daemon leads (always,
-/// without an election) and its core's recovery window is over. Follows
-/// `seat` as it changes.
+/// without an election) and its core's recovery window is over, or it
+/// stands by. Follows `seat` as it changes.
 pub async fn master_ready<L: crate::master::AgentLink>(
     mut seat: watch::Receiver<Seat<L>>,
-    ready: watch::Sender<bool>,
+    ready: watch::Sender<MasterReady>,
 ) {
     loop {
-        let core = seat.borrow_and_update().core().ok();
+        let (core, standby) = {
+            let s = seat.borrow_and_update();
+            (
+                s.core().ok().map(|(c, _)| c),
+                matches!(*s, Seat::Standby { .. }),
+            )
+        };
         let left = core.as_ref().map(|c| c.recovering());
-        ready.send_replace(left.is_some_and(|l| l.is_zero()));
+        ready.send_replace(match left {
+            Some(l) if l.is_zero() => MasterReady::Serving,
+            None if standby => MasterReady::Standby,
+            _ => MasterReady::NotYet,
+        });
         let open = match left {
             Some(l) if !l.is_zero() => tokio::select! {
                 () = tokio::time::sleep(l) => true,
@@ -84,10 +108,10 @@ pub async fn master_ready<L: crate::master::AgentLink>(
         };
         if !open {
             // The seat never changes again: only a recovery may be left.
-            let core = seat.borrow().core().ok();
+            let core = seat.borrow().core().ok().map(|(c, _)| c);
             if let Some(core) = core {
                 tokio::time::sleep(core.recovering()).await;
-                ready.send_replace(true);
+                ready.send_replace(MasterReady::Serving);
             }
             return;
         }

@@ -150,7 +150,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let (master_ready, master_ready_rx) = watch::channel(false);
+    let (master_ready, master_ready_rx) = watch::channel(health::MasterReady::NotYet);
     let (agent_ready, agent_ready_rx) = watch::channel(false);
     let master = match master_token {
         Some(token) => Some(roles::master::start(
@@ -163,6 +163,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             stop_rx.clone(),
         )?),
         None => None,
+    };
+    let (master, election) = match master {
+        Some(m) => (Some(m.service), m.election),
+        None => (None, None),
     };
     let mut router = tcp_server.add_optional_service(master);
 
@@ -222,6 +226,15 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             let _ = rx.changed().await;
         })
         .await;
+    if let Some(election) = election {
+        // It gives its lease up on the stop: a standby takes over at once.
+        if tokio::time::timeout(std::time::Duration::from_secs(5), election)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the election did not end within 5 s; its lease expires by itself");
+        }
+    }
     if let Some((path, task)) = unix {
         let _ = task.await;
         for p in [oncilla_net::map_socket(&path), path] {

@@ -66,17 +66,22 @@ impl<C: Clone> Masters<C> {
         at.list[at.current].clone()
     }
 
-    /// Whether there is more than one master to try.
-    fn several(&self) -> bool {
-        self.given > 1
+    /// How many masters this client knows (given, and named since).
+    fn len(&self) -> usize {
+        self.at().list.len()
     }
 
-    /// The next given address after `addr`, unless another call moved on
-    /// meanwhile.
+    /// The next given address after `addr` (the first, after a named
+    /// one), unless another call moved on meanwhile.
     fn rotate_from(&self, addr: &str) {
         let mut at = self.at();
         if at.list[at.current].0 == addr {
-            at.current = (at.current + 1) % self.given;
+            // A named leader that failed gives way to the given list.
+            at.current = if at.current >= self.given {
+                0
+            } else {
+                (at.current + 1) % self.given
+            };
         }
     }
 
@@ -118,11 +123,13 @@ impl<C: Clone> Masters<C> {
         Fut: std::future::Future<Output = Result<T, E>>,
     {
         // Each master at most once a referral per call, and asked at most
-        // once when it cannot be reached or did not answer in time (one
-        // that did not answer may have done what was asked: asking twice
-        // could do it twice).
+        // once when it cannot be reached or did not answer in time. One
+        // that did not answer may have done what was asked: it is not
+        // asked again, and its failure (not retried by anyone) is the
+        // call's outcome unless another master does the work.
         let mut referrals = 0;
         let mut failed_here: Vec<String> = Vec::new();
+        let mut unanswered: Option<(String, E)> = None;
         loop {
             let (addr, client) = self.current();
             let failed = match call(client).await {
@@ -135,33 +142,39 @@ impl<C: Clone> Masters<C> {
             match standby_leader(s) {
                 Some(Some(leader))
                     if leader != addr
-                        && referrals <= self.given
+                        && referrals <= self.len()
                         && !failed_here.contains(&leader) =>
                 {
                     referrals += 1;
                     if self.follow(&leader).is_ok() {
                         continue;
                     }
-                    return Err((addr, failed));
+                    return Err(unanswered.unwrap_or((addr, failed)));
                 }
                 // No leader to be had now: the caller waits and asks
                 // again, starting elsewhere.
                 Some(_) => {
-                    if self.several() {
+                    if self.len() > 1 {
                         self.rotate_from(&addr);
                     }
-                    return Err((addr, failed));
+                    return Err(unanswered.unwrap_or((addr, failed)));
                 }
                 None => {}
             }
-            let down = s.code() == Code::Unavailable && retry_after(s).is_none();
+            // Refused, reset or broken: nothing there answers (the next
+            // attempt finds it refusing). Silent: it may be working on it.
+            let down = (s.code() == Code::Unavailable && retry_after(s).is_none())
+                || s.code() == Code::Unknown;
             let no_answer = matches!(s.code(), Code::Cancelled | Code::DeadlineExceeded);
-            if (down || no_answer) && self.several() && failed_here.len() + 1 < self.given {
+            if (down || no_answer) && failed_here.len() + 1 < self.len() {
                 failed_here.push(addr.clone());
                 self.rotate_from(&addr);
+                if no_answer && unanswered.is_none() {
+                    unanswered = Some((addr, failed));
+                }
                 continue;
             }
-            return Err((addr, failed));
+            return Err(unanswered.unwrap_or((addr, failed)));
         }
     }
 }
@@ -274,10 +287,32 @@ mod tests {
             _ => Err(standby("standby", Some("a:1"), Duration::ZERO)),
         });
         assert_eq!(asked, ["a:1", "b:1"]);
-        assert!(out.is_err());
+        let err = out.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::Cancelled,
+            "the unanswered call's outcome, which nobody retries"
+        );
+        assert_eq!(retry_after(&err), None);
         // The next call asks the named leader again: it may answer now.
         let (asked, out) = run(&m, |_| Ok("done"));
         assert_eq!(asked, ["a:1"]);
+        assert!(out.is_ok());
+    }
+
+    #[test]
+    fn a_named_leader_that_went_away_gives_way_to_the_given_masters() {
+        let m = masters(&["a:1"]);
+        let (asked, _) = run(&m, |addr| match addr {
+            "a:1" => Err(standby("standby", Some("c:9"), Duration::ZERO)),
+            _ => Ok("done"),
+        });
+        assert_eq!(asked, ["a:1", "c:9"]);
+        let (asked, out) = run(&m, |addr| match addr {
+            "c:9" => Err(Status::unavailable("connection refused")),
+            _ => Ok("done"),
+        });
+        assert_eq!(asked, ["c:9", "a:1"]);
         assert!(out.is_ok());
     }
 

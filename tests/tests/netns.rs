@@ -1,7 +1,8 @@
 //! A cluster whose nodes sit in separate network namespaces joined by veth
 //! pairs (deploy/netns-cluster.sh), so data really crosses a network stack
 //! between hosts, and a node can be cut off the network or killed. Needs
-//! root and iproute2; elsewhere it says why it skipped. Every wait is
+//! root and iproute2 (and etcd, for the elected masters' test); elsewhere
+//! it says why it skipped. Every wait is
 //! bounded; the namespaces go away even when a test fails.
 
 #![allow(clippy::unwrap_used)]
@@ -16,6 +17,8 @@ struct NetnsCluster {
     script: PathBuf,
     dir: PathBuf,
     prefix: String,
+    /// Settings of deploy/netns-cluster.sh beside the usual ones.
+    env: Vec<(&'static str, &'static str)>,
 }
 
 impl NetnsCluster {
@@ -30,6 +33,7 @@ impl NetnsCluster {
             // Failure detection in about a second.
             .env("ONCILLA_HEARTBEAT_MS", "200")
             .env_remove("ONCILLA_TOKEN")
+            .envs(self.env.iter().copied())
             .output()
             .unwrap()
     }
@@ -48,6 +52,19 @@ impl NetnsCluster {
 
 impl Drop for NetnsCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What a failed test needs to say why: each daemon's last lines.
+            for name in ["node-0", "node-1", "node-2", "etcd"] {
+                let log = self.dir.join(format!("{name}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!(
+                    "--- the last lines of {}:\n{}",
+                    log.display(),
+                    lines[lines.len().saturating_sub(30)..].join("\n")
+                );
+            }
+        }
         let _ = self.cmd(&["down"]);
     }
 }
@@ -80,7 +97,16 @@ impl NetnsCluster {
             script: root.join("deploy/netns-cluster.sh"),
             dir: std::env::temp_dir().join(format!("oncilla-netns-{tag}-{pid}")),
             prefix: format!("o{tag}{}", pid % 10_000),
+            env: Vec::new(),
         })
+    }
+
+    /// Whether the master at node `i`'s address leads, asked from node
+    /// `from`'s namespace (its health: only the leader serves).
+    fn leads(&self, from: usize, i: usize) -> bool {
+        let addr = format!("10.78.0.{}:7070", i + 10);
+        let out = self.ocmctl(from, &["health", &addr, "--role", "master"]);
+        String::from_utf8_lossy(&out.stdout).contains(": SERVING")
     }
 
     /// `ocmctl` run in node `i`'s namespace.
@@ -253,4 +279,57 @@ fn three_hosts_in_namespaces() {
         "bytes differ after crossing namespaces"
     );
     c.ok(&["run", "0", "ocmctl", "free", id]);
+}
+
+#[test]
+fn a_leader_cut_off_the_network_stops_acting_and_a_standby_takes_over() {
+    let Some(mut c) = NetnsCluster::new("e") else {
+        return;
+    };
+    if !oncilla_cluster::etcd::Etcd::available() {
+        println!("skipped: no etcd program (apt-get install etcd-server; .ci/run installs it)");
+        return;
+    }
+    c.env = vec![("ONCILLA_NETNS_MASTERS", "2"), ("ONCILLA_NETNS_LEASE", "2")];
+    c.ok(&["up", "3", "16MiB"]);
+    let mut leader = None;
+    assert!(eventually(|| {
+        leader = (0..2).find(|&i| c.leads(2, i));
+        leader.is_some()
+    }));
+    let leader = leader.unwrap();
+    let other = 1 - leader;
+    let before = c.ok(&["run", "2", "ocmctl", "alloc", "1MiB", "--node", "node-2"]);
+
+    // Unplugged, the leader cannot renew its lease: the standby leads.
+    c.ok(&["cut", &leader.to_string()]);
+    assert!(
+        eventually(|| c.leads(2, other)),
+        "the standby did not take over"
+    );
+    let during = c.ok(&["run", "2", "ocmctl", "alloc", "1MiB", "--node", "node-2"]);
+    // And the old leader stopped acting, as seen from its own side.
+    assert!(eventually(|| !c.leads(leader, leader)));
+    let log = c.dir.join(format!("node-{leader}.log"));
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("this master's lease ended"));
+
+    // Plugged back: it stands by, its agent follows the new leader, and
+    // the table holds both allocations.
+    c.ok(&["heal", &leader.to_string()]);
+    let name = format!("node-{leader}");
+    assert!(eventually(|| c.node_state(&name).as_deref() == Some("up")));
+    assert!(c.leads(2, other) && !c.leads(2, leader));
+    let all: serde_json::Value =
+        serde_json::from_str(&c.ok(&["run", "2", "ocmctl", "allocs", "--json"])).unwrap();
+    let ids: Vec<String> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].to_string())
+        .collect();
+    for id in [before.trim(), during.trim()] {
+        assert!(ids.iter().any(|i| i == id), "{id} missing: {ids:?}");
+    }
 }

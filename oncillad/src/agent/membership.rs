@@ -105,7 +105,7 @@ async fn register(agent: &Agent, master: &impl MasterPort) -> Result<Duration, L
     let reply = master.register(req).await?;
     // A deposed master that still answers is not followed.
     agent
-        .admit_term(reply.term)
+        .follow_term(reply.term)
         .map_err(|e| LinkError::Refused(e.to_string()))?;
     agent.set_master_incarnation(reply.master_incarnation);
     agent.ack_ended(&ended);

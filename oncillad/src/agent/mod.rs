@@ -410,15 +410,30 @@ impl Agent {
         self.master_incarnation.store(m, Ordering::SeqCst);
     }
 
-    /// Admits a master of `term` (fencing): a term at least as large as
-    /// any met before is followed from now on; an older one is refused, so
-    /// a deposed master (cut off, paused, or not yet aware its lease
-    /// ended) can change nothing here once a newer leader was met.
+    /// Follows the master that answered this agent's registration in
+    /// `term` (fencing): from now on older terms are refused. The only
+    /// place a term is learnt, so a caller that merely holds the cluster
+    /// token cannot push an agent's term up by naming one in a call.
+    ///
+    /// # Errors
+    /// [`CoreError::Deposed`] when `term` is older than one followed.
+    pub fn follow_term(&self, term: u64) -> Result<(), CoreError> {
+        let follows = self.term.fetch_max(term, Ordering::SeqCst).max(term);
+        if term < follows {
+            return Err(CoreError::Deposed { term, follows });
+        }
+        Ok(())
+    }
+
+    /// Admits a change asked by a master of `term` (fencing): refused when
+    /// older than the term this agent follows, so a deposed master (cut
+    /// off, paused, or not yet aware its lease ended) changes nothing
+    /// here once a newer leader was met.
     ///
     /// # Errors
     /// [`CoreError::Deposed`] for an older term.
     pub fn admit_term(&self, term: u64) -> Result<(), CoreError> {
-        let follows = self.term.fetch_max(term, Ordering::SeqCst).max(term);
+        let follows = self.term.load(Ordering::SeqCst);
         if term < follows {
             return Err(CoreError::Deposed { term, follows });
         }

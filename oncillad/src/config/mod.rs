@@ -136,6 +136,10 @@ pub struct Cli {
     /// dead or cut-off leader holds the cluster up [default: 5].
     #[arg(long, env = "ONCILLA_ETCD_LEASE_SECS", value_name = "SECONDS")]
     pub etcd_lease_secs: Option<u64>,
+    /// Master with --etcd: the cluster's keys in etcd start with this, so
+    /// clusters sharing an etcd elect apart [default: oncilla].
+    #[arg(long, env = "ONCILLA_ETCD_PREFIX", value_name = "PREFIX")]
+    pub etcd_prefix: Option<String>,
     /// Master: file keeping users' quotas (TOML; read at start, written by
     /// `ocmctl quota set`, made on the first change). Without it quotas
     /// cannot be set.
@@ -181,6 +185,7 @@ struct FileConfig {
     metrics_token_file: Option<PathBuf>,
     etcd: Option<String>,
     etcd_lease_secs: Option<u64>,
+    etcd_prefix: Option<String>,
     quota_file: Option<PathBuf>,
 }
 
@@ -225,11 +230,19 @@ pub enum ConfigError {
     MetricsTokenIsClusterToken(PathBuf),
     #[error("--quota-file is the master's; this daemon runs no master")]
     QuotasOnAgent,
-    #[error("--etcd and --etcd-lease-secs are the master's; this daemon runs no master")]
+    #[error(
+        "--etcd, --etcd-lease-secs and --etcd-prefix are the master's; this daemon runs no master"
+    )]
     EtcdOnAgent,
-    #[error("--etcd-lease-secs is the lease of an election through etcd: pass --etcd too")]
+    #[error(
+        "--etcd-lease-secs and --etcd-prefix are about an election through etcd: pass --etcd too"
+    )]
     LeaseWithoutEtcd,
-    #[error("--etcd {0:?}: give etcd members as http:// or https:// URLs, comma-separated")]
+    #[error("--etcd {0:?}: TLS to etcd is not supported; run etcd on a private network and give http:// URLs")]
+    EtcdTls(String),
+    #[error("--etcd-prefix {0:?}: give 1 to 64 letters, digits, '-', '_', '.' or '/'")]
+    EtcdPrefix(String),
+    #[error("--etcd {0:?}: give etcd members as http:// URLs, comma-separated")]
     EtcdUrl(String),
     #[error("--etcd-lease-secs {0}: give {MIN_LEASE_SECS} to {MAX_LEASE_SECS} seconds")]
     EtcdLease(u64),
@@ -268,28 +281,32 @@ fn join_list(join: &str) -> Result<Vec<String>, ConfigError> {
     }
 }
 
-/// The master's election from `--etcd` and `--etcd-lease-secs`.
+/// The master's election from `--etcd`, `--etcd-lease-secs` and
+/// `--etcd-prefix`.
 fn election(
     master: bool,
     etcd: Option<String>,
     lease: Option<u64>,
+    prefix: Option<String>,
 ) -> Result<Option<Election>, ConfigError> {
     if !master {
-        return match (etcd, lease) {
-            (None, None) => Ok(None),
+        return match (etcd, lease, prefix) {
+            (None, None, None) => Ok(None),
             _ => Err(ConfigError::EtcdOnAgent),
         };
     }
     let Some(urls) = etcd else {
-        return match lease {
-            None => Ok(None),
-            Some(_) => Err(ConfigError::LeaseWithoutEtcd),
+        return match (lease, prefix) {
+            (None, None) => Ok(None),
+            _ => Err(ConfigError::LeaseWithoutEtcd),
         };
     };
     let list: Vec<String> = urls.split(',').map(|u| u.trim().to_string()).collect();
+    if list.iter().any(|u| u.starts_with("https://")) {
+        return Err(ConfigError::EtcdTls(urls));
+    }
     let url = |u: &String| {
         u.strip_prefix("http://")
-            .or_else(|| u.strip_prefix("https://"))
             .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace))
     };
     if !list.iter().all(url) {
@@ -299,9 +316,15 @@ fn election(
     if !(MIN_LEASE_SECS..=MAX_LEASE_SECS).contains(&secs) {
         return Err(ConfigError::EtcdLease(secs));
     }
+    let prefix = prefix.unwrap_or_else(|| "oncilla".to_string());
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_./".contains(c);
+    if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(allowed) {
+        return Err(ConfigError::EtcdPrefix(prefix));
+    }
     Ok(Some(Election {
         etcd: list,
         lease: std::time::Duration::from_secs(secs),
+        prefix,
     }))
 }
 
@@ -320,9 +343,10 @@ pub const MAX_CREDENTIAL_LIFETIME: u64 = 86_400;
 
 /// Bounds of `--etcd-lease-secs`: a renewal every third of the lease must
 /// fit a slow etcd round trip, and a minute is the longest a cluster should
-/// wait for a dead leader.
+/// wait for a dead leader (and callers wait through a take-over for at
+/// most `RECOVERY_WAIT`, 60 s).
 pub const MIN_LEASE_SECS: u64 = 2;
-pub const MAX_LEASE_SECS: u64 = 60;
+pub const MAX_LEASE_SECS: u64 = 30;
 /// The leader's lease unless `--etcd-lease-secs` says otherwise.
 pub const DEFAULT_LEASE_SECS: u64 = 5;
 
@@ -333,6 +357,8 @@ pub struct Election {
     pub etcd: Vec<String>,
     /// The leader's lease.
     pub lease: std::time::Duration,
+    /// The cluster's keys in etcd start with this.
+    pub prefix: String,
 }
 
 /// The agent role's settings.
@@ -556,6 +582,7 @@ impl Config {
             master,
             cli.etcd.or(file.etcd),
             cli.etcd_lease_secs.or(file.etcd_lease_secs),
+            cli.etcd_prefix.or(file.etcd_prefix),
         )?;
         Ok(Self {
             tls,
@@ -662,6 +689,7 @@ impl Config {
             Some(e) => {
                 line("etcd", q(&e.etcd.join(",")));
                 line("etcd_lease_secs", e.lease.as_secs().to_string());
+                line("etcd_prefix", q(&e.prefix));
             }
             None => line("# etcd", q("(none: this master always leads)")),
         }

@@ -20,6 +20,7 @@ fn elections_and_master_lists_are_checked_at_start() {
         Some(Election {
             etcd: vec!["http://a:2379".into(), "http://b:2379".into()],
             lease: std::time::Duration::from_secs(DEFAULT_LEASE_SECS),
+            prefix: "oncilla".into(),
         })
     );
     assert!(c.describe().contains("etcd_lease_secs = 5"));
@@ -36,6 +37,20 @@ fn elections_and_master_lists_are_checked_at_start() {
         master(&["--etcd-lease-secs", "5"]),
         Err(ConfigError::LeaseWithoutEtcd)
     ));
+    assert!(matches!(
+        master(&["--etcd", "https://a:2379"]),
+        Err(ConfigError::EtcdTls(_))
+    ));
+    assert!(matches!(
+        master(&["--etcd", "http://a:2379", "--etcd-lease-secs", "31"]),
+        Err(ConfigError::EtcdLease(31))
+    ));
+    assert!(matches!(
+        master(&["--etcd", "http://a:2379", "--etcd-prefix", "a b"]),
+        Err(ConfigError::EtcdPrefix(_))
+    ));
+    let c = master(&["--etcd", "http://a:2379", "--etcd-prefix", "team-a/prod"]).unwrap();
+    assert_eq!(c.election.unwrap().prefix, "team-a/prod");
     let agent = |extra: &[&str]| {
         let mut args = vec!["--capacity", "1MiB", "--token", token, "--hugepages", "off"];
         args.extend_from_slice(extra);

@@ -29,9 +29,6 @@ use crate::master::AgentLink;
 /// calls: see `release` and `identify`).
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Deadline of an agent's heartbeat to the master.
-const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// A failed call to the peer `what` at `addr`, as the core sees it.
 fn failed(what: &str, addr: &str, s: Status) -> LinkError {
     let message = client::unreachable(what, addr, s.clone())
@@ -241,19 +238,47 @@ impl MasterPort for MasterLink {
         let mut whole = pb::RegisterRequest::from(req);
         let held = std::mem::take(&mut whole.held);
         let mut release = Vec::new();
+        let mut first: Option<(String, MasterClient, pb::RegisterReply)> = None;
         let mut last = None;
         for part in pages(held) {
             let call = pb::RegisterRequest {
                 held: part,
                 ..whole.clone()
             };
-            let reply = self
-                .call(|mut c| {
-                    let call = call.clone();
-                    async move { c.register(call).await }
-                })
-                .await
-                .map_err(|(addr, s)| self.failed(&addr, s))?;
+            let reply = match &first {
+                // The first page finds the leader...
+                None => {
+                    let reply = self
+                        .call(|mut c| {
+                            let call = call.clone();
+                            async move { c.register(call).await }
+                        })
+                        .await
+                        .map_err(|(addr, s)| self.failed(&addr, s))?;
+                    let (addr, client) = self.masters.current();
+                    first = Some((addr, client, reply.clone()));
+                    reply
+                }
+                // ...and every later one goes to that same master: a
+                // registration split between two masters would leave each
+                // a part (and the other part released as unknown).
+                Some((addr, client, head)) => {
+                    let reply = client
+                        .clone()
+                        .register(call)
+                        .await
+                        .map(tonic::Response::into_inner)
+                        .map_err(|s| self.failed(addr, s))?;
+                    if (reply.master_incarnation, reply.term)
+                        != (head.master_incarnation, head.term)
+                    {
+                        return Err(LinkError::Refused(format!(
+                            "the registration's pages were answered by two masters (at {addr}); registering again"
+                        )));
+                    }
+                    reply
+                }
+            };
             release.extend_from_slice(&reply.release);
             last = Some(reply);
         }
@@ -269,7 +294,7 @@ impl MasterPort for MasterLink {
             // A master that does not answer a heartbeat soon is passed
             // over (a frozen leader must not hold the node for a whole
             // call's timeout).
-            req.set_timeout(HEARTBEAT_TIMEOUT);
+            req.set_timeout(crate::master::HEARTBEAT_DEADLINE);
             async move { c.heartbeat(req).await }
         })
         .await

@@ -18,8 +18,8 @@ use super::authority::Caller;
 use super::{checked, reply};
 use crate::error::CoreError;
 use crate::grpc::links::GrpcAgentLink;
-use crate::master::seat::Seat;
-use crate::master::Master;
+use crate::master::seat::{Acting, Seat};
+use crate::master::tenure::Tenure;
 
 /// The service as served: authenticated on every call.
 pub type Served = InterceptedService<MasterServer<MasterService>, Authenticate>;
@@ -35,11 +35,18 @@ impl MasterService {
         Self { seat }
     }
 
-    /// The core that serves a call now.
-    fn core(&self) -> Result<Arc<Master<GrpcAgentLink>>, Status> {
+    /// The core that serves a call now, and its tenure (see [`still`]).
+    fn core(&self) -> Result<Acting<GrpcAgentLink>, Status> {
         self.seat.borrow().core().map_err(Status::from)
     }
+}
 
+/// Refuses to confirm a call whose tenure ended while it ran.
+fn still(tenure: Option<&Arc<Tenure>>) -> Result<(), Status> {
+    Seat::<GrpcAgentLink>::still(tenure).map_err(Status::from)
+}
+
+impl MasterService {
     /// The service as the server mounts it: every call authenticated
     /// (`check`), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
     pub fn server(self, check: Authenticate) -> Served {
@@ -73,7 +80,10 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let r: Registration = checked(req.into_inner())?;
         caller.register(&r)?;
-        reply(self.core()?.register(r).await)
+        let (core, tenure) = self.core()?;
+        let out = core.register(r).await;
+        still(tenure.as_ref())?;
+        reply(out)
     }
 
     async fn heartbeat(
@@ -83,7 +93,10 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let beat = req.into_inner().into();
         caller.heartbeat(&beat)?;
-        Ok(Response::new(self.core()?.heartbeat(beat).await.into()))
+        let (core, tenure) = self.core()?;
+        let out = core.heartbeat(beat).await;
+        still(tenure.as_ref())?;
+        Ok(Response::new(out.into()))
     }
 
     #[tracing::instrument(skip_all, fields(size = req.get_ref().spec.as_ref().map_or(0, |s| s.size)))]
@@ -94,11 +107,14 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let r = allocate_request(req.into_inner())?;
         caller.allocate(&r)?;
+        let (core, tenure) = self.core()?;
         if let (Caller::Node(node), Some(who)) = (&caller, &r.requester) {
             // Its own session's request (checked above): the node is alive.
-            self.core()?.heard_from(node, who.agent_incarnation);
+            core.heard_from(node, who.agent_incarnation);
         }
-        reply(self.core()?.allocate(r).await)
+        let out = core.allocate(r).await;
+        still(tenure.as_ref())?;
+        reply(out)
     }
 
     #[tracing::instrument(skip_all, fields(alloc = ?req.get_ref().alloc))]
@@ -109,9 +125,10 @@ impl master_server::Master for MasterService {
         let who: Option<Owner> = r.requester.map(Into::into);
         caller.for_requester(who.as_ref(), &r.session_id, "free")?;
         let uid = who.and_then(|o| o.uid);
-        self.core()?
-            .free(&target, &r.session_id, uid, r.force)
-            .await?;
+        let (core, tenure) = self.core()?;
+        let out = core.free(&target, &r.session_id, uid, r.force).await;
+        still(tenure.as_ref())?;
+        out?;
         Ok(Response::new(pb::FreeReply {}))
     }
 
@@ -128,7 +145,10 @@ impl master_server::Master for MasterService {
             .into();
         caller.for_requester(Some(&who), &who.session_id, "attach")?;
         let target = alloc_ref(r.alloc).map_err(invalid)?;
-        reply(self.core()?.attach(&target, who))
+        let (core, tenure) = self.core()?;
+        let out = core.attach(&target, who);
+        still(tenure.as_ref())?;
+        reply(out)
     }
 
     #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
@@ -139,7 +159,10 @@ impl master_server::Master for MasterService {
         let caller = Caller::of(&req)?;
         let r = req.into_inner();
         caller.for_requester(None, &r.session_id, "detach")?;
-        self.core()?.detach(r.id, &r.session_id)?;
+        let (core, tenure) = self.core()?;
+        let out = core.detach(r.id, &r.session_id);
+        still(tenure.as_ref())?;
+        out?;
         Ok(Response::new(pb::DetachReply {}))
     }
 
@@ -147,7 +170,7 @@ impl master_server::Master for MasterService {
         &self,
         _req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::NodeList>, Status> {
-        let core = self.core()?;
+        let (core, _) = self.core()?;
         Ok(Response::new(pb::NodeList {
             nodes: core.nodes().into_iter().map(Into::into).collect(),
             // Rounded up: 0 only once the window is over.
@@ -164,6 +187,7 @@ impl master_server::Master for MasterService {
         let after = req.into_inner().after;
         let (page, more) =
             self.core()?
+                .0
                 .allocations_page(after, client::PAGE_ALLOCATIONS, client::PAGE_EXTENTS);
         let next_after = if more {
             page.last().map_or(0, |a| a.id)
@@ -182,7 +206,7 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::Allocation>, Status> {
         Caller::of(&req)?.operator("looking up an allocation")?;
         let target = alloc_ref(req.into_inner().alloc).map_err(invalid)?;
-        reply(self.core()?.allocation(&target))
+        reply(self.core()?.0.allocation(&target))
     }
 
     async fn list_quotas(
@@ -190,7 +214,7 @@ impl master_server::Master for MasterService {
         req: Request<pb::ListQuotasRequest>,
     ) -> Result<Response<pb::QuotaList>, Status> {
         Caller::of(&req)?.operator("listing quotas")?;
-        Ok(Response::new(self.core()?.quota_report().into()))
+        Ok(Response::new(self.core()?.0.quota_report().into()))
     }
 
     #[tracing::instrument(skip_all, fields(uid = req.get_ref().uid, default = req.get_ref().is_default))]
@@ -200,6 +224,9 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::QuotaList>, Status> {
         Caller::of(&req)?.operator("setting quotas")?;
         let (who, limits) = quota_setting(req.into_inner()).map_err(invalid)?;
-        reply(self.core()?.set_quota(who, limits))
+        let (core, tenure) = self.core()?;
+        let out = core.set_quota(who, limits);
+        still(tenure.as_ref())?;
+        reply(out)
     }
 }

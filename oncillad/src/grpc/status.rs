@@ -55,6 +55,8 @@ impl From<CoreError> for Status {
                 oncilla_proto::status::standby(msg, leader.as_deref(), STANDBY_RETRY)
             }
             CoreError::Deposed { .. } => Status::failed_precondition(msg),
+            // "Outcome unknown", as a deadline that passed mid-call.
+            CoreError::Lapsed { .. } => Status::deadline_exceeded(msg),
             CoreError::Internal(_) | CoreError::Pool(_) => Status::internal(msg),
         }
     }

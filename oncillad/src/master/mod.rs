@@ -41,7 +41,7 @@ use oncilla_model::cluster::{Reservation, Reserved};
 use oncilla_model::node::PoolUsage;
 
 use crate::error::{CoreError, LinkError};
-pub use node::Liveness;
+pub use node::{Liveness, HEARTBEAT_DEADLINE};
 pub use quotas::QuotaStore;
 use state::State;
 
@@ -110,10 +110,13 @@ impl<L: AgentLink> Master<L> {
     }
 
     /// The master elected as leader in `term` (larger for every later
-    /// leader): agents that registered with it refuse older terms.
+    /// leader): agents that registered with it refuse older terms. It
+    /// waits [`Liveness::takeover_recovery`] for agents before it changes
+    /// the table.
     #[must_use]
     pub fn with_term(mut self, term: u64) -> Self {
         self.term = term;
+        self.recovery = self.liveness.takeover_recovery();
         self
     }
 

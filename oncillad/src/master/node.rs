@@ -11,6 +11,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 use oncilla_model::size::round_up;
 
+/// Deadline of an agent's heartbeat to the master: a master silent this
+/// long is passed over for the next one (with standby masters).
+pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(2);
+
 /// The master's thresholds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Liveness {
@@ -37,6 +41,16 @@ impl Liveness {
     /// must register) well within this.
     pub fn recovery(&self) -> Duration {
         self.suspect_after
+    }
+
+    /// How long a master elected to take over waits for agents before it
+    /// changes the table: [`Liveness::recovery`], plus the time an agent
+    /// needs to give up on a leader that went silent (its heartbeat's
+    /// deadline, [`HEARTBEAT_DEADLINE`]) and one more heartbeat. A killed
+    /// leader refuses connections at once; a cut-off or frozen one does
+    /// not, and agents must still reach the new leader in its window.
+    pub fn takeover_recovery(&self) -> Duration {
+        self.recovery() + HEARTBEAT_DEADLINE + self.heartbeat
     }
 }
 

@@ -10,6 +10,10 @@ use super::tenure::Tenure;
 use super::Master;
 use crate::error::CoreError;
 
+/// The core that serves a call, and the tenure it serves under (`None`:
+/// not elected).
+pub type Acting<L> = (Arc<Master<L>>, Option<Arc<Tenure>>);
+
 /// This daemon's place among the masters.
 pub enum Seat<L> {
     /// It leads: `tenure` is `None` without an election (it always leads).
@@ -23,19 +27,34 @@ pub enum Seat<L> {
 
 impl<L> Seat<L> {
     /// The core to serve a request with, while this daemon leads and its
-    /// tenure holds.
+    /// tenure holds, with that tenure (`None`: not elected): a call that
+    /// changes anything checks it again before it confirms
+    /// ([`Seat::still`]).
     ///
     /// # Errors
     /// [`CoreError::Standby`] otherwise (with the leader, when known).
-    pub fn core(&self) -> Result<Arc<Master<L>>, CoreError> {
+    pub fn core(&self) -> Result<Acting<L>, CoreError> {
         match self {
             Seat::Leading { core, tenure } if tenure.as_ref().is_none_or(|t| t.holds()) => {
-                Ok(Arc::clone(core))
+                Ok((Arc::clone(core), tenure.clone()))
             }
             Seat::Leading { .. } => Err(CoreError::Standby { leader: None }),
             Seat::Standby { leader } => Err(CoreError::Standby {
                 leader: leader.clone(),
             }),
+        }
+    }
+
+    /// Whether what a call did under `tenure` may be confirmed: the
+    /// tenure still holds, so everything the call asked of agents happened
+    /// before any successor could be elected.
+    ///
+    /// # Errors
+    /// [`CoreError::Lapsed`] when the tenure ended during the call.
+    pub fn still(tenure: Option<&Arc<Tenure>>) -> Result<(), CoreError> {
+        match tenure {
+            Some(t) if !t.holds() => Err(CoreError::Lapsed { term: t.term() }),
+            _ => Ok(()),
         }
     }
 

@@ -283,7 +283,7 @@ impl Metrics {
             "Time left in the master's recovery window.",
         );
         self.sample(Box::new(move || {
-            let core = seat.borrow().core().ok();
+            let core = seat.borrow().core().ok().map(|(c, _)| c);
             leading.set(i64::from(core.is_some()));
             term.set(core.as_ref().map_or(0, |c| i64_of(c.term())));
             // Nodes come and go: labels are rebuilt each scrape.

@@ -1,5 +1,5 @@
 //! Standing for master through etcd: a lease kept alive, a campaign on
-//! [`ELECTION`] with this master's address, and while elected a core of its
+//! `PREFIX/master` (`--etcd-prefix`) with this master's address, and while elected a core of its
 //! own for the term etcd gave (see [`Seat`]). A leader whose lease cannot
 //! be renewed stops acting at its tenure's end (measured here, never later
 //! than etcd's own expiry) and campaigns again; a standby names the
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncilla_etcd::{Etcd, EtcdError, Leadership};
+use oncilla_etcd::{Etcd, EtcdError, KeepAlive, Leadership};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -18,9 +18,6 @@ use crate::grpc::links::GrpcAgentLink;
 use crate::master::seat::Seat;
 use crate::master::tenure::Tenure;
 
-/// The election every master of a cluster stands in (one cluster per etcd
-/// prefix).
-pub(crate) const ELECTION: &str = "oncilla/master";
 /// How long a call to etcd may take (a campaign waits longer: until won).
 pub(crate) const ETCD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest pause between two attempts after etcd failed.
@@ -29,6 +26,8 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 /// What a master stands with.
 pub(crate) struct Candidate {
     pub etcd: Etcd,
+    /// The election's name: `PREFIX/master`, one per cluster.
+    pub election: String,
     /// The lease its leadership hangs on.
     pub lease: Duration,
     /// Its advertised gRPC address: what standbys name.
@@ -51,19 +50,20 @@ pub(crate) async fn run(
             r = term(&c, &seat, &held) => r,
             _ = stop.changed() => Ok(()),
         };
-        // Whatever happened, this daemon does not lead now.
+        // Whatever happened, this daemon does not lead now, and its lease
+        // goes (best effort): its key must not keep others waiting.
         let was = seat.send_replace(Seat::Standby { leader: None });
+        if let Seat::Leading {
+            tenure: Some(t), ..
+        } = was
+        {
+            t.end();
+        }
+        let lease = held.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(lease) = lease {
+            resign(&c.etcd, lease).await;
+        }
         if *stop.borrow() {
-            if let Seat::Leading {
-                tenure: Some(t), ..
-            } = was
-            {
-                t.end();
-            }
-            let lease = held.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(lease) = lease {
-                resign(&c.etcd, lease).await;
-            }
             return;
         }
         match outcome {
@@ -77,12 +77,15 @@ pub(crate) async fn run(
     }
 }
 
-/// Gives up the leadership at a stop, so a standby takes over at once
-/// instead of a lease later (best effort: the lease ends anyway).
+/// Gives a lease up, so a standby takes over (or the next campaigner
+/// moves up) at once instead of a lease later; best effort: the lease ends
+/// anyway.
 async fn resign(etcd: &Etcd, lease: i64) {
     match within(etcd.revoke(lease)).await {
-        Ok(()) => tracing::info!("master stopping: gave up its etcd lease"),
-        Err(e) => tracing::warn!(error = %e, "master stopping: could not give up its etcd lease"),
+        Ok(()) => tracing::info!("gave up its etcd lease"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not give up its etcd lease; it expires by itself")
+        }
     }
 }
 
@@ -96,12 +99,18 @@ async fn term(
     let asked = Instant::now();
     let lease = within(c.etcd.grant(c.lease)).await?;
     *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.id);
+    if lease.ttl < Duration::from_secs(1) {
+        return Err(EtcdError::Malformed("lease grant (a TTL under a second)"));
+    }
     let mut alive = within(c.etcd.keep_alive(lease.id)).await?;
     // Counted from before the grant was asked for: never later than etcd's.
     let mut until = asked + lease.ttl;
     let renew_every = lease.ttl / 3;
+    // One attempt at anything during a term: short enough to try again
+    // (on a fresh stream) before the lease runs out.
+    let attempt = ETCD_TIMEOUT.min(renew_every);
     let won: Leadership = {
-        let campaign = c.etcd.campaign(ELECTION, c.me.as_bytes(), lease.id);
+        let campaign = c.etcd.campaign(&c.election, c.me.as_bytes(), lease.id);
         tokio::pin!(campaign);
         let mut renew = tokio::time::interval_at(Instant::now() + renew_every, renew_every);
         let mut follow = tokio::time::interval(renew_every.min(Duration::from_secs(1)));
@@ -110,11 +119,15 @@ async fn term(
                 r = &mut campaign => break r?,
                 _ = renew.tick() => {
                     let asked = Instant::now();
-                    let left = within(alive.renew()).await?;
+                    let left = tokio::time::timeout(attempt, alive.renew())
+                        .await
+                        .unwrap_or(Err(EtcdError::Timeout(attempt)))?;
                     until = asked + left;
                 }
                 _ = follow.tick() => {
-                    if let Ok(Ok(l)) = tokio::time::timeout(ETCD_TIMEOUT, c.etcd.leader(ELECTION)).await {
+                    // Bounded well inside a renewal's period.
+                    let asked = tokio::time::timeout(attempt / 2, c.etcd.leader(&c.election)).await;
+                    if let Ok(Ok(l)) = asked {
                         // Its own key of an earlier lease is not a leader to name.
                         let leader = l
                             .map(|l| String::from_utf8_lossy(&l.value).into_owned())
@@ -143,27 +156,15 @@ async fn term(
         "elected: this master leads"
     );
     loop {
-        let next = Instant::now() + renew_every;
         let deadline = Instant::from_std(tenure.until());
-        if tokio::time::timeout_at(deadline, tokio::time::sleep_until(next))
-            .await
-            .is_err()
-        {
+        let next = Instant::now() + renew_every;
+        if next >= deadline {
             break;
         }
-        let asked = Instant::now();
-        match tokio::time::timeout_at(deadline, alive.renew()).await {
-            Ok(Ok(left)) => tenure.extend((asked + left).into_std()),
-            Ok(Err(EtcdError::LeaseGone(_))) => break,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "master lease: renewal failed; trying a new keep-alive stream");
-                match tokio::time::timeout_at(deadline, c.etcd.keep_alive(lease.id)).await {
-                    Ok(Ok(fresh)) => alive = fresh,
-                    Ok(Err(EtcdError::LeaseGone(_))) | Err(_) => break,
-                    Ok(Err(e)) => tracing::warn!(error = %e, "master lease: etcd unreachable"),
-                }
-            }
-            Err(_) => break,
+        tokio::time::sleep_until(next).await;
+        match renew(c, lease.id, &mut alive, attempt, deadline).await {
+            Some(until) => tenure.extend(until.into_std()),
+            None => break,
         }
     }
     tenure.end();
@@ -172,6 +173,41 @@ async fn term(
         "this master's lease ended (etcd unreachable or the lease expired): it stopped acting and stands again"
     );
     Ok(())
+}
+
+/// Renews `lease` before `deadline`: each attempt bounded by `attempt`, a
+/// failed one followed by a fresh keep-alive stream. Up to when the lease
+/// then holds, or `None` once it is gone or the deadline came.
+async fn renew(
+    c: &Candidate,
+    lease: i64,
+    alive: &mut KeepAlive,
+    attempt: Duration,
+    deadline: Instant,
+) -> Option<Instant> {
+    loop {
+        let asked = Instant::now();
+        let by = (asked + attempt).min(deadline);
+        match tokio::time::timeout_at(by, alive.renew()).await {
+            Ok(Ok(left)) => return Some(asked + left),
+            Ok(Err(EtcdError::LeaseGone(_))) => return None,
+            Ok(Err(e)) => tracing::warn!(error = %e, "master lease: renewal failed; trying a new keep-alive stream"),
+            Err(_) => tracing::warn!(attempt_ms = attempt.as_millis(), "master lease: etcd did not answer a renewal in time; trying a new keep-alive stream"),
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        let by = (Instant::now() + attempt).min(deadline);
+        match tokio::time::timeout_at(by, c.etcd.keep_alive(lease)).await {
+            Ok(Ok(fresh)) => *alive = fresh,
+            Ok(Err(EtcdError::LeaseGone(_))) => return None,
+            Ok(Err(e)) => tracing::warn!(error = %e, "master lease: etcd unreachable"),
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+    }
 }
 
 /// An etcd call bounded by [`ETCD_TIMEOUT`].

@@ -25,8 +25,8 @@ pub(crate) struct Cores {
     trust: Option<ClientTls>,
     liveness: master::Liveness,
     quota_file: Option<std::path::PathBuf>,
-    /// The quotas read at start: the first core's.
-    quotas: std::sync::Mutex<Option<Quotas>>,
+    /// The quotas read last (at start, then at each term).
+    quotas: std::sync::Mutex<Quotas>,
 }
 
 impl Cores {
@@ -37,24 +37,29 @@ impl Cores {
         if let Some(t) = tenure {
             link = link.elected(Arc::clone(t));
         }
-        let first = self.quotas.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut last = self.quotas.lock().unwrap_or_else(|e| e.into_inner());
         let (quotas, store) = match &self.quota_file {
-            Some(path) => {
-                let q = match first {
-                    Some(q) => q,
-                    None => quota_file::load(path).unwrap_or_else(|e| {
-                        tracing::error!(error = %e, "cannot read the quota file again; no quotas this term");
-                        Default::default()
-                    }),
-                };
-                (
-                    q,
-                    Some(Box::new(quota_file::QuotaFile { path: path.clone() })
-                        as Box<dyn master::QuotaStore>),
-                )
-            }
-            None => (Default::default(), None),
+            // Read again at each term: a later term sees what an earlier
+            // one set (when the masters share the file).
+            Some(path) => match quota_file::load(path) {
+                Ok(q) => {
+                    *last = q.clone();
+                    (
+                        q,
+                        Some(Box::new(quota_file::QuotaFile { path: path.clone() })
+                            as Box<dyn master::QuotaStore>),
+                    )
+                }
+                // Quotas never fail open: the last ones read stay, and
+                // nothing overwrites a file this master cannot read.
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the quota file again: this term keeps the quotas read last and cannot change them");
+                    (last.clone(), None)
+                }
+            },
+            None => (last.clone(), None),
         };
+        drop(last);
         let mut core = master::Master::new(link, self.liveness).with_quotas(quotas, store);
         if let Some(t) = tenure {
             core = core.with_term(t.term());
@@ -72,7 +77,14 @@ impl Cores {
     }
 }
 
-/// Starts the master role and its background tasks; the service to serve.
+/// A started master role: its service, and its election (to await at a
+/// stop, so a leader gives its lease up before the process ends).
+pub(crate) struct Started {
+    pub service: grpc::master::Served,
+    pub election: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts the master role and its background tasks.
 /// `ready` says whether this daemon leads and its recovery window is over.
 /// With an election, `advertised` is the address standbys name as the
 /// leader's, and once `stop` turns the daemon stops campaigning and gives
@@ -85,19 +97,25 @@ pub(crate) fn start(
     token: Token,
     trust: Option<ClientTls>,
     metrics: &metrics::Metrics,
-    ready: watch::Sender<bool>,
+    ready: watch::Sender<health::MasterReady>,
     advertised: String,
     stop: watch::Receiver<bool>,
-) -> Result<grpc::master::Served, crate::DaemonError> {
+) -> Result<Started, crate::DaemonError> {
     let cores = Cores {
         token: token.clone(),
         trust,
         liveness: config.liveness,
         quota_file: config.quotas.as_ref().map(|(p, _)| p.clone()),
-        quotas: std::sync::Mutex::new(config.quotas.as_ref().map(|(_, q)| q.clone())),
+        quotas: std::sync::Mutex::new(
+            config
+                .quotas
+                .as_ref()
+                .map(|(_, q)| q.clone())
+                .unwrap_or_default(),
+        ),
     };
     let (seat, seated) = watch::channel(Seat::Standby { leader: None });
-    match &config.election {
+    let election = match &config.election {
         None => {
             seat.send_replace(Seat::Leading {
                 core: cores.make(None),
@@ -105,6 +123,7 @@ pub(crate) fn start(
             });
             // Dropped: the seat never changes again.
             drop(seat);
+            None
         }
         Some(election) => {
             let etcd = oncilla_etcd::Etcd::new(&election.etcd, election::ETCD_TIMEOUT)?;
@@ -116,13 +135,14 @@ pub(crate) fn start(
             );
             let candidate = election::Candidate {
                 etcd,
+                election: format!("{}/master", election.prefix),
                 lease: election.lease,
                 me: advertised,
                 cores,
             };
-            tokio::spawn(election::run(candidate, seat, stop));
+            Some(tokio::spawn(election::run(candidate, seat, stop)))
         }
-    }
+    };
     metrics.watch_master(seated.clone());
     tokio::spawn(health::master_ready(seated.clone(), ready));
     let ticking = seated.clone();
@@ -137,6 +157,9 @@ pub(crate) fn start(
             }
         }
     });
-    Ok(grpc::master::MasterService::new(seated)
-        .server(Authenticate::members(Keyring::Cluster(token))))
+    Ok(Started {
+        service: grpc::master::MasterService::new(seated)
+            .server(Authenticate::members(Keyring::Cluster(token))),
+        election,
+    })
 }
