@@ -29,7 +29,9 @@ BR=${P}br
 NET=10.78.0
 
 ns() { echo "$P$1"; }
-MASTERS=${ONCILLA_NETNS_MASTERS:-1}
+# Masters and lease as `up` was given them (kept in $DIR for later calls).
+MASTERS=${ONCILLA_NETNS_MASTERS:-$(cat "$DIR/masters" 2>/dev/null || echo 1)}
+LEASE=${ONCILLA_NETNS_LEASE:-$(cat "$DIR/lease" 2>/dev/null || echo 2)}
 # Every master's address: what agents join and operators ask.
 masters() {
   local list=() i
@@ -78,6 +80,8 @@ up() {
   for i in $(seq 0 $((n - 1))); do plug "$i" "$NET.$((i + 10))"; done
   echo "$n" > "$DIR/nodes"
   echo "$cap" > "$DIR/capacity"
+  echo "$MASTERS" > "$DIR/masters"
+  echo "$LEASE" > "$DIR/lease"
   [ "$MASTERS" -gt 1 ] && etcd_up
   for i in $(seq 0 $((n - 1))); do start "$i"; done
   local master; master=$(masters)
@@ -102,7 +106,7 @@ start() {
   if [ "$i" -lt "$MASTERS" ]; then
     role=(--master)
     [ "$MASTERS" -gt 1 ] &&
-      role+=(--etcd "http://$NET.9:2379" --etcd-lease-secs "${ONCILLA_NETNS_LEASE:-2}")
+      role+=(--etcd "http://$NET.9:2379" --etcd-lease-secs "$LEASE")
   fi
   ip netns exec "$s" setsid "$BIN/oncillad" "${role[@]}" --join "$(masters)" --name "node-$i" \
     --listen "$ip:7070" --data-listen "$ip:7071" --socket "$DIR/node-$i.sock" \

@@ -105,11 +105,20 @@ fn takeovers(h: &Handle, rounds: usize) -> Result<Vec<Duration>, BenchError> {
         h.kill_master_at(leader);
         let killed = Instant::now();
         // Waits through the election and the take-over window (bounded).
-        let a = master.allocate(spec.clone())?;
+        // A call that met the dead leader's broken connection fails with
+        // its outcome unknown (nothing received it here): asked again.
+        let a = loop {
+            match master.allocate(spec.clone()) {
+                Ok(a) => break a,
+                Err(_) if killed.elapsed() < SETTLE => {}
+                Err(e) => return Err(e.into()),
+            }
+        };
         took.push(killed.elapsed());
         master.free(&AllocRef::Id(a.id), false)?;
         h.start_master_at(leader)?;
-        // Back as a standby before the next round kills the leader.
+        // Answering again (a standby) before the next round kills the
+        // leader.
         wait(|| oncilla_ops::health::check(&h.master_addrs[leader], "", h.tls.as_ref()).is_ok())?;
     }
     Ok(took)

@@ -213,10 +213,13 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let transport = if config.tls.is_some() { "tls" } else { "plain" };
     tracing::info!(grpc = %grpc_addr, transport, "oncillad ready");
 
+    // Shared: a server that fails stops the roles too (below).
+    let stop_tx = Arc::new(stop_tx);
+    let on_signal = Arc::clone(&stop_tx);
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
+        let _ = on_signal.send(true);
     });
     let mut rx = stop_rx.clone();
     // Connection count, preface deadline, accept backoff and no Nagle:
@@ -226,6 +229,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             let _ = rx.changed().await;
         })
         .await;
+    // However serving ended: the election gives its lease up.
+    let _ = stop_tx.send(true);
     if let Some(election) = election {
         // It gives its lease up on the stop: a standby takes over at once.
         if tokio::time::timeout(std::time::Duration::from_secs(5), election)

@@ -151,6 +151,7 @@ impl Master {
             self.masters
                 .at_leader(CallError::status, &f)
                 .await
+                .map(|(_, v)| v)
                 .map_err(|(addr, e)| {
                     *last.borrow_mut() = addr;
                     e

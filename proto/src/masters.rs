@@ -66,6 +66,15 @@ impl<C: Clone> Masters<C> {
         at.list[at.current].clone()
     }
 
+    /// The client of `addr`, when it is known.
+    pub fn client(&self, addr: &str) -> Option<C> {
+        let at = self.at();
+        at.list
+            .iter()
+            .find(|(a, _)| a == addr)
+            .map(|(_, c)| c.clone())
+    }
+
     /// How many masters this client knows (given, and named since).
     fn len(&self) -> usize {
         self.at().list.len()
@@ -104,36 +113,60 @@ impl<C: Clone> Masters<C> {
         Ok(())
     }
 
+    /// Moves on to the first master not in `tried`: the given ones in
+    /// their order after the current one, then leaders standbys named.
+    /// False when every one was tried.
+    fn next_untried(&self, tried: &[String]) -> bool {
+        let mut at = self.at();
+        let given = self.given;
+        let after = if at.current < given {
+            at.current + 1
+        } else {
+            0
+        };
+        let order = (0..given)
+            .map(|k| (after + k) % given)
+            .chain(given..at.list.len());
+        for i in order {
+            if !tried.contains(&at.list[i].0) {
+                at.current = i;
+                return true;
+            }
+        }
+        false
+    }
+
     /// Runs `call` at the leader: follows a standby to the leader it names
-    /// and moves past masters that cannot be reached (where several were
-    /// given); any other outcome is the caller's, with the address that
-    /// gave it. `status_of` finds the status in a failure.
+    /// and moves past masters that cannot be reached; any other outcome is
+    /// the caller's, with the address that gave it (and, on success, the
+    /// address that answered). `status_of` finds the status in a failure.
     ///
     /// # Errors
     /// The last failure, and where: a standby that knows no leader yet
     /// (after which the next call tries another master), every master
-    /// unreachable, or any answer that is not about leadership.
+    /// unreachable, a master that did not answer (its outcome unknown),
+    /// or any answer that is not about leadership.
     pub async fn at_leader<T, E, F, Fut>(
         &self,
         status_of: fn(&E) -> Option<&Status>,
         mut call: F,
-    ) -> Result<T, (String, E)>
+    ) -> Result<(String, T), (String, E)>
     where
         F: FnMut(C) -> Fut,
         Fut: std::future::Future<Output = Result<T, E>>,
     {
         // Each master at most once a referral per call, and asked at most
-        // once when it cannot be reached or did not answer in time. One
-        // that did not answer may have done what was asked: it is not
-        // asked again, and its failure (not retried by anyone) is the
-        // call's outcome unless another master does the work.
+        // once when it cannot be reached or did not answer. One that did
+        // not answer may have done what was asked (the request went out):
+        // it is never asked again in the call, and its failure (retried by
+        // nobody) is the call's outcome unless another master does the work.
         let mut referrals = 0;
-        let mut failed_here: Vec<String> = Vec::new();
+        let mut tried: Vec<String> = Vec::new();
         let mut unanswered: Option<(String, E)> = None;
         loop {
             let (addr, client) = self.current();
             let failed = match call(client).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => return Ok((addr, v)),
                 Err(e) => e,
             };
             let Some(s) = status_of(&failed) else {
@@ -141,9 +174,7 @@ impl<C: Clone> Masters<C> {
             };
             match standby_leader(s) {
                 Some(Some(leader))
-                    if leader != addr
-                        && referrals <= self.len()
-                        && !failed_here.contains(&leader) =>
+                    if leader != addr && referrals <= self.len() && !tried.contains(&leader) =>
                 {
                     referrals += 1;
                     if self.follow(&leader).is_ok() {
@@ -161,18 +192,25 @@ impl<C: Clone> Masters<C> {
                 }
                 None => {}
             }
-            // Refused, reset or broken: nothing there answers (the next
-            // attempt finds it refusing). Silent: it may be working on it.
-            let down = (s.code() == Code::Unavailable && retry_after(s).is_none())
-                || s.code() == Code::Unknown;
-            let no_answer = matches!(s.code(), Code::Cancelled | Code::DeadlineExceeded);
-            if (down || no_answer) && failed_here.len() + 1 < self.len() {
-                failed_here.push(addr.clone());
-                self.rotate_from(&addr);
-                if no_answer && unanswered.is_none() {
-                    unanswered = Some((addr, failed));
+            // Refused before anything was sent: nobody there. Silent,
+            // reset or broken after sending: it may have done it.
+            let refused = s.code() == Code::Unavailable && retry_after(s).is_none();
+            let no_answer = matches!(
+                s.code(),
+                Code::Cancelled | Code::DeadlineExceeded | Code::Unknown
+            );
+            if refused || no_answer {
+                tried.push(addr.clone());
+                let first_silent = no_answer && unanswered.is_none();
+                if self.next_untried(&tried) {
+                    if first_silent {
+                        unanswered = Some((addr, failed));
+                    }
+                    continue;
                 }
-                continue;
+                if first_silent {
+                    return Err((addr, failed));
+                }
             }
             return Err(unanswered.unwrap_or((addr, failed)));
         }
@@ -208,7 +246,7 @@ mod tests {
                 async move { a }
             },
         ));
-        (asked.into_inner(), out.map_err(|(_, e)| e))
+        (asked.into_inner(), out.map(|(_, v)| v).map_err(|(_, e)| e))
     }
 
     #[test]
@@ -314,6 +352,32 @@ mod tests {
         });
         assert_eq!(asked, ["c:9", "a:1"]);
         assert!(out.is_ok());
+    }
+
+    #[test]
+    fn a_silent_master_is_never_asked_twice_even_with_named_leaders_known() {
+        let m = masters(&["a:1"]);
+        let _ = run(&m, |addr| match addr {
+            "a:1" => Err(standby("standby", Some("c:9"), Duration::ZERO)),
+            _ => Ok("done"),
+        });
+        let _ = run(&m, |addr| match addr {
+            "c:9" => Err(Status::unavailable("connection refused")),
+            _ => Ok("done"),
+        });
+        let (asked, out) = run(&m, |addr| match addr {
+            "a:1" => Err(Status::cancelled("Timeout expired")),
+            _ => Err(Status::unavailable("connection refused")),
+        });
+        assert_eq!(asked, ["a:1", "c:9"]);
+        assert_eq!(out.unwrap_err().code(), Code::Cancelled);
+        let (asked, out) = run(&m, |_| Err(Status::unknown("broken pipe")));
+        assert_eq!(asked.len(), 2, "each once: {asked:?}");
+        assert_eq!(
+            out.unwrap_err().code(),
+            Code::Unknown,
+            "sent: outcome unknown"
+        );
     }
 
     #[test]

@@ -240,7 +240,9 @@ pub enum ConfigError {
     LeaseWithoutEtcd,
     #[error("--etcd {0:?}: TLS to etcd is not supported; run etcd on a private network and give http:// URLs")]
     EtcdTls(String),
-    #[error("--etcd-prefix {0:?}: give 1 to 64 letters, digits, '-', '_', '.' or '/'")]
+    #[error("a take-over would take up to {secs} s (the lease, plus the new leader's wait for agents), past the {limit} s callers wait: shorten --etcd-lease-secs or --heartbeat-ms")]
+    TakeoverTooLong { secs: u64, limit: u64 },
+    #[error("--etcd-prefix {0:?}: give 1 to 64 letters, digits, '-', '_' or '.'")]
     EtcdPrefix(String),
     #[error("--etcd {0:?}: give etcd members as http:// URLs, comma-separated")]
     EtcdUrl(String),
@@ -317,7 +319,9 @@ fn election(
         return Err(ConfigError::EtcdLease(secs));
     }
     let prefix = prefix.unwrap_or_else(|| "oncilla".to_string());
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_./".contains(c);
+    // No '/': etcd elections range over `NAME/`, so nested prefixes
+    // would see each other's candidates.
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
     if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(allowed) {
         return Err(ConfigError::EtcdPrefix(prefix));
     }
@@ -584,6 +588,21 @@ impl Config {
             cli.etcd_lease_secs.or(file.etcd_lease_secs),
             cli.etcd_prefix.or(file.etcd_prefix),
         )?;
+        let liveness = Liveness {
+            heartbeat: Duration::from_millis(heartbeat_ms),
+            suspect_after: Duration::from_millis(suspect),
+            down_after: Duration::from_millis(down),
+        };
+        if let Some(e) = &election {
+            // Callers wait through a take-over at most RECOVERY_WAIT.
+            let takeover = e.lease + liveness.takeover_recovery();
+            if takeover > oncilla_proto::client::RECOVERY_WAIT {
+                return Err(ConfigError::TakeoverTooLong {
+                    secs: takeover.as_secs(),
+                    limit: oncilla_proto::client::RECOVERY_WAIT.as_secs(),
+                });
+            }
+        }
         Ok(Self {
             tls,
             metrics,
@@ -598,11 +617,7 @@ impl Config {
             }),
             advertise: cli.advertise.or(file.advertise),
             token,
-            liveness: Liveness {
-                heartbeat: Duration::from_millis(heartbeat_ms),
-                suspect_after: Duration::from_millis(suspect),
-                down_after: Duration::from_millis(down),
-            },
+            liveness,
         })
     }
 

@@ -49,8 +49,23 @@ fn elections_and_master_lists_are_checked_at_start() {
         master(&["--etcd", "http://a:2379", "--etcd-prefix", "a b"]),
         Err(ConfigError::EtcdPrefix(_))
     ));
-    let c = master(&["--etcd", "http://a:2379", "--etcd-prefix", "team-a/prod"]).unwrap();
-    assert_eq!(c.election.unwrap().prefix, "team-a/prod");
+    let c = master(&["--etcd", "http://a:2379", "--etcd-prefix", "team-a.prod"]).unwrap();
+    assert_eq!(c.election.unwrap().prefix, "team-a.prod");
+    assert!(matches!(
+        master(&["--etcd", "http://a:2379", "--etcd-prefix", "a/b"]),
+        Err(ConfigError::EtcdPrefix(_))
+    ));
+    assert!(matches!(
+        master(&[
+            "--etcd",
+            "http://a:2379",
+            "--etcd-lease-secs",
+            "30",
+            "--heartbeat-ms",
+            "10000"
+        ]),
+        Err(ConfigError::TakeoverTooLong { .. })
+    ));
     let agent = |extra: &[&str]| {
         let mut args = vec!["--capacity", "1MiB", "--token", token, "--hugepages", "off"];
         args.extend_from_slice(extra);

@@ -176,9 +176,9 @@ impl MasterLink {
         }
     }
 
-    /// `call` at the leading master; its status, named for the master that
-    /// gave it, on failure.
-    async fn call<T, F, Fut>(&self, call: F) -> Result<T, (String, Status)>
+    /// `call` at the leading master: its answer and the master that gave
+    /// it, or its status named for the master that gave it.
+    async fn answered<T, F, Fut>(&self, call: F) -> Result<(String, T), (String, Status)>
     where
         F: FnMut(MasterClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -186,7 +186,17 @@ impl MasterLink {
         self.masters
             .at_leader(|s| Some(s), call)
             .await
-            .map(tonic::Response::into_inner)
+            .map(|(addr, r)| (addr, r.into_inner()))
+    }
+
+    /// `call` at the leading master; its status, named for the master that
+    /// gave it, on failure.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, (String, Status)>
+    where
+        F: FnMut(MasterClient) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.answered(call).await.map(|(_, v)| v)
     }
 
     // What the session service forwards: the master's status goes back to
@@ -248,14 +258,18 @@ impl MasterPort for MasterLink {
             let reply = match &first {
                 // The first page finds the leader...
                 None => {
-                    let reply = self
-                        .call(|mut c| {
+                    let (addr, reply) = self
+                        .answered(|mut c| {
                             let call = call.clone();
                             async move { c.register(call).await }
                         })
                         .await
                         .map_err(|(addr, s)| self.failed(&addr, s))?;
-                    let (addr, client) = self.masters.current();
+                    let client = self.masters.client(&addr).ok_or_else(|| {
+                        LinkError::Refused(format!(
+                            "master {addr} is no longer known; registering again"
+                        ))
+                    })?;
                     first = Some((addr, client, reply.clone()));
                     reply
                 }

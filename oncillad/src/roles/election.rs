@@ -185,6 +185,9 @@ async fn renew(
     attempt: Duration,
     deadline: Instant,
 ) -> Option<Instant> {
+    // Between attempts that fail at once (etcd refusing, or without a
+    // leader): doubling, never past the deadline.
+    let mut pause = Duration::from_millis(100);
     loop {
         let asked = Instant::now();
         let by = (asked + attempt).min(deadline);
@@ -207,6 +210,8 @@ async fn renew(
         if Instant::now() >= deadline {
             return None;
         }
+        tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
+        pause = (pause * 2).min(attempt);
     }
 }
 

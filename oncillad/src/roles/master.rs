@@ -70,7 +70,7 @@ impl Cores {
             heartbeat_ms = self.liveness.heartbeat.as_millis(),
             suspect_after_ms = self.liveness.suspect_after.as_millis(),
             down_after_ms = self.liveness.down_after.as_millis(),
-            recovery_ms = self.liveness.recovery().as_millis(),
+            recovery_ms = core.recovering().as_millis(),
             "master starting: waits for agents to re-register before changing the table"
         );
         Arc::new(core)
