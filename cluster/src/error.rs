@@ -50,8 +50,12 @@ pub enum ClusterError {
         dir: PathBuf,
     },
     /// A restarted agent did not register again in time.
-    #[error("etcd not healthy after {}s; logs in {}", limit.as_secs(), dir.display())]
-    EtcdNotUp { limit: Duration, dir: PathBuf },
+    #[error("etcd not up and healthy (waited at most {}s, less if a member exited); its members:\n{members}", limit.as_secs())]
+    EtcdNotUp {
+        limit: Duration,
+        /// Each member's state and its log's last lines.
+        members: String,
+    },
     #[error("{name} did not come back within {}s; log in {}", limit.as_secs(), log.display())]
     NotBack {
         name: String,

@@ -11,7 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::ClusterError;
-use crate::process::{free_port, private_dir};
+use crate::process::{free_bytes, free_port, private_dir_in, tail};
+
+/// How many of a member's last log lines a failed start prints.
+const POST_MORTEM_LINES: usize = 15;
 
 /// The etcd program (Debian's `etcd-server`).
 const PROGRAM: &str = "etcd";
@@ -42,8 +45,9 @@ impl Etcd {
     /// A port, the directory or a process cannot be had, or the members
     /// are not healthy in time.
     pub fn start(members: usize, limit: Duration) -> Result<Self, ClusterError> {
-        let dir = private_dir("oncilla-etcd")?;
-        let ports = (0..members.max(1))
+        let members = members.max(1);
+        let dir = private_dir_in(&data_base(members), "oncilla-etcd")?;
+        let ports = (0..members)
             .map(|_| Ok((free_port()?, free_port()?)))
             .collect::<Result<Vec<_>, ClusterError>>()?;
         let mut etcd = Self {
@@ -129,8 +133,9 @@ impl Etcd {
     /// healthy (`GET /health`: it has a leader and serves).
     ///
     /// # Errors
-    /// [`ClusterError::EtcdNotUp`] with the members' logs' directory.
-    pub fn wait_healthy(&self, limit: Duration) -> Result<(), ClusterError> {
+    /// [`ClusterError::EtcdNotUp`], at once when a member has exited,
+    /// with each member's state and log.
+    pub fn wait_healthy(&mut self, limit: Duration) -> Result<(), ClusterError> {
         let deadline = Instant::now() + limit;
         loop {
             let all = self
@@ -142,14 +147,49 @@ impl Etcd {
             if all {
                 return Ok(());
             }
-            if Instant::now() > deadline {
+            let exited = self
+                .members
+                .iter_mut()
+                .flatten()
+                .any(|c| !matches!(c.try_wait(), Ok(None)));
+            if exited || Instant::now() > deadline {
                 return Err(ClusterError::EtcdNotUp {
                     limit,
-                    dir: self.dir.clone(),
+                    members: self.post_mortem(),
                 });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+impl Etcd {
+    /// Each member's state (running, exited and how, or stopped by the
+    /// caller), its ports and its log's last lines: what a failed start
+    /// prints, since the directory goes when `self` is dropped.
+    fn post_mortem(&mut self) -> String {
+        let mut out = String::new();
+        for i in 0..self.members.len() {
+            let state = match self.members[i].as_mut().map(Child::try_wait) {
+                None => "stopped by the caller".to_string(),
+                Some(Ok(None)) => "running".to_string(),
+                Some(Ok(Some(status))) => format!("exited ({status})"),
+                Some(Err(e)) => format!("state unknown: {e}"),
+            };
+            let (client, peer) = self.ports[i];
+            let log = self.dir.join(format!("{}.log", Self::name(i)));
+            out.push_str(&format!(
+                "{} (client port {client}, peer port {peer}): {state}; the last lines of its log:\n{}\n",
+                Self::name(i),
+                fatal_and_tail(&log)
+            ));
+        }
+        let free = free_bytes(&self.dir).map_or("unknown".into(), |b| format!("{} MiB", b >> 20));
+        out.push_str(&format!(
+            "free space where they keep data ({}): {free}",
+            self.dir.display()
+        ));
+        out
     }
 }
 
@@ -159,6 +199,39 @@ impl Drop for Etcd {
             self.kill_member(i);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A member's log's fatal lines (etcd logs why it stops with a ` C | `
+/// line or a Go panic, above a long stack dump) and its last lines.
+fn fatal_and_tail(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let fatal: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" C | ") || l.starts_with("panic:"))
+        .take(3)
+        .collect();
+    let last = tail(log, POST_MORTEM_LINES);
+    if fatal.is_empty() {
+        last
+    } else {
+        format!("{}\n[…]\n{last}", fatal.join("\n"))
+    }
+}
+
+/// Where the members keep their data. Each member preallocates two 64 MB
+/// write-ahead-log segments as it starts (123 MB on disk before its first
+/// write); a test machine's disk may lack that for three members while
+/// its memory has plenty, so they go in `/dev/shm` (memory) where it has
+/// room, and in the temporary directory otherwise.
+fn data_base(members: usize) -> PathBuf {
+    const PER_MEMBER: u64 = 256 << 20;
+    let shm = std::path::Path::new("/dev/shm");
+    let need = PER_MEMBER.saturating_mul(members as u64);
+    if free_bytes(shm).is_some_and(|free| free >= need) {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
     }
 }
 

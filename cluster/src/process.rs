@@ -112,8 +112,14 @@ pub(crate) fn tail(path: &Path, lines: usize) -> String {
 /// A new private (mode 0700) directory in the temporary directory, named
 /// `PREFIX-PID-RANDOM`.
 pub(crate) fn private_dir(prefix: &str) -> Result<PathBuf, ClusterError> {
+    private_dir_in(&std::env::temp_dir(), prefix)
+}
+
+/// A new private (mode 0700) directory in `base`, named
+/// `PREFIX-PID-RANDOM`.
+pub(crate) fn private_dir_in(base: &Path, prefix: &str) -> Result<PathBuf, ClusterError> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!(
+    let dir = base.join(format!(
         "{prefix}-{}-{:08x}",
         std::process::id(),
         rand::random::<u32>()
@@ -123,4 +129,11 @@ pub(crate) fn private_dir(prefix: &str) -> Result<PathBuf, ClusterError> {
         .create(&dir)
         .map_err(|source| ClusterError::io(&dir, source))?;
     Ok(dir)
+}
+
+/// The bytes free to an unprivileged writer on the file system that holds
+/// `path`, or `None` where it cannot be read.
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    Some(st.blocks_available().saturating_mul(st.fragment_size()))
 }
