@@ -12,6 +12,6 @@ if ! python3 -m kubernetes_validate --version >/dev/null 2>&1; then
 fi
 # gRPC probes are GA from 1.27.
 for version in 1.27.0 1.30.0 1.33.0; do
-  python3 -m kubernetes_validate --strict --quiet -k "$version" ./*.yaml
+  python3 -m kubernetes_validate --strict --quiet -k "$version" ./*.yaml ./ha/*.yaml
 done
 echo "kubernetes manifests valid for 1.27, 1.30 and 1.33 (strict)"
