@@ -120,6 +120,9 @@ typedef struct ocm_params_t {
   int fabric;
   // GPU kinds: the device index, or -1 for any.
   int32_t gpu;
+  // Copies of every byte, each on another node: 0 or 1 for one, at most
+  // 3 (`OCM_E_INVALID` above). Remote host memory over TCP only.
+  uint32_t replicas;
 } ocm_params_t;
 
 #ifdef __cplusplus
@@ -141,7 +144,8 @@ int ocm_tini(void);
 ocm_alloc_t ocm_alloc(uint64_t size, int kind);
 
 // The parameters `ocm_alloc_ex` starts from: the default policy, no
-// nodes, no stripe, no name, not persistent, automatic fabric, any GPU.
+// nodes, no stripe, no name, not persistent, automatic fabric, any GPU,
+// one copy.
 // `kind` is kept as given (`ocm_alloc_ex` checks it).
 struct ocm_params_t ocm_params_default(uint64_t size, int kind);
 

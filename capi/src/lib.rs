@@ -116,6 +116,9 @@ pub struct ocm_params_t {
     pub fabric: c_int,
     /// GPU kinds: the device index, or -1 for any.
     pub gpu: i32,
+    /// Copies of every byte, each on another node: 0 or 1 for one, at most
+    /// 3 (`OCM_E_INVALID` above). Remote host memory over TCP only.
+    pub replicas: u32,
 }
 
 /// The process's session and its handles.
@@ -298,7 +301,8 @@ pub extern "C" fn ocm_alloc(size: u64, kind: c_int) -> ocm_alloc_t {
 }
 
 /// The parameters `ocm_alloc_ex` starts from: the default policy, no
-/// nodes, no stripe, no name, not persistent, automatic fabric, any GPU.
+/// nodes, no stripe, no name, not persistent, automatic fabric, any GPU,
+/// one copy.
 /// `kind` is kept as given (`ocm_alloc_ex` checks it).
 #[no_mangle]
 pub extern "C" fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
@@ -314,6 +318,7 @@ pub extern "C" fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
         persistent: 0,
         fabric: ocm_fabric_t::OCM_FABRIC_AUTO as c_int,
         gpu: -1,
+        replicas: 1,
     };
     // Nothing above can fail; the guard keeps the promise of every entry.
     guard(params, || Ok(params))
@@ -379,6 +384,7 @@ pub unsafe extern "C" fn ocm_alloc_ex(params: *const ocm_params_t) -> ocm_alloc_
         if p.gpu >= 0 {
             spec = spec.gpu(p.gpu.unsigned_abs());
         }
+        spec = spec.replicas(p.replicas);
         file(session()?.alloc_with(&spec)?)
     })
 }

@@ -35,8 +35,21 @@ pub struct Allocation {
     pub(crate) local: Option<Arc<Mapping>>,
     /// A local GPU allocation's device memory, in this process.
     pub(crate) device: Option<Arc<DeviceMem>>,
+    /// A replicated allocation's other copies, reached over TCP as the
+    /// primary is: reads go to the nearest copy and fail over to the
+    /// others; writes always go to the primary (`desc`), whose agent copies
+    /// them on.
+    replicas: Vec<Copy>,
     /// Freed or detached already.
     done: bool,
+}
+
+/// One copy of a replicated allocation's bytes.
+struct Copy {
+    desc: Arc<Descriptor>,
+    routes: Arc<[Route]>,
+    /// Bytes of it on this node: the copy with the most is read first.
+    here: u64,
 }
 
 impl std::fmt::Debug for Allocation {
@@ -56,16 +69,37 @@ impl Allocation {
     /// # Errors
     /// A malformed allocation, a preference that cannot reach an extent
     /// ([`Error::InvalidArgument`]), mapping and device-memory failures.
-    pub(crate) fn open(client: &Arc<Client>, record: Record, fabric: Fabric) -> Result<Self> {
-        let desc = Descriptor::from_record(record)?;
+    pub(crate) fn open(client: &Arc<Client>, mut record: Record, fabric: Fabric) -> Result<Self> {
         let data = &client.data;
         let me = client.node.as_str();
+        let mut replicas = Vec::new();
+        for copy in record.replica_copies() {
+            let mut r = record.clone();
+            r.extents = record.copy_extents(copy).cloned().collect();
+            r.replicas.clear();
+            let desc = Descriptor::from_record(r)?;
+            let routes = route::decide_all(&desc.extents, me, fabric, |e| data.rdma_for(e))?;
+            let here = desc
+                .extents
+                .iter()
+                .filter(|e| e.node == me)
+                .map(|e| e.len)
+                .sum();
+            replicas.push(Copy {
+                desc: Arc::new(desc),
+                routes: routes.into(),
+                here,
+            });
+        }
+        record.replicas.clear();
+        let desc = Descriptor::from_record(record)?;
         let mut alloc = Allocation {
             client: Arc::clone(client),
             routes: Arc::from([]),
             desc: Arc::new(desc),
             local: None,
             device: None,
+            replicas,
             done: false,
         };
         if alloc.desc.kind == Kind::LocalGpu {
@@ -182,20 +216,57 @@ impl Allocation {
         }])
     }
 
-    /// Reads `dst.len()` bytes from `offset`.
+    /// Reads `dst.len()` bytes from `offset`. A replicated allocation is
+    /// read from the copy with the most bytes on this node (the primary
+    /// on a tie), and from the next copy when a node cannot be reached or
+    /// fails the read, so a lost replica holder costs the caller nothing.
     ///
     /// # Errors
-    /// As [`Allocation::copy_in`].
+    /// As [`Allocation::copy_in`]; for a replicated allocation, the last
+    /// copy's failure once every copy failed.
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         if let Some(mem) = &self.device {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        self.client.data.run([Transfer {
-            target: self.target(),
-            offset,
-            buf: IoBuf::Read(dst),
-        }])
+        let mut copies: Vec<(u64, Target<'_>)> = self
+            .replicas
+            .iter()
+            .map(|c| {
+                let target = Target {
+                    desc: &c.desc,
+                    routes: &c.routes,
+                    local: None,
+                };
+                (c.here, target)
+            })
+            .collect();
+        let me = self.client.node.as_str();
+        let here = self
+            .desc
+            .extents
+            .iter()
+            .filter(|e| e.node == me)
+            .map(|e| e.len)
+            .sum();
+        copies.insert(0, (here, self.target()));
+        // Stable: the primary stays first among equals.
+        copies.sort_by_key(|(here, _)| std::cmp::Reverse(*here));
+        let last = copies.len() - 1;
+        for (i, (_, target)) in copies.into_iter().enumerate() {
+            let read = self.client.data.run([Transfer {
+                target,
+                offset,
+                buf: IoBuf::Read(&mut *dst),
+            }]);
+            match read {
+                Err(e) if i < last && fails_over(&e) => {
+                    tracing::debug!(alloc_id = self.desc.id, error = %e, "read failed on one copy; reading another");
+                }
+                done => return done,
+            }
+        }
+        Ok(())
     }
 
     /// Maps the allocation into this process: its bytes at
@@ -352,4 +423,17 @@ impl Drop for Allocation {
             }
         }
     }
+}
+
+/// Whether a read that failed so may succeed from another copy: the node
+/// could not be reached or failed, not the request itself.
+fn fails_over(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::NodeUnreachable { .. }
+            | Error::Fabric { .. }
+            | Error::NodeDown(_)
+            | Error::Unavailable(_)
+            | Error::Internal(_)
+    )
 }

@@ -30,8 +30,9 @@ pub struct Extent {
     /// RDMA), one region per port; empty where verbs cannot reach it.
     pub rdma: Vec<RdmaRegion>,
     /// A process on `node` may map it: the allocation is persistent or its
-    /// session is on `node` ([`oncilla_model::alloc::mappable_on`]);
-    /// otherwise it is copied even there.
+    /// session is on `node`, and has one copy
+    /// ([`oncilla_model::alloc::mappable_on`]); otherwise it is copied even
+    /// there.
     pub mappable: bool,
 }
 
@@ -87,6 +88,7 @@ impl Descriptor {
             return Err(bad("extents do not cover the allocation"));
         }
         let owner = a.owner.map(|o| o.session_id);
+        let copies = a.placement.copies();
         Ok(Self {
             id: a.id,
             size: a.size,
@@ -95,7 +97,7 @@ impl Descriptor {
                 .extents
                 .into_iter()
                 .map(|e| Extent {
-                    mappable: oncilla_model::alloc::mappable_on(owner.as_deref(), &e.node),
+                    mappable: oncilla_model::alloc::mappable_on(owner.as_deref(), &e.node, copies),
                     node: e.node,
                     alloc_offset: e.alloc_offset,
                     len: e.len,

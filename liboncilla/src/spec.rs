@@ -30,6 +30,8 @@ pub struct AllocSpec {
     pub fabric: Option<Fabric>,
     /// GPU kinds: the device index on the node (unset: any with room).
     pub gpu: Option<u32>,
+    /// Copies of every byte, each on another node (1: no replica).
+    pub replicas: u32,
 }
 
 impl AllocSpec {
@@ -46,6 +48,7 @@ impl AllocSpec {
             shared: false,
             fabric: None,
             gpu: None,
+            replicas: 1,
         }
     }
 
@@ -109,6 +112,17 @@ impl AllocSpec {
         self
     }
 
+    /// Keep `copies` copies of every byte (1 to 3), each on another node
+    /// and, where nodes declare zones, in another zone: reads survive the
+    /// loss of a copy's node. Remote host memory over TCP only; every
+    /// write goes to the primary copy, which copies it to the others before
+    /// it returns.
+    #[must_use]
+    pub fn replicas(mut self, copies: u32) -> Self {
+        self.replicas = copies;
+        self
+    }
+
     /// Use this fabric for this allocation.
     #[must_use]
     pub fn fabric(mut self, fabric: Fabric) -> Self {
@@ -135,6 +149,14 @@ impl AllocSpec {
                 .collect(),
             stripe: self.stripe,
             gpu: self.gpu,
+            replicas: self.replicas,
+        };
+        // A replicated allocation is reached over TCP whatever the
+        // session prefers; only an explicit other fabric is refused.
+        let fabric = match self.fabric {
+            Some(f) => f,
+            None if placement.copies() > 1 => Fabric::Tcp,
+            None => default_fabric,
         };
         model::AllocSpec::new(
             self.size,
@@ -142,7 +164,7 @@ impl AllocSpec {
             placement,
             self.name.clone().unwrap_or_default(),
             self.persistent,
-            self.fabric.unwrap_or(default_fabric),
+            fabric,
         )
         .map(|spec| spec.shared(self.shared))
         .map_err(|e| Error::InvalidArgument(format!("invalid request: {e}")))

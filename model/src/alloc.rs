@@ -31,6 +31,8 @@ pub const MAX_ID: u64 = (1 << 53) - 1;
 /// 4 KiB pieces). Every message that carries allocations is sized for it
 /// (`oncilla_proto::client::MAX_MESSAGE`), and lists page by it.
 pub const MAX_EXTENTS: usize = 1 << 16;
+/// Most copies of an allocation's bytes (`Placement::replicas`).
+pub const MAX_REPLICAS: u32 = 3;
 
 /// A request the model refuses, said so a person can fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,6 +67,14 @@ pub enum Invalid {
     /// The node name as [`echo`] quotes it, and its length.
     #[error("node name {0} is too long: {1} bytes, at most {MAX_NODE_NAME}")]
     NodeNameTooLong(String, usize),
+    #[error("extents' copy numbers disagree with their list: the primary's are 0, the replicas' 1 and up")]
+    Copies,
+    #[error("{0} replicas; an allocation has 1 to {MAX_REPLICAS} copies")]
+    Replicas(u32),
+    #[error("replicas are for remote host memory: {0:?} memory cannot be replicated")]
+    ReplicasKind(Kind),
+    #[error("a replicated allocation is reached over TCP (every write goes through its primary, which copies it to the replicas); it cannot use {0}")]
+    ReplicasFabric(Fabric),
     /// The zone label as [`echo`] quotes it.
     #[error("zone {0} is not a label: a letter or digit first, then letters, digits, '.', '_' and '-', at most {max} bytes", max = crate::node::MAX_ZONE)]
     Zone(String),
@@ -136,6 +146,16 @@ pub struct Placement {
     pub stripe: u64,
     /// GPU kinds: the device index on the node.
     pub gpu: Option<u32>,
+    /// Copies of every byte, each on another node (0 counts as 1; at most
+    /// [`MAX_REPLICAS`]).
+    pub replicas: u32,
+}
+
+impl Placement {
+    /// How many copies of every byte it asks for (at least 1).
+    pub fn copies(&self) -> u32 {
+        self.replicas.max(1)
+    }
 }
 
 /// What an application or operator asks for, checked.
@@ -182,6 +202,17 @@ impl AllocSpec {
             .find(|n| n.node.len() > MAX_NODE_NAME)
         {
             return Err(Invalid::NodeNameTooLong(echo(&n.node), n.node.len()));
+        }
+        if placement.replicas > MAX_REPLICAS {
+            return Err(Invalid::Replicas(placement.replicas));
+        }
+        if placement.copies() > 1 {
+            if kind != Kind::RemoteHost {
+                return Err(Invalid::ReplicasKind(kind));
+            }
+            if !matches!(fabric, Fabric::Auto | Fabric::Tcp) {
+                return Err(Invalid::ReplicasFabric(fabric));
+            }
         }
         Ok(Self {
             size,
@@ -297,8 +328,12 @@ pub fn is_session_of(session_id: &str, node: &str) -> bool {
 /// by that session, so only memory on the session's own node is ever
 /// mapped. Agents give memory nobody may map no memory file of its own
 /// (it costs no descriptor), and clients copy it instead of mapping it.
-pub fn mappable_on(owner_session: Option<&str>, node: &str) -> bool {
-    owner_session.is_none_or(|s| is_session_of(s, node))
+///
+/// A replicated allocation (`copies` above 1) is never mapped: a store
+/// through a mapping would bypass the primary, which copies every write
+/// to the replicas.
+pub fn mappable_on(owner_session: Option<&str>, node: &str, copies: u32) -> bool {
+    copies <= 1 && owner_session.is_none_or(|s| is_session_of(s, node))
 }
 
 /// The user a [`session_id`] was made for (`None`: not said, or not a
@@ -343,6 +378,9 @@ pub struct Extent {
     /// Device memory: the GPU index on the node.
     pub gpu: Option<u32>,
     pub rdma: Vec<RdmaRegion>,
+    /// Which copy of the bytes it holds: 0 the primary (every write goes
+    /// to it), 1 and up the replicas it copies each write to.
+    pub copy: u32,
 }
 
 /// Whether every byte of an allocation is still there.
@@ -362,8 +400,12 @@ pub struct Allocation {
     pub id: u64,
     pub size: u64,
     pub kind: Kind,
-    /// In allocation order.
+    /// The primary copy, in allocation order: every write goes here.
     pub extents: Vec<Extent>,
+    /// The other copies' extents (`copy` 1 and up), each copy tiling the
+    /// allocation as the primary does (possibly in other pieces), in
+    /// (copy, allocation) order; empty for one copy.
+    pub replicas: Vec<Extent>,
     /// [`KEY_LEN`] bytes, or empty in the records agents keep.
     pub access_key: Vec<u8>,
     /// The owning session; `None` for a persistent allocation.
@@ -392,6 +434,7 @@ impl Allocation {
             size,
             kind,
             extents: Vec::new(),
+            replicas: Vec::new(),
             access_key: Vec::new(),
             owner: None,
             created_unix_ms: 0,
@@ -406,10 +449,48 @@ impl Allocation {
         }
     }
 
-    /// The first byte range no extent covers, if any.
-    pub fn first_gap(&self) -> Option<(u64, u64)> {
+    /// Every extent of every copy: the primary's, then the replicas'.
+    pub fn all_extents(&self) -> impl Iterator<Item = &Extent> {
+        self.extents.iter().chain(&self.replicas)
+    }
+
+    /// Whether `node` holds any copy of any of its bytes.
+    pub fn held_on(&self, node: &str) -> bool {
+        self.all_extents().any(|e| e.node == node)
+    }
+
+    /// Adds extents of every copy a node reported (`other`'s), each list
+    /// kept in its order.
+    pub fn merge_extents(&mut self, other: &Allocation) {
+        self.extents.extend(other.extents.iter().cloned());
+        self.extents.sort_by_key(|e| e.alloc_offset);
+        self.replicas.extend(other.replicas.iter().cloned());
+        self.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
+    }
+
+    /// The replicas' copy numbers, in order.
+    pub fn replica_copies(&self) -> Vec<u32> {
+        let mut copies: Vec<u32> = self.replicas.iter().map(|e| e.copy).collect();
+        copies.dedup();
+        copies
+    }
+
+    /// The extents of copy `copy` (0: the primary), in allocation order.
+    pub fn copy_extents(&self, copy: u32) -> impl Iterator<Item = &Extent> {
+        let (primary, replicas) = if copy == 0 {
+            (&self.extents[..], &[][..])
+        } else {
+            (&[][..], &self.replicas[..])
+        };
+        primary
+            .iter()
+            .chain(replicas.iter().filter(move |e| e.copy == copy))
+    }
+
+    /// The first byte range no extent of copy `copy` covers, if any.
+    pub fn first_gap(&self, copy: u32) -> Option<(u64, u64)> {
         let mut at = 0;
-        for e in &self.extents {
+        for e in self.copy_extents(copy) {
             if e.alloc_offset > at {
                 return Some((at, e.alloc_offset));
             }
@@ -470,11 +551,11 @@ mod tests {
             ..Extent::default()
         };
         a.extents = vec![ext(0, 10), ext(20, 10)];
-        assert_eq!(a.first_gap(), Some((10, 20)));
+        assert_eq!(a.first_gap(0), Some((10, 20)));
         a.extents.insert(1, ext(10, 10));
-        assert_eq!(a.first_gap(), None);
+        assert_eq!(a.first_gap(0), None);
         a.size = 40;
-        assert_eq!(a.first_gap(), Some((30, 40)));
+        assert_eq!(a.first_gap(0), Some((30, 40)));
     }
 
     #[test]
@@ -555,9 +636,42 @@ mod tests {
     #[test]
     fn only_persistent_memory_and_a_sessions_own_node_are_mappable() {
         let id = session_id("n1", Some(1000), 7);
-        assert!(mappable_on(Some(&id), "n1"));
-        assert!(!mappable_on(Some(&id), "n2"));
-        assert!(!mappable_on(Some(&id), "n"));
-        assert!(mappable_on(None, "n2"));
+        assert!(mappable_on(Some(&id), "n1", 1));
+        assert!(!mappable_on(Some(&id), "n2", 1));
+        assert!(!mappable_on(Some(&id), "n", 1));
+        assert!(mappable_on(None, "n2", 1));
+        // A replicated allocation is never mapped: writes go through its
+        // primary.
+        assert!(!mappable_on(None, "n2", 2));
+        assert!(!mappable_on(Some(&id), "n1", 3));
+    }
+
+    #[test]
+    fn replicas_are_bounded_and_for_remote_host_memory_over_tcp() {
+        let spec = |kind, replicas, fabric| {
+            let placement = Placement {
+                replicas,
+                ..Placement::default()
+            };
+            AllocSpec::new(1 << 20, kind, placement, String::new(), false, fabric)
+        };
+        assert!(spec(Kind::RemoteHost, 0, Fabric::Auto).is_ok());
+        assert!(spec(Kind::RemoteHost, 3, Fabric::Tcp).is_ok());
+        assert_eq!(
+            spec(Kind::RemoteHost, 4, Fabric::Tcp),
+            Err(Invalid::Replicas(4))
+        );
+        assert_eq!(
+            spec(Kind::RemoteGpu, 2, Fabric::Auto),
+            Err(Invalid::ReplicasKind(Kind::RemoteGpu))
+        );
+        assert_eq!(
+            spec(Kind::LocalHost, 2, Fabric::Auto),
+            Err(Invalid::ReplicasKind(Kind::LocalHost))
+        );
+        assert_eq!(
+            spec(Kind::RemoteHost, 2, Fabric::Verbs),
+            Err(Invalid::ReplicasFabric(Fabric::Verbs))
+        );
     }
 }

@@ -92,6 +92,11 @@ pub struct Reservation {
     pub record: Allocation,
     pub fabric: Fabric,
     pub gpu: Option<u32>,
+    /// Which copy of the ranges this node holds (0: the primary).
+    pub copy: u32,
+    /// The primary's replicas: the data addresses it copies every write
+    /// of these ranges to (empty for a replica or one copy).
+    pub replicas: Vec<String>,
 }
 
 /// Where an agent put part of a reserved range.

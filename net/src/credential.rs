@@ -150,6 +150,12 @@ impl Credential {
     }
 }
 
+/// The session id of the credential agents present to each other to copy
+/// a replicated allocation's writes (REPLICATE requests): minted with the
+/// session key every agent holds, and never the id of an application's
+/// session (those end in `-u<uid>-` and 16 hex digits).
+pub const REPLICATOR: &str = "@replicator";
+
 /// What an agent holds instead of the cluster token: its node's name and
 /// credential, the session key, and a verifier of the token. Made from the
 /// token by [`NodeKeys::derive`] (`ocmctl node-keys` writes them to a file

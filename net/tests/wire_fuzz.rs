@@ -22,7 +22,7 @@ proptest! {
     #![proptest_config(config())]
 
     /// Any 48 bytes: a request header is accepted exactly when its op is
-    /// READ, WRITE or PULL, and then re-encodes to the same bytes (the seven
+    /// READ, WRITE, PULL or REPLICATE, and then re-encodes to the same bytes (the seven
     /// reserved bytes as zero).
     #[test]
     fn request_headers(bytes in prop::array::uniform32(any::<u8>()), tail in prop::array::uniform16(any::<u8>())) {
@@ -31,13 +31,13 @@ proptest! {
         b[32..].copy_from_slice(&tail);
         match Request::decode(&b) {
             Ok(r) => {
-                prop_assert!((1..=3).contains(&b[0]));
+                prop_assert!((1..=4).contains(&b[0]));
                 let mut canonical = b;
                 canonical[1..8].fill(0);
                 prop_assert_eq!(r.encode(), canonical);
                 prop_assert_eq!(Request::decode(&r.encode()).unwrap(), r);
             }
-            Err(WireError::BadOp(op)) => prop_assert!(op == b[0] && !(1..=3).contains(&op)),
+            Err(WireError::BadOp(op)) => prop_assert!(op == b[0] && !(1..=4).contains(&op)),
             Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
     }
@@ -80,7 +80,7 @@ proptest! {
                 canonical[4..8].fill(0);
                 prop_assert_eq!(r.encode(), canonical);
             }
-            Err(WireError::BadStatus(s)) => prop_assert!(s > 5),
+            Err(WireError::BadStatus(s)) => prop_assert!(s > 7),
             Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
     }

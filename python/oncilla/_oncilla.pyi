@@ -91,12 +91,15 @@ class Session:
         shared: bool = False,
         gpu: Optional[int] = None,
         fabric: Optional[str] = None,
+        replicas: Optional[int] = None,
     ) -> Allocation:
         """Allocates ``size`` bytes of ``kind`` (remote host memory by default),
         placed by ``policy`` or on ``nodes`` (with ``weights``), striped in
         ``stripe``-byte units, optionally ``name``d (persistent),
         ``persistent``, ``shared`` with other users, on GPU ``gpu``, reached
-        over ``fabric`` (``"auto"``, ``"tcp"``, ``"shm"``, ``"verbs"``)."""
+        over ``fabric`` (``"auto"``, ``"tcp"``, ``"shm"``, ``"verbs"``), kept
+        in ``replicas`` copies (1 to 3) on different nodes: reads survive the
+        loss of a copy."""
     def attach(self, alloc: Union[str, int]) -> Allocation:
         """Attaches a persistent allocation by name or id."""
     def copy(self, dst: Allocation, dst_offset: int, src: Allocation, src_offset: int, n: int) -> None:

@@ -64,8 +64,9 @@ impl Session {
     /// an `oncilla.Kind`; remote host memory by default), placed by `policy` or on `nodes` (with
     /// `weights`), striped in `stripe`-byte units, optionally `name`d
     /// (which makes it persistent), `persistent`, `shared` with other
-    /// users, on GPU `gpu`, reached over `fabric`.
-    #[pyo3(signature = (size, kind=None, *, policy=None, nodes=None, weights=None, stripe=None, name=None, persistent=false, shared=false, gpu=None, fabric=None))]
+    /// users, on GPU `gpu`, reached over `fabric`, kept in `replicas`
+    /// copies on different nodes.
+    #[pyo3(signature = (size, kind=None, *, policy=None, nodes=None, weights=None, stripe=None, name=None, persistent=false, shared=false, gpu=None, fabric=None, replicas=None))]
     #[allow(clippy::too_many_arguments)]
     fn alloc(
         &self,
@@ -81,6 +82,7 @@ impl Session {
         shared: bool,
         gpu: Option<u32>,
         fabric: Option<String>,
+        replicas: Option<u32>,
     ) -> PyResult<Allocation> {
         let kind = match &kind {
             Some(k) => spec::kind(k)?,
@@ -99,6 +101,7 @@ impl Session {
                 shared,
                 gpu,
                 fabric,
+                replicas,
             },
         )?;
         let session = self.inner.clone();

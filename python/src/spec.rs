@@ -42,6 +42,7 @@ pub struct Placement<'py> {
     pub shared: bool,
     pub gpu: Option<u32>,
     pub fabric: Option<String>,
+    pub replicas: Option<u32>,
 }
 
 /// The spec `alloc` asks for.
@@ -93,6 +94,9 @@ pub fn alloc_spec(size: u64, kind: Kind, p: Placement<'_>) -> PyResult<AllocSpec
     }
     if let Some(index) = p.gpu {
         spec = spec.gpu(index);
+    }
+    if let Some(copies) = p.replicas {
+        spec = spec.replicas(copies);
     }
     if let Some(fabric) = p.fabric {
         let fabric = Fabric::parse(&fabric).map_err(|e| PyValueError::new_err(e.to_string()))?;

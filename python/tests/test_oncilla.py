@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import asyncio
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -344,6 +345,34 @@ def test_errors_are_typed(ocm, cluster):
         a.copy_in(0, b"x")
     with pytest.raises(oncilla.AgentUnreachable):
         oncilla.connect(socket="/nonexistent/oncilla.sock")
+
+
+def show_json(cluster, ident: int) -> dict:
+    """`ocmctl show ID --json` against the suite's cluster."""
+    env = {**os.environ, **{k: v for k, v in cluster.items() if v is not None}}
+    env.pop("ONCILLA_TOKEN", None)
+    out = subprocess.run(
+        [str(ocmctl()), "show", str(ident), "--json"],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_replicas_keep_copies_on_other_nodes(ocm, cluster):
+    data = bytes(range(256)) * 4096
+    with ocm.alloc(len(data), nodes=["node-1"], replicas=2) as a:
+        a.copy_in(0, data)
+        assert a.copy_out(0, len(data)) == data
+        shown = show_json(cluster, a.id)
+        copies = {(e["copy"], e["node"]) for e in shown["extents"]}
+        assert shown["replicas"] == 2
+        assert (0, "node-1") in copies
+        assert {c for c, _ in copies} == {0, 1}
+        assert len({n for _, n in copies}) == 2, copies
+    with pytest.raises(oncilla.InvalidArgument, match="remote host memory"):
+        ocm.alloc(MiB, "local-host", replicas=2)
+    with pytest.raises(oncilla.InvalidArgument, match="1 to 3 copies"):
+        ocm.alloc(MiB, replicas=4)
 
 
 def test_named_allocations_attach_detach_and_in_use(ocm, cluster):

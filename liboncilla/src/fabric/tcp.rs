@@ -350,6 +350,7 @@ fn exchange(
                 Status::BadKey => Error::PermissionDenied(msg),
                 Status::OutOfBounds => Error::InvalidArgument(msg),
                 Status::Busy => Error::CapacityExhausted(msg),
+                Status::NotPrimary => Error::Unavailable(msg),
                 _ => peer.protocol(msg),
             });
         }

@@ -152,6 +152,17 @@ pub enum Op {
     Write = 2,
     /// Fill the range from a [`Source`] on another agent.
     Pull = 3,
+    /// A primary's copy of a write to one of its replicas: `len` payload
+    /// bytes follow, as for a WRITE. Only from a member of the cluster
+    /// (its token) and only into a replica's ranges, which it may span.
+    Replicate = 4,
+}
+
+impl Op {
+    /// Whether `len` payload bytes follow the request.
+    pub fn carries_payload(self) -> bool {
+        matches!(self, Op::Write | Op::Replicate)
+    }
 }
 
 /// Fixed part of a [`Source`] record.
@@ -257,6 +268,7 @@ impl Request {
             1 => Op::Read,
             2 => Op::Write,
             3 => Op::Pull,
+            4 => Op::Replicate,
             other => return Err(WireError::BadOp(other)),
         };
         let mut key = [0u8; KEY_LEN];
@@ -284,6 +296,9 @@ pub enum Status {
     /// The agent is at a bound for this caller (its share of something
     /// shared): retry later, or give back what it holds.
     Busy = 6,
+    /// The range is a replica's: writes go to the allocation's primary
+    /// (the caller's record is out of date).
+    NotPrimary = 7,
 }
 
 /// One reply header.
@@ -316,6 +331,7 @@ impl Reply {
             4 => Status::TooLarge,
             5 => Status::Internal,
             6 => Status::Busy,
+            7 => Status::NotPrimary,
             other => return Err(WireError::BadStatus(other)),
         };
         Ok(Self {

@@ -36,6 +36,10 @@ pub struct Args {
     /// index of the one --node, or give `any` for any GPU with room.
     #[arg(long, value_name = "INDEX|any")]
     gpu: Option<String>,
+    /// Copies of every byte, each on another node (and another zone where
+    /// nodes declare zones), 1 to 3: reads survive the loss of a copy.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    replicas: u32,
     #[command(flatten)]
     conn: Conn,
     /// Print the allocation as JSON.
@@ -49,15 +53,7 @@ pub struct Args {
 /// Bad flags (refused here, in the master's words); the master cannot be
 /// reached or refuses.
 pub fn run(args: &Args) -> Result<(), CliError> {
-    let spec = alloc_spec(
-        &args.size,
-        args.policy,
-        args.nodes.clone(),
-        &args.weights,
-        args.stripe.as_deref(),
-        args.name.clone(),
-        args.gpu.as_deref(),
-    )?;
+    let spec = alloc_spec(args)?;
     let a = args.conn.connect()?.allocate(spec)?;
     if args.json {
         oncilla_ops::json::print(&render::allocs::json(&a));
@@ -81,17 +77,12 @@ enum PolicyArg {
 /// The spec of `ocmctl alloc`: a persistent allocation over TCP (the
 /// operator copies with `put` and `get`), on GPU `gpu` ("any" or an index)
 /// when given.
-fn alloc_spec(
-    size: &str,
-    policy: PolicyArg,
-    nodes: Vec<String>,
-    weights: &[u32],
-    stripe: Option<&str>,
-    name: Option<String>,
-    gpu: Option<&str>,
-) -> Result<AllocSpec, CliError> {
-    let size = parse_size(size).map_err(|e| CliError::Other(e.to_string()))?;
-    let stripe = stripe
+fn alloc_spec(args: &Args) -> Result<AllocSpec, CliError> {
+    let (nodes, weights, gpu) = (args.nodes.clone(), &args.weights, args.gpu.as_deref());
+    let size = parse_size(&args.size).map_err(|e| CliError::Other(e.to_string()))?;
+    let stripe = args
+        .stripe
+        .as_deref()
         .map(|s| parse_size(s).map_err(|e| CliError::Other(format!("--stripe: {e}"))))
         .transpose()?
         .unwrap_or(0);
@@ -105,7 +96,7 @@ fn alloc_spec(
     if weights.contains(&0) {
         return Err(CliError::Other("--weight must be at least 1".into()));
     }
-    let policy = match policy {
+    let policy = match args.policy {
         PolicyArg::LocalFirst => Policy::LocalFirst,
         PolicyArg::Spread => Policy::Spread,
         PolicyArg::Pack => Policy::Pack,
@@ -128,6 +119,7 @@ fn alloc_spec(
             .collect(),
         stripe,
         gpu: gpu_index,
+        replicas: args.replicas,
     };
     let kind = if gpu.is_some() {
         Kind::RemoteGpu
@@ -139,7 +131,7 @@ fn alloc_spec(
         size,
         kind,
         placement,
-        name.unwrap_or_default(),
+        args.name.clone().unwrap_or_default(),
         true,
         Fabric::Tcp,
     )

@@ -22,13 +22,17 @@ fn placement(a: &Allocation) -> String {
     if p.stripe != 0 {
         out.push_str(&format!(", stripe {}", HumanBytes(p.stripe)));
     }
+    if p.copies() > 1 {
+        out.push_str(&format!(", {} copies", p.copies()));
+    }
     out
 }
 
-/// Per node, in order of first appearance: bytes held and extent count.
+/// Per node, in order of first appearance (the primary's extents, then
+/// the replicas'): bytes held and extent count.
 fn per_node(a: &Allocation) -> Vec<(&str, u64, usize)> {
     let mut out: Vec<(&str, u64, usize)> = Vec::new();
-    for e in &a.extents {
+    for e in a.all_extents() {
         match out.iter_mut().find(|(n, _, _)| *n == e.node) {
             Some(entry) => {
                 entry.1 += e.len;
@@ -121,10 +125,11 @@ pub fn json(a: &Allocation) -> Value {
         "origin_node": (!a.origin_node.is_empty()).then_some(&a.origin_node),
         "health": health(a.health),
         "health_notes": a.health_notes,
-        "extents": a.extents.iter().map(|e| json!({
+        "replicas": a.placement.copies(),
+        "extents": a.all_extents().map(|e| json!({
             "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,
             "pool_offset": e.pool_offset, "data_addr": e.data_addr,
-            "fabric": e.fabric.name(), "gpu": e.gpu,
+            "fabric": e.fabric.name(), "gpu": e.gpu, "copy": e.copy,
         })).collect::<Vec<_>>(),
     })
 }
@@ -150,9 +155,19 @@ pub fn detail(a: &Allocation, now_ms: u64) -> String {
     );
     // FABRIC: what the creating process uses for the extent (shm on its
     // own node, tcp elsewhere, unless it chose otherwise).
-    let mut t = Table::new(&["NODE", "OFFSET", "LENGTH", "POOL OFFSET", "DATA", "FABRIC"]);
-    for e in &a.extents {
+    // COPY: 0 is the primary, which takes every write; replicas follow.
+    let mut t = Table::new(&[
+        "COPY",
+        "NODE",
+        "OFFSET",
+        "LENGTH",
+        "POOL OFFSET",
+        "DATA",
+        "FABRIC",
+    ]);
+    for e in a.all_extents() {
         t.row(vec![
+            e.copy.to_string(),
             e.node.clone(),
             e.alloc_offset.to_string(),
             e.len.to_string(),

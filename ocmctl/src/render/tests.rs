@@ -96,6 +96,7 @@ fn cluster() -> NodeList {
 
 fn extent(node: &str, alloc_offset: u64, len: u64, fabric: Fabric) -> Extent {
     Extent {
+        copy: 0,
         node: node.into(),
         alloc_offset,
         len,
@@ -126,6 +127,7 @@ fn allocations() -> Vec<Allocation> {
     striped.name = "matrix-a".into();
     striped.created_unix_ms = NOW - 45_000;
     striped.placement = Placement {
+        replicas: 0,
         policy: Policy::Spread,
         nodes: vec![],
         stripe: 512 * MIB,
@@ -146,6 +148,7 @@ fn allocations() -> Vec<Allocation> {
     owned.user = Some(1000);
     owned.origin_node = "node-0".into();
     owned.placement = Placement {
+        replicas: 0,
         policy: Policy::LocalFirst,
         nodes: vec![
             NodeShare {

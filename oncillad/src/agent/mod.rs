@@ -20,13 +20,14 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use oncilla_model::alloc::{mappable_on, Allocation, Extent, RdmaRegion, KEY_LEN};
-use oncilla_model::cluster::{Piece, Registration, SessionReport};
+use oncilla_model::cluster::{Piece, Registration, Reservation, SessionReport};
 use oncilla_model::node::{NodeInfo, PoolUsage};
-use oncilla_model::{Fabric, Kind};
+use oncilla_model::Kind;
 use tokio::sync::Notify;
 
 use crate::error::CoreError;
 use crate::hca::Rdma;
+use crate::memory::copying::Copying;
 use crate::memory::held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdings};
 use crate::memory::keys::Keys;
 use crate::memory::lease::Leases;
@@ -171,30 +172,33 @@ impl Agent {
         Arc::clone(&self.leases)
     }
 
-    /// Reserves pool memory for `ranges` (`(alloc_offset, len)`) of
-    /// `alloc_id`, packed densely into as few pool extents as the pool
-    /// gives. Blocks while the pool waits for its refiller; call it off
-    /// async executors.
+    /// Reserves pool memory for the reservation's ranges, packed densely
+    /// into as few pool extents as the pool gives. Blocks while the pool
+    /// waits for its refiller; call it off async executors.
     ///
-    /// `record` is the master's description of the allocation, kept for
-    /// reports; `fabric` what its creator uses for this node.
+    /// Its `record` is the master's description of the allocation, kept
+    /// for reports; `fabric` what its creator uses for this node; `copy`
+    /// which copy of the ranges this is, and for the primary the replicas
+    /// it copies every write to.
     ///
     /// # Errors
     /// [`CoreError::InvalidArgument`] for a bad key, empty or overlapping
     /// ranges, or ranges already held; pool exhaustion.
-    pub fn reserve(
-        &self,
-        alloc_id: u64,
-        key: &[u8],
-        ranges: &[(u64, u64)],
-        record: Allocation,
-        fabric: Fabric,
-        gpu: Option<u32>,
-    ) -> Result<Vec<Piece>, CoreError> {
-        let key: [u8; KEY_LEN] = key.try_into().map_err(|_| {
+    pub fn reserve(&self, r: Reservation) -> Result<Vec<Piece>, CoreError> {
+        let Reservation {
+            alloc_id,
+            access_key,
+            ranges,
+            record,
+            fabric,
+            gpu,
+            copy,
+            replicas,
+        } = r;
+        let key: [u8; KEY_LEN] = access_key.as_slice().try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
         })?;
-        let mut ranges = ranges.to_vec();
+        let mut ranges: Vec<(u64, u64)> = ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
         ranges.sort_unstable();
         let mut end = 0;
         for &(offset, len) in &ranges {
@@ -223,15 +227,19 @@ impl Agent {
             ),
             None => {
                 let owner = record.owner.as_ref().map(|o| o.session_id.as_str());
-                let access = if mappable_on(owner, &self.node.name) {
+                let access = if mappable_on(owner, &self.node.name, record.placement.copies()) {
                     Access::Mapped
                 } else {
                     Access::Copied
                 };
-                self.pool_extents(&ranges, total, record.user, access)?
+                // A replicated allocation is never registered for RDMA: a
+                // one-sided write would bypass the primary's copying.
+                let register = record.placement.copies() <= 1;
+                self.pool_extents(&ranges, total, record.user, access, register)?
             }
         };
         for e in &mut extents {
+            e.copy = copy;
             for r in &mut e.rdma {
                 r.incarnation = self.incarnation;
             }
@@ -252,6 +260,7 @@ impl Agent {
                 extents: Vec::new(),
                 record: Allocation::new(alloc_id, record.size, record.kind),
                 fabric,
+                copying: Arc::default(),
             })
         });
         check_joinable(alloc_id, entry.value(), &key, &ranges)?;
@@ -259,12 +268,20 @@ impl Agent {
         all.extend(extents.into_iter().map(Arc::new));
         all.sort_by_key(|e| e.alloc_offset);
         keys.absorb(&entry.value().keys);
+        // The primary's share here is reserved once, with its replicas; a
+        // replica share joining keeps them.
+        let copying = if replicas.is_empty() {
+            Arc::clone(&entry.value().copying)
+        } else {
+            Arc::new(Copying::to(replicas))
+        };
         let held = Arc::new(Held {
             keys,
             key,
             extents: all,
             record,
             fabric,
+            copying,
         });
         *entry.value_mut() = Arc::clone(&held);
         drop(entry);
@@ -287,6 +304,7 @@ impl Agent {
         total: u64,
         user: Option<u32>,
         access: Access,
+        register: bool,
     ) -> Result<(Keys, Vec<HeldExtent>), CoreError> {
         let memory: Vec<Arc<_>> = self
             .pool
@@ -295,10 +313,15 @@ impl Agent {
             .map(Arc::new)
             .collect();
         let spans: Vec<_> = memory.iter().map(|m| (m.ptr(0), m.len())).collect();
-        // SAFETY: each span is a whole pool extent reserved just above; the
-        // keys go into the allocation's `Held` beside the extents and are
-        // dropped (or revoked) before them.
-        let (keys, regions) = match unsafe { self.rdma.register_host(&spans) } {
+        let registered = if register {
+            // SAFETY: each span is a whole pool extent reserved just above;
+            // the keys go into the allocation's `Held` beside the extents
+            // and are dropped (or revoked) before them.
+            unsafe { self.rdma.register_host(&spans) }
+        } else {
+            Ok((Keys::none(), vec![Vec::new(); spans.len()]))
+        };
+        let (keys, regions) = match registered {
             Ok(r) => r,
             Err(why) => {
                 // Still served over TCP; clients see no region and do not
@@ -329,6 +352,7 @@ impl Agent {
                     memory: Backing::Pool(Arc::clone(m)),
                     at: used,
                     rdma,
+                    copy: 0,
                 });
                 done += n;
                 used += n;
@@ -463,21 +487,22 @@ impl Agent {
                 let mut record = h.record.clone();
                 record.id = *e.key();
                 record.access_key = h.key.to_vec();
-                record.extents = h
-                    .extents
-                    .iter()
-                    .map(|x| Extent {
-                        node: self.node.name.clone(),
-                        alloc_offset: x.alloc_offset,
-                        len: x.len,
-                        pool_offset: x.pool_offset(),
-                        data_addr: self.node.data_addr.clone(),
-                        fabric: h.fabric,
-                        agent_addr: self.node.agent_addr.clone(),
-                        gpu: x.gpu(),
-                        rdma: x.rdma.clone(),
-                    })
-                    .collect();
+                let (primary, replicas): (Vec<_>, Vec<_>) =
+                    h.extents.iter().partition(|x| x.copy == 0);
+                let report = |x: &Arc<HeldExtent>| Extent {
+                    node: self.node.name.clone(),
+                    alloc_offset: x.alloc_offset,
+                    len: x.len,
+                    pool_offset: x.pool_offset(),
+                    data_addr: self.node.data_addr.clone(),
+                    fabric: h.fabric,
+                    agent_addr: self.node.agent_addr.clone(),
+                    gpu: x.gpu(),
+                    rdma: x.rdma.clone(),
+                    copy: x.copy,
+                };
+                record.extents = primary.into_iter().map(report).collect();
+                record.replicas = replicas.into_iter().map(report).collect();
                 record
             })
             .collect();
@@ -556,6 +581,7 @@ fn gpu_extent(
         memory,
         at: 0,
         rdma,
+        copy: 0,
     })
 }
 
@@ -607,194 +633,4 @@ fn check_joinable(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pool::{HugePages, PoolSpec};
-    use oncilla_model::alloc::Owner;
-
-    fn agent() -> Agent {
-        let node = NodeInfo {
-            name: "n1".into(),
-            ..Default::default()
-        };
-        let spec = PoolSpec {
-            capacity: 64 * 4096,
-            huge_pages: HugePages::Off,
-            slab: 16 * 4096,
-        };
-        let pool = Pool::new(spec).unwrap();
-        let rdma = Rdma::start_at(std::path::Path::new("/nonexistent/infiniband"), &[], &pool);
-        Agent::new(
-            node,
-            Arc::new(pool),
-            Arc::new(rdma),
-            std::time::Duration::from_secs(300),
-        )
-    }
-
-    #[test]
-    fn reserve_and_release() {
-        let a = agent();
-        a.reserve(1, &[3; KEY_LEN], &[(0, 5000)], rec(), Fabric::Auto, None)
-            .unwrap();
-        a.reserve(1, &[3; KEY_LEN], &[(5000, 100)], rec(), Fabric::Auto, None)
-            .unwrap();
-        assert_eq!(a.pool().stats().used, 3 * 4096);
-        assert!(
-            a.reserve(1, &[3; KEY_LEN], &[(4000, 10)], rec(), Fabric::Auto, None)
-                .is_err(),
-            "overlap"
-        );
-        assert!(
-            a.reserve(1, &[4; KEY_LEN], &[(9000, 10)], rec(), Fabric::Auto, None)
-                .is_err(),
-            "other key"
-        );
-        assert!(
-            a.reserve(2, &[4; 3], &[(0, 10)], rec(), Fabric::Auto, None)
-                .is_err(),
-            "short key"
-        );
-        assert!(
-            a.reserve(
-                3,
-                &[4; KEY_LEN],
-                &[(0, 10), (5, 10)],
-                rec(),
-                Fabric::Auto,
-                None
-            )
-            .is_err(),
-            "self-overlap"
-        );
-        assert!(
-            a.reserve(3, &[4; KEY_LEN], &[], rec(), Fabric::Auto, None)
-                .is_err(),
-            "nothing"
-        );
-        let held = a.release(1).unwrap();
-        assert_eq!(held.extents.len(), 2);
-        drop(held);
-        assert_eq!(a.pool().stats().used, 0);
-        assert!(a.release(1).is_none());
-    }
-
-    #[test]
-    fn splits_over_slabs_into_pieces() {
-        let a = agent();
-        // 20 pages do not fit one 16-page slab: two pieces tiling the range.
-        let pieces = a
-            .reserve(
-                9,
-                &[1; KEY_LEN],
-                &[(100, 20 * 4096 - 5)],
-                rec(),
-                Fabric::Auto,
-                None,
-            )
-            .unwrap();
-        assert_eq!(pieces.len(), 2);
-        assert_eq!(pieces[0].alloc_offset, 100);
-        assert_eq!(pieces[0].len, 16 * 4096);
-        assert_eq!(pieces[1].alloc_offset, 100 + 16 * 4096);
-        assert_eq!(pieces[1].len, 4 * 4096 - 5);
-        let held = a.held().get(&9).unwrap().value().clone();
-        assert_eq!(held.extent_for(100, 16 * 4096), Some(0));
-        assert_eq!(held.extent_for(100 + 16 * 4096, 10), Some(1));
-        assert_eq!(a.usage().used, 20 * 4096);
-    }
-
-    #[test]
-    fn striped_ranges_pack_into_one_pool_extent() {
-        let a = agent();
-        let ranges = [(0, 4096), (3 * 4096, 4096), (6 * 4096, 100)];
-        let pieces = a
-            .reserve(5, &[1; KEY_LEN], &ranges, rec(), Fabric::Auto, None)
-            .unwrap();
-        let got: Vec<(u64, u64)> = pieces.iter().map(|p| (p.alloc_offset, p.len)).collect();
-        assert_eq!(got, ranges);
-        // Densely packed: consecutive pool offsets, three pages in all.
-        assert_eq!(pieces[1].pool_offset, pieces[0].pool_offset + 4096);
-        assert_eq!(pieces[2].pool_offset, pieces[0].pool_offset + 2 * 4096);
-        assert_eq!(a.usage().used, 3 * 4096);
-        let held = a.held().get(&5).unwrap().value().clone();
-        assert_eq!(held.extent_for(3 * 4096 + 10, 100), Some(1));
-        assert_eq!(held.extent_for(4096, 1), None, "a gap held elsewhere");
-    }
-
-    fn rec() -> Allocation {
-        let mut a = Allocation::new(0, 1 << 20, Kind::RemoteHost);
-        a.name = "kept".into();
-        a
-    }
-
-    /// Memory of a session on another node is never mapped here: its
-    /// small extents hold no file; a persistent allocation's, or one of a
-    /// session of this node, can be.
-    #[test]
-    fn only_memory_a_process_here_may_map_gets_files() {
-        let a = agent();
-        let mut foreign = rec();
-        foreign.owner = Some(Owner {
-            session_id: oncilla_model::alloc::session_id("n2", Some(1000), 1),
-            node: "n2".into(),
-            ..Default::default()
-        });
-        let mut local = foreign.clone();
-        local.owner = Some(Owner {
-            session_id: oncilla_model::alloc::session_id("n1", Some(1000), 2),
-            node: "n1".into(),
-            ..Default::default()
-        });
-        let mappable = |id: u64, record: Allocation| {
-            a.reserve(
-                id,
-                &[id as u8; KEY_LEN],
-                &[(0, 4096)],
-                record,
-                Fabric::Auto,
-                None,
-            )
-            .unwrap();
-            let held = a.held.get(&id).map(|e| Arc::clone(e.value())).unwrap();
-            held.extents[0].pool().unwrap().files().is_some()
-        };
-        assert!(!mappable(1, foreign));
-        assert!(mappable(2, local));
-        assert!(mappable(3, rec()));
-    }
-
-    #[test]
-    fn sessions_and_reports() {
-        let a = agent();
-        let s = a.open_session(7, Some(0), "prog".into()).unwrap();
-        let t = a.open_session(8, None, "other".into()).unwrap();
-        assert!(s.id.starts_with("n1-"));
-        assert_eq!(a.session(&s.id).unwrap().pid, 7);
-        a.note_attached(&t.id, 42, true);
-        a.reserve(42, &[5; KEY_LEN], &[(0, 100)], rec(), Fabric::Shm, None)
-            .unwrap();
-        a.end_session(&s.id);
-        assert!(matches!(a.session(&s.id), Err(CoreError::NoSuchSession(_))));
-        assert_eq!(a.ended_sessions(), std::slice::from_ref(&s.id));
-
-        let (report, ended) = a.registration();
-        assert_eq!(ended, std::slice::from_ref(&s.id));
-        assert_eq!(report.incarnation, a.incarnation());
-        assert_eq!(report.next_session_seq, 2);
-        assert_eq!(report.sessions.len(), 1);
-        let only = &report.sessions[0];
-        assert_eq!(only.who.session_seq, 1);
-        assert_eq!(only.attached, [42]);
-        let held = &report.held[0];
-        assert_eq!((held.id, held.name.as_str()), (42, "kept"));
-        assert_eq!(held.access_key, [5; KEY_LEN]);
-        assert_eq!(held.extents.len(), 1);
-        assert_eq!(held.extents[0].fabric, Fabric::Shm);
-
-        a.ack_ended(&ended);
-        assert!(a.ended_sessions().is_empty());
-        a.release_all(&[42, 43]);
-        assert_eq!(a.allocations(), 0);
-    }
-}
+mod tests;

@@ -6,6 +6,7 @@ pub mod device;
 pub mod flight;
 pub mod pace;
 pub mod pull;
+pub mod replicate;
 pub mod shm;
 pub mod tcp;
 pub mod verbs;

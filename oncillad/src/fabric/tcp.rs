@@ -44,7 +44,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_net::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE};
+use oncilla_net::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE, REPLICATOR};
 use oncilla_net::tls::tunnel::{self, DataStream};
 use oncilla_net::wire::sock::{self, RecvBuf, Shared};
 use oncilla_net::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
@@ -53,9 +53,10 @@ use oncilla_cuda::DeviceMem;
 
 use super::device::{self, DeviceRings, Failure, RING_WAIT};
 use super::pull::{Puller, Pulls};
+use super::replicate::{Replicas, Replicator};
 use super::Admission;
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket, Users};
-use crate::memory::held::{Backing, HeldTable};
+use crate::memory::held::{Backing, Held, HeldTable};
 use crate::metrics::data::Transfers;
 
 /// Most authenticated data connections served at once; past it a newcomer
@@ -100,14 +101,14 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(300);
 const RECV_AHEAD: usize = REQUEST_LEN + 4096;
 
 /// Accepts data connections until the listener fails; over TLS with
-/// `tls`; pulls dial as `pulls` says; device memory is staged through
-/// `rings`.
+/// `tls`; pulls and copies to replicas dial as `outbound` says; device
+/// memory is staged through `rings`.
 pub fn serve(
     listener: TcpListener,
     held: HeldTable,
     admission: Admission,
     tls: Option<Arc<rustls::ServerConfig>>,
-    pulls: Pulls,
+    outbound: (Pulls, Replicas),
     rings: Arc<DeviceRings>,
     metrics: Arc<Transfers>,
 ) {
@@ -139,14 +140,14 @@ pub fn serve(
         let users = Arc::clone(&users);
         let tls = tls.clone();
         let metrics = Arc::clone(&metrics);
-        let pulls = pulls.clone();
+        let outbound = outbound.clone();
         let rings = Arc::clone(&rings);
         let spawned = std::thread::Builder::new()
             .name("oncilla-data".into())
             .spawn(move || {
                 let until = Instant::now() + HANDSHAKE_DEADLINE;
                 let served = open(stream, tls.as_ref(), until).and_then(|stream| {
-                    Connection::new(stream, held, pulls, rings, metrics).run(
+                    Connection::new(stream, held, outbound, rings, metrics).run(
                         &admission,
                         ticket,
                         (&seats, &users),
@@ -188,6 +189,11 @@ struct Connection {
     rings: Arc<DeviceRings>,
     pulls: Pulls,
     puller: Puller,
+    replicas: Replicas,
+    replicator: Replicator,
+    /// The peer is another agent copying a primary's writes (it presented
+    /// the replicator credential): only it may send REPLICATE.
+    from_primary: bool,
     /// What the client presented in its hello: a pull presents it to the
     /// source agent, so it reaches only what the client itself may.
     secret: Vec<u8>,
@@ -197,7 +203,7 @@ impl Connection {
     fn new(
         stream: DataStream,
         held: HeldTable,
-        pulls: Pulls,
+        (pulls, replicas): (Pulls, Replicas),
         rings: Arc<DeviceRings>,
         metrics: Arc<Transfers>,
     ) -> Self {
@@ -209,6 +215,9 @@ impl Connection {
             rings,
             pulls,
             puller: Puller::default(),
+            replicas,
+            replicator: Replicator::default(),
+            from_primary: false,
             secret: Vec::new(),
         }
     }
@@ -222,6 +231,7 @@ impl Connection {
     ) -> Result<(), wire::WireError> {
         let dup = self.stream.as_fd().try_clone_to_owned()?;
         let mut secret = Vec::new();
+        let mut from_primary = false;
         let seat = super::accept(
             &mut self.stream,
             admission,
@@ -229,6 +239,7 @@ impl Connection {
             || ticket.heard(),
             |presented, who| {
                 secret = presented.to_vec();
+                from_primary = matches!(who, Principal::Session(id) if id == REPLICATOR);
                 self.puller
                     .acting_for(who, credential::session_expiry(presented));
                 let user = super::user_of(who);
@@ -242,6 +253,7 @@ impl Connection {
             |why| self.metrics.hello_refused(why),
         );
         self.secret = secret;
+        self.from_primary = from_primary;
         drop(ticket);
         let Some(((mut seat, _share), _registered)) = seat? else {
             return Ok(());
@@ -312,7 +324,7 @@ impl Connection {
                     return Err(e);
                 }
             },
-            Op::Read | Op::Write => None,
+            Op::Read | Op::Write | Op::Replicate => None,
         };
         if req.len > wire::MAX_IO {
             let msg = format!(
@@ -323,17 +335,30 @@ impl Connection {
             self.metrics.refused(Status::TooLarge);
             self.fail(Status::TooLarge, &msg)?;
             // A write's payload would follow; the stream is out of step now.
-            return if req.op == Op::Write {
+            return if req.op.carries_payload() {
                 Err(io::Error::new(io::ErrorKind::InvalidData, msg).into())
             } else {
                 Ok(())
             };
+        }
+        if req.op == Op::Replicate {
+            return self.serve_replicate(req, started);
         }
         let ok = match super::authorize(&self.held, req) {
             Ok(ok) => ok,
             Err((status, msg)) => return self.refuse(req, status, &msg),
         };
         let extent = &ok.held.extents[ok.extent];
+        if extent.copy != 0 && req.op != Op::Read {
+            let msg = format!(
+                "bytes {}..{} of allocation {} are a replica here (copy {}): writes go to its primary; look the allocation up again",
+                req.offset,
+                req.offset.saturating_add(req.len),
+                req.alloc_id,
+                extent.copy
+            );
+            return self.refuse(req, Status::NotPrimary, &msg);
+        }
         let len = usize::try_from(req.len).unwrap_or(0);
         let ptr = match &extent.memory {
             // `authorize` proved `ok.at + len` lies inside the extent.
@@ -369,8 +394,11 @@ impl Connection {
                 self.recv
                     .read_into_by(&self.stream, memory, deadline(len))?;
                 self.metrics.write.served(len);
-                self.ack_write()?;
+                self.ack_copied(req, &ok.held)?;
                 self.metrics.write.took(started.elapsed());
+            }
+            Op::Replicate => {
+                return Err(io::Error::other("a replicate past its own path").into());
             }
             Op::Pull => {
                 let Some(src) = source else {
@@ -384,7 +412,7 @@ impl Connection {
                 match self.puller.pull(&self.pulls, &self.secret, &src, memory) {
                     Ok(()) => {
                         self.metrics.pull.served(len);
-                        self.ack_write()?;
+                        self.ack_copied(req, &ok.held)?;
                         self.metrics.pull.took(started.elapsed());
                     }
                     Err((status, msg)) => {
@@ -430,6 +458,10 @@ impl Connection {
         let pool = match req.op {
             Op::Pull => &rings.pulls,
             Op::Read | Op::Write => &rings.serve,
+            // Replicas are host memory (`serve_replicate`).
+            Op::Replicate => {
+                return self.refuse(req, Status::Internal, "device memory has no replicas")
+            }
         };
         let mut ring = match pool.take(mem.gpu().index(), RING_WAIT) {
             Ok(r) => r,
@@ -462,7 +494,8 @@ impl Connection {
                     Err(f) => f,
                 }
             }
-            Op::Write => {
+            // (A REPLICATE was refused above.)
+            Op::Write | Op::Replicate => {
                 let (stream, recv) = (&self.stream, &mut self.recv);
                 let by = deadline(len);
                 match device::write(&mut ring.upload(mem, at), req.len, |buf| {
@@ -524,6 +557,84 @@ impl Connection {
         }
     }
 
+    /// Acknowledges a write (or pull) whose bytes are in place here once
+    /// every replica of a replicated allocation has them too; otherwise
+    /// answers why not (the replicas that failed keep the range as missed).
+    fn ack_copied(&mut self, req: &Request, held: &Held) -> Result<(), wire::WireError> {
+        let copying = Arc::clone(&held.copying);
+        if !copying.copies() {
+            return self.ack_write();
+        }
+        let copied = {
+            let mut order = copying.order();
+            self.replicator.copy_out(
+                &self.replicas,
+                &mut order,
+                &copying.replicas,
+                (req.alloc_id, held),
+                req.offset,
+                req.len,
+            )
+        };
+        match copied {
+            Ok(()) => self.ack_write(),
+            Err((status, msg)) => {
+                self.metrics.refused(status);
+                self.fail(status, &msg)
+            }
+        }
+    }
+
+    /// A primary's copy of a write (REPLICATE): only from another agent
+    /// (the replicator credential), only into ranges this node holds as a
+    /// replica, received straight into them (they may be several pieces).
+    fn serve_replicate(&mut self, req: &Request, started: Instant) -> Result<(), wire::WireError> {
+        if !self.from_primary {
+            let msg = "only an allocation's primary agent may send REPLICATE";
+            return self.refuse(req, Status::NoSuchAllocation, msg);
+        }
+        let Some(held) = self
+            .held
+            .get(&req.alloc_id)
+            .map(|e| Arc::clone(e.value()))
+            .filter(|h| h.key_matches(&req.key))
+        else {
+            let msg = self.held.not_held(req.alloc_id);
+            return self.refuse(req, Status::NoSuchAllocation, &msg);
+        };
+        let span = held
+            .span_for(req.offset, req.len)
+            .filter(|span| held.extents[span.clone()].iter().all(|e| e.copy != 0));
+        let Some(span) = span else {
+            let msg = format!(
+                "bytes {}..{} of allocation {} are not a replica held by this node",
+                req.offset,
+                req.offset.saturating_add(req.len),
+                req.alloc_id
+            );
+            return self.refuse(req, Status::OutOfBounds, &msg);
+        };
+        let end = req.offset + req.len;
+        for e in &held.extents[span] {
+            let Backing::Pool(m) = &e.memory else {
+                return self.refuse(req, Status::Internal, "only host memory is replicated");
+            };
+            let from = req.offset.max(e.alloc_offset);
+            let to = end.min(e.alloc_offset + e.len);
+            let n = usize::try_from(to - from).unwrap_or(0);
+            // SAFETY: [from, to) lies inside extent `e` (clamped to it),
+            // whose memory `held` keeps mapped until this function ends;
+            // pool memory is only ever touched through raw pointers.
+            let into = unsafe { Shared::new(m.ptr(e.at + (from - e.alloc_offset)), n) };
+            self.recv.read_into_by(&self.stream, into, deadline(n))?;
+        }
+        let len = usize::try_from(req.len).unwrap_or(0);
+        self.metrics.write.served(len);
+        self.ack_write()?;
+        self.metrics.write.took(started.elapsed());
+        Ok(())
+    }
+
     /// Acknowledges a write whose bytes are all in place.
     fn ack_write(&mut self) -> Result<(), wire::WireError> {
         let head = Reply {
@@ -539,7 +650,7 @@ impl Connection {
     /// read and dropped first, so the stream stays in step.
     fn refuse(&mut self, req: &Request, status: Status, msg: &str) -> Result<(), wire::WireError> {
         self.metrics.refused(status);
-        if req.op == Op::Write {
+        if req.op.carries_payload() {
             self.recv.skip(&self.stream, req.len)?;
         }
         self.fail(status, msg)

@@ -57,20 +57,9 @@ impl agent_server::Agent for AgentService {
         let r: Reservation = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the refiller: keep it off the executor.
-        let reserved = tokio::task::spawn_blocking(move || {
-            let ranges: Vec<(u64, u64)> =
-                r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
-            agent.reserve(
-                r.alloc_id,
-                &r.access_key,
-                &ranges,
-                r.record,
-                r.fabric,
-                r.gpu,
-            )
-        })
-        .await
-        .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
+        let reserved = tokio::task::spawn_blocking(move || agent.reserve(r))
+            .await
+            .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
         reply(reserved.map(|pieces| {
             pb::ReserveReply::from(Reserved {
                 pieces,

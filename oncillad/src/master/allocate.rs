@@ -50,23 +50,38 @@ impl<L: AgentLink> Master<L> {
         alloc.placement = spec.placement.clone();
         alloc.origin_node = origin_node.clone();
 
-        let (id, targets, fabrics, charge) = {
+        let (id, targets, fabrics, charge, shares) = {
             let mut st = self.lock();
             if let Some(&taken) = st.names.get(&spec.name) {
                 return Err(CoreError::NameTaken(spec.name, taken));
             }
-            let plan = placement::plan(
+            let candidates = self.candidates(&st);
+            let primary = placement::plan(
                 &placement::Request {
                     size: spec.size,
                     kind: spec.kind,
                     placement: &spec.placement,
                     origin: &origin_node,
                 },
-                &self.candidates(&st),
+                &candidates,
             )?;
+            let replicas = placement::replicas(&primary, spec.placement.copies(), &candidates)?;
+            // Every write of a replicated allocation goes through its
+            // primary's agent, which copies it on: TCP (the spec refused
+            // the other fabrics).
+            let preference = if replicas.is_empty() {
+                spec.fabric
+            } else {
+                Fabric::Tcp
+            };
+            let shares = primary.len();
+            let plan: Vec<Planned> = primary
+                .into_iter()
+                .chain(replicas.into_iter().flatten())
+                .collect();
             let fabrics = plan
                 .iter()
-                .map(|p| creator_fabric(&st, p, spec.kind, &origin_node, spec.fabric))
+                .map(|p| creator_fabric(&st, p, spec.kind, &origin_node, preference))
                 .collect::<Result<Vec<_>, _>>()?;
             if st.next_id > MAX_ID {
                 // Never wraps: an id is never used twice.
@@ -77,7 +92,10 @@ impl<L: AgentLink> Master<L> {
             }
             // The user's quota, with what is being reserved counted too,
             // so concurrent requests cannot pass it together.
-            let charge = user.map(|uid| (uid, plan_charge(&plan, spec.size, persistent)));
+            let charge = user.map(|uid| {
+                let bytes = spec.size.saturating_mul(u64::from(spec.placement.copies()));
+                (uid, plan_charge(&plan, bytes, persistent))
+            });
             if let Some((uid, c)) = &charge {
                 let usage = st.usage.get(uid).cloned().unwrap_or_default();
                 quota::check(*uid, st.quotas.of(*uid), &usage, c)?;
@@ -92,7 +110,7 @@ impl<L: AgentLink> Master<L> {
                 // Held from now on, so a concurrent request cannot take it.
                 st.names.insert(spec.name.clone(), id);
             }
-            (id, targets, fabrics, charge)
+            (id, targets, fabrics, charge, shares)
         };
         let mut unwind = Unwind {
             master: self,
@@ -103,23 +121,43 @@ impl<L: AgentLink> Master<L> {
             committed: false,
         };
 
-        let reserves = targets.iter().zip(&fabrics).map(|((p, addr, _), fabric)| {
-            self.link.reserve(
-                addr,
-                Reservation {
-                    alloc_id: id,
-                    access_key: key.to_vec(),
-                    ranges: p
-                        .ranges
-                        .iter()
-                        .map(|&(alloc_offset, len)| Range { alloc_offset, len })
-                        .collect(),
-                    record: alloc.clone(),
-                    fabric: *fabric,
-                    gpu: p.gpu,
-                },
-            )
-        });
+        // Target `i` holds copy `i / shares` of the primary share `i % shares`.
+        let copy_of = |i: usize| u32::try_from(i / shares.max(1)).unwrap_or(u32::MAX);
+        let replicas_of = |i: usize| -> Vec<String> {
+            if i >= shares {
+                return Vec::new();
+            }
+            targets
+                .iter()
+                .skip(shares + i)
+                .step_by(shares.max(1))
+                .map(|(_, _, data)| data.clone())
+                .collect()
+        };
+        let reserves =
+            targets
+                .iter()
+                .zip(&fabrics)
+                .enumerate()
+                .map(|(i, ((p, addr, _), fabric))| {
+                    self.link.reserve(
+                        addr,
+                        Reservation {
+                            alloc_id: id,
+                            access_key: key.to_vec(),
+                            ranges: p
+                                .ranges
+                                .iter()
+                                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                                .collect(),
+                            record: alloc.clone(),
+                            fabric: *fabric,
+                            gpu: p.gpu,
+                            copy: copy_of(i),
+                            replicas: replicas_of(i),
+                        },
+                    )
+                });
         let results = join_all(reserves).await;
         self.note_pools(&results, &targets);
         let results: Vec<Result<Vec<Piece>, LinkError>> = results
@@ -141,35 +179,43 @@ impl<L: AgentLink> Master<L> {
             });
         }
 
-        for (((p, agent, data), r), fabric) in targets.iter().zip(results).zip(&fabrics) {
-            alloc
-                .extents
-                .extend(r.unwrap_or_default().into_iter().map(|piece| Extent {
-                    node: p.node.clone(),
-                    alloc_offset: piece.alloc_offset,
-                    len: piece.len,
-                    pool_offset: piece.pool_offset,
-                    data_addr: data.clone(),
-                    // An agent whose HCA refused the registration returns no
-                    // region: `auto` then reaches the piece over TCP.
-                    fabric: if *fabric == Fabric::Verbs
-                        && piece.rdma.is_empty()
-                        && spec.fabric == Fabric::Auto
-                    {
-                        Fabric::Tcp
-                    } else {
-                        *fabric
-                    },
-                    agent_addr: agent.clone(),
-                    gpu: p.gpu,
-                    rdma: piece.rdma,
-                }));
+        for (i, (((p, agent, data), r), fabric)) in
+            targets.iter().zip(results).zip(&fabrics).enumerate()
+        {
+            let copy = copy_of(i);
+            let into = if copy == 0 {
+                &mut alloc.extents
+            } else {
+                &mut alloc.replicas
+            };
+            into.extend(r.unwrap_or_default().into_iter().map(|piece| Extent {
+                node: p.node.clone(),
+                alloc_offset: piece.alloc_offset,
+                len: piece.len,
+                pool_offset: piece.pool_offset,
+                data_addr: data.clone(),
+                // An agent whose HCA refused the registration returns no
+                // region: `auto` then reaches the piece over TCP.
+                fabric: if *fabric == Fabric::Verbs
+                    && piece.rdma.is_empty()
+                    && spec.fabric == Fabric::Auto
+                {
+                    Fabric::Tcp
+                } else {
+                    *fabric
+                },
+                agent_addr: agent.clone(),
+                gpu: p.gpu,
+                rdma: piece.rdma,
+                copy,
+            }));
         }
         alloc.extents.sort_by_key(|e| e.alloc_offset);
-        if alloc.extents.len() > MAX_EXTENTS {
+        alloc.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
+        if alloc.extents.len() + alloc.replicas.len() > MAX_EXTENTS {
             // The pools were too fragmented to give the planned ranges in
             // few enough pieces: no message could carry the record.
-            let extents = alloc.extents.len();
+            let extents = alloc.extents.len() + alloc.replicas.len();
             tracing::warn!(
                 alloc_id = id,
                 extents,

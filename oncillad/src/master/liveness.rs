@@ -28,12 +28,8 @@ impl<L: AgentLink> Master<L> {
     /// about once per heartbeat interval).
     pub fn tick(&self) {
         let mut st = self.lock();
-        let degraded_on = |st: &State, node: &str| {
-            st.allocs
-                .values()
-                .filter(|r| r.alloc.extents.iter().any(|e| e.node == node))
-                .count()
-        };
+        let degraded_on =
+            |st: &State, node: &str| st.allocs.values().filter(|r| r.alloc.held_on(node)).count();
         let mut changes = Vec::new();
         for n in st.nodes.values_mut() {
             let (state, _) = n.seen.state(&self.liveness);

@@ -108,7 +108,7 @@ impl<L: AgentLink> Master<L> {
                 let now = unix_ms();
                 let mut lost = 0;
                 for rec in st.allocs.values_mut() {
-                    if rec.alloc.extents.iter().any(|e| e.node == name) {
+                    if rec.alloc.held_on(&name) {
                         rec.lost.entry(name.clone()).or_insert(now);
                         lost += 1;
                     }
@@ -154,11 +154,10 @@ impl<L: AgentLink> Master<L> {
                 if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
                     release.push(id);
-                } else if !rec.alloc.extents.iter().any(|e| e.node == name) {
+                } else if !rec.alloc.held_on(&name) {
                     // Counted against its user again with these extents.
                     let before = charge_of(&rec.alloc);
-                    rec.alloc.extents.extend(record.extents.iter().cloned());
-                    rec.alloc.extents.sort_by_key(|e| e.alloc_offset);
+                    rec.alloc.merge_extents(record);
                     let after = charge_of(&rec.alloc);
                     for (charge, add) in [(before, false), (after, true)] {
                         if let Some((uid, c)) = charge {
@@ -167,10 +166,9 @@ impl<L: AgentLink> Master<L> {
                     }
                 } else if rec
                     .alloc
-                    .extents
-                    .iter()
+                    .all_extents()
                     .filter(|e| e.node == name)
-                    .eq(record.extents.iter())
+                    .eq(record.all_extents())
                 {
                     // The node holds these very extents: not lost, whatever
                     // a registration under another incarnation claimed.
@@ -315,21 +313,23 @@ fn recount(st: &mut State, node: &str) {
     let Some(page) = st.nodes.get(node).map(|n| n.info.page()) else {
         return;
     };
-    // Per allocation, like placement counted it: its ranges on a node were
-    // reserved together.
+    // Per allocation and copy, like placement counted it.
     let reserved = st
         .allocs
         .values()
         .filter(|r| !r.lost.contains_key(node))
         .map(|r| {
-            let len: u64 = r
-                .alloc
-                .extents
-                .iter()
-                .filter(|e| e.node == node && e.gpu.is_none())
-                .map(|e| e.len)
-                .sum();
-            round_up(len, page)
+            // Each copy's ranges on the node were reserved together.
+            let mut per_copy: BTreeMap<u32, u64> = BTreeMap::new();
+            for e in r.alloc.all_extents() {
+                if e.node == node && e.gpu.is_none() {
+                    *per_copy.entry(e.copy).or_default() += e.len;
+                }
+            }
+            per_copy
+                .values()
+                .map(|&len| round_up(len, page))
+                .sum::<u64>()
         })
         .sum();
     if let Some(n) = st.nodes.get_mut(node) {

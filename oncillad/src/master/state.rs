@@ -147,22 +147,24 @@ impl State {
         if rec.adopted {
             self.freed_adopted.insert(id);
         }
-        // One Release per agent, and its footprint counted once: its ranges
-        // were reserved together.
-        let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
-        for e in &rec.alloc.extents {
+        // One Release per agent, and each copy's footprint there counted
+        // once: a copy's ranges on a node were reserved together.
+        let mut per_copy: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for e in rec.alloc.all_extents() {
             // GPU memory is not the host pool's: the node is a holder all the same.
             let host = if e.gpu.is_none() { e.len } else { 0 };
-            *per_node.entry(e.node.as_str()).or_default() += host;
+            *per_copy.entry((e.node.as_str(), e.copy)).or_default() += host;
         }
-        let mut holders = Vec::with_capacity(per_node.len());
-        for (node, len) in per_node {
+        let mut holders: Vec<(String, String)> = Vec::with_capacity(per_copy.len());
+        for ((node, _), len) in per_copy {
             if rec.lost.contains_key(node) {
                 continue;
             }
             if let Some(n) = self.nodes.get_mut(node) {
                 n.reserved = n.reserved.saturating_sub(n.footprint(len));
-                holders.push((node.to_string(), n.info.agent_addr.clone()));
+                if holders.last().is_none_or(|(last, _)| last != node) {
+                    holders.push((node.to_string(), n.info.agent_addr.clone()));
+                }
             }
         }
         holders
@@ -186,13 +188,15 @@ impl State {
 pub fn charge_of(alloc: &Allocation) -> Option<(u32, Charge)> {
     let uid = alloc.user?;
     let mut nodes: BTreeMap<String, u64> = BTreeMap::new();
-    for e in &alloc.extents {
+    for e in alloc.extents.iter().chain(&alloc.replicas) {
         *nodes.entry(e.node.clone()).or_default() += e.len;
     }
     Some((
         uid,
         Charge {
-            bytes: alloc.size,
+            bytes: alloc
+                .size
+                .saturating_mul(u64::from(alloc.placement.copies())),
             nodes,
             persistent: alloc.owner.is_none(),
         },

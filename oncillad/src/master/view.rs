@@ -74,7 +74,7 @@ impl<L: AgentLink> Master<L> {
         let mut page = Vec::new();
         let mut extents: usize = 0;
         for rec in st.allocs.range(after.saturating_add(1)..).map(|(_, r)| r) {
-            let n = rec.alloc.extents.len();
+            let n = rec.alloc.extents.len() + rec.alloc.replicas.len();
             if !page.is_empty()
                 && (page.len() >= max_allocations || extents.saturating_add(n) > max_extents)
             {
@@ -114,12 +114,55 @@ impl<L: AgentLink> Master<L> {
         a
     }
 
-    /// LOST when a holder restarted since, DEGRADED when a holder is down or
-    /// has not re-registered (or bytes are missing), else HEALTHY.
+    /// One copy: LOST when a holder restarted since, DEGRADED when a
+    /// holder is down or has not re-registered (or bytes are missing), else
+    /// HEALTHY. A replicated allocation is as healthy as its best copy, and
+    /// DEGRADED ("under-replicated") while any copy is not healthy.
     fn health(&self, st: &State, rec: &Record) -> (Health, Vec<String>) {
+        let primary = self.copy_health(st, rec, 0);
+        let replicas = rec.alloc.replica_copies();
+        if replicas.is_empty() {
+            return primary;
+        }
+        let copies: Vec<(u32, (Health, Vec<String>))> = std::iter::once((0, primary))
+            .chain(
+                replicas
+                    .into_iter()
+                    .map(|c| (c, self.copy_health(st, rec, c))),
+            )
+            .collect();
+        let best = copies
+            .iter()
+            .map(|(_, (h, _))| *h)
+            .min()
+            .unwrap_or_default();
+        let worst = copies
+            .iter()
+            .map(|(_, (h, _))| *h)
+            .max()
+            .unwrap_or_default();
+        let mut notes = Vec::new();
+        for (copy, (h, why)) in &copies {
+            if *h != Health::Healthy {
+                notes.extend(why.iter().map(|w| format!("copy {copy}: {w}")));
+            }
+        }
+        if best == Health::Healthy && worst != Health::Healthy {
+            notes.push("under-replicated: served from the copies that are whole".into());
+            return (Health::Degraded, notes);
+        }
+        (best, notes)
+    }
+
+    /// The health of copy `copy` alone (see [`Self::health`]).
+    fn copy_health(&self, st: &State, rec: &Record, copy: u32) -> (Health, Vec<String>) {
         let mut health = Health::Healthy;
         let mut notes = Vec::new();
-        let holders: BTreeSet<&str> = rec.alloc.extents.iter().map(|e| e.node.as_str()).collect();
+        let holders: BTreeSet<&str> = rec
+            .alloc
+            .copy_extents(copy)
+            .map(|e| e.node.as_str())
+            .collect();
         for node in holders {
             if let Some(&at) = rec.lost.get(node) {
                 health = Health::Lost;
@@ -141,7 +184,7 @@ impl<L: AgentLink> Master<L> {
                 _ => {}
             }
         }
-        if let Some((from, to)) = rec.alloc.first_gap() {
+        if let Some((from, to)) = rec.alloc.first_gap(copy) {
             health = health.max(Health::Degraded);
             notes.push(format!(
                 "bytes {from}..{to} not reported yet: their node has not re-registered"
@@ -192,6 +235,7 @@ impl<L: AgentLink> Master<L> {
                     })
                     .collect(),
                 gpu_note: n.info.gpu_note.clone(),
+                zone: n.info.zone.clone(),
             })
             .collect()
     }

@@ -15,6 +15,7 @@ use oncilla_model::Fabric;
 
 use oncilla_cuda::DeviceMem;
 
+use super::copying::Copying;
 use super::keys::{GpuRegistration, Keys};
 use crate::pool::PoolExtent;
 
@@ -53,6 +54,9 @@ pub struct HeldExtent {
     /// port, addressing the extent's first byte); empty where verbs does
     /// not reach it.
     pub rdma: Vec<RdmaRegion>,
+    /// Which copy of the allocation's bytes it holds (0: the primary,
+    /// which takes writes; a replica takes them only from its primary).
+    pub copy: u32,
 }
 
 impl HeldExtent {
@@ -94,6 +98,8 @@ pub struct Held {
     pub record: Allocation,
     /// The fabric its creator uses for this node.
     pub fabric: Fabric,
+    /// Where writes to its primary ranges here are copied, in one order.
+    pub copying: Arc<Copying>,
 }
 
 impl Held {
@@ -107,6 +113,28 @@ impl Held {
             .checked_sub(1)?;
         let e = &self.extents[i];
         (end <= e.alloc_offset + e.len).then_some(i)
+    }
+
+    /// The extents that together hold exactly `[offset, offset + len)`,
+    /// one after another with no gap (a replica's pieces need not match
+    /// its primary's), if they do.
+    pub fn span_for(&self, offset: u64, len: u64) -> Option<std::ops::Range<usize>> {
+        let end = offset.checked_add(len)?;
+        let first = self
+            .extents
+            .partition_point(|e| e.alloc_offset <= offset)
+            .checked_sub(1)?;
+        let mut at = offset;
+        let mut i = first;
+        while at < end {
+            let e = self.extents.get(i)?;
+            if e.alloc_offset > at || e.alloc_offset + e.len <= at {
+                return None;
+            }
+            at = e.alloc_offset + e.len;
+            i += 1;
+        }
+        Some(first..i.max(first + 1))
     }
 
     /// Its allocation is gone: its RDMA keys stop working now, and its
@@ -185,6 +213,7 @@ mod tests {
                     )),
                     at: 0,
                     rdma: Vec::new(),
+                    copy: 0,
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
@@ -194,12 +223,17 @@ mod tests {
                     )),
                     at: 0,
                     rdma: Vec::new(),
+                    copy: 0,
                 }),
             ],
             record: Allocation::new(0, 400, oncilla_model::Kind::RemoteHost),
             fabric: Fabric::Auto,
+            copying: Arc::default(),
         };
-        assert_eq!(held.extent_for(0, 100), Some(0));
+        assert_eq!(held.span_for(0, 100), Some(0..1));
+        assert_eq!(held.span_for(350, 50), Some(1..2));
+        assert!(held.span_for(50, 300).is_none(), "a gap");
+        assert!(held.span_for(399, 2).is_none());
         assert_eq!(held.extent_for(350, 50), Some(1));
         assert!(held.extent_for(50, 100).is_none());
         assert!(held.extent_for(150, 10).is_none());

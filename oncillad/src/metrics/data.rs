@@ -55,7 +55,7 @@ pub struct Transfers {
     /// Same-node mappings granted (fabric `shm`, op `map`; the bytes are
     /// the lengths mapped, then copied by the client itself).
     pub map: OpMetrics,
-    refusals: [IntCounter; 6],
+    refusals: [IntCounter; 7],
     hello: [IntCounter; 3],
     connections: IntGaugeVec,
     evictions: [super::Mirror; 2],
@@ -135,6 +135,7 @@ impl Transfers {
                 "internal",
                 "busy",
                 "other",
+                "not_primary",
             ]
             .map(|r| refusals.with_label_values(&[r])),
             hello: ["wrong_token", "bad_version", "no_seat"].map(|r| hello.with_label_values(&[r])),
@@ -154,6 +155,7 @@ impl Transfers {
             Status::Internal => 3,
             Status::Busy => 4,
             Status::Ok => 5,
+            Status::NotPrimary => 6,
         };
         self.refusals[i].inc();
     }

@@ -121,6 +121,11 @@ pub(crate) fn start(
         pace: fabric::pace::Pace::new(Some(agent_cfg.pull_rate)),
         mint: Some(Arc::clone(node_keys)),
     };
+    let replicas = fabric::replicate::Replicas {
+        peers: agent.peers(),
+        tls: trust.clone(),
+        keys: Arc::clone(node_keys),
+    };
 
     std::thread::Builder::new()
         .name("oncilla-data-accept".into())
@@ -133,7 +138,7 @@ pub(crate) fn start(
                     held,
                     data_admission,
                     data_tls,
-                    pulls,
+                    (pulls, replicas),
                     rings,
                     transfers,
                 )

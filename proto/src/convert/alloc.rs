@@ -2,7 +2,7 @@
 
 use oncilla_model::alloc::{
     AllocRef, AllocSpec, Allocation, Extent, Health, Invalid, NodeShare, Owner, Placement,
-    RdmaRegion, KEY_LEN, MAX_EXTENTS, MAX_ID,
+    RdmaRegion, KEY_LEN, MAX_EXTENTS, MAX_ID, MAX_REPLICAS,
 };
 
 use super::{fabric, fabric_wire, kind, kind_wire, policy, policy_wire, WireError};
@@ -20,6 +20,9 @@ impl From<NodeShare> for pb::NodeShare {
 impl TryFrom<pb::Placement> for Placement {
     type Error = WireError;
     fn try_from(p: pb::Placement) -> Result<Self, WireError> {
+        if p.replicas > MAX_REPLICAS {
+            return Err(Invalid::Replicas(p.replicas).into());
+        }
         Ok(Self {
             policy: policy(p.policy)?,
             nodes: p
@@ -32,6 +35,7 @@ impl TryFrom<pb::Placement> for Placement {
                 .collect(),
             stripe: p.stripe,
             gpu: p.gpu,
+            replicas: p.replicas,
         })
     }
 }
@@ -43,6 +47,7 @@ impl From<Placement> for pb::Placement {
             nodes: p.nodes.into_iter().map(Into::into).collect(),
             stripe: p.stripe,
             gpu: p.gpu,
+            replicas: p.replicas,
         }
     }
 }
@@ -172,6 +177,7 @@ impl TryFrom<pb::Extent> for Extent {
             agent_addr: e.agent_addr,
             gpu: e.gpu,
             rdma: e.rdma.into_iter().map(Into::into).collect(),
+            copy: e.copy,
         })
     }
 }
@@ -188,6 +194,7 @@ impl From<Extent> for pb::Extent {
             agent_addr: e.agent_addr,
             gpu: e.gpu,
             rdma: e.rdma.into_iter().map(Into::into).collect(),
+            copy: e.copy,
         }
     }
 }
@@ -217,8 +224,11 @@ impl TryFrom<pb::Allocation> for Allocation {
         if a.id > MAX_ID {
             return Err(Invalid::Id(a.id).into());
         }
-        if a.extents.len() > MAX_EXTENTS {
-            return Err(Invalid::Extents(a.extents.len()).into());
+        if a.extents.len() + a.replicas.len() > MAX_EXTENTS {
+            return Err(Invalid::Extents(a.extents.len() + a.replicas.len()).into());
+        }
+        if a.extents.iter().any(|e| e.copy != 0) || a.replicas.iter().any(|e| e.copy == 0) {
+            return Err(Invalid::Copies.into());
         }
         Ok(Self {
             id: a.id,
@@ -226,6 +236,11 @@ impl TryFrom<pb::Allocation> for Allocation {
             kind: kind(a.kind)?.ok_or(Invalid::NoKind)?,
             extents: a
                 .extents
+                .into_iter()
+                .map(Extent::try_from)
+                .collect::<Result<_, _>>()?,
+            replicas: a
+                .replicas
                 .into_iter()
                 .map(Extent::try_from)
                 .collect::<Result<_, _>>()?,
@@ -255,6 +270,7 @@ impl From<Allocation> for pb::Allocation {
             size: a.size,
             kind: kind_wire(Some(a.kind)),
             extents: a.extents.into_iter().map(Into::into).collect(),
+            replicas: a.replicas.into_iter().map(Into::into).collect(),
             access_key: a.access_key,
             owner: a.owner.map(Into::into),
             created_unix_ms: a.created_unix_ms,

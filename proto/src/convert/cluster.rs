@@ -1,6 +1,6 @@
 //! Master <-> agent messages (membership and reservation): wire <-> domain.
 
-use oncilla_model::alloc::Allocation;
+use oncilla_model::alloc::{Allocation, Invalid, MAX_REPLICAS};
 use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,
     SessionReport,
@@ -8,6 +8,10 @@ use oncilla_model::cluster::{
 
 use super::{fabric, fabric_wire, WireError};
 use crate::pb;
+
+/// Longest data address a reservation may name (`host:port`; a DNS name is
+/// at most 253 bytes).
+const MAX_ADDR: usize = 261;
 
 impl TryFrom<pb::RegisterRequest> for Registration {
     type Error = WireError;
@@ -143,6 +147,19 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
 impl TryFrom<pb::ReserveRequest> for Reservation {
     type Error = WireError;
     fn try_from(r: pb::ReserveRequest) -> Result<Self, WireError> {
+        let copies = u32::try_from(r.replicas.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        if r.copy >= MAX_REPLICAS || copies > MAX_REPLICAS {
+            return Err(Invalid::Replicas(r.copy.max(copies)).into());
+        }
+        if r.copy > 0 && !r.replicas.is_empty()
+            || r.replicas
+                .iter()
+                .any(|a| a.is_empty() || a.len() > MAX_ADDR)
+        {
+            return Err(Invalid::Copies.into());
+        }
         Ok(Self {
             alloc_id: r.alloc_id,
             access_key: r.access_key,
@@ -160,6 +177,8 @@ impl TryFrom<pb::ReserveRequest> for Reservation {
                 .try_into()?,
             fabric: fabric(r.fabric)?,
             gpu: r.gpu,
+            copy: r.copy,
+            replicas: r.replicas,
         })
     }
 }
@@ -180,6 +199,8 @@ impl From<Reservation> for pb::ReserveRequest {
             record: Some(r.record.into()),
             fabric: fabric_wire(r.fabric),
             gpu: r.gpu,
+            copy: r.copy,
+            replicas: r.replicas,
         }
     }
 }

@@ -55,12 +55,16 @@ pub(super) fn node_shares() -> impl Strategy<Value = NodeShare> {
 
 pub(super) fn placements() -> impl Strategy<Value = Placement> {
     (
-        policies(),
-        vec(node_shares(), 0..4),
-        (0u64..=1024).prop_map(|n| n * PAGE),
-        option::of(any::<u32>()),
+        (
+            policies(),
+            vec(node_shares(), 0..4),
+            (0u64..=1024).prop_map(|n| n * PAGE),
+            option::of(any::<u32>()),
+        ),
+        0..=MAX_REPLICAS,
     )
-        .prop_map(|(policy, nodes, stripe, gpu)| Placement {
+        .prop_map(|((policy, nodes, stripe, gpu), replicas)| Placement {
+            replicas,
             policy,
             nodes,
             stripe,
@@ -79,7 +83,11 @@ pub(super) fn alloc_specs() -> impl Strategy<Value = AllocSpec> {
         any::<bool>(),
     )
         .prop_map(
-            |(size, kind, placement, name, persistent, fabric, shared)| {
+            |(size, kind, mut placement, name, persistent, fabric, shared)| {
+                // Replicas are for remote host memory over TCP.
+                if kind != Kind::RemoteHost || !matches!(fabric, Fabric::Auto | Fabric::Tcp) {
+                    placement.replicas = 0;
+                }
                 AllocSpec::new(size, kind, placement, name, persistent, fabric)
                     .unwrap()
                     .shared(shared)
@@ -152,6 +160,7 @@ pub(super) fn extents() -> impl Strategy<Value = Extent> {
         .prop_map(
             |(node, alloc_offset, len, pool_offset, data_addr, fabric, agent_addr, gpu, rdma)| {
                 Extent {
+                    copy: 0,
                     node,
                     alloc_offset,
                     len,
@@ -175,7 +184,7 @@ pub(super) fn access_keys() -> impl Strategy<Value = Vec<u8>> {
 pub(super) fn allocations() -> impl Strategy<Value = Allocation> {
     (
         (0..=MAX_ID, 0..=MAX_ALLOCATION, kinds()),
-        vec(extents(), 0..3),
+        vec(extents(), 0..5),
         access_keys(),
         option::of(owners()),
         any::<u64>(),
@@ -203,7 +212,14 @@ pub(super) fn allocations() -> impl Strategy<Value = Allocation> {
                 shared,
             )| {
                 let mut a = Allocation::new(id, size, kind);
-                a.extents = extents;
+                // The first extents are the primary's, the rest a replica's.
+                let (primary, replicas) = extents.split_at(extents.len() / 2);
+                a.extents = primary.to_vec();
+                a.replicas = replicas
+                    .iter()
+                    .cloned()
+                    .map(|e| Extent { copy: 1, ..e })
+                    .collect();
                 a.access_key = access_key;
                 a.owner = owner;
                 a.created_unix_ms = created_unix_ms;
@@ -475,15 +491,21 @@ pub(super) fn reservations() -> impl Strategy<Value = Reservation> {
         vec(ranges(), 0..4),
         fabrics(),
         option::of(any::<u32>()),
+        (0..MAX_REPLICAS, vec(node_names(), 0..MAX_REPLICAS as usize)),
     )
-        .prop_map(|(record, access_key, ranges, fabric, gpu)| Reservation {
-            alloc_id: record.id,
-            access_key,
-            ranges,
-            record,
-            fabric,
-            gpu,
-        })
+        .prop_map(
+            |(record, access_key, ranges, fabric, gpu, (copy, replicas))| Reservation {
+                // A replica's reservation names no replicas.
+                replicas: if copy == 0 { replicas } else { Vec::new() },
+                copy,
+                alloc_id: record.id,
+                access_key,
+                ranges,
+                record,
+                fabric,
+                gpu,
+            },
+        )
 }
 
 pub(super) fn pieces() -> impl Strategy<Value = Piece> {

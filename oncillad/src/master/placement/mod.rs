@@ -30,6 +30,8 @@ pub struct Candidate {
     pub gpus: Vec<GpuRoom>,
     /// Why the node has no GPU (empty when it has some).
     pub gpu_note: String,
+    /// The failure domain it declared (empty: none).
+    pub zone: String,
 }
 
 /// One GPU as placement sees it.
@@ -522,6 +524,9 @@ fn exhausted(size: u64, nodes: &[Candidate]) -> CoreError {
         detail,
     }
 }
+
+mod replicas;
+pub use replicas::replicas;
 
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@ fn node(name: &str, pages: u64, up: bool) -> Candidate {
         page: P,
         gpus: Vec::new(),
         gpu_note: "no CUDA driver on this node".into(),
+        zone: String::new(),
     }
 }
 
@@ -34,6 +35,7 @@ fn policy(p: Policy) -> Placement {
 
 fn named_nodes(list: &[(&str, u32)], stripe: u64) -> Placement {
     Placement {
+        replicas: 0,
         policy: Policy::LocalFirst,
         nodes: list
             .iter()
@@ -269,6 +271,7 @@ fn gpu_nodes() -> Vec<Candidate> {
             })
             .collect(),
         gpu_note: String::new(),
+        zone: String::new(),
         ..node(name, 100, up)
     };
     vec![

@@ -1,0 +1,214 @@
+//! The agent alone (no cluster): reservations and releases in its pool,
+//! which memory may be mapped, sessions and what it reports.
+
+use super::*;
+use crate::pool::{HugePages, PoolSpec};
+use oncilla_model::alloc::Owner;
+use oncilla_model::cluster::Range;
+use oncilla_model::Fabric;
+
+fn agent() -> Agent {
+    let node = NodeInfo {
+        name: "n1".into(),
+        ..Default::default()
+    };
+    let spec = PoolSpec {
+        capacity: 64 * 4096,
+        huge_pages: HugePages::Off,
+        slab: 16 * 4096,
+    };
+    let pool = Pool::new(spec).unwrap();
+    let rdma = Rdma::start_at(std::path::Path::new("/nonexistent/infiniband"), &[], &pool);
+    Agent::new(
+        node,
+        Arc::new(pool),
+        Arc::new(rdma),
+        std::time::Duration::from_secs(300),
+    )
+}
+
+#[test]
+fn reserve_and_release() {
+    let a = agent();
+    a.reserve(res(1, &[3; KEY_LEN], &[(0, 5000)], rec(), Fabric::Auto))
+        .unwrap();
+    a.reserve(res(1, &[3; KEY_LEN], &[(5000, 100)], rec(), Fabric::Auto))
+        .unwrap();
+    assert_eq!(a.pool().stats().used, 3 * 4096);
+    assert!(
+        a.reserve(res(1, &[3; KEY_LEN], &[(4000, 10)], rec(), Fabric::Auto))
+            .is_err(),
+        "overlap"
+    );
+    assert!(
+        a.reserve(res(1, &[4; KEY_LEN], &[(9000, 10)], rec(), Fabric::Auto))
+            .is_err(),
+        "other key"
+    );
+    assert!(
+        a.reserve(res(2, &[4; 3], &[(0, 10)], rec(), Fabric::Auto))
+            .is_err(),
+        "short key"
+    );
+    assert!(
+        a.reserve(res(
+            3,
+            &[4; KEY_LEN],
+            &[(0, 10), (5, 10)],
+            rec(),
+            Fabric::Auto
+        ))
+        .is_err(),
+        "self-overlap"
+    );
+    assert!(
+        a.reserve(res(3, &[4; KEY_LEN], &[], rec(), Fabric::Auto))
+            .is_err(),
+        "nothing"
+    );
+    let held = a.release(1).unwrap();
+    assert_eq!(held.extents.len(), 2);
+    drop(held);
+    assert_eq!(a.pool().stats().used, 0);
+    assert!(a.release(1).is_none());
+}
+
+#[test]
+fn splits_over_slabs_into_pieces() {
+    let a = agent();
+    // 20 pages do not fit one 16-page slab: two pieces tiling the range.
+    let pieces = a
+        .reserve(res(
+            9,
+            &[1; KEY_LEN],
+            &[(100, 20 * 4096 - 5)],
+            rec(),
+            Fabric::Auto,
+        ))
+        .unwrap();
+    assert_eq!(pieces.len(), 2);
+    assert_eq!(pieces[0].alloc_offset, 100);
+    assert_eq!(pieces[0].len, 16 * 4096);
+    assert_eq!(pieces[1].alloc_offset, 100 + 16 * 4096);
+    assert_eq!(pieces[1].len, 4 * 4096 - 5);
+    let held = a.held().get(&9).unwrap().value().clone();
+    assert_eq!(held.extent_for(100, 16 * 4096), Some(0));
+    assert_eq!(held.extent_for(100 + 16 * 4096, 10), Some(1));
+    assert_eq!(a.usage().used, 20 * 4096);
+}
+
+#[test]
+fn striped_ranges_pack_into_one_pool_extent() {
+    let a = agent();
+    let ranges = [(0, 4096), (3 * 4096, 4096), (6 * 4096, 100)];
+    let pieces = a
+        .reserve(res(5, &[1; KEY_LEN], &ranges, rec(), Fabric::Auto))
+        .unwrap();
+    let got: Vec<(u64, u64)> = pieces.iter().map(|p| (p.alloc_offset, p.len)).collect();
+    assert_eq!(got, ranges);
+    // Densely packed: consecutive pool offsets, three pages in all.
+    assert_eq!(pieces[1].pool_offset, pieces[0].pool_offset + 4096);
+    assert_eq!(pieces[2].pool_offset, pieces[0].pool_offset + 2 * 4096);
+    assert_eq!(a.usage().used, 3 * 4096);
+    let held = a.held().get(&5).unwrap().value().clone();
+    assert_eq!(held.extent_for(3 * 4096 + 10, 100), Some(1));
+    assert_eq!(held.extent_for(4096, 1), None, "a gap held elsewhere");
+}
+
+/// A reservation of `ranges` of `id`, one copy.
+fn res(
+    id: u64,
+    key: &[u8],
+    ranges: &[(u64, u64)],
+    record: Allocation,
+    fabric: Fabric,
+) -> Reservation {
+    Reservation {
+        alloc_id: id,
+        access_key: key.to_vec(),
+        ranges: ranges
+            .iter()
+            .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+            .collect(),
+        record,
+        fabric,
+        gpu: None,
+        copy: 0,
+        replicas: Vec::new(),
+    }
+}
+
+fn rec() -> Allocation {
+    let mut a = Allocation::new(0, 1 << 20, Kind::RemoteHost);
+    a.name = "kept".into();
+    a
+}
+
+/// Memory of a session on another node is never mapped here: its
+/// small extents hold no file; a persistent allocation's, or one of a
+/// session of this node, can be.
+#[test]
+fn only_memory_a_process_here_may_map_gets_files() {
+    let a = agent();
+    let mut foreign = rec();
+    foreign.owner = Some(Owner {
+        session_id: oncilla_model::alloc::session_id("n2", Some(1000), 1),
+        node: "n2".into(),
+        ..Default::default()
+    });
+    let mut local = foreign.clone();
+    local.owner = Some(Owner {
+        session_id: oncilla_model::alloc::session_id("n1", Some(1000), 2),
+        node: "n1".into(),
+        ..Default::default()
+    });
+    let mappable = |id: u64, record: Allocation| {
+        a.reserve(res(
+            id,
+            &[id as u8; KEY_LEN],
+            &[(0, 4096)],
+            record,
+            Fabric::Auto,
+        ))
+        .unwrap();
+        let held = a.held.get(&id).map(|e| Arc::clone(e.value())).unwrap();
+        held.extents[0].pool().unwrap().files().is_some()
+    };
+    assert!(!mappable(1, foreign));
+    assert!(mappable(2, local));
+    assert!(mappable(3, rec()));
+}
+
+#[test]
+fn sessions_and_reports() {
+    let a = agent();
+    let s = a.open_session(7, Some(0), "prog".into()).unwrap();
+    let t = a.open_session(8, None, "other".into()).unwrap();
+    assert!(s.id.starts_with("n1-"));
+    assert_eq!(a.session(&s.id).unwrap().pid, 7);
+    a.note_attached(&t.id, 42, true);
+    a.reserve(res(42, &[5; KEY_LEN], &[(0, 100)], rec(), Fabric::Shm))
+        .unwrap();
+    a.end_session(&s.id);
+    assert!(matches!(a.session(&s.id), Err(CoreError::NoSuchSession(_))));
+    assert_eq!(a.ended_sessions(), std::slice::from_ref(&s.id));
+
+    let (report, ended) = a.registration();
+    assert_eq!(ended, std::slice::from_ref(&s.id));
+    assert_eq!(report.incarnation, a.incarnation());
+    assert_eq!(report.next_session_seq, 2);
+    assert_eq!(report.sessions.len(), 1);
+    let only = &report.sessions[0];
+    assert_eq!(only.who.session_seq, 1);
+    assert_eq!(only.attached, [42]);
+    let held = &report.held[0];
+    assert_eq!((held.id, held.name.as_str()), (42, "kept"));
+    assert_eq!(held.access_key, [5; KEY_LEN]);
+    assert_eq!(held.extents.len(), 1);
+    assert_eq!(held.extents[0].fabric, Fabric::Shm);
+
+    a.ack_ended(&ended);
+    assert!(a.ended_sessions().is_empty());
+    a.release_all(&[42, 43]);
+    assert_eq!(a.allocations(), 0);
+}

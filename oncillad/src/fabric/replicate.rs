@@ -1,0 +1,263 @@
+//! The primary's side of a replicated allocation: after a write (or a
+//! pull) has landed in this node's memory, its bytes are copied to every
+//! replica with REPLICATE requests, straight from pool memory, and the
+//! client is answered only once each replica acknowledged them.
+//!
+//! The caller holds the allocation's order lock (`memory::copying`) across
+//! [`Replicator::copy_out`], so every replica takes the writes in one order.
+//! The bytes sent are the memory's at sending time: two writers to
+//! overlapping bytes may have landed in either order, but the last copy
+//! sent of each byte is sent after every write of it landed, so replicas
+//! end equal to the primary. A replica that fails keeps its range in the
+//! missed list; the next write sends it again first.
+//!
+//! It owns the outbound connections (one per replica address per client
+//! connection), dialing only the cluster's data addresses ([`Peers`]) and
+//! presenting the agents' replicator credential. It never decides which
+//! allocations are replicated, nor where.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncilla_net::credential::{NodeKeys, REPLICATOR};
+use oncilla_net::tls::tunnel::DataStream;
+use oncilla_net::tls::ClientTls;
+use oncilla_net::wire::dial;
+use oncilla_net::wire::sock::{self, Deadline, RecvBuf, Shared};
+use oncilla_net::wire::{self, Op, Reply, Request, Status, REPLY_LEN};
+
+use crate::memory::copying::Order;
+use crate::memory::held::{Backing, Held};
+use crate::peers::Peers;
+
+/// How long dialing a replica may take, TLS included.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A replica that makes no progress for this long fails the copy.
+const STALL: Duration = Duration::from_secs(5);
+/// How long a replicator credential is good for; a connection dials again
+/// with a fresh one well before.
+const CREDENTIAL_LIFETIME: u64 = 600;
+/// Connections are dialed again after this (inside the lifetime).
+const REDIAL_AFTER: u64 = 300;
+
+/// What every copy of this agent shares: where it may dial, how, and the
+/// keys that make its credential.
+#[derive(Debug, Clone)]
+pub struct Replicas {
+    pub peers: Arc<Peers>,
+    /// The cluster CA, when data ports speak TLS.
+    pub tls: Option<ClientTls>,
+    pub keys: Arc<NodeKeys>,
+}
+
+/// A client connection's outbound side for copies.
+#[derive(Default)]
+pub struct Replicator {
+    open: Vec<Outbound>,
+}
+
+struct Outbound {
+    addr: String,
+    stream: DataStream,
+    recv: RecvBuf,
+    dialed: u64,
+}
+
+impl Replicator {
+    /// Copies `[offset, offset + len)` of `held` (this node's primary
+    /// ranges in it) to each replica, after the ranges it missed. Call it
+    /// with the order lock held (`order`).
+    ///
+    /// # Errors
+    /// The refusal to answer the client: the replicas that did not take
+    /// the copy, and why. Their ranges are noted as missed.
+    pub fn copy_out(
+        &mut self,
+        replicas: &Replicas,
+        order: &mut Order,
+        to: &[String],
+        (alloc_id, held): (u64, &Held),
+        offset: u64,
+        len: u64,
+    ) -> Result<(), (Status, String)> {
+        let mut failed = Vec::new();
+        for addr in to {
+            let mut pending = order.missed.remove(addr).unwrap_or_default();
+            pending.push((offset, len));
+            let mut sent = 0;
+            let to = To {
+                replicas,
+                addr,
+                alloc_id,
+                held,
+            };
+            let outcome = pending.iter().try_for_each(|&(o, l)| {
+                self.send_range(&to, o, l)?;
+                sent += 1;
+                Ok::<(), String>(())
+            });
+            if let Err(why) = outcome {
+                for &(o, l) in &pending[sent..] {
+                    order.miss(addr, o, l);
+                }
+                failed.push(format!("{addr}: {why}"));
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        Err((
+            Status::Internal,
+            format!(
+                "the write is in the primary but not in every replica ({}); write it again",
+                failed.join("; ")
+            ),
+        ))
+    }
+
+    /// Sends this node's primary bytes in `[offset, offset + len)` to
+    /// `addr`, piece by piece, each acknowledged before the next.
+    fn send_range(&mut self, to: &To<'_>, offset: u64, len: u64) -> Result<(), String> {
+        let end = offset.saturating_add(len);
+        for e in to.held.extents.iter().filter(|e| e.copy == 0) {
+            let (from, until) = (offset.max(e.alloc_offset), end.min(e.alloc_offset + e.len));
+            let Backing::Pool(m) = &e.memory else {
+                return Err("only host memory is replicated".into());
+            };
+            let mut at = from;
+            while at < until {
+                let n = (until - at).min(wire::MAX_IO);
+                let n_usize = usize::try_from(n).map_err(|e| e.to_string())?;
+                // SAFETY: [at, at + n) lies inside extent `e` (clamped to
+                // it above), whose memory `held` keeps mapped for as long
+                // as the caller holds it (this call).
+                let data = unsafe { Shared::new(m.ptr(e.at + (at - e.alloc_offset)), n_usize) };
+                self.send_one(to, at, data)?;
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// One REPLICATE request and its acknowledgement, on the kept
+    /// connection to `addr` (dialed again once when a kept one turns out
+    /// closed before answering).
+    fn send_one(&mut self, to: &To<'_>, offset: u64, data: Shared<'_>) -> Result<(), String> {
+        let To {
+            replicas,
+            addr,
+            alloc_id,
+            held,
+        } = *to;
+        let now = oncilla_net::credential::unix_now();
+        let kept = self
+            .open
+            .iter()
+            .position(|o| o.addr == addr && now < o.dialed + REDIAL_AFTER)
+            .map(|i| self.open.swap_remove(i));
+        let fresh = kept.is_none();
+        let mut out = match kept {
+            Some(o) => o,
+            None => dial_replica(replicas, addr)?,
+        };
+        let req = Request {
+            op: Op::Replicate,
+            alloc_id,
+            key: held.key,
+            offset,
+            len: data.len() as u64,
+        };
+        let result = match exchange(&mut out, &req, data) {
+            Err(Lost::BeforeReply(_)) if !fresh => {
+                out = dial_replica(replicas, addr)?;
+                exchange(&mut out, &req, data)
+            }
+            r => r,
+        };
+        match result {
+            Ok(()) => {
+                self.open.push(out);
+                Ok(())
+            }
+            // Refused in step: the connection is still good.
+            Err(Lost::Refused(why)) => {
+                self.open.push(out);
+                Err(why)
+            }
+            Err(Lost::BeforeReply(why) | Lost::After(why)) => Err(why),
+        }
+    }
+}
+
+/// Where one copy goes: which allocation, from which memory, to which
+/// replica.
+#[derive(Clone, Copy)]
+struct To<'a> {
+    replicas: &'a Replicas,
+    addr: &'a str,
+    alloc_id: u64,
+    held: &'a Held,
+}
+
+/// How an exchange failed.
+enum Lost {
+    /// The connection failed before any reply (a kept one may be stale).
+    BeforeReply(String),
+    /// It failed after a reply began: it is out of step.
+    After(String),
+    /// The replica refused the copy, with its message.
+    Refused(String),
+}
+
+fn dial_replica(replicas: &Replicas, addr: &str) -> Result<Outbound, String> {
+    if !replicas.peers.admits(addr) {
+        return Err(format!(
+            "{addr:?} is not the data address of any node of this cluster"
+        ));
+    }
+    let now = oncilla_net::credential::unix_now();
+    let secret = replicas.keys.session(REPLICATOR, now + CREDENTIAL_LIFETIME);
+    let stream = dial::dial(
+        addr,
+        replicas.tls.as_ref(),
+        secret.as_bytes(),
+        CONNECT_TIMEOUT,
+        STALL,
+    )
+    .map_err(|e| format!("cannot reach it: {e}"))?;
+    Ok(Outbound {
+        addr: addr.to_string(),
+        stream,
+        recv: RecvBuf::new(REPLY_LEN + wire::MAX_MESSAGE as usize),
+        dialed: now,
+    })
+}
+
+/// Sends `req` and its payload, then reads the reply.
+fn exchange(out: &mut Outbound, req: &Request, data: Shared<'_>) -> Result<(), Lost> {
+    let n = data.len();
+    sock::send_by(
+        &out.stream,
+        &req.encode(),
+        data,
+        Deadline::for_transfer(n, STALL),
+    )
+    .map_err(|e| Lost::BeforeReply(format!("connection lost: {e}")))?;
+    let mut head = [0u8; REPLY_LEN];
+    out.recv
+        .read_exact_by(&out.stream, &mut head, Deadline::for_transfer(0, STALL))
+        .map_err(|e| Lost::BeforeReply(format!("no answer: {e}")))?;
+    let reply = Reply::decode(&head).map_err(|e| Lost::After(e.to_string()))?;
+    if reply.status == Status::Ok {
+        return Ok(());
+    }
+    let m = usize::try_from(reply.len.min(wire::MAX_MESSAGE)).unwrap_or(0);
+    let mut msg = vec![0u8; m];
+    out.recv
+        .read_exact_by(&out.stream, &mut msg, Deadline::for_transfer(m, STALL))
+        .map_err(|e| Lost::After(format!("connection lost: {e}")))?;
+    Err(Lost::Refused(format!(
+        "refused: {}",
+        String::from_utf8_lossy(&msg)
+    )))
+}

@@ -1,0 +1,206 @@
+//! Where the replicas of a planned allocation go: for each further copy,
+//! each share of the primary goes whole to one other node, so a node that
+//! holds the primary of some ranges copies each write of them to one node
+//! per replica. Pure, like the rest of placement; it never reserves.
+//!
+//! Rules, in order: a node never holds two copies of the same bytes; a
+//! node that is down gets nothing; where nodes declare zones, a copy goes
+//! to a zone that holds no other copy of those bytes when one has room;
+//! then the node with the most room.
+
+use std::collections::BTreeMap;
+
+use oncilla_model::size::{round_up, HumanBytes};
+
+use super::{Candidate, Planned};
+use crate::error::CoreError;
+
+/// The shares of copies 1 to `copies - 1` (each as `primary` is laid out,
+/// share by share), with room counted after the primary's shares.
+///
+/// # Errors
+/// [`CoreError::CapacityExhausted`] when some share has no node left that
+/// holds no copy of it and has room, said with the nodes' free room.
+pub fn replicas(
+    primary: &[Planned],
+    copies: u32,
+    nodes: &[Candidate],
+) -> Result<Vec<Vec<Planned>>, CoreError> {
+    let by_name: BTreeMap<&str, &Candidate> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    // Room left on each node once what is already planned is taken.
+    let mut free: BTreeMap<&str, u64> = nodes.iter().map(|n| (n.name.as_str(), n.room())).collect();
+    let take = |free: &mut BTreeMap<&str, u64>, node: &str, bytes: u64| {
+        if let (Some(f), Some(n)) = (free.get_mut(node), by_name.get(node)) {
+            *f = f.saturating_sub(round_up(bytes, n.page.max(1)));
+        }
+    };
+    for p in primary {
+        take(&mut free, &p.node, p.bytes());
+    }
+    // For each primary share, the nodes holding a copy of it so far.
+    let mut holders: Vec<Vec<&str>> = primary.iter().map(|p| vec![p.node.as_str()]).collect();
+    let mut out = Vec::new();
+    for _ in 1..copies {
+        let mut copy = Vec::with_capacity(primary.len());
+        for (p, held) in primary.iter().zip(&mut holders) {
+            let bytes = p.bytes();
+            let zones: Vec<&str> = held
+                .iter()
+                .filter_map(|h| by_name.get(h))
+                .map(|n| n.zone.as_str())
+                .filter(|z| !z.is_empty())
+                .collect();
+            let chosen = nodes
+                .iter()
+                .filter(|n| n.up && !held.contains(&n.name.as_str()))
+                .filter(|n| {
+                    free.get(n.name.as_str())
+                        .is_some_and(|&f| round_up(bytes, n.page.max(1)) <= f)
+                })
+                .max_by(|a, b| {
+                    let new_zone =
+                        |n: &Candidate| !n.zone.is_empty() && !zones.contains(&n.zone.as_str());
+                    new_zone(a)
+                        .cmp(&new_zone(b))
+                        .then_with(|| free[a.name.as_str()].cmp(&free[b.name.as_str()]))
+                        .then_with(|| b.name.cmp(&a.name))
+                })
+                .ok_or_else(|| no_room(p, held, nodes, &free))?;
+            take(&mut free, &chosen.name, bytes);
+            held.push(chosen.name.as_str());
+            copy.push(Planned {
+                node: chosen.name.clone(),
+                ranges: p.ranges.clone(),
+                gpu: None,
+            });
+        }
+        out.push(copy);
+    }
+    Ok(out)
+}
+
+fn no_room(
+    p: &Planned,
+    held: &[&str],
+    nodes: &[Candidate],
+    free: &BTreeMap<&str, u64>,
+) -> CoreError {
+    let others: Vec<String> = nodes
+        .iter()
+        .filter(|n| !held.contains(&n.name.as_str()))
+        .map(|n| {
+            let down = if n.up { "" } else { " (down)" };
+            format!("{} {}{down}", n.name, HumanBytes(free[n.name.as_str()]))
+        })
+        .collect();
+    CoreError::CapacityExhausted {
+        requested: p.bytes(),
+        detail: format!(
+            "a replica of the {} on {} needs another node with room, apart from {} (which hold copies of it): {}",
+            HumanBytes(p.bytes()),
+            p.node,
+            held.join(", "),
+            if others.is_empty() {
+                "there is none".to_string()
+            } else {
+                others.join(", ")
+            }
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, zone: &str, free: u64) -> Candidate {
+        Candidate {
+            name: name.into(),
+            free,
+            up: true,
+            page: 4096,
+            gpus: Vec::new(),
+            gpu_note: String::new(),
+            zone: zone.into(),
+        }
+    }
+
+    fn share(node: &str, ranges: &[(u64, u64)]) -> Planned {
+        Planned {
+            node: node.into(),
+            ranges: ranges.to_vec(),
+            gpu: None,
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn every_copy_of_a_range_is_on_another_node() {
+        let nodes = [
+            node("a", "", 64 * MIB),
+            node("b", "", 64 * MIB),
+            node("c", "", 64 * MIB),
+        ];
+        let primary = [
+            share("a", &[(0, 8 * MIB)]),
+            share("b", &[(8 * MIB, 8 * MIB)]),
+        ];
+        let copies = replicas(&primary, 3, &nodes).unwrap();
+        assert_eq!(copies.len(), 2);
+        for (i, p) in primary.iter().enumerate() {
+            let mut on = vec![p.node.clone()];
+            for c in &copies {
+                assert_eq!(c[i].ranges, p.ranges);
+                assert!(!on.contains(&c[i].node), "{on:?} {}", c[i].node);
+                on.push(c[i].node.clone());
+            }
+        }
+    }
+
+    #[test]
+    fn a_replica_goes_to_another_zone_before_a_roomier_node() {
+        let nodes = [
+            node("a1", "rack-a", 64 * MIB),
+            node("a2", "rack-a", 512 * MIB),
+            node("b1", "rack-b", 32 * MIB),
+        ];
+        let copies = replicas(&[share("a1", &[(0, 16 * MIB)])], 2, &nodes).unwrap();
+        assert_eq!(copies[0][0].node, "b1");
+    }
+
+    #[test]
+    fn room_counts_what_the_primary_and_earlier_copies_took() {
+        // b has room for one 16 MiB share, not two.
+        let nodes = [
+            node("a", "", 64 * MIB),
+            node("b", "", 20 * MIB),
+            node("c", "", 16 * MIB),
+        ];
+        let primary = [share("a", &[(0, 16 * MIB)])];
+        let copies = replicas(&primary, 3, &nodes).unwrap();
+        let mut on: Vec<&str> = copies.iter().map(|c| c[0].node.as_str()).collect();
+        on.sort_unstable();
+        assert_eq!(on, ["b", "c"]);
+        let two = [
+            share("a", &[(0, 16 * MIB)]),
+            share("c", &[(16 * MIB, 16 * MIB)]),
+        ];
+        // a's replica takes b (c is full); c's goes to a, which has room
+        // and holds no copy of c's range.
+        let copies = replicas(&two, 2, &nodes).unwrap();
+        assert_eq!(copies[0][0].node, "b");
+        assert_eq!(copies[0][1].node, "a");
+    }
+
+    #[test]
+    fn too_few_nodes_is_refused_with_the_reason() {
+        let mut down = node("c", "", 64 * MIB);
+        down.up = false;
+        let nodes = [node("a", "", 64 * MIB), node("b", "", 64 * MIB), down];
+        let err = replicas(&[share("a", &[(0, MIB)])], 3, &nodes).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("needs another node"), "{msg}");
+        assert!(msg.contains("(down)"), "{msg}");
+    }
+}

@@ -1,0 +1,273 @@
+//! Replicated allocations on a real cluster (daemons as processes on
+//! loopback): copies on different nodes, two writers to overlapping bytes
+//! leaving every copy identical (checked by reading the primary, killing
+//! its node with SIGKILL and reading the replica), reads that fail over
+//! without the application seeing it, and a replica that takes writes only
+//! from its primary (attacked with the cluster token on its data port).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use liboncilla::{AllocSpec, Error, Kind};
+use oncilla_model::alloc::{Allocation, KEY_LEN};
+use oncilla_net::wire::{self, Op, Reply, Request, Status, Welcome, REPLY_LEN};
+use support::Cluster;
+
+const MIB: usize = 1 << 20;
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)).to_le_bytes()[2])
+        .collect()
+}
+
+/// The allocation named `name` as the master records it (copies included).
+fn record(c: &Cluster, id: u64) -> Allocation {
+    c.master()
+        .unwrap()
+        .allocation(&oncilla_model::alloc::AllocRef::Id(id))
+        .unwrap()
+}
+
+/// The nodes holding copy `copy` of `a`.
+fn holders(a: &Allocation, copy: u32) -> Vec<String> {
+    let mut nodes: Vec<String> = a.copy_extents(copy).map(|e| e.node.clone()).collect();
+    nodes.dedup();
+    nodes
+}
+
+fn index_of(node: &str) -> usize {
+    node.trim_start_matches("node-").parse().unwrap()
+}
+
+#[test]
+fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() {
+    let mut c = Cluster::start(3, "32MiB");
+    let size = 4 * MIB;
+    let owner = c.client(0);
+    let a = owner
+        .alloc_with(
+            &AllocSpec::new(size as u64, Kind::RemoteHost)
+                .named("replicated-table")
+                .on_nodes(["node-1"])
+                .replicas(2),
+        )
+        .unwrap();
+    let rec = record(&c, a.id());
+    assert_eq!(
+        holders(&rec, 0),
+        ["node-1"],
+        "the primary is where it was asked"
+    );
+    let replica = holders(&rec, 1);
+    assert_eq!(replica.len(), 1, "{rec:?}");
+    assert_ne!(replica[0], "node-1", "a replica on the primary's node");
+    assert_eq!(rec.copy_extents(1).map(|e| e.len).sum::<u64>(), size as u64);
+    // A reader on the node that holds neither copy reads the primary first.
+    let reader_node = (0..3)
+        .find(|&i| i != 1 && i != index_of(&replica[0]))
+        .unwrap();
+
+    // Two sessions on two nodes write overlapping thirds, many rounds.
+    let other = c.client(2);
+    let b = other.attach("replicated-table").unwrap();
+    let rounds = 30;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..rounds {
+                a.copy_in(0, &pattern(3 * MIB, i)).unwrap();
+            }
+        });
+        s.spawn(|| {
+            for i in 0..rounds {
+                b.copy_in(MIB as u64, &pattern(3 * MIB, 1000 + i)).unwrap();
+            }
+        });
+    });
+    let reader = c.client(reader_node);
+    let r = reader.attach("replicated-table").unwrap();
+    let mut primary = vec![0u8; size];
+    r.copy_out(0, &mut primary).unwrap();
+    // Bytes only one writer touched are its last round's.
+    assert!(primary[..MIB] == pattern(3 * MIB, rounds - 1)[..MIB]);
+    assert!(primary[3 * MIB..] == pattern(3 * MIB, 1000 + rounds - 1)[2 * MIB..]);
+
+    // The primary's node dies: the same read comes from the replica, and
+    // must be the same bytes.
+    c.kill_agent(1);
+    let mut from_replica = vec![0u8; size];
+    r.copy_out(0, &mut from_replica).unwrap();
+    assert!(
+        from_replica == primary,
+        "the replica differs from the primary at byte {:?}",
+        from_replica.iter().zip(&primary).position(|(x, y)| x != y)
+    );
+    // And for the sessions that wrote.
+    let mut again = vec![0u8; size];
+    b.copy_out(0, &mut again).unwrap();
+    assert!(again == primary);
+}
+
+#[test]
+fn placement_refuses_replicas_it_cannot_keep_apart() {
+    let c = Cluster::start(2, "16MiB");
+    let ocm = c.client(0);
+    let three = ocm.alloc_with(&AllocSpec::new(MIB as u64, Kind::RemoteHost).replicas(3));
+    match three {
+        Err(Error::CapacityExhausted(msg)) => {
+            assert!(msg.contains("needs another node"), "{msg}");
+        }
+        other => panic!("3 copies on 2 nodes: {other:?}"),
+    }
+    for (spec, why) in [
+        (
+            AllocSpec::new(MIB as u64, Kind::LocalHost).replicas(2),
+            "remote host memory",
+        ),
+        (
+            AllocSpec::new(MIB as u64, Kind::RemoteHost).replicas(4),
+            "1 to 3 copies",
+        ),
+        (
+            AllocSpec::new(MIB as u64, Kind::RemoteHost)
+                .replicas(2)
+                .fabric(liboncilla::Fabric::Shm),
+            "reached over TCP",
+        ),
+    ] {
+        match ocm.alloc_with(&spec) {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains(why), "{msg}"),
+            other => panic!("{spec:?}: {other:?}"),
+        }
+    }
+    // Two copies fit, and each node holds one.
+    let a = ocm
+        .alloc_with(&AllocSpec::new(MIB as u64, Kind::RemoteHost).replicas(2))
+        .unwrap();
+    let rec = record(&c, a.id());
+    let (p, r) = (holders(&rec, 0), holders(&rec, 1));
+    assert_eq!(p.len() + r.len(), 2);
+    assert_ne!(p, r);
+
+    // The operator's view and flag.
+    let made = c.ocmctl_json(&["alloc", "1MiB", "--replicas", "2", "--json"]);
+    assert_eq!(made["replicas"], 2, "{made}");
+    let copies: Vec<u64> = made["extents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["copy"].as_u64().unwrap())
+        .collect();
+    assert_eq!(copies, [0, 1], "{made}");
+    let shown = c.ocmctl_ok(&["show", &made["id"].to_string()]);
+    assert!(shown.contains("2 copies"), "{shown}");
+    let refused = c.ocmctl(&["alloc", "1MiB", "--replicas", "4"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("1 to 3 copies"), "{why}");
+    c.still_serves();
+}
+
+/// A data connection to `addr` that completed its hello with the cluster
+/// token (an operator's).
+fn operator_data(c: &Cluster, addr: &str) -> TcpStream {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    wire::write_hello(&mut s, c.token.as_bytes()).unwrap();
+    let (code, msg) = wire::read_welcome(&mut s).unwrap();
+    assert_eq!(code, Welcome::Ok, "{msg}");
+    s
+}
+
+/// Sends one request (with `payload` for a write) and reads its reply:
+/// the status and the data or message.
+fn exchange(s: &mut TcpStream, req: Request, payload: &[u8]) -> (Status, Vec<u8>) {
+    s.write_all(&req.encode()).unwrap();
+    s.write_all(payload).unwrap();
+    let mut head = [0u8; REPLY_LEN];
+    s.read_exact(&mut head).unwrap();
+    let reply = Reply::decode(&head).unwrap();
+    let mut body = vec![0u8; usize::try_from(reply.len).unwrap()];
+    s.read_exact(&mut body).unwrap();
+    (reply.status, body)
+}
+
+#[test]
+fn a_replica_takes_writes_only_from_its_primary() {
+    let c = Cluster::start(2, "16MiB");
+    let spec = oncilla_model::alloc::AllocSpec::new(
+        MIB as u64,
+        oncilla_model::Kind::RemoteHost,
+        oncilla_model::alloc::Placement {
+            nodes: vec![oncilla_model::alloc::NodeShare {
+                node: "node-0".into(),
+                weight: 1,
+            }],
+            replicas: 2,
+            ..Default::default()
+        },
+        String::new(),
+        true,
+        oncilla_model::Fabric::Tcp,
+    )
+    .unwrap();
+    let rec = c.master().unwrap().allocate(spec).unwrap();
+    let key: [u8; KEY_LEN] = rec.access_key.as_slice().try_into().unwrap();
+    let primary = &rec.extents[0];
+    let replica = rec.copy_extents(1).next().unwrap();
+    assert_eq!(
+        (primary.node.as_str(), replica.node.as_str()),
+        ("node-0", "node-1")
+    );
+    let req = |op, len: usize| Request {
+        op,
+        alloc_id: rec.id,
+        key,
+        offset: 0,
+        len: len as u64,
+    };
+    let bytes = pattern(64 << 10, 7);
+
+    // The cluster token is not a primary: a write to the replica is sent
+    // to the primary, and a REPLICATE is refused.
+    let mut at_replica = operator_data(&c, &replica.data_addr);
+    let (status, msg) = exchange(&mut at_replica, req(Op::Write, bytes.len()), &bytes);
+    assert_eq!(
+        status,
+        Status::NotPrimary,
+        "{}",
+        String::from_utf8_lossy(&msg)
+    );
+    let (status, msg) = exchange(&mut at_replica, req(Op::Replicate, bytes.len()), &bytes);
+    assert_eq!(status, Status::NoSuchAllocation);
+    assert!(
+        String::from_utf8_lossy(&msg).contains("only an allocation's primary"),
+        "{}",
+        String::from_utf8_lossy(&msg)
+    );
+    // The stream stayed in step, and nothing of those bytes landed.
+    let (status, before) = exchange(&mut at_replica, req(Op::Read, bytes.len()), &[]);
+    assert_eq!(status, Status::Ok);
+    assert!(
+        before.iter().all(|&b| b == 0),
+        "a refused write changed the replica"
+    );
+
+    // A write to the primary is in the replica once acknowledged.
+    let mut at_primary = operator_data(&c, &primary.data_addr);
+    let (status, msg) = exchange(&mut at_primary, req(Op::Write, bytes.len()), &bytes);
+    assert_eq!(status, Status::Ok, "{}", String::from_utf8_lossy(&msg));
+    let (status, after) = exchange(&mut at_replica, req(Op::Read, bytes.len()), &[]);
+    assert_eq!(status, Status::Ok);
+    assert!(
+        after == bytes,
+        "the acknowledged write is not in the replica"
+    );
+    c.still_serves();
+}
