@@ -44,6 +44,7 @@ pub mod pages;
 pub mod probe;
 pub mod procbench;
 pub mod rawtcp;
+pub mod replicas;
 pub mod report;
 pub mod soak;
 pub mod takeover;
@@ -94,6 +95,10 @@ pub enum Bench {
     /// Masters elected through a real etcd (one member, then three): the
     /// time from kill -9 of the leader to the first allocation done.
     Takeover(takeover::TakeoverArgs),
+    /// Writes and reads of a replicated allocation with 1, 2 and 3 copies
+    /// (4 KiB write p50/p99, large write and read bandwidth), beside raw
+    /// TCP; a local cluster on loopback.
+    Replicas(replicas::ReplicasArgs),
     /// The greedy tenant `bench fair` starts (internal).
     #[command(hide = true)]
     FairGreedy(fair::GreedyArgs),
@@ -118,6 +123,7 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::Fair(args) => fair::run(args, daemon),
         Bench::FairGreedy(args) => fair::greedy(args),
         Bench::Takeover(args) => takeover::run(args, daemon),
+        Bench::Replicas(args) => replicas::run(args, daemon),
     }
 }
 
