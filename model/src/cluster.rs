@@ -99,6 +99,18 @@ pub struct Reservation {
     pub replicas: Vec<String>,
 }
 
+/// A replicated allocation's new copies on one agent, after a copy's
+/// node was lost.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SetCopies {
+    pub alloc_id: u64,
+    /// Ranges the agent held as a replica that are its primary share now.
+    pub promote: Vec<Range>,
+    /// The replicas of its primary share (data addresses), replacing the
+    /// ones it had.
+    pub replicas: Vec<String>,
+}
+
 /// Where an agent put part of a reserved range.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Piece {

@@ -11,7 +11,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Error, Kind};
 use oncilla_model::alloc::{Allocation, KEY_LEN};
@@ -19,6 +19,9 @@ use oncilla_net::wire::{self, Op, Reply, Request, Status, Welcome, REPLY_LEN};
 use support::Cluster;
 
 const MIB: usize = 1 << 20;
+/// How long a node's loss may take to settle: failure detection, a tick,
+/// on a loaded machine.
+const BOUND: Duration = Duration::from_secs(30);
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)
@@ -111,6 +114,78 @@ fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() 
     let mut again = vec![0u8; size];
     b.copy_out(0, &mut again).unwrap();
     assert!(again == primary);
+}
+
+#[test]
+fn writes_go_on_when_a_copys_node_dies_and_a_lost_primary_gives_way() {
+    let mut c = Cluster::start(3, "32MiB");
+    let size = 4 * MIB;
+    let ocm = c.client(0);
+    let spec = |name: &str| {
+        AllocSpec::new(size as u64, Kind::RemoteHost)
+            .named(name)
+            .on_nodes(["node-1"])
+            .replicas(2)
+    };
+    // The replica's node is killed while a process on the third node
+    // writes (named allocations outlive their maker's node).
+    let made = ocm.alloc_with(&spec("loses-a-replica")).unwrap();
+    let replica = holders(&record(&c, made.id()), 1)[0].clone();
+    let k = (0..3).find(|&i| i != 1 && i != index_of(&replica)).unwrap();
+    let writer = c.client(k);
+    let a = writer.attach("loses-a-replica").unwrap();
+    a.copy_in(0, &pattern(size, 1)).unwrap();
+    drop(made);
+    c.kill_agent(index_of(&replica));
+    let killed = Instant::now();
+    let (mut failed, mut failing_for) = (0, Duration::ZERO);
+    let wrote = Cluster::eventually(BOUND, || match a.copy_in(0, &pattern(size, 2)) {
+        Ok(()) => true,
+        Err(_) => {
+            failed += 1;
+            failing_for = killed.elapsed();
+            false
+        }
+    });
+    assert!(
+        wrote,
+        "writes still fail {BOUND:?} after the replica's node died"
+    );
+    println!(
+        "writes failed {failed} times, for {failing_for:?}, after the replica's node was killed"
+    );
+    let mut back = vec![0u8; size];
+    a.copy_out(0, &mut back).unwrap();
+    assert!(back == pattern(size, 2));
+    let rec = record(&c, a.id());
+    assert!(
+        !rec.held_on(&replica),
+        "the dead copy is still in the record"
+    );
+    let shown = c.ocmctl_json(&["show", &a.id().to_string(), "--json"]);
+    assert_eq!(shown["health"], "degraded", "{shown}");
+    assert!(shown.to_string().contains("under-replicated"), "{shown}");
+
+    // The primary's node is killed: its replica is promoted, and a process
+    // that attaches now writes and reads there.
+    let b = writer.alloc_with(&spec("loses-its-primary")).unwrap();
+    b.copy_in(0, &pattern(size, 3)).unwrap();
+    let survivor = holders(&record(&c, b.id()), 1)[0].clone();
+    c.kill_agent(1);
+    assert!(
+        Cluster::eventually(BOUND, || holders(&record(&c, b.id()), 0)
+            == [survivor.clone()]),
+        "no replica was promoted"
+    );
+    let reader = c.client(k);
+    let again = reader.attach("loses-its-primary").unwrap();
+    let mut back = vec![0u8; size];
+    again.copy_out(0, &mut back).unwrap();
+    assert!(back == pattern(size, 3), "the promoted copy lost bytes");
+    let wrote = Cluster::eventually(BOUND, || again.copy_in(0, &pattern(size, 4)).is_ok());
+    assert!(wrote, "the promoted primary takes no writes");
+    again.copy_out(0, &mut back).unwrap();
+    assert!(back == pattern(size, 4));
 }
 
 #[test]
@@ -234,8 +309,9 @@ fn a_replica_takes_writes_only_from_its_primary() {
     };
     let bytes = pattern(64 << 10, 7);
 
-    // The cluster token is not a primary: a write to the replica is sent
-    // to the primary, and a REPLICATE is refused.
+    // A connection that presented the cluster token is not a primary: a
+    // write to the replica is sent to the primary, and a REPLICATE is
+    // refused (only the replicator credential agents mint may send one).
     let mut at_replica = operator_data(&c, &replica.data_addr);
     let (status, msg) = exchange(&mut at_replica, req(Op::Write, bytes.len()), &bytes);
     assert_eq!(

@@ -20,14 +20,13 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use oncilla_model::alloc::{mappable_on, Allocation, Extent, RdmaRegion, KEY_LEN};
-use oncilla_model::cluster::{Piece, Registration, Reservation, SessionReport};
+use oncilla_model::cluster::{Piece, Registration, Reservation, SessionReport, SetCopies};
 use oncilla_model::node::{NodeInfo, PoolUsage};
 use oncilla_model::Kind;
 use tokio::sync::Notify;
 
 use crate::error::CoreError;
 use crate::hca::Rdma;
-use crate::memory::copying::Copying;
 use crate::memory::held::{Backing, GpuMemory, Held, HeldExtent, HeldTable, Holdings};
 use crate::memory::keys::Keys;
 use crate::memory::lease::Leases;
@@ -260,7 +259,7 @@ impl Agent {
                 extents: Vec::new(),
                 record: Allocation::new(alloc_id, record.size, record.kind),
                 fabric,
-                copying: Arc::default(),
+                copying: (record.placement.copies() > 1).then(Arc::default),
             })
         });
         check_joinable(alloc_id, entry.value(), &key, &ranges)?;
@@ -268,13 +267,12 @@ impl Agent {
         all.extend(extents.into_iter().map(Arc::new));
         all.sort_by_key(|e| e.alloc_offset);
         keys.absorb(&entry.value().keys);
-        // The primary's share here is reserved once, with its replicas; a
-        // replica share joining keeps them.
-        let copying = if replicas.is_empty() {
-            Arc::clone(&entry.value().copying)
-        } else {
-            Arc::new(Copying::to(replicas))
-        };
+        // One copying state per allocation here, whichever share came
+        // first; the primary's share brings its replicas.
+        let copying = entry.value().copying.clone();
+        if let (Some(c), false) = (&copying, replicas.is_empty()) {
+            c.order().copy_to(replicas, &[]);
+        }
         let held = Arc::new(Held {
             keys,
             key,
@@ -292,6 +290,72 @@ impl Agent {
         }
         tracing::debug!(alloc_id, ranges = ranges.len(), total, ?gpu, "reserved");
         Ok(pieces)
+    }
+
+    /// A replicated allocation lost a copy's node: the ranges of `c.promote`
+    /// that this node held as a replica are its primary share from now on,
+    /// and its primary share copies to `c.replicas` (a promoted share
+    /// sends its ranges to each of them again first).
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`]; [`CoreError::InvalidArgument`] for
+    /// an allocation with one copy, or a promoted range this node does not
+    /// hold as a replica.
+    pub fn set_copies(&self, c: SetCopies) -> Result<(), CoreError> {
+        let mut entry = self
+            .held
+            .get_mut(&c.alloc_id)
+            .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
+        let cur = Arc::clone(entry.value());
+        let copying = cur.copying.clone().ok_or_else(|| {
+            CoreError::InvalidArgument(format!("allocation {} has one copy", c.alloc_id))
+        })?;
+        let promote: Vec<(u64, u64)> = c.promote.iter().map(|g| (g.alloc_offset, g.len)).collect();
+        let mut order = copying.order();
+        if !promote.is_empty() {
+            for &(offset, len) in &promote {
+                let held_as_replica = cur
+                    .span_for(offset, len)
+                    .is_some_and(|span| cur.extents[span].iter().all(|e| e.copy != 0));
+                if !held_as_replica {
+                    return Err(CoreError::InvalidArgument(format!(
+                        "bytes {offset}..{} of allocation {} are not a replica held here",
+                        offset.saturating_add(len),
+                        c.alloc_id
+                    )));
+                }
+            }
+            let inside = |e: &HeldExtent| {
+                promote
+                    .iter()
+                    .any(|&(o, l)| e.alloc_offset >= o && e.alloc_offset + e.len <= o + l)
+            };
+            let extents = cur
+                .extents
+                .iter()
+                .map(|e| {
+                    if inside(e) {
+                        Arc::new(e.as_copy(0))
+                    } else {
+                        Arc::clone(e)
+                    }
+                })
+                .collect();
+            let keys = Keys::none();
+            keys.absorb(&cur.keys);
+            *entry.value_mut() = Arc::new(Held {
+                keys,
+                key: cur.key,
+                extents,
+                record: cur.record.clone(),
+                fabric: cur.fabric,
+                copying: Some(Arc::clone(&copying)),
+            });
+        }
+        drop(entry);
+        order.copy_to(c.replicas, &promote);
+        tracing::info!(alloc_id = c.alloc_id, promoted = promote.len(), replicas = ?order.replicas, "copies changed");
+        Ok(())
     }
 
     /// Pool memory for `ranges` (sorted, `total` bytes), packed densely,
@@ -503,6 +567,8 @@ impl Agent {
                 };
                 record.extents = primary.into_iter().map(report).collect();
                 record.replicas = replicas.into_iter().map(report).collect();
+                // As the master keeps them.
+                record.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
                 record
             })
             .collect();

@@ -65,8 +65,9 @@ struct Outbound {
 
 impl Replicator {
     /// Copies `[offset, offset + len)` of `held` (this node's primary
-    /// ranges in it) to each replica, after the ranges it missed. Call it
-    /// with the order lock held (`order`).
+    /// ranges in it) to each of `order`'s replicas, after the ranges it
+    /// missed. Call it with the order lock held (`order`); with no replica
+    /// left it has nothing to do.
     ///
     /// # Errors
     /// The refusal to answer the client: the replicas that did not take
@@ -75,13 +76,12 @@ impl Replicator {
         &mut self,
         replicas: &Replicas,
         order: &mut Order,
-        to: &[String],
         (alloc_id, held): (u64, &Held),
         offset: u64,
         len: u64,
     ) -> Result<(), (Status, String)> {
         let mut failed = Vec::new();
-        for addr in to {
+        for addr in &order.replicas.clone() {
             let mut pending = order.missed.remove(addr).unwrap_or_default();
             pending.push((offset, len));
             let mut sent = 0;

@@ -56,6 +56,7 @@ use super::pull::{Puller, Pulls};
 use super::replicate::{Replicas, Replicator};
 use super::Admission;
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket, Users};
+use crate::memory::copying::Copying;
 use crate::memory::held::{Backing, Held, HeldTable};
 use crate::metrics::data::Transfers;
 
@@ -391,8 +392,12 @@ impl Connection {
                 self.metrics.read.took(started.elapsed());
             }
             Op::Write => {
-                self.recv
-                    .read_into_by(&self.stream, memory, deadline(len))?;
+                if let Err(e) = self.recv.read_into_by(&self.stream, memory, deadline(len)) {
+                    // Some bytes may have landed: the replicas get the
+                    // range as it now is, so the copies stay equal.
+                    self.copy_landed(req, &ok.held);
+                    return Err(e.into());
+                }
                 self.metrics.write.served(len);
                 self.ack_copied(req, &ok.held)?;
                 self.metrics.write.took(started.elapsed());
@@ -416,6 +421,7 @@ impl Connection {
                         self.metrics.pull.took(started.elapsed());
                     }
                     Err((status, msg)) => {
+                        self.copy_landed(req, &ok.held);
                         self.metrics.refused(status);
                         self.fail(status, &msg)?;
                     }
@@ -561,28 +567,44 @@ impl Connection {
     /// every replica of a replicated allocation has them too; otherwise
     /// answers why not (the replicas that failed keep the range as missed).
     fn ack_copied(&mut self, req: &Request, held: &Held) -> Result<(), wire::WireError> {
-        let copying = Arc::clone(&held.copying);
-        if !copying.copies() {
+        let Some(copying) = held.copying.clone() else {
             return self.ack_write();
-        }
-        let copied = {
-            let mut order = copying.order();
-            self.replicator.copy_out(
-                &self.replicas,
-                &mut order,
-                &copying.replicas,
-                (req.alloc_id, held),
-                req.offset,
-                req.len,
-            )
         };
-        match copied {
+        match self.copy(&copying, req, held) {
             Ok(()) => self.ack_write(),
             Err((status, msg)) => {
                 self.metrics.refused(status);
                 self.fail(status, &msg)
             }
         }
+    }
+
+    /// The range of a write or pull that failed part way, sent to the
+    /// replicas as it now is (or noted as missed): no byte that landed here
+    /// is left out of the other copies.
+    fn copy_landed(&mut self, req: &Request, held: &Held) {
+        if let Some(copying) = held.copying.clone() {
+            if let Err((_, why)) = self.copy(&copying, req, held) {
+                tracing::debug!(alloc_id = req.alloc_id, %why, "a failed write's range is left for the next write to copy");
+            }
+        }
+    }
+
+    /// Sends `req`'s range of `held` to its replicas under the order lock.
+    fn copy(
+        &mut self,
+        copying: &Copying,
+        req: &Request,
+        held: &Held,
+    ) -> Result<(), (Status, String)> {
+        let mut order = copying.order();
+        self.replicator.copy_out(
+            &self.replicas,
+            &mut order,
+            (req.alloc_id, held),
+            req.offset,
+            req.len,
+        )
     }
 
     /// A primary's copy of a write (REPLICATE): only from another agent
@@ -621,7 +643,10 @@ impl Connection {
             };
             let from = req.offset.max(e.alloc_offset);
             let to = end.min(e.alloc_offset + e.len);
-            let n = usize::try_from(to - from).unwrap_or(0);
+            // `span_for` gave extents that each hold part of the range.
+            let Some(n) = to.checked_sub(from).and_then(|n| usize::try_from(n).ok()) else {
+                return Err(io::Error::other("a replica span outside its extents").into());
+            };
             // SAFETY: [from, to) lies inside extent `e` (clamped to it),
             // whose memory `held` keeps mapped until this function ends;
             // pool memory is only ever touched through raw pointers.

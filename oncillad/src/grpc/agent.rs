@@ -8,7 +8,7 @@ use oncilla_proto::pb::{self, agent_server};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use oncilla_model::cluster::{Reservation, Reserved};
+use oncilla_model::cluster::{Reservation, Reserved, SetCopies};
 
 use super::{checked, reply};
 use crate::agent::Agent;
@@ -66,6 +66,20 @@ impl agent_server::Agent for AgentService {
                 pool: Some(self.agent.usage()),
             })
         }))
+    }
+
+    #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id))]
+    async fn set_copies(
+        &self,
+        req: Request<pb::SetCopiesRequest>,
+    ) -> Result<Response<pb::SetCopiesReply>, Status> {
+        members_only(&req, "changing an allocation's copies")?;
+        self.agent
+            .admit_term(oncilla_proto::client::term_of(&req)?)
+            .map_err(Status::from)?;
+        let c: SetCopies = checked(req.into_inner())?;
+        self.agent.set_copies(c).map_err(Status::from)?;
+        Ok(Response::new(pb::SetCopiesReply {}))
     }
 
     #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id))]

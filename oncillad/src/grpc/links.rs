@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use oncilla_model::cluster::{
-    Heartbeat, HeartbeatReply, Registered, Registration, Reservation, Reserved,
+    Heartbeat, HeartbeatReply, Registered, Registration, Reservation, Reserved, SetCopies,
 };
 use oncilla_model::node::PoolUsage;
 use oncilla_net::auth::Token;
@@ -111,6 +111,16 @@ impl AgentLink for GrpcAgentLink {
         c.release(req)
             .await
             .map(|r| r.into_inner().pool.map(Into::into))
+            .map_err(|s| failed("agent", addr, s))
+    }
+
+    async fn set_copies(&self, addr: &str, req: SetCopies) -> Result<(), LinkError> {
+        let mut req = self.fenced(addr, pb::SetCopiesRequest::from(req))?;
+        let mut c = self.client(addr)?;
+        req.set_timeout(RELEASE_TIMEOUT);
+        c.set_copies(req)
+            .await
+            .map(|_| ())
             .map_err(|s| failed("agent", addr, s))
     }
 

@@ -1,9 +1,10 @@
 //! Whether an agent is alive, from the master's point of view: hearing
 //! from a node ([`Master::heard_from`]) and logging each node's changes
-//! of state once ([`Master::tick`]); the states themselves (`up`,
-//! `suspect`, `down` and since when) are pure time arithmetic in
-//! `node.rs`. This module never changes the allocation table or reaches
-//! the network.
+//! of state once ([`Master::tick`]), which also hands a node that went
+//! down to `copies.rs` (replicated allocations drop its copies) and sends
+//! what that decided; the states themselves (`up`, `suspect`, `down` and
+//! since when) are pure time arithmetic in `node.rs`. This module changes
+//! no record itself.
 
 use oncilla_model::node::NodeState;
 
@@ -24,9 +25,16 @@ impl<L: AgentLink> Master<L> {
         }
     }
 
-    /// Logs every node whose state changed since the last call (call it
-    /// about once per heartbeat interval).
-    pub fn tick(&self) {
+    /// Logs every node whose state changed since the last call, drops the
+    /// copies of replicated allocations on nodes that went down, and tells
+    /// agents the copy changes they still miss (call it about once per
+    /// heartbeat interval).
+    pub async fn tick(&self) {
+        self.log_states();
+        self.send_copies().await;
+    }
+
+    fn log_states(&self) {
         let mut st = self.lock();
         let degraded_on =
             |st: &State, node: &str| st.allocs.values().filter(|r| r.alloc.held_on(node)).count();
@@ -49,12 +57,15 @@ impl<L: AgentLink> Master<L> {
                 NodeState::Up => {
                     tracing::info!(%node, from = from.name(), "node up again");
                 }
-                NodeState::Down => tracing::warn!(
-                    %node,
-                    silent_ms = self.liveness.down_after.as_millis(),
-                    degraded_allocations = allocations,
-                    "node down: missed its heartbeats"
-                ),
+                NodeState::Down => {
+                    tracing::warn!(
+                        %node,
+                        silent_ms = self.liveness.down_after.as_millis(),
+                        degraded_allocations = allocations,
+                        "node down: missed its heartbeats"
+                    );
+                    Self::drop_copies(&mut st, &node);
+                }
                 NodeState::Suspect => {
                     tracing::warn!(%node, to = to.name(), "node missed heartbeats");
                 }

@@ -20,6 +20,7 @@
 //! - `tenure`: how long an elected master may act.
 
 mod allocate;
+mod copies;
 pub mod liveness;
 mod node;
 pub mod placement;
@@ -37,7 +38,7 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use oncilla_model::cluster::{Reservation, Reserved};
+use oncilla_model::cluster::{Reservation, Reserved, SetCopies};
 use oncilla_model::node::PoolUsage;
 
 use crate::error::{CoreError, LinkError};
@@ -61,6 +62,13 @@ pub trait AgentLink: Send + Sync + 'static {
         addr: &str,
         alloc_id: u64,
     ) -> impl Future<Output = Result<Option<PoolUsage>, LinkError>> + Send;
+    /// Changes a replicated allocation's copies on the agent at `addr`
+    /// (promoted ranges, its primary share's replicas).
+    fn set_copies(
+        &self,
+        addr: &str,
+        req: SetCopies,
+    ) -> impl Future<Output = Result<(), LinkError>> + Send;
     /// Who answers at `addr` now: its node name and incarnation, within a
     /// short deadline (it decides whether a registration may take over a
     /// name that is in use).

@@ -1,8 +1,10 @@
 //! How agents (re-)join the master, and how the master reconciles its table
 //! with what they hold: it adopts allocations reported by agents that knew
 //! a previous master (a master restart loses nothing), marks allocations
-//! lost on an agent that restarted empty, ends sessions that died while it
-//! could not hear of it, and tells agents to release what it has freed.
+//! lost on an agent that restarted empty (a replicated one drops that
+//! copy instead: `copies.rs`), ends sessions that died while it could not
+//! hear of it, and tells agents to release what it has freed and copies it
+//! dropped.
 //! The agents' reports are the truth about memory; the master's table is
 //! the truth about what is still wanted. Never holds the lock across an
 //! await.
@@ -105,6 +107,8 @@ impl<L: AgentLink> Master<L> {
         }
         if let Some(prev) = st.nodes.get(&name) {
             if prev.incarnation != req.incarnation {
+                // Replicated allocations go on with their other copies.
+                Self::drop_copies(st, &name);
                 let now = unix_ms();
                 let mut lost = 0;
                 for rec in st.allocs.values_mut() {
@@ -153,6 +157,13 @@ impl<L: AgentLink> Master<L> {
             if let Some(rec) = st.allocs.get_mut(&id) {
                 if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
+                    release.push(id);
+                } else if !rec.alloc.held_on(&name)
+                    && rec.alloc.placement.copies() > 1
+                    && !rec.adopted
+                {
+                    // A copy this master dropped while the node was away:
+                    // it may have missed writes, so it is not taken back.
                     release.push(id);
                 } else if !rec.alloc.held_on(&name) {
                     // Counted against its user again with these extents.
@@ -224,11 +235,18 @@ impl<L: AgentLink> Master<L> {
                 n.sessions.live.remove(s);
             }
             let st = &*st;
+            // Freed, or a copy the node holds that was dropped while it
+            // was away (it may have missed writes).
             let release = req
                 .held
                 .iter()
                 .copied()
-                .filter(|id| !st.allocs.contains_key(id) && !st.reserving.contains(id))
+                .filter(|id| {
+                    !st.reserving.contains(id)
+                        && st.allocs.get(id).is_none_or(|r| {
+                            r.alloc.placement.copies() > 1 && !r.alloc.held_on(&req.name)
+                        })
+                })
                 .collect::<Vec<u64>>();
             // The list travels only to an agent that lacks this version.
             let peers = if req.peers_version == st.peers.0 {
@@ -281,6 +299,7 @@ fn session_dead(st: &State, who: &Owner) -> bool {
 /// Puts a record reported after a master restart back in the table.
 fn adopt_record(st: &mut State, mut alloc: Allocation) {
     let id = alloc.id;
+    alloc.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
     alloc.attached.clear();
     alloc.health = Health::Healthy;
     alloc.health_notes.clear();

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use oncilla_model::alloc::{AllocRef, Allocation, Owner};
+use oncilla_model::cluster::SetCopies;
 use oncilla_model::quota::{Charge, Quotas, Usage};
 
 use super::node::Node;
@@ -57,6 +58,10 @@ pub(super) struct State {
     pub quotas: Quotas,
     /// What each user's allocations (recorded, and being reserved) hold.
     pub usage: BTreeMap<u32, Usage>,
+    /// Replicated allocations' copy changes agents must still be told,
+    /// per (allocation, primary node): the agent's address and the change
+    /// (see `copies.rs`).
+    pub copies_due: BTreeMap<(u64, String), (String, SetCopies)>,
 }
 
 impl State {
@@ -144,6 +149,7 @@ impl State {
         for s in self.sessions.values_mut() {
             s.attached.remove(&id);
         }
+        self.copies_due.retain(|(due, _), _| *due != id);
         if rec.adopted {
             self.freed_adopted.insert(id);
         }

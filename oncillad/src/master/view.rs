@@ -117,38 +117,27 @@ impl<L: AgentLink> Master<L> {
     /// One copy: LOST when a holder restarted since, DEGRADED when a
     /// holder is down or has not re-registered (or bytes are missing), else
     /// HEALTHY. A replicated allocation is as healthy as its best copy, and
-    /// DEGRADED ("under-replicated") while any copy is not healthy.
+    /// DEGRADED ("under-replicated") while any copy is not whole.
     fn health(&self, st: &State, rec: &Record) -> (Health, Vec<String>) {
-        let primary = self.copy_health(st, rec, 0);
-        let replicas = rec.alloc.replica_copies();
-        if replicas.is_empty() {
-            return primary;
+        let copies = rec.alloc.placement.copies();
+        if copies <= 1 {
+            return self.copy_health(st, rec, 0);
         }
-        let copies: Vec<(u32, (Health, Vec<String>))> = std::iter::once((0, primary))
-            .chain(
-                replicas
-                    .into_iter()
-                    .map(|c| (c, self.copy_health(st, rec, c))),
-            )
-            .collect();
-        let best = copies
-            .iter()
-            .map(|(_, (h, _))| *h)
-            .min()
-            .unwrap_or_default();
-        let worst = copies
-            .iter()
-            .map(|(_, (h, _))| *h)
-            .max()
-            .unwrap_or_default();
-        let mut notes = Vec::new();
-        for (copy, (h, why)) in &copies {
-            if *h != Health::Healthy {
-                notes.extend(why.iter().map(|w| format!("copy {copy}: {w}")));
-            }
+        let (mut whole, mut best, mut notes) = (0, Health::Lost, Vec::new());
+        for copy in 0..copies {
+            let (h, why) = if copy > 0 && rec.alloc.copy_extents(copy).next().is_none() {
+                (Health::Lost, vec!["gone with its node".to_string()])
+            } else {
+                self.copy_health(st, rec, copy)
+            };
+            whole += usize::from(h == Health::Healthy);
+            best = best.min(h);
+            notes.extend(why.into_iter().map(|w| format!("copy {copy}: {w}")));
         }
-        if best == Health::Healthy && worst != Health::Healthy {
-            notes.push("under-replicated: served from the copies that are whole".into());
+        if best == Health::Healthy && whole < copies as usize {
+            notes.push(format!(
+                "under-replicated: {whole} of {copies} copies whole; reads use those"
+            ));
             return (Health::Degraded, notes);
         }
         (best, notes)
@@ -186,9 +175,11 @@ impl<L: AgentLink> Master<L> {
         }
         if let Some((from, to)) = rec.alloc.first_gap(copy) {
             health = health.max(Health::Degraded);
-            notes.push(format!(
-                "bytes {from}..{to} not reported yet: their node has not re-registered"
-            ));
+            notes.push(if rec.alloc.placement.copies() > 1 {
+                format!("bytes {from}..{to} gone with their node")
+            } else {
+                format!("bytes {from}..{to} not reported yet: their node has not re-registered")
+            });
         }
         (health, notes)
     }

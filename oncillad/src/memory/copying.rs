@@ -21,18 +21,20 @@ use std::sync::{Mutex, MutexGuard};
 /// one range that covers them all (sent again whole).
 pub const MAX_MISSED: usize = 64;
 
-/// One allocation's copying on this node.
+/// One allocation's copying on this node (every holder of a replicated
+/// allocation has one; only a primary share uses it).
 #[derive(Debug, Default)]
 pub struct Copying {
-    /// The data addresses of the replicas of this node's primary ranges
-    /// (empty: one copy, or this node holds only replica ranges).
-    pub replicas: Vec<String>,
     order: Mutex<Order>,
 }
 
 /// What the lock guards.
 #[derive(Debug, Default)]
 pub struct Order {
+    /// The data addresses of the replicas of this node's primary ranges
+    /// (empty: this node holds only replica ranges, or every replica was
+    /// lost).
+    pub replicas: Vec<String>,
     /// Per replica address: `(offset, len)` ranges it has not taken.
     pub missed: BTreeMap<String, Vec<(u64, u64)>>,
 }
@@ -48,23 +50,25 @@ impl Order {
             *list = vec![(start, end - start)];
         }
     }
+
+    /// Copies go to `replicas` from now on; ranges missed by replicas no
+    /// longer in the list are forgotten, and each of `resend` is sent to
+    /// every replica before the next write (a promoted primary's ranges:
+    /// the old primary may have reached some replicas and not others).
+    pub fn copy_to(&mut self, replicas: Vec<String>, resend: &[(u64, u64)]) {
+        self.missed.retain(|addr, _| replicas.contains(addr));
+        for addr in &replicas {
+            for &(offset, len) in resend {
+                self.miss(addr, offset, len);
+            }
+        }
+        self.replicas = replicas;
+    }
 }
 
 impl Copying {
-    /// Copying to `replicas`.
-    pub fn to(replicas: Vec<String>) -> Self {
-        Self {
-            replicas,
-            order: Mutex::new(Order::default()),
-        }
-    }
-
-    /// Whether writes here are copied anywhere.
-    pub fn copies(&self) -> bool {
-        !self.replicas.is_empty()
-    }
-
-    /// The order lock; held across a write and its copies.
+    /// The order lock; held across a write and its copies, and while the
+    /// replicas change.
     pub fn order(&self) -> MutexGuard<'_, Order> {
         // A writer that panicked left the ranges it noted; they stay valid.
         self.order
@@ -79,13 +83,26 @@ mod tests {
 
     #[test]
     fn missed_ranges_merge_past_the_bound() {
-        let c = Copying::to(vec!["a:1".into()]);
+        let c = Copying::default();
         let mut o = c.order();
+        o.copy_to(vec!["a:1".into()], &[]);
         for i in 0..MAX_MISSED as u64 {
             o.miss("a:1", i * 10, 5);
         }
         assert_eq!(o.missed["a:1"].len(), MAX_MISSED);
         o.miss("a:1", 10_000, 1);
         assert_eq!(o.missed["a:1"], [(0, 10_001)]);
+    }
+
+    #[test]
+    fn new_replicas_forget_the_old_ones_and_take_what_is_resent() {
+        let c = Copying::default();
+        let mut o = c.order();
+        o.copy_to(vec!["a:1".into(), "b:1".into()], &[]);
+        o.miss("a:1", 0, 10);
+        o.copy_to(vec!["b:1".into()], &[(100, 50)]);
+        assert_eq!(o.replicas, ["b:1"]);
+        assert!(!o.missed.contains_key("a:1"));
+        assert_eq!(o.missed["b:1"], [(100, 50)]);
     }
 }

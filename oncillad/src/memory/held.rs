@@ -20,6 +20,7 @@ use super::keys::{GpuRegistration, Keys};
 use crate::pool::PoolExtent;
 
 /// What an extent's bytes are.
+#[derive(Clone)]
 pub enum Backing {
     /// Host memory of the pool.
     Pool(Arc<PoolExtent>),
@@ -60,6 +61,18 @@ pub struct HeldExtent {
 }
 
 impl HeldExtent {
+    /// The same memory as copy `copy` (a replica promoted to primary).
+    pub fn as_copy(&self, copy: u32) -> Self {
+        Self {
+            alloc_offset: self.alloc_offset,
+            len: self.len,
+            memory: self.memory.clone(),
+            at: self.at,
+            rdma: self.rdma.clone(),
+            copy,
+        }
+    }
+
     /// The pool memory behind the extent; `None` for GPU memory.
     pub fn pool(&self) -> Option<&Arc<PoolExtent>> {
         match &self.memory {
@@ -98,8 +111,9 @@ pub struct Held {
     pub record: Allocation,
     /// The fabric its creator uses for this node.
     pub fabric: Fabric,
-    /// Where writes to its primary ranges here are copied, in one order.
-    pub copying: Arc<Copying>,
+    /// A replicated allocation's copying (`None`: one copy): where writes
+    /// to its primary ranges here go, in one order.
+    pub copying: Option<Arc<Copying>>,
 }
 
 impl Held {
@@ -119,6 +133,9 @@ impl Held {
     /// one after another with no gap (a replica's pieces need not match
     /// its primary's), if they do.
     pub fn span_for(&self, offset: u64, len: u64) -> Option<std::ops::Range<usize>> {
+        if len == 0 {
+            return None;
+        }
         let end = offset.checked_add(len)?;
         let first = self
             .extents
@@ -228,12 +245,14 @@ mod tests {
             ],
             record: Allocation::new(0, 400, oncilla_model::Kind::RemoteHost),
             fabric: Fabric::Auto,
-            copying: Arc::default(),
+            copying: None,
         };
         assert_eq!(held.span_for(0, 100), Some(0..1));
         assert_eq!(held.span_for(350, 50), Some(1..2));
         assert!(held.span_for(50, 300).is_none(), "a gap");
         assert!(held.span_for(399, 2).is_none());
+        assert!(held.span_for(150, 0).is_none(), "nothing to hold");
+        assert!(held.span_for(500, 0).is_none());
         assert_eq!(held.extent_for(350, 50), Some(1));
         assert!(held.extent_for(50, 100).is_none());
         assert!(held.extent_for(150, 10).is_none());

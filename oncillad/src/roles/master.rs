@@ -153,7 +153,7 @@ pub(crate) fn start(
             every.tick().await;
             let core = ticking.borrow().leading().cloned();
             if let Some(core) = core {
-                core.tick();
+                core.tick().await;
             }
         }
     });

@@ -3,7 +3,7 @@
 use oncilla_model::alloc::{Allocation, Invalid, MAX_REPLICAS};
 use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,
-    SessionReport,
+    SessionReport, SetCopies,
 };
 
 use super::{fabric, fabric_wire, WireError};
@@ -241,6 +241,54 @@ impl From<Reserved> for pb::ReserveReply {
         Self {
             pieces: r.pieces.into_iter().map(Into::into).collect(),
             pool: r.pool.map(Into::into),
+        }
+    }
+}
+
+impl TryFrom<pb::SetCopiesRequest> for SetCopies {
+    type Error = WireError;
+    fn try_from(r: pb::SetCopiesRequest) -> Result<Self, WireError> {
+        if r.replicas.len() >= MAX_REPLICAS as usize
+            || r.promote.len() > oncilla_model::alloc::MAX_EXTENTS
+        {
+            return Err(
+                Invalid::Replicas(u32::try_from(r.replicas.len()).unwrap_or(u32::MAX)).into(),
+            );
+        }
+        if r.replicas
+            .iter()
+            .any(|a| a.is_empty() || a.len() > MAX_ADDR)
+        {
+            return Err(Invalid::Copies.into());
+        }
+        Ok(Self {
+            alloc_id: r.alloc_id,
+            promote: r
+                .promote
+                .into_iter()
+                .map(|g| Range {
+                    alloc_offset: g.alloc_offset,
+                    len: g.len,
+                })
+                .collect(),
+            replicas: r.replicas,
+        })
+    }
+}
+
+impl From<SetCopies> for pb::SetCopiesRequest {
+    fn from(s: SetCopies) -> Self {
+        Self {
+            alloc_id: s.alloc_id,
+            promote: s
+                .promote
+                .into_iter()
+                .map(|g| pb::Range {
+                    alloc_offset: g.alloc_offset,
+                    len: g.len,
+                })
+                .collect(),
+            replicas: s.replicas,
         }
     }
 }

@@ -16,7 +16,7 @@ use oncilla_model::alloc::{
 };
 use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,
-    SessionReport,
+    SessionReport, SetCopies,
 };
 use oncilla_model::node::{
     AgentStatus, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,

@@ -288,6 +288,20 @@ proptest! {
         prop_assert_eq!(Reservation::try_from(w), Ok(r));
     }
 
+    /// Copy changes survive the wire; more replicas than an allocation
+    /// can have, or an empty address, are refused.
+    #[test]
+    fn copy_changes_round_trip(c in set_copies()) {
+        let w = wire(&pb::SetCopiesRequest::from(c.clone()));
+        prop_assert_eq!(SetCopies::try_from(w.clone()), Ok(c));
+        let mut many = w.clone();
+        many.replicas = vec!["n:1".into(); MAX_REPLICAS as usize];
+        prop_assert!(SetCopies::try_from(many).is_err());
+        let mut empty = w;
+        empty.replicas = vec![String::new()];
+        prop_assert!(SetCopies::try_from(empty).is_err());
+    }
+
     /// A reservation without its record, or with an unknown fabric, is
     /// refused.
     #[test]

@@ -594,3 +594,17 @@ pub(super) fn endpoints() -> impl Strategy<Value = Endpoint> {
             roce,
         })
 }
+
+/// A copy change: promoted ranges and the replicas left.
+pub(super) fn set_copies() -> impl Strategy<Value = SetCopies> {
+    (
+        0..=MAX_ID,
+        vec(ranges(), 0..3),
+        vec(node_names(), 0..MAX_REPLICAS as usize),
+    )
+        .prop_map(|(alloc_id, promote, replicas)| SetCopies {
+            alloc_id,
+            promote,
+            replicas,
+        })
+}

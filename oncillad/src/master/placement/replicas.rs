@@ -3,8 +3,8 @@
 //! holds the primary of some ranges copies each write of them to one node
 //! per replica. Pure, like the rest of placement; it never reserves.
 //!
-//! Rules, in order: a node never holds two copies of the same bytes; a
-//! node that is down gets nothing; where nodes declare zones, a copy goes
+//! Rules, in order: a node never holds two copies of the same bytes, nor
+//! two shares of one copy; a node that is down gets nothing; where nodes declare zones, a copy goes
 //! to a zone that holds no other copy of those bytes when one has room;
 //! then the node with the most room.
 
@@ -41,8 +41,11 @@ pub fn replicas(
     let mut holders: Vec<Vec<&str>> = primary.iter().map(|p| vec![p.node.as_str()]).collect();
     let mut out = Vec::new();
     for _ in 1..copies {
-        let mut copy = Vec::with_capacity(primary.len());
+        let mut copy: Vec<Planned> = Vec::with_capacity(primary.len());
         for (p, held) in primary.iter().zip(&mut holders) {
+            // One share of a copy per node: a node reserves each copy's
+            // ranges once, as the primary's.
+            let taken: Vec<&str> = copy.iter().map(|c| c.node.as_str()).collect();
             let bytes = p.bytes();
             let zones: Vec<&str> = held
                 .iter()
@@ -52,7 +55,9 @@ pub fn replicas(
                 .collect();
             let chosen = nodes
                 .iter()
-                .filter(|n| n.up && !held.contains(&n.name.as_str()))
+                .filter(|n| {
+                    n.up && !held.contains(&n.name.as_str()) && !taken.contains(&n.name.as_str())
+                })
                 .filter(|n| {
                     free.get(n.name.as_str())
                         .is_some_and(|&f| round_up(bytes, n.page.max(1)) <= f)
