@@ -5,9 +5,13 @@
 //! node-1 and the replicas on node-2 and node-3, so every byte crosses the
 //! network once to the primary and once more per replica.
 //!
+//! Then the re-creation of a lost copy: the replica's node is killed and
+//! the master has the primary's agent send the whole share to the node
+//! left (agent to agent); its rate is the agent's own count of the fill.
+//!
 //! It measures; it asserts nothing but that the bytes read back.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Fabric, Kind, Oncilla, Options};
 use oncilla_model::size::{parse_size, HumanBytes};
@@ -16,7 +20,9 @@ use oncilla_ops::Table;
 use crate::rawtcp::{self, RawClient};
 use crate::report::{gib_per_s, pattern, pct};
 use crate::BenchError;
-use oncilla_cluster::Daemon;
+use oncilla_cluster::{Daemon, Handle};
+use oncilla_model::alloc::AllocRef;
+use oncilla_ops::Master;
 
 /// The small write whose latency is measured.
 const SMALL: usize = 4 << 10;
@@ -79,7 +85,7 @@ pub fn run(args: &ReplicasArgs, daemon: &Daemon) -> Result<(), BenchError> {
     // Each node holds at most one copy, plus room for the small writes.
     let capacity = size as u64 + (16 << 20);
     let config = crate::local(daemon, &[16 << 20, capacity, capacity, capacity]);
-    let (rows, baseline) = oncilla_cluster::run(config, move |c| {
+    let (rows, baseline, refilled) = oncilla_cluster::run(config, move |c| {
         let opts = Options::new(c.socket(0), c.token.clone()).streams(STREAMS);
         let ocm = Oncilla::connect_with(opts)?;
         let mut rows = Vec::new();
@@ -90,7 +96,9 @@ pub fn run(args: &ReplicasArgs, daemon: &Daemon) -> Result<(), BenchError> {
             );
             rows.push((copies, point(&ocm, copies, size, counts)?));
         }
-        Ok::<_, BenchError>((rows, baseline(&raw, size, counts)?))
+        let baseline = baseline(&raw, size, counts)?;
+        eprintln!("measuring the re-creation of a lost copy ...");
+        Ok::<_, BenchError>((rows, baseline, refill(c, &ocm, size)?))
     })?;
     println!(
         "writes and reads of a remote host allocation by copies (primary on node-1, replicas on node-2 and node-3; session on node-0; {STREAMS} connections per node), beside raw TCP on the same loopback:"
@@ -123,7 +131,66 @@ pub fn run(args: &ReplicasArgs, daemon: &Daemon) -> Result<(), BenchError> {
         format!("{:.2}", baseline.read_gib_s),
     ]);
     print!("{}", t.render());
+    let (mib_s, secs) = refilled;
+    println!(
+        "re-creating a lost {} copy, agent to agent (the primary's count of its fill, after the replica's node was killed): {:.2} GiB/s ({secs:.3} s); a 1-copy write of the same size above: {one:.2} GiB/s",
+        HumanBytes(size as u64),
+        mib_s / 1024.0
+    );
     Ok(())
+}
+
+/// Kills the node of a 2-copy allocation's replica and waits (bounded)
+/// until the master has made the copy again on the node left; returns the
+/// fill's rate (MiB/s) and time as the primary's agent logged them.
+fn refill(c: &Handle, ocm: &Oncilla, size: usize) -> Result<(f64, f64), BenchError> {
+    let a = ocm.alloc_with(
+        &AllocSpec::new(size as u64, Kind::RemoteHost)
+            .on_nodes(["node-1"])
+            .replicas(2)
+            .fabric(Fabric::Tcp),
+    )?;
+    a.copy_in(0, &pattern(size, 11))?;
+    let master = c.master()?;
+    let id = AllocRef::Id(a.id());
+    let replica_on = |m: &Master| -> Result<Option<String>, BenchError> {
+        Ok(m.allocation(&id)?.replicas.first().map(|e| e.node.clone()))
+    };
+    let lost = replica_on(&master)?
+        .ok_or_else(|| BenchError::Failed("the allocation has no replica".into()))?;
+    let index: usize = lost
+        .trim_start_matches("node-")
+        .parse()
+        .map_err(|_| BenchError::Failed(format!("unexpected node name {lost}")))?;
+    c.kill_agent(index);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match replica_on(&master)? {
+            Some(node) if node != lost => break,
+            _ if Instant::now() > deadline => {
+                return Err(BenchError::Failed(
+                    "the lost copy was not made again within 120 s".into(),
+                ))
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let log = std::fs::read_to_string(c.log("node-1")).unwrap_or_default();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("replica filled"))
+        .ok_or_else(|| BenchError::Failed("the primary's agent logged no fill".into()))?;
+    let field = |name: &str| -> Option<f64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split_whitespace().next()?.parse().ok()
+    };
+    match (field("mib_per_s"), field("secs")) {
+        (Some(rate), Some(secs)) => Ok((rate, secs)),
+        _ => Err(BenchError::Failed(format!(
+            "cannot read the fill from: {line}"
+        ))),
+    }
 }
 
 /// One allocation of `copies` copies: its small-write latency and its

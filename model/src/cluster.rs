@@ -109,6 +109,9 @@ pub struct SetCopies {
     /// The replicas of its primary share (data addresses), replacing the
     /// ones it had.
     pub replicas: Vec<String>,
+    /// New replicas among them, to be sent the whole primary share before
+    /// the agent answers (a copy re-created elsewhere).
+    pub fill: Vec<String>,
 }
 
 /// Where an agent put part of a reserved range.

@@ -117,11 +117,10 @@ fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() 
 }
 
 #[test]
-fn writes_go_on_when_a_copys_node_dies_and_a_lost_primary_gives_way() {
-    let mut c = Cluster::start(3, "32MiB");
-    let size = 4 * MIB;
-    let ocm = c.client(0);
-    let spec = |name: &str| {
+fn a_lost_copy_is_recreated_while_writes_go_on_and_a_lost_primary_gives_way() {
+    let mut c = Cluster::start(3, "64MiB");
+    let size = 16 * MIB;
+    let spec = |name: &str, size: usize| {
         AllocSpec::new(size as u64, Kind::RemoteHost)
             .named(name)
             .on_nodes(["node-1"])
@@ -129,13 +128,17 @@ fn writes_go_on_when_a_copys_node_dies_and_a_lost_primary_gives_way() {
     };
     // The replica's node is killed while a process on the third node
     // writes (named allocations outlive their maker's node).
-    let made = ocm.alloc_with(&spec("loses-a-replica")).unwrap();
-    let replica = holders(&record(&c, made.id()), 1)[0].clone();
+    let made = c
+        .client(0)
+        .alloc_with(&spec("loses-a-replica", size))
+        .unwrap();
+    let id = made.id();
+    let replica = holders(&record(&c, id), 1)[0].clone();
     let k = (0..3).find(|&i| i != 1 && i != index_of(&replica)).unwrap();
     let writer = c.client(k);
     let a = writer.attach("loses-a-replica").unwrap();
-    a.copy_in(0, &pattern(size, 1)).unwrap();
     drop(made);
+    a.copy_in(0, &pattern(size, 1)).unwrap();
     c.kill_agent(index_of(&replica));
     let killed = Instant::now();
     let (mut failed, mut failing_for) = (0, Duration::ZERO);
@@ -154,38 +157,68 @@ fn writes_go_on_when_a_copys_node_dies_and_a_lost_primary_gives_way() {
     println!(
         "writes failed {failed} times, for {failing_for:?}, after the replica's node was killed"
     );
-    let mut back = vec![0u8; size];
-    a.copy_out(0, &mut back).unwrap();
-    assert!(back == pattern(size, 2));
-    let rec = record(&c, a.id());
     assert!(
-        !rec.held_on(&replica),
+        !record(&c, id).held_on(&replica),
         "the dead copy is still in the record"
     );
-    let shown = c.ocmctl_json(&["show", &a.id().to_string(), "--json"]);
-    assert_eq!(shown["health"], "degraded", "{shown}");
-    assert!(shown.to_string().contains("under-replicated"), "{shown}");
 
-    // The primary's node is killed: its replica is promoted, and a process
-    // that attaches now writes and reads there.
-    let b = writer.alloc_with(&spec("loses-its-primary")).unwrap();
-    b.copy_in(0, &pattern(size, 3)).unwrap();
-    let survivor = holders(&record(&c, b.id()), 1)[0].clone();
-    c.kill_agent(1);
-    assert!(
-        Cluster::eventually(BOUND, || holders(&record(&c, b.id()), 0)
-            == [survivor.clone()]),
-        "no replica was promoted"
+    // The master re-creates the copy on the third node while the writer
+    // goes on: no write fails, and the new copy ends with the last one.
+    let mut seed = 2;
+    let recreated = Cluster::eventually(BOUND, || {
+        seed += 1;
+        a.copy_in(0, &pattern(size, seed)).unwrap();
+        let rec = record(&c, id);
+        holders(&rec, 1) == [format!("node-{k}")]
+    });
+    assert!(recreated, "no copy was re-created");
+    let healthy = Cluster::eventually(BOUND, || {
+        c.ocmctl_json(&["show", &id.to_string(), "--json"])["health"] == "healthy"
+    });
+    assert!(healthy, "the re-created copy is not counted whole");
+    let rec = record(&c, id);
+    assert_eq!(rec.copy_extents(1).map(|e| e.len).sum::<u64>(), size as u64);
+    println!(
+        "copy re-created after {:?} (writes went on: {} rounds)",
+        killed.elapsed(),
+        seed - 2
     );
+
+    // The primary's node is killed: the re-created copy is promoted and
+    // holds every byte of the last write; another allocation's replica is
+    // promoted too, and a process that attaches now writes there.
+    let b = writer
+        .alloc_with(&spec("loses-its-primary", 4 * MIB))
+        .unwrap();
+    b.copy_in(0, &pattern(4 * MIB, 100)).unwrap();
+    c.kill_agent(1);
+    let promoted = Cluster::eventually(BOUND, || {
+        holders(&record(&c, id), 0) == [format!("node-{k}")]
+            && holders(&record(&c, b.id()), 0) == [format!("node-{k}")]
+    });
+    assert!(promoted, "no replica was promoted");
     let reader = c.client(k);
-    let again = reader.attach("loses-its-primary").unwrap();
     let mut back = vec![0u8; size];
+    reader
+        .attach("loses-a-replica")
+        .unwrap()
+        .copy_out(0, &mut back)
+        .unwrap();
+    assert!(
+        back == pattern(size, seed),
+        "the re-created copy lost bytes"
+    );
+    let again = reader.attach("loses-its-primary").unwrap();
+    let mut back = vec![0u8; 4 * MIB];
     again.copy_out(0, &mut back).unwrap();
-    assert!(back == pattern(size, 3), "the promoted copy lost bytes");
-    let wrote = Cluster::eventually(BOUND, || again.copy_in(0, &pattern(size, 4)).is_ok());
+    assert!(
+        back == pattern(4 * MIB, 100),
+        "the promoted copy lost bytes"
+    );
+    let wrote = Cluster::eventually(BOUND, || again.copy_in(0, &pattern(4 * MIB, 101)).is_ok());
     assert!(wrote, "the promoted primary takes no writes");
     again.copy_out(0, &mut back).unwrap();
-    assert!(back == pattern(size, 4));
+    assert!(back == pattern(4 * MIB, 101));
 }
 
 #[test]
@@ -320,7 +353,9 @@ fn a_replica_takes_writes_only_from_its_primary() {
         "{}",
         String::from_utf8_lossy(&msg)
     );
-    let (status, msg) = exchange(&mut at_replica, req(Op::Replicate, bytes.len()), &bytes);
+    // (A REPLICATE's 16-byte stamp comes before its payload.)
+    let stamped: Vec<u8> = [0u8; 16].iter().chain(&bytes).copied().collect();
+    let (status, msg) = exchange(&mut at_replica, req(Op::Replicate, bytes.len()), &stamped);
     assert_eq!(status, Status::NoSuchAllocation);
     assert!(
         String::from_utf8_lossy(&msg).contains("only an allocation's primary"),

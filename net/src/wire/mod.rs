@@ -152,10 +152,42 @@ pub enum Op {
     Write = 2,
     /// Fill the range from a [`Source`] on another agent.
     Pull = 3,
-    /// A primary's copy of a write to one of its replicas: `len` payload
-    /// bytes follow, as for a WRITE. Only from a member of the cluster
-    /// (its token) and only into a replica's ranges, which it may span.
+    /// A primary's copy of a write to one of its replicas: a [`Stamp`]
+    /// follows, then `len` payload bytes as for a WRITE. Only with the
+    /// agents' replicator credential, and only into a replica's ranges,
+    /// which it may span.
     Replicate = 4,
+}
+
+/// Size of a [`Stamp`].
+pub const STAMP_LEN: usize = 16;
+
+/// Who sent a REPLICATE and in which order: the primary agent's start
+/// (its incarnation) and a number it raises for each copy it sends of one
+/// allocation, so a replica never applies a copy older than one it
+/// applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub sender: u64,
+    pub seq: u64,
+}
+
+impl Stamp {
+    /// Encodes it.
+    pub fn encode(&self) -> [u8; STAMP_LEN] {
+        let mut b = [0u8; STAMP_LEN];
+        b[..8].copy_from_slice(&self.sender.to_le_bytes());
+        b[8..].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+
+    /// Decodes one (any 16 bytes are a stamp).
+    pub fn decode(b: &[u8; STAMP_LEN]) -> Self {
+        Self {
+            sender: le_u64(&b[..8]),
+            seq: le_u64(&b[8..]),
+        }
+    }
 }
 
 impl Op {

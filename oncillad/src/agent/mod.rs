@@ -292,26 +292,36 @@ impl Agent {
         Ok(pieces)
     }
 
-    /// A replicated allocation lost a copy's node: the ranges of `c.promote`
+    /// A replicated allocation's copies changed: the ranges of `c.promote`
     /// that this node held as a replica are its primary share from now on,
-    /// and its primary share copies to `c.replicas` (a promoted share
-    /// sends its ranges to each of them again first).
+    /// its primary share copies to `c.replicas` (a promoted share sends its
+    /// ranges to each of them again first), and each of `c.fill` (a new
+    /// replica) is owed the whole share (`fabric::replicate::fill` sends
+    /// it).
     ///
     /// # Errors
     /// [`CoreError::NoSuchAllocation`]; [`CoreError::InvalidArgument`] for
     /// an allocation with one copy, or a promoted range this node does not
     /// hold as a replica.
     pub fn set_copies(&self, c: SetCopies) -> Result<(), CoreError> {
+        let copying = self
+            .held
+            .get(&c.alloc_id)
+            .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?
+            .copying
+            .clone()
+            .ok_or_else(|| {
+                CoreError::InvalidArgument(format!("allocation {} has one copy", c.alloc_id))
+            })?;
+        let promote: Vec<(u64, u64)> = c.promote.iter().map(|g| (g.alloc_offset, g.len)).collect();
+        // The order lock first (a write may hold it while it copies), then
+        // the table's entry, only for as long as it takes to change it.
+        let mut order = copying.order();
         let mut entry = self
             .held
             .get_mut(&c.alloc_id)
             .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
         let cur = Arc::clone(entry.value());
-        let copying = cur.copying.clone().ok_or_else(|| {
-            CoreError::InvalidArgument(format!("allocation {} has one copy", c.alloc_id))
-        })?;
-        let promote: Vec<(u64, u64)> = c.promote.iter().map(|g| (g.alloc_offset, g.len)).collect();
-        let mut order = copying.order();
         if !promote.is_empty() {
             for &(offset, len) in &promote {
                 let held_as_replica = cur
@@ -354,6 +364,17 @@ impl Agent {
         }
         drop(entry);
         order.copy_to(c.replicas, &promote);
+        // A new replica gets the whole primary share (`fill` sends it).
+        let held = self.held.get(&c.alloc_id).map(|e| Arc::clone(e.value()));
+        for addr in &c.fill {
+            for e in held
+                .iter()
+                .flat_map(|h| h.extents.iter())
+                .filter(|e| e.copy == 0)
+            {
+                order.miss(addr, e.alloc_offset, e.len);
+            }
+        }
         tracing::info!(alloc_id = c.alloc_id, promoted = promote.len(), replicas = ?order.replicas, "copies changed");
         Ok(())
     }

@@ -17,17 +17,19 @@
 //! allocations are replicated, nor where.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oncilla_net::credential::{NodeKeys, REPLICATOR};
 use oncilla_net::tls::tunnel::DataStream;
 use oncilla_net::tls::ClientTls;
 use oncilla_net::wire::dial;
 use oncilla_net::wire::sock::{self, Deadline, RecvBuf, Shared};
-use oncilla_net::wire::{self, Op, Reply, Request, Status, REPLY_LEN};
+use oncilla_net::wire::{
+    self, Op, Reply, Request, Stamp, Status, REPLY_LEN, REQUEST_LEN, STAMP_LEN,
+};
 
 use crate::memory::copying::Order;
-use crate::memory::held::{Backing, Held};
+use crate::memory::held::{Backing, Held, HeldTable};
 use crate::peers::Peers;
 
 /// How long dialing a replica may take, TLS included.
@@ -39,6 +41,11 @@ const STALL: Duration = Duration::from_secs(5);
 const CREDENTIAL_LIFETIME: u64 = 600;
 /// Connections are dialed again after this (inside the lifetime).
 const REDIAL_AFTER: u64 = 300;
+/// Most bytes of missed ranges a client's write sends before its own, so
+/// a replica far behind (being filled) never holds one write up long.
+const MISSED_PER_WRITE: u64 = 8 << 20;
+/// Bytes a fill sends per hold of the order lock: writes go on between.
+const FILL_PIECE: u64 = 16 << 20;
 
 /// What every copy of this agent shares: where it may dial, how, and the
 /// keys that make its credential.
@@ -48,6 +55,8 @@ pub struct Replicas {
     /// The cluster CA, when data ports speak TLS.
     pub tls: Option<ClientTls>,
     pub keys: Arc<NodeKeys>,
+    /// This agent's start, the sender in every stamp it sends.
+    pub incarnation: u64,
 }
 
 /// A client connection's outbound side for copies.
@@ -82,7 +91,7 @@ impl Replicator {
     ) -> Result<(), (Status, String)> {
         let mut failed = Vec::new();
         for addr in &order.replicas.clone() {
-            let mut pending = order.missed.remove(addr).unwrap_or_default();
+            let mut pending = order.take_missed(addr, MISSED_PER_WRITE);
             pending.push((offset, len));
             let mut sent = 0;
             let to = To {
@@ -91,8 +100,9 @@ impl Replicator {
                 alloc_id,
                 held,
             };
+            let seq = &mut order.seq;
             let outcome = pending.iter().try_for_each(|&(o, l)| {
-                self.send_range(&to, o, l)?;
+                self.send_range(&to, seq, o, l)?;
                 sent += 1;
                 Ok::<(), String>(())
             });
@@ -117,7 +127,13 @@ impl Replicator {
 
     /// Sends this node's primary bytes in `[offset, offset + len)` to
     /// `addr`, piece by piece, each acknowledged before the next.
-    fn send_range(&mut self, to: &To<'_>, offset: u64, len: u64) -> Result<(), String> {
+    fn send_range(
+        &mut self,
+        to: &To<'_>,
+        seq: &mut u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
         let end = offset.saturating_add(len);
         for e in to.held.extents.iter().filter(|e| e.copy == 0) {
             let (from, until) = (offset.max(e.alloc_offset), end.min(e.alloc_offset + e.len));
@@ -132,7 +148,12 @@ impl Replicator {
                 // it above), whose memory `held` keeps mapped for as long
                 // as the caller holds it (this call).
                 let data = unsafe { Shared::new(m.ptr(e.at + (at - e.alloc_offset)), n_usize) };
-                self.send_one(to, at, data)?;
+                *seq += 1;
+                let stamp = Stamp {
+                    sender: to.replicas.incarnation,
+                    seq: *seq,
+                };
+                self.send_one(to, stamp, at, data)?;
                 at += n;
             }
         }
@@ -142,7 +163,13 @@ impl Replicator {
     /// One REPLICATE request and its acknowledgement, on the kept
     /// connection to `addr` (dialed again once when a kept one turns out
     /// closed before answering).
-    fn send_one(&mut self, to: &To<'_>, offset: u64, data: Shared<'_>) -> Result<(), String> {
+    fn send_one(
+        &mut self,
+        to: &To<'_>,
+        stamp: Stamp,
+        offset: u64,
+        data: Shared<'_>,
+    ) -> Result<(), String> {
         let To {
             replicas,
             addr,
@@ -167,10 +194,12 @@ impl Replicator {
             offset,
             len: data.len() as u64,
         };
-        let result = match exchange(&mut out, &req, data) {
+        let result = match exchange(&mut out, &req, stamp, data) {
+            // The same stamp again: whichever lands first, the other is
+            // refused as no later.
             Err(Lost::BeforeReply(_)) if !fresh => {
                 out = dial_replica(replicas, addr)?;
-                exchange(&mut out, &req, data)
+                exchange(&mut out, &req, stamp, data)
             }
             r => r,
         };
@@ -185,6 +214,63 @@ impl Replicator {
                 Err(why)
             }
             Err(Lost::BeforeReply(why) | Lost::After(why)) => Err(why),
+        }
+    }
+}
+
+/// Brings the replica at `addr` up to this primary's bytes of allocation
+/// `alloc_id`: sends every range it missed (a new replica: the whole
+/// share), [`FILL_PIECE`] at a time under the order lock, so client writes
+/// go on between pieces and each piece is of the memory at sending time.
+/// Returns the bytes sent.
+///
+/// # Errors
+/// The allocation is gone or not replicated here, `addr` is no longer one
+/// of its replicas, the replica failed (what was not sent stays missed),
+/// or `deadline` passed.
+pub fn fill(
+    replicas: &Replicas,
+    table: &HeldTable,
+    alloc_id: u64,
+    addr: &str,
+    deadline: Instant,
+) -> Result<u64, String> {
+    let mut r = Replicator::default();
+    let mut sent = 0;
+    loop {
+        let held = table
+            .get(&alloc_id)
+            .map(|e| Arc::clone(e.value()))
+            .ok_or("the allocation is gone")?;
+        let copying = held.copying.clone().ok_or("the allocation has one copy")?;
+        let mut order = copying.order();
+        if !order.replicas.iter().any(|a| a == addr) {
+            return Err(format!("{addr} is no longer a replica of it"));
+        }
+        let piece = order.take_missed(addr, FILL_PIECE);
+        if piece.is_empty() {
+            return Ok(sent);
+        }
+        let late = Instant::now() > deadline;
+        let to = To {
+            replicas,
+            addr,
+            alloc_id,
+            held: &held,
+        };
+        for (i, &(offset, len)) in piece.iter().enumerate() {
+            let outcome = if late {
+                Err("the fill took too long".to_string())
+            } else {
+                r.send_range(&to, &mut order.seq, offset, len)
+            };
+            if let Err(why) = outcome {
+                for &(o, l) in &piece[i..] {
+                    order.miss(addr, o, l);
+                }
+                return Err(why);
+            }
+            sent += len;
         }
     }
 }
@@ -233,21 +319,19 @@ fn dial_replica(replicas: &Replicas, addr: &str) -> Result<Outbound, String> {
     })
 }
 
-/// Sends `req` and its payload, then reads the reply.
-fn exchange(out: &mut Outbound, req: &Request, data: Shared<'_>) -> Result<(), Lost> {
+/// Sends `req`, its stamp and its payload, then reads the reply.
+fn exchange(out: &mut Outbound, req: &Request, stamp: Stamp, data: Shared<'_>) -> Result<(), Lost> {
     let n = data.len();
-    sock::send_by(
-        &out.stream,
-        &req.encode(),
-        data,
-        Deadline::for_transfer(n, STALL),
-    )
-    .map_err(|e| Lost::BeforeReply(format!("connection lost: {e}")))?;
-    let mut head = [0u8; REPLY_LEN];
+    let mut head = [0u8; REQUEST_LEN + STAMP_LEN];
+    head[..REQUEST_LEN].copy_from_slice(&req.encode());
+    head[REQUEST_LEN..].copy_from_slice(&stamp.encode());
+    sock::send_by(&out.stream, &head, data, Deadline::for_transfer(n, STALL))
+        .map_err(|e| Lost::BeforeReply(format!("connection lost: {e}")))?;
+    let mut answer = [0u8; REPLY_LEN];
     out.recv
-        .read_exact_by(&out.stream, &mut head, Deadline::for_transfer(0, STALL))
+        .read_exact_by(&out.stream, &mut answer, Deadline::for_transfer(0, STALL))
         .map_err(|e| Lost::BeforeReply(format!("no answer: {e}")))?;
-    let reply = Reply::decode(&head).map_err(|e| Lost::After(e.to_string()))?;
+    let reply = Reply::decode(&answer).map_err(|e| Lost::After(e.to_string()))?;
     if reply.status == Status::Ok {
         return Ok(());
     }

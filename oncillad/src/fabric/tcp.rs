@@ -47,7 +47,9 @@ use std::time::{Duration, Instant};
 use oncilla_net::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE, REPLICATOR};
 use oncilla_net::tls::tunnel::{self, DataStream};
 use oncilla_net::wire::sock::{self, RecvBuf, Shared};
-use oncilla_net::wire::{self, Op, Reply, Request, Source, Status, REQUEST_LEN, SOURCE_LEN};
+use oncilla_net::wire::{
+    self, Op, Reply, Request, Source, Stamp, Status, REQUEST_LEN, SOURCE_LEN, STAMP_LEN,
+};
 
 use oncilla_cuda::DeviceMem;
 
@@ -327,6 +329,11 @@ impl Connection {
             },
             Op::Read | Op::Write | Op::Replicate => None,
         };
+        // A copy's stamp comes next (any 16 bytes are one).
+        let mut stamp = [0u8; STAMP_LEN];
+        if req.op == Op::Replicate {
+            self.recv.read_exact(&self.stream, &mut stamp)?;
+        }
         if req.len > wire::MAX_IO {
             let msg = format!(
                 "request of {} bytes is above the {} byte limit",
@@ -343,7 +350,7 @@ impl Connection {
             };
         }
         if req.op == Op::Replicate {
-            return self.serve_replicate(req, started);
+            return self.serve_replicate(req, Stamp::decode(&stamp), started);
         }
         let ok = match super::authorize(&self.held, req) {
             Ok(ok) => ok,
@@ -610,7 +617,12 @@ impl Connection {
     /// A primary's copy of a write (REPLICATE): only from another agent
     /// (the replicator credential), only into ranges this node holds as a
     /// replica, received straight into them (they may be several pieces).
-    fn serve_replicate(&mut self, req: &Request, started: Instant) -> Result<(), wire::WireError> {
+    fn serve_replicate(
+        &mut self,
+        req: &Request,
+        stamp: Stamp,
+        started: Instant,
+    ) -> Result<(), wire::WireError> {
         if !self.from_primary {
             let msg = "only an allocation's primary agent may send REPLICATE";
             return self.refuse(req, Status::NoSuchAllocation, msg);
@@ -627,7 +639,7 @@ impl Connection {
         let span = held
             .span_for(req.offset, req.len)
             .filter(|span| held.extents[span.clone()].iter().all(|e| e.copy != 0));
-        let Some(span) = span else {
+        let (Some(span), Some(copying)) = (span, held.copying.clone()) else {
             let msg = format!(
                 "bytes {}..{} of allocation {} are not a replica held by this node",
                 req.offset,
@@ -636,6 +648,16 @@ impl Connection {
             );
             return self.refuse(req, Status::OutOfBounds, &msg);
         };
+        // One copy lands at a time, and never one older than what landed:
+        // an older one (its primary gave up on it and sent it again, or
+        // was replaced) is read and dropped.
+        let copy = held.extents[span.start].copy;
+        let stamp = (stamp.sender, stamp.seq);
+        let mut applied = copying.applied();
+        if !applied.admits(copy, stamp) {
+            self.recv.skip(&self.stream, req.len)?;
+            return self.ack_write();
+        }
         let end = req.offset + req.len;
         for e in &held.extents[span] {
             let Backing::Pool(m) = &e.memory else {
@@ -653,6 +675,8 @@ impl Connection {
             let into = unsafe { Shared::new(m.ptr(e.at + (from - e.alloc_offset)), n) };
             self.recv.read_into_by(&self.stream, into, deadline(n))?;
         }
+        applied.landed(copy, stamp);
+        drop(applied);
         let len = usize::try_from(req.len).unwrap_or(0);
         self.metrics.write.served(len);
         self.ack_write()?;

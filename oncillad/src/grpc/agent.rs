@@ -1,6 +1,7 @@
 //! The `Agent` service: the master's handle on this node's pool.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use oncilla_net::credential::{self, Authenticate, Principal};
 use oncilla_proto::pb::agent_server::AgentServer;
@@ -12,17 +13,24 @@ use oncilla_model::cluster::{Reservation, Reserved, SetCopies};
 
 use super::{checked, reply};
 use crate::agent::Agent;
+use crate::fabric::replicate::{fill, Replicas};
 
 /// The service as served: authenticated on every call.
 pub type Served = InterceptedService<AgentServer<AgentService>, Authenticate>;
 
 pub struct AgentService {
     agent: Arc<Agent>,
+    /// How this agent sends copies (a re-created replica's fill).
+    replicas: Replicas,
 }
 
+/// The longest a re-created replica's fill may take (its caller, the
+/// master, waits a little longer: `grpc::links::FILL_TIMEOUT`).
+const FILL_LIMIT: Duration = Duration::from_secs(110);
+
 impl AgentService {
-    pub fn new(agent: Arc<Agent>) -> Self {
-        Self { agent }
+    pub fn new(agent: Arc<Agent>, replicas: Replicas) -> Self {
+        Self { agent, replicas }
     }
 
     /// The service as the server mounts it: every call authenticated
@@ -78,7 +86,31 @@ impl agent_server::Agent for AgentService {
             .admit_term(oncilla_proto::client::term_of(&req)?)
             .map_err(Status::from)?;
         let c: SetCopies = checked(req.into_inner())?;
+        let (id, new_replicas) = (c.alloc_id, c.fill.clone());
         self.agent.set_copies(c).map_err(Status::from)?;
+        // New replicas are sent the whole share before the answer, off the
+        // executor (it waits on the order lock and the network).
+        for addr in new_replicas {
+            let (replicas, table) = (self.replicas.clone(), self.agent.held());
+            let started = Instant::now();
+            let deadline = started + FILL_LIMIT;
+            let filled = tokio::task::spawn_blocking(move || {
+                fill(&replicas, &table, id, &addr, deadline).map(|bytes| (addr, bytes))
+            })
+            .await
+            .map_err(|e| Status::internal(format!("fill task failed: {e}")))?;
+            match filled {
+                Ok((addr, bytes)) => {
+                    let secs = started.elapsed().as_secs_f64();
+                    tracing::info!(alloc_id = id, replica = %addr, bytes, secs, mib_per_s = bytes as f64 / (1 << 20) as f64 / secs.max(1e-9), "replica filled");
+                }
+                Err(why) => {
+                    return Err(Status::unavailable(format!(
+                        "filling a new replica of allocation {id}: {why}"
+                    )))
+                }
+            }
+        }
         Ok(Response::new(pb::SetCopiesReply {}))
     }
 

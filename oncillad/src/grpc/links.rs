@@ -28,6 +28,9 @@ use crate::master::AgentLink;
 /// Deadline of a release and of an identity probe (shorter than other
 /// calls: see `release` and `identify`).
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Deadline of a copy change that fills a new replica (the agent gives up
+/// on the fill at 110 s: `grpc::agent`).
+pub const FILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A failed call to the peer `what` at `addr`, as the core sees it.
 fn failed(what: &str, addr: &str, s: Status) -> LinkError {
@@ -115,9 +118,15 @@ impl AgentLink for GrpcAgentLink {
     }
 
     async fn set_copies(&self, addr: &str, req: SetCopies) -> Result<(), LinkError> {
+        // A fill moves a whole share before the answer.
+        let timeout = if req.fill.is_empty() {
+            RELEASE_TIMEOUT
+        } else {
+            FILL_TIMEOUT
+        };
         let mut req = self.fenced(addr, pb::SetCopiesRequest::from(req))?;
         let mut c = self.client(addr)?;
-        req.set_timeout(RELEASE_TIMEOUT);
+        req.set_timeout(timeout);
         c.set_copies(req)
             .await
             .map(|_| ())

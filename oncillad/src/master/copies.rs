@@ -8,13 +8,35 @@
 //!
 //! A dropped copy is never taken back: its node may have missed writes.
 //! Its agent releases the allocation when its next heartbeat is answered
-//! (`recovery.rs`). This module never reserves memory.
+//! (`recovery.rs`). Instead, [`Master::refill`] re-creates it on another
+//! node: reserves the share there, has the primary's agent send it the
+//! whole share (agent to agent, never through a client), and only then
+//! lists it, so no reader sees a copy that is still filling.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
 
 use oncilla_model::alloc::{Allocation, Extent};
-use oncilla_model::cluster::{Range, SetCopies};
+use oncilla_model::cluster::{Piece, Range, Reservation, SetCopies};
+use oncilla_model::Fabric;
 
+use super::placement::{self, Planned};
 use super::state::{charge_of, State};
 use super::{AgentLink, Master};
+
+/// One copy being re-created.
+struct Refill {
+    alloc_id: u64,
+    copy: u32,
+    /// The primary share's node and agent, and its replicas' data
+    /// addresses with the new one.
+    primary: (String, String),
+    replicas: Vec<String>,
+    /// The node receiving it: name, agent and data addresses.
+    target: (String, String, String),
+    reservation: Reservation,
+    bytes: u64,
+}
 
 impl<L: AgentLink> Master<L> {
     /// Takes every copy `node` holds out of the replicated allocations,
@@ -73,6 +95,7 @@ impl<L: AgentLink> Master<L> {
                     alloc_id: id,
                     promote: all,
                     replicas,
+                    fill: Vec::new(),
                 },
             );
         }
@@ -102,6 +125,249 @@ impl<L: AgentLink> Master<L> {
                 }
             }
         }
+    }
+}
+
+impl<L: AgentLink> Master<L> {
+    /// Re-creates one missing copy, if a replicated allocation's primary
+    /// share has fewer copies than asked and a node has room: reserves it
+    /// there, has the primary's agent fill it, then lists it in the record.
+    /// Undone whole when any step fails (asked again at a later tick).
+    pub(super) async fn refill(&self) {
+        let Some(job) = self.next_refill() else {
+            return;
+        };
+        let started = Instant::now();
+        let reserved = self
+            .link
+            .reserve(&job.target.1, job.reservation.clone())
+            .await
+            .and_then(|r| tiles(&job.reservation, r.pieces));
+        let pieces = match reserved {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not reserve a new copy; trying again later");
+                self.end_refill(&job);
+                let _ = self.link.release(&job.target.1, job.alloc_id).await;
+                return;
+            }
+        };
+        let change = SetCopies {
+            alloc_id: job.alloc_id,
+            promote: Vec::new(),
+            replicas: job.replicas.clone(),
+            fill: vec![job.target.2.clone()],
+        };
+        if let Err(e) = self.link.set_copies(&job.primary.1, change).await {
+            tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not fill a new copy; trying again later");
+            self.end_refill(&job);
+            let _ = self.link.release(&job.target.1, job.alloc_id).await;
+            // The primary may have taken the new replica before failing:
+            // it is told its replicas again.
+            let mut st = self.lock();
+            Self::tell_primaries(&mut st, job.alloc_id);
+            return;
+        }
+        let listed = {
+            let mut st = self.lock();
+            let listed = self.list_refill(&mut st, &job, pieces);
+            self.end_refill_locked(&mut st, &job, listed);
+            listed
+        };
+        if listed {
+            let secs = started.elapsed().as_secs_f64();
+            tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.bytes, secs, "copy re-created");
+        } else {
+            let _ = self.link.release(&job.target.1, job.alloc_id).await;
+        }
+    }
+
+    /// Picks the next missing copy and holds room for it.
+    fn next_refill(&self) -> Option<Refill> {
+        if self.check_serving().is_err() {
+            return None;
+        }
+        let mut st = self.lock();
+        let candidates = self.candidates(&st);
+        let mut found = None;
+        'all: for (id, rec) in &st.allocs {
+            let a = &rec.alloc;
+            let copies = a.placement.copies();
+            if copies <= 1 || !rec.lost.is_empty() {
+                continue;
+            }
+            for (primary, ranges) in shares(a) {
+                if st.refilling.contains_key(&(*id, primary.clone())) {
+                    continue;
+                }
+                let of_it: Vec<&Extent> = a
+                    .replicas
+                    .iter()
+                    .filter(|e| {
+                        ranges
+                            .iter()
+                            .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
+                    })
+                    .collect();
+                let have: BTreeSet<u32> = of_it.iter().map(|e| e.copy).collect();
+                let Some(copy) = (1..copies).find(|c| !have.contains(c)) else {
+                    continue;
+                };
+                let mut held: Vec<&str> = of_it.iter().map(|e| e.node.as_str()).collect();
+                held.push(&primary);
+                let taken: Vec<&str> = a.copy_extents(copy).map(|e| e.node.as_str()).collect();
+                let share = Planned {
+                    node: primary.clone(),
+                    ranges: ranges.clone(),
+                    gpu: None,
+                };
+                let Some(target) = placement::refill(&share, &held, &taken, &candidates) else {
+                    continue;
+                };
+                let mut record = a.clone();
+                record.extents.clear();
+                record.replicas.clear();
+                record.access_key.clear();
+                record.attached.clear();
+                let mut replicas = replicas_of(a, &primary, &ranges);
+                let bytes = share.bytes();
+                found = Some((
+                    primary.clone(),
+                    target.name.clone(),
+                    Refill {
+                        alloc_id: *id,
+                        copy,
+                        primary: (primary, String::new()),
+                        replicas: {
+                            replicas.push(String::new());
+                            replicas
+                        },
+                        target: (target.name.clone(), String::new(), String::new()),
+                        reservation: Reservation {
+                            alloc_id: *id,
+                            access_key: a.access_key.clone(),
+                            ranges: ranges
+                                .iter()
+                                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                                .collect(),
+                            record,
+                            fabric: Fabric::Tcp,
+                            gpu: None,
+                            copy,
+                            replicas: Vec::new(),
+                        },
+                        bytes,
+                    },
+                ));
+                break 'all;
+            }
+        }
+        let (primary, target, mut job) = found?;
+        let primary_agent = st.nodes.get(&primary)?.info.agent_addr.clone();
+        let node = st.nodes.get_mut(&target)?;
+        node.reserved += node.footprint(job.bytes);
+        job.primary.1 = primary_agent;
+        job.target.1 = node.info.agent_addr.clone();
+        job.target.2 = node.info.data_addr.clone();
+        if let Some(last) = job.replicas.last_mut() {
+            last.clone_from(&job.target.2);
+        }
+        st.refilling.insert((job.alloc_id, primary), target);
+        tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.bytes, "re-creating a lost copy");
+        Some(job)
+    }
+
+    /// Lists the filled copy in the record, if the allocation and its
+    /// primary share are still there; whether it did.
+    fn list_refill(&self, st: &mut State, job: &Refill, pieces: Vec<Piece>) -> bool {
+        let Some(rec) = st.allocs.get_mut(&job.alloc_id) else {
+            return false;
+        };
+        if !rec.alloc.extents.iter().any(|e| e.node == job.primary.0) {
+            return false;
+        }
+        let before = charge_of(&rec.alloc);
+        rec.alloc
+            .replicas
+            .extend(pieces.into_iter().map(|p| Extent {
+                node: job.target.0.clone(),
+                alloc_offset: p.alloc_offset,
+                len: p.len,
+                pool_offset: p.pool_offset,
+                data_addr: job.target.2.clone(),
+                fabric: Fabric::Tcp,
+                agent_addr: job.target.1.clone(),
+                gpu: None,
+                rdma: p.rdma,
+                copy: job.copy,
+            }));
+        rec.alloc.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
+        let after = charge_of(&rec.alloc);
+        for (charge, add) in [(before, false), (after, true)] {
+            if let Some((uid, c)) = charge {
+                st.charge(uid, &c, add);
+            }
+        }
+        true
+    }
+
+    /// A re-creation ended without its copy listed: its room goes back.
+    fn end_refill(&self, job: &Refill) {
+        let mut st = self.lock();
+        self.end_refill_locked(&mut st, job, false);
+    }
+
+    fn end_refill_locked(&self, st: &mut State, job: &Refill, listed: bool) {
+        st.refilling.remove(&(job.alloc_id, job.primary.0.clone()));
+        if !listed {
+            if let Some(n) = st.nodes.get_mut(&job.target.0) {
+                n.reserved = n.reserved.saturating_sub(n.footprint(job.bytes));
+            }
+        }
+    }
+
+    /// Queues every primary share's replicas of `alloc_id` as the record
+    /// says, to be sent at the next tick.
+    fn tell_primaries(st: &mut State, alloc_id: u64) {
+        let Some(a) = st.allocs.get(&alloc_id).map(|r| r.alloc.clone()) else {
+            return;
+        };
+        for (primary, ranges) in shares(&a) {
+            let Some(agent) = st.nodes.get(&primary).map(|n| n.info.agent_addr.clone()) else {
+                continue;
+            };
+            st.copies_due.insert(
+                (alloc_id, primary.clone()),
+                (
+                    agent,
+                    SetCopies {
+                        alloc_id,
+                        promote: Vec::new(),
+                        replicas: replicas_of(&a, &primary, &ranges),
+                        fill: Vec::new(),
+                    },
+                ),
+            );
+        }
+    }
+}
+
+/// The pieces of a reservation, when they tile its ranges exactly.
+fn tiles(r: &Reservation, pieces: Vec<Piece>) -> Result<Vec<Piece>, crate::error::LinkError> {
+    let want: Vec<(u64, u64)> = r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
+    let mut got: Vec<(u64, u64)> = Vec::new();
+    for p in &pieces {
+        match got.last_mut() {
+            Some(last) if last.0 + last.1 == p.alloc_offset => last.1 += p.len,
+            _ => got.push((p.alloc_offset, p.len)),
+        }
+    }
+    if got == want {
+        Ok(pieces)
+    } else {
+        Err(crate::error::LinkError::BadReply(
+            "agent returned pieces that do not tile the copy's ranges".into(),
+        ))
     }
 }
 

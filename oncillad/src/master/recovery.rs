@@ -242,7 +242,12 @@ impl<L: AgentLink> Master<L> {
                 .iter()
                 .copied()
                 .filter(|id| {
+                    let refilled_here = st
+                        .refilling
+                        .iter()
+                        .any(|((rid, _), to)| *rid == *id && *to == req.name);
                     !st.reserving.contains(id)
+                        && !refilled_here
                         && st.allocs.get(id).is_none_or(|r| {
                             r.alloc.placement.copies() > 1 && !r.alloc.held_on(&req.name)
                         })

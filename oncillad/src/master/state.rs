@@ -62,6 +62,9 @@ pub(super) struct State {
     /// per (allocation, primary node): the agent's address and the change
     /// (see `copies.rs`).
     pub copies_due: BTreeMap<(u64, String), (String, SetCopies)>,
+    /// Copies being re-created, per (allocation, primary node): the node
+    /// that receives it (it holds the id before the record lists it).
+    pub refilling: BTreeMap<(u64, String), String>,
 }
 
 impl State {

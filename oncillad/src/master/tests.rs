@@ -18,6 +18,7 @@ use oncilla_model::{Fabric, Kind};
 use super::{AgentLink, Liveness, Master};
 use crate::error::{CoreError, LinkError};
 
+mod copies;
 mod users;
 
 #[derive(Default, Clone)]
@@ -697,80 +698,4 @@ async fn an_allocation_whose_request_goes_away_gives_everything_back() {
         })
         .await;
     assert_eq!(beat.release, vec![a.id - 1], "b releases what it reserved");
-}
-
-/// A replicated allocation on three nodes: `a` primary, `b` its replica.
-async fn replicated(link: FakeLink) -> (Master<FakeLink>, Allocation) {
-    let m = master(link).await;
-    m.register(join("c", 1 << 20)).await.unwrap();
-    let mut req = remote(10_000, &["a"], None);
-    req.spec.placement.replicas = 2;
-    let a = m.allocate(req).await.unwrap();
-    assert_eq!(a.extents[0].node, "a");
-    assert!(a.replicas.iter().all(|e| e.copy == 1 && e.node != "a"));
-    (m, a)
-}
-
-#[tokio::test]
-async fn a_lost_replica_leaves_the_record_and_the_primary_copies_to_the_rest() {
-    let link = FakeLink::default();
-    let (m, a) = replicated(link.clone()).await;
-    let replica = a.replicas[0].node.clone();
-    let mut fresh = join(&replica, 1 << 20);
-    fresh.incarnation = 2;
-    m.register(fresh).await.unwrap();
-    let seen = m.allocation(&by_id(a.id)).unwrap();
-    assert!(seen.replicas.is_empty(), "{seen:?}");
-    assert_eq!(seen.extents, a.extents, "the primary stays");
-    assert_eq!(seen.health, Health::Degraded);
-    assert!(
-        seen.health_notes
-            .iter()
-            .any(|n| n.contains("under-replicated")),
-        "{:?}",
-        seen.health_notes
-    );
-    m.tick().await;
-    let told = link.copies_set.lock().unwrap().clone();
-    assert_eq!(told.len(), 1, "{told:?}");
-    let (addr, change) = &told[0];
-    assert_eq!(addr, "a:1", "the primary's agent");
-    assert!(change.promote.is_empty() && change.replicas.is_empty());
-    // Told once: nothing is due after it answered.
-    m.tick().await;
-    assert_eq!(link.copies_set.lock().unwrap().len(), 1);
-    // The restarted node's heartbeat holding the id is told to release it.
-    let mut late = beat(&replica, vec![a.id], &[]);
-    late.incarnation = 2;
-    assert_eq!(m.heartbeat(late).await.release, [a.id]);
-}
-
-#[tokio::test]
-async fn a_lost_primary_gives_way_to_its_replica() {
-    let link = FakeLink::default();
-    let (m, a) = replicated(link.clone()).await;
-    let replica = a.replicas[0].node.clone();
-    let mut fresh = join("a", 1 << 20);
-    fresh.incarnation = 2;
-    m.register(fresh).await.unwrap();
-    let seen = m.allocation(&by_id(a.id)).unwrap();
-    assert!(seen
-        .extents
-        .iter()
-        .all(|e| e.node == replica && e.copy == 0));
-    assert_eq!(seen.extents.iter().map(|e| e.len).sum::<u64>(), 10_000);
-    assert!(seen.replicas.is_empty());
-    assert_eq!(seen.health, Health::Degraded, "one copy left");
-    m.tick().await;
-    let told = link.copies_set.lock().unwrap().clone();
-    assert_eq!(told.len(), 1, "{told:?}");
-    assert_eq!(told[0].0, format!("{replica}:1"));
-    assert_eq!(
-        told[0].1.promote,
-        [Range {
-            alloc_offset: 0,
-            len: 10_000
-        }]
-    );
-    m.free(&by_id(a.id), "", None, false).await.unwrap();
 }

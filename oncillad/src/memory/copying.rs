@@ -2,14 +2,20 @@
 //! reach the other copies: the replicas' data addresses, the lock that puts
 //! the writes in one order, and the ranges a replica missed.
 //!
-//! The primary applies and copies one write at a time (holding
-//! [`Copying::order`] from before its bytes land until every replica has
-//! acknowledged them), so every copy sees the writes in the same order and
-//! two writers to overlapping bytes leave the same bytes everywhere. A copy
+//! A write lands in the primary's memory first; then the primary copies
+//! one write at a time (holding [`Copying::order`] until every replica has
+//! acknowledged it), each copy being of the memory at sending time, so the
+//! last copy of every byte is sent after every write of it landed: every
+//! copy ends with the primary's bytes, also with two writers to
+//! overlapping bytes. A copy
 //! that fails leaves its range in [`Order::missed`] for that replica; the
 //! next write sends those ranges again (from the primary's memory, under
 //! the same lock) before its own bytes, so a replica never keeps a range
 //! that differs from the primary once any later write was acknowledged.
+//!
+//! A replica lets copies land one at a time and never one older than what
+//! landed ([`Applied`]): a copy the primary gave up on and sent again
+//! cannot land after a later one.
 //!
 //! It owns that state only; sending is `fabric::replicate`'s. It never
 //! talks to the network.
@@ -22,10 +28,56 @@ use std::sync::{Mutex, MutexGuard};
 pub const MAX_MISSED: usize = 64;
 
 /// One allocation's copying on this node (every holder of a replicated
-/// allocation has one; only a primary share uses it).
+/// allocation has one): the order of a primary share's writes, and what
+/// its replica shares applied.
 #[derive(Debug, Default)]
 pub struct Copying {
     order: Mutex<Order>,
+    applied: Mutex<Applied>,
+}
+
+/// Most primaries a replica copy remembers having replaced.
+const MAX_RETIRED: usize = 8;
+
+/// Per replica copy held here (one share of each copy per node): the
+/// stamp of the last copy applied, and the primaries it no longer takes
+/// copies from. Held while a copy lands, so copies land one at a time.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Per copy: the sender (a primary agent's incarnation) and sequence
+    /// number of the last copy that landed.
+    last: BTreeMap<u32, (u64, u64)>,
+    retired: BTreeMap<u32, Vec<u64>>,
+}
+
+impl Applied {
+    /// Whether a copy stamped `(sender, seq)` (the wire's `Stamp`) may land
+    /// in replica copy `copy`: a later
+    /// one from the primary it last took one from, or the first from a new
+    /// primary (a replica promoted in place of a lost one), never one from
+    /// a primary that was replaced or one older than what landed.
+    pub fn admits(&self, copy: u32, (sender, seq): (u64, u64)) -> bool {
+        if self.retired.get(&copy).is_some_and(|r| r.contains(&sender)) {
+            return false;
+        }
+        match self.last.get(&copy) {
+            Some(&(last_sender, last_seq)) if last_sender == sender => seq > last_seq,
+            _ => true,
+        }
+    }
+
+    /// A copy stamped `(sender, seq)` landed in replica copy `copy`.
+    pub fn landed(&mut self, copy: u32, (sender, seq): (u64, u64)) {
+        if let Some((old, _)) = self.last.insert(copy, (sender, seq)) {
+            if old != sender {
+                let retired = self.retired.entry(copy).or_default();
+                retired.push(old);
+                if retired.len() > MAX_RETIRED {
+                    retired.remove(0);
+                }
+            }
+        }
+    }
 }
 
 /// What the lock guards.
@@ -37,6 +89,8 @@ pub struct Order {
     pub replicas: Vec<String>,
     /// Per replica address: `(offset, len)` ranges it has not taken.
     pub missed: BTreeMap<String, Vec<(u64, u64)>>,
+    /// The last copy's sequence number (the wire's `Stamp`).
+    pub seq: u64,
 }
 
 impl Order {
@@ -49,6 +103,32 @@ impl Order {
             let end = list.iter().map(|r| r.0 + r.1).max().unwrap_or(0);
             *list = vec![(start, end - start)];
         }
+    }
+
+    /// Takes at most `budget` bytes of the ranges `replica` missed (a range
+    /// past it is split), leaving the rest noted.
+    pub fn take_missed(&mut self, replica: &str, budget: u64) -> Vec<(u64, u64)> {
+        let Some(list) = self.missed.get_mut(replica) else {
+            return Vec::new();
+        };
+        let (mut taken, mut left) = (Vec::new(), budget);
+        while left > 0 {
+            let Some(&(offset, len)) = list.first() else {
+                break;
+            };
+            let n = len.min(left);
+            taken.push((offset, n));
+            left -= n;
+            if n == len {
+                list.remove(0);
+            } else {
+                list[0] = (offset + n, len - n);
+            }
+        }
+        if list.is_empty() {
+            self.missed.remove(replica);
+        }
+        taken
     }
 
     /// Copies go to `replicas` from now on; ranges missed by replicas no
@@ -75,6 +155,13 @@ impl Copying {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// The replica side's lock; held while a copy lands.
+    pub fn applied(&self) -> MutexGuard<'_, Applied> {
+        self.applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +179,34 @@ mod tests {
         assert_eq!(o.missed["a:1"].len(), MAX_MISSED);
         o.miss("a:1", 10_000, 1);
         assert_eq!(o.missed["a:1"], [(0, 10_001)]);
+    }
+
+    #[test]
+    fn a_replica_takes_copies_in_order_and_never_from_a_replaced_primary() {
+        let mut a = Applied::default();
+        let (p, q) = (7, 9);
+        assert!(a.admits(1, (p, 1)));
+        a.landed(1, (p, 5));
+        assert!(!a.admits(1, (p, 5)), "again");
+        assert!(!a.admits(1, (p, 4)), "older");
+        assert!(a.admits(1, (p, 6)));
+        assert!(a.admits(2, (q, 1)), "another copy");
+        // A promoted primary takes over copy 1: the old one is refused.
+        assert!(a.admits(1, (q, 1)));
+        a.landed(1, (q, 1));
+        assert!(!a.admits(1, (p, 99)));
+    }
+
+    #[test]
+    fn missed_ranges_are_taken_a_budget_at_a_time() {
+        let c = Copying::default();
+        let mut o = c.order();
+        o.copy_to(vec!["a:1".into()], &[(0, 100), (200, 50)]);
+        assert_eq!(o.take_missed("a:1", 60), [(0, 60)]);
+        assert_eq!(o.take_missed("a:1", 60), [(60, 40), (200, 20)]);
+        assert_eq!(o.take_missed("a:1", 60), [(220, 30)]);
+        assert!(o.take_missed("a:1", 60).is_empty());
+        assert!(!o.missed.contains_key("a:1"));
     }
 
     #[test]

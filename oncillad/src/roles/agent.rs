@@ -125,8 +125,10 @@ pub(crate) fn start(
         peers: agent.peers(),
         tls: trust.clone(),
         keys: Arc::clone(node_keys),
+        incarnation: agent.incarnation(),
     };
 
+    let data_replicas = replicas.clone();
     std::thread::Builder::new()
         .name("oncilla-data-accept".into())
         .spawn({
@@ -138,7 +140,7 @@ pub(crate) fn start(
                     held,
                     data_admission,
                     data_tls,
-                    (pulls, replicas),
+                    (pulls, data_replicas),
                     rings,
                     transfers,
                 )
@@ -176,8 +178,8 @@ pub(crate) fn start(
     if agent.rdma().available() {
         tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
     }
-    let service =
-        grpc::agent::AgentService::new(Arc::clone(&agent)).server(Authenticate::new(keys.clone()));
+    let service = grpc::agent::AgentService::new(Arc::clone(&agent), replicas.clone())
+        .server(Authenticate::new(keys.clone()));
     let listener = bind_unix(&agent_cfg.socket)?;
     let session =
         grpc::session::SessionService::new(agent, master, Arc::clone(node_keys), trust.as_ref())

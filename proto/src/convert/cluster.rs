@@ -258,6 +258,7 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
         if r.replicas
             .iter()
             .any(|a| a.is_empty() || a.len() > MAX_ADDR)
+            || r.fill.iter().any(|a| !r.replicas.contains(a))
         {
             return Err(Invalid::Copies.into());
         }
@@ -272,6 +273,7 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
                 })
                 .collect(),
             replicas: r.replicas,
+            fill: r.fill,
         })
     }
 }
@@ -289,6 +291,7 @@ impl From<SetCopies> for pb::SetCopiesRequest {
                 })
                 .collect(),
             replicas: s.replicas,
+            fill: s.fill,
         }
     }
 }

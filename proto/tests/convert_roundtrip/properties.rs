@@ -297,9 +297,12 @@ proptest! {
         let mut many = w.clone();
         many.replicas = vec!["n:1".into(); MAX_REPLICAS as usize];
         prop_assert!(SetCopies::try_from(many).is_err());
-        let mut empty = w;
+        let mut empty = w.clone();
         empty.replicas = vec![String::new()];
         prop_assert!(SetCopies::try_from(empty).is_err());
+        let mut stranger = w;
+        stranger.fill = vec!["not-a-replica:1".into()];
+        prop_assert!(SetCopies::try_from(stranger).is_err());
     }
 
     /// A reservation without its record, or with an unknown fabric, is

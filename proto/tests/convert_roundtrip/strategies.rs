@@ -605,6 +605,7 @@ pub(super) fn set_copies() -> impl Strategy<Value = SetCopies> {
         .prop_map(|(alloc_id, promote, replicas)| SetCopies {
             alloc_id,
             promote,
+            fill: replicas.iter().take(1).cloned().collect(),
             replicas,
         })
 }

@@ -526,7 +526,7 @@ fn exhausted(size: u64, nodes: &[Candidate]) -> CoreError {
 }
 
 mod replicas;
-pub use replicas::replicas;
+pub use replicas::{refill, replicas};
 
 #[cfg(test)]
 mod tests;

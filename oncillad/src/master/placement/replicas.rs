@@ -15,6 +15,49 @@ use oncilla_model::size::{round_up, HumanBytes};
 use super::{Candidate, Planned};
 use crate::error::CoreError;
 
+/// The node for one more copy of the share `share` (of copy number
+/// `copy`'s set `taken`: nodes holding a share of that copy already), when
+/// `held` (the nodes holding a copy of it) lost one: the same rules as
+/// [`replicas`], with each node's room as it is.
+pub fn refill<'a>(
+    share: &Planned,
+    held: &[&str],
+    taken: &[&str],
+    nodes: &'a [Candidate],
+) -> Option<&'a Candidate> {
+    let free: BTreeMap<&str, u64> = nodes.iter().map(|n| (n.name.as_str(), n.room())).collect();
+    choose(share.bytes(), held, taken, nodes, &free)
+}
+
+/// The node for a copy of `bytes` held on `held` already, in a copy whose
+/// shares are on `taken`: up, holding none of it, room for it, a zone that
+/// holds none of it first, then the most room.
+fn choose<'a>(
+    bytes: u64,
+    held: &[&str],
+    taken: &[&str],
+    nodes: &'a [Candidate],
+    free: &BTreeMap<&str, u64>,
+) -> Option<&'a Candidate> {
+    let zones: Vec<&str> = nodes
+        .iter()
+        .filter(|n| held.contains(&n.name.as_str()) && !n.zone.is_empty())
+        .map(|n| n.zone.as_str())
+        .collect();
+    let new_zone = |n: &Candidate| !n.zone.is_empty() && !zones.contains(&n.zone.as_str());
+    let room = |n: &Candidate| free.get(n.name.as_str()).copied().unwrap_or(0);
+    nodes
+        .iter()
+        .filter(|n| n.up && !held.contains(&n.name.as_str()) && !taken.contains(&n.name.as_str()))
+        .filter(|n| round_up(bytes, n.page.max(1)) <= room(n))
+        .max_by(|a, b| {
+            new_zone(a)
+                .cmp(&new_zone(b))
+                .then_with(|| room(a).cmp(&room(b)))
+                .then_with(|| b.name.cmp(&a.name))
+        })
+}
+
 /// The shares of copies 1 to `copies - 1` (each as `primary` is laid out,
 /// share by share), with room counted after the primary's shares.
 ///
@@ -47,30 +90,8 @@ pub fn replicas(
             // ranges once, as the primary's.
             let taken: Vec<&str> = copy.iter().map(|c| c.node.as_str()).collect();
             let bytes = p.bytes();
-            let zones: Vec<&str> = held
-                .iter()
-                .filter_map(|h| by_name.get(h))
-                .map(|n| n.zone.as_str())
-                .filter(|z| !z.is_empty())
-                .collect();
-            let chosen = nodes
-                .iter()
-                .filter(|n| {
-                    n.up && !held.contains(&n.name.as_str()) && !taken.contains(&n.name.as_str())
-                })
-                .filter(|n| {
-                    free.get(n.name.as_str())
-                        .is_some_and(|&f| round_up(bytes, n.page.max(1)) <= f)
-                })
-                .max_by(|a, b| {
-                    let new_zone =
-                        |n: &Candidate| !n.zone.is_empty() && !zones.contains(&n.zone.as_str());
-                    new_zone(a)
-                        .cmp(&new_zone(b))
-                        .then_with(|| free[a.name.as_str()].cmp(&free[b.name.as_str()]))
-                        .then_with(|| b.name.cmp(&a.name))
-                })
-                .ok_or_else(|| no_room(p, held, nodes, &free))?;
+            let chosen = choose(bytes, held, &taken, nodes, &free);
+            let chosen = chosen.ok_or_else(|| no_room(p, held, nodes, &free))?;
             take(&mut free, &chosen.name, bytes);
             held.push(chosen.name.as_str());
             copy.push(Planned {

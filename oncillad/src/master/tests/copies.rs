@@ -1,0 +1,107 @@
+//! The master core and replicated allocations that lose a copy's node:
+//! the copy leaves the record, a replica is promoted in place of a lost
+//! primary, agents are told, and the copy is made again elsewhere
+//! (against the fake agent link of the parent).
+
+use super::*;
+
+/// A replicated allocation on three nodes: `a` primary, `b` its replica.
+async fn replicated(link: FakeLink) -> (Master<FakeLink>, Allocation) {
+    let m = master(link).await;
+    m.register(join("c", 1 << 20)).await.unwrap();
+    let mut req = remote(10_000, &["a"], None);
+    req.spec.placement.replicas = 2;
+    let a = m.allocate(req).await.unwrap();
+    assert_eq!(a.extents[0].node, "a");
+    assert!(a.replicas.iter().all(|e| e.copy == 1 && e.node != "a"));
+    (m, a)
+}
+
+#[tokio::test]
+async fn a_lost_replica_leaves_the_record_and_the_primary_copies_to_the_rest() {
+    let link = FakeLink::default();
+    let (m, a) = replicated(link.clone()).await;
+    let replica = a.replicas[0].node.clone();
+    let mut fresh = join(&replica, 1 << 20);
+    fresh.incarnation = 2;
+    m.register(fresh).await.unwrap();
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    assert!(seen.replicas.is_empty(), "{seen:?}");
+    assert_eq!(seen.extents, a.extents, "the primary stays");
+    assert_eq!(seen.health, Health::Degraded);
+    assert!(
+        seen.health_notes
+            .iter()
+            .any(|n| n.contains("under-replicated")),
+        "{:?}",
+        seen.health_notes
+    );
+    m.tick().await;
+    let told = link.copies_set.lock().unwrap().clone();
+    assert_eq!(told.len(), 2, "{told:?}");
+    let (addr, change) = &told[0];
+    assert_eq!(addr, "a:1", "the primary's agent");
+    assert!(change.promote.is_empty() && change.replicas.is_empty());
+    // Then the copy is made again elsewhere: the primary fills it, and
+    // only then does the record list it.
+    let (addr, refill) = &told[1];
+    assert_eq!(addr, "a:1");
+    assert_eq!(refill.fill.len(), 1, "{refill:?}");
+    assert_eq!(refill.replicas, refill.fill);
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    assert_eq!(seen.health, Health::Healthy, "{:?}", seen.health_notes);
+    assert_eq!(seen.copy_extents(1).map(|e| e.len).sum::<u64>(), 10_000);
+    let new_node = seen.replicas[0].node.clone();
+    assert_eq!(format!("{new_node}:2"), refill.fill[0]);
+    assert_ne!(new_node, "a");
+    // Told once: nothing is due after it answered.
+    m.tick().await;
+    assert_eq!(link.copies_set.lock().unwrap().len(), 2);
+    // The restarted node's heartbeat holding the id is told to release
+    // it, unless the new copy is there.
+    let mut late = beat(&replica, vec![a.id], &[]);
+    late.incarnation = 2;
+    let release = m.heartbeat(late).await.release;
+    if new_node == replica {
+        assert!(release.is_empty());
+    } else {
+        assert_eq!(release, [a.id]);
+    }
+}
+
+#[tokio::test]
+async fn a_lost_primary_gives_way_to_its_replica() {
+    let link = FakeLink::default();
+    let (m, a) = replicated(link.clone()).await;
+    let replica = a.replicas[0].node.clone();
+    let mut fresh = join("a", 1 << 20);
+    fresh.incarnation = 2;
+    m.register(fresh).await.unwrap();
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    assert!(seen
+        .extents
+        .iter()
+        .all(|e| e.node == replica && e.copy == 0));
+    assert_eq!(seen.extents.iter().map(|e| e.len).sum::<u64>(), 10_000);
+    assert!(seen.replicas.is_empty());
+    assert_eq!(seen.health, Health::Degraded, "one copy left");
+    m.tick().await;
+    let told = link.copies_set.lock().unwrap().clone();
+    assert_eq!(told.len(), 2, "a promotion, then a new copy: {told:?}");
+    assert_eq!(told[0].0, format!("{replica}:1"));
+    assert_eq!(told[1].0, format!("{replica}:1"));
+    assert_eq!(told[1].1.fill.len(), 1);
+    assert_eq!(
+        m.allocation(&by_id(a.id)).unwrap().health,
+        Health::Healthy,
+        "two copies again"
+    );
+    assert_eq!(
+        told[0].1.promote,
+        [Range {
+            alloc_offset: 0,
+            len: 10_000
+        }]
+    );
+    m.free(&by_id(a.id), "", None, false).await.unwrap();
+}
