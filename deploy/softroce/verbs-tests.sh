@@ -55,7 +55,9 @@ filter=${1:-}
 # Suites that run on the host only (see the top of this file; netns also
 # because network namespaces do not reach the guest's RDMA devices: rxe
 # works only in the default namespace on this kernel).
-HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns election"
+# replicas: replicated allocations are reached over TCP only (never
+# registered for RDMA), so the guest would run them as the host does.
+HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl metrics tls c_abi netns election replicas"
 GUEST="cluster verbs property copies sharing failure hostile_authority mapping"
 # Every suite of tests/ (from cargo's metadata, nothing built) is either run
 # here or named above, so a new one is not left out unnoticed.

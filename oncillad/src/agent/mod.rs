@@ -268,11 +268,10 @@ impl Agent {
         all.sort_by_key(|e| e.alloc_offset);
         keys.absorb(&entry.value().keys);
         // One copying state per allocation here, whichever share came
-        // first; the primary's share brings its replicas.
+        // first; the primary's share brings its replicas (set below, once
+        // the table's entry is let go: the order lock never waits inside
+        // it).
         let copying = entry.value().copying.clone();
-        if let (Some(c), false) = (&copying, replicas.is_empty()) {
-            c.order().copy_to(replicas, &[]);
-        }
         let held = Arc::new(Held {
             keys,
             key,
@@ -283,6 +282,9 @@ impl Agent {
         });
         *entry.value_mut() = Arc::clone(&held);
         drop(entry);
+        if let Some(c) = held.copying.as_ref().filter(|_| !replicas.is_empty()) {
+            c.order().copy_to(replicas, &[]);
+        }
         // A port may have gone while this registered on it: the sweep took
         // it out before walking the table, so one of the two sees the other.
         for port in self.rdma.removed_ports() {
@@ -315,13 +317,22 @@ impl Agent {
             })?;
         let promote: Vec<(u64, u64)> = c.promote.iter().map(|g| (g.alloc_offset, g.len)).collect();
         // The order lock first (a write may hold it while it copies), then
-        // the table's entry, only for as long as it takes to change it.
+        // the replica side's (a copy landing finishes first, and none lands
+        // in a range once it is promoted), then the table's entry, only for
+        // as long as it takes to change it.
         let mut order = copying.order();
+        let applied = copying.applied();
         let mut entry = self
             .held
             .get_mut(&c.alloc_id)
             .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
         let cur = Arc::clone(entry.value());
+        if !c.fill.is_empty() && promote.is_empty() && cur.extents.iter().all(|e| e.copy != 0) {
+            return Err(CoreError::InvalidArgument(format!(
+                "this node holds no primary share of allocation {} to fill a replica from",
+                c.alloc_id
+            )));
+        }
         if !promote.is_empty() {
             for &(offset, len) in &promote {
                 let held_as_replica = cur
@@ -361,8 +372,11 @@ impl Agent {
                 fabric: cur.fabric,
                 copying: Some(Arc::clone(&copying)),
             });
+            // Its replicas must not take this node for an earlier primary.
+            order.new_sender();
         }
         drop(entry);
+        drop(applied);
         order.copy_to(c.replicas, &promote);
         // A new replica gets the whole primary share (`fill` sends it).
         let held = self.held.get(&c.alloc_id).map(|e| Arc::clone(e.value()));

@@ -55,8 +55,6 @@ pub struct Replicas {
     /// The cluster CA, when data ports speak TLS.
     pub tls: Option<ClientTls>,
     pub keys: Arc<NodeKeys>,
-    /// This agent's start, the sender in every stamp it sends.
-    pub incarnation: u64,
 }
 
 /// A client connection's outbound side for copies.
@@ -96,6 +94,7 @@ impl Replicator {
             let mut sent = 0;
             let to = To {
                 replicas,
+                sender: order.sender,
                 addr,
                 alloc_id,
                 held,
@@ -150,7 +149,7 @@ impl Replicator {
                 let data = unsafe { Shared::new(m.ptr(e.at + (at - e.alloc_offset)), n_usize) };
                 *seq += 1;
                 let stamp = Stamp {
-                    sender: to.replicas.incarnation,
+                    sender: to.sender,
                     seq: *seq,
                 };
                 self.send_one(to, stamp, at, data)?;
@@ -175,6 +174,7 @@ impl Replicator {
             addr,
             alloc_id,
             held,
+            ..
         } = *to;
         let now = oncilla_net::credential::unix_now();
         let kept = self
@@ -254,6 +254,7 @@ pub fn fill(
         let late = Instant::now() > deadline;
         let to = To {
             replicas,
+            sender: order.sender,
             addr,
             alloc_id,
             held: &held,
@@ -280,6 +281,8 @@ pub fn fill(
 #[derive(Clone, Copy)]
 struct To<'a> {
     replicas: &'a Replicas,
+    /// The primary share's sender id in stamps.
+    sender: u64,
     addr: &'a str,
     alloc_id: u64,
     held: &'a Held,

@@ -627,19 +627,29 @@ impl Connection {
             let msg = "only an allocation's primary agent may send REPLICATE";
             return self.refuse(req, Status::NoSuchAllocation, msg);
         }
-        let Some(held) = self
-            .held
-            .get(&req.alloc_id)
-            .map(|e| Arc::clone(e.value()))
-            .filter(|h| h.key_matches(&req.key))
-        else {
+        let lookup = |table: &HeldTable| {
+            table
+                .get(&req.alloc_id)
+                .map(|e| Arc::clone(e.value()))
+                .filter(|h| h.key_matches(&req.key))
+        };
+        let Some(copying) = lookup(&self.held).and_then(|h| h.copying.clone()) else {
             let msg = self.held.not_held(req.alloc_id);
             return self.refuse(req, Status::NoSuchAllocation, &msg);
         };
-        let span = held
-            .span_for(req.offset, req.len)
-            .filter(|span| held.extents[span.clone()].iter().all(|e| e.copy != 0));
-        let (Some(span), Some(copying)) = (span, held.copying.clone()) else {
+        // One copy lands at a time, and never one older than what landed:
+        // an older one (its primary gave up on it and sent it again, or
+        // was replaced) is read and dropped. The ranges are looked at under
+        // the lock: a promotion takes it too, so no copy lands in a range
+        // once it is this node's primary share.
+        let mut applied = copying.applied();
+        let held = lookup(&self.held);
+        let span = held.as_ref().and_then(|h| {
+            h.span_for(req.offset, req.len)
+                .filter(|span| h.extents[span.clone()].iter().all(|e| e.copy != 0))
+        });
+        let (Some(held), Some(span)) = (held, span) else {
+            drop(applied);
             let msg = format!(
                 "bytes {}..{} of allocation {} are not a replica held by this node",
                 req.offset,
@@ -648,12 +658,8 @@ impl Connection {
             );
             return self.refuse(req, Status::OutOfBounds, &msg);
         };
-        // One copy lands at a time, and never one older than what landed:
-        // an older one (its primary gave up on it and sent it again, or
-        // was replaced) is read and dropped.
         let copy = held.extents[span.start].copy;
         let stamp = (stamp.sender, stamp.seq);
-        let mut applied = copying.applied();
         if !applied.admits(copy, stamp) {
             self.recv.skip(&self.stream, req.len)?;
             return self.ack_write();

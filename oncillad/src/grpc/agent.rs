@@ -26,7 +26,7 @@ pub struct AgentService {
 
 /// The longest a re-created replica's fill may take (its caller, the
 /// master, waits a little longer: `grpc::links::FILL_TIMEOUT`).
-const FILL_LIMIT: Duration = Duration::from_secs(110);
+const FILL_LIMIT: Duration = Duration::from_secs(50);
 
 impl AgentService {
     pub fn new(agent: Arc<Agent>, replicas: Replicas) -> Self {
@@ -87,7 +87,13 @@ impl agent_server::Agent for AgentService {
             .map_err(Status::from)?;
         let c: SetCopies = checked(req.into_inner())?;
         let (id, new_replicas) = (c.alloc_id, c.fill.clone());
-        self.agent.set_copies(c).map_err(Status::from)?;
+        // It waits for the allocation's order lock (a write may hold it
+        // while it copies): off the executor.
+        let agent = Arc::clone(&self.agent);
+        tokio::task::spawn_blocking(move || agent.set_copies(c))
+            .await
+            .map_err(|e| Status::internal(format!("copy change failed: {e}")))?
+            .map_err(Status::from)?;
         // New replicas are sent the whole share before the answer, off the
         // executor (it waits on the order lock and the network).
         for addr in new_replicas {

@@ -29,8 +29,8 @@ use crate::master::AgentLink;
 /// calls: see `release` and `identify`).
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Deadline of a copy change that fills a new replica (the agent gives up
-/// on the fill at 110 s: `grpc::agent`).
-pub const FILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// on the fill at 50 s, `grpc::agent`, inside servers' 60 s to answer).
+pub const FILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(55);
 
 /// A failed call to the peer `what` at `addr`, as the core sees it.
 fn failed(what: &str, addr: &str, s: Status) -> LinkError {

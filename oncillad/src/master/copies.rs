@@ -13,8 +13,8 @@
 //! whole share (agent to agent, never through a client), and only then
 //! lists it, so no reader sees a copy that is still filling.
 
-use std::collections::BTreeSet;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use oncilla_model::alloc::{Allocation, Extent};
 use oncilla_model::cluster::{Piece, Range, Reservation, SetCopies};
@@ -23,6 +23,9 @@ use oncilla_model::Fabric;
 use super::placement::{self, Planned};
 use super::state::{charge_of, State};
 use super::{AgentLink, Master};
+
+/// How long a share whose copy could not be made waits before another try.
+const REFILL_PAUSE: Duration = Duration::from_secs(5);
 
 /// One copy being re-created.
 struct Refill {
@@ -47,14 +50,23 @@ impl<L: AgentLink> Master<L> {
     pub(super) fn drop_copies(st: &mut State, node: &str) {
         let mut due = Vec::new();
         let mut charges = Vec::new();
+        let mut freed: Vec<u64> = Vec::new();
         for (id, rec) in &mut st.allocs {
             let a = &mut rec.alloc;
             if a.placement.copies() <= 1 || !a.held_on(node) {
                 continue;
             }
+            // Its room on the node, per copy as it was reserved.
+            let mut per_copy: BTreeMap<u32, u64> = BTreeMap::new();
+            for e in a.all_extents().filter(|e| e.node == node) {
+                *per_copy.entry(e.copy).or_default() += e.len;
+            }
             let before = charge_of(a);
             a.replicas.retain(|e| e.node != node);
             let promoted = promote(a, node);
+            if !a.held_on(node) {
+                freed.extend(per_copy.into_values());
+            }
             let after = charge_of(a);
             charges.push((before, after));
             tracing::warn!(alloc_id = id, %node, promoted = promoted.is_some(), "a copy's node is lost: its copies leave the allocation");
@@ -78,26 +90,13 @@ impl<L: AgentLink> Master<L> {
                 }
             }
         }
+        if let Some(n) = st.nodes.get_mut(node) {
+            for len in freed {
+                n.reserved = n.reserved.saturating_sub(n.footprint(len));
+            }
+        }
         for (id, primary, promote, replicas) in due {
-            let Some(agent) = st.nodes.get(&primary).map(|n| n.info.agent_addr.clone()) else {
-                continue;
-            };
-            let entry = st
-                .copies_due
-                .entry((id, primary))
-                .or_insert_with(|| (agent.clone(), SetCopies::default()));
-            // A promotion not yet delivered stays in the change.
-            let mut all = std::mem::take(&mut entry.1.promote);
-            all.extend(promote);
-            *entry = (
-                agent,
-                SetCopies {
-                    alloc_id: id,
-                    promote: all,
-                    replicas,
-                    fill: Vec::new(),
-                },
-            );
+            queue(st, id, &primary, promote, replicas);
         }
     }
 
@@ -133,7 +132,7 @@ impl<L: AgentLink> Master<L> {
     /// share has fewer copies than asked and a node has room: reserves it
     /// there, has the primary's agent fill it, then lists it in the record.
     /// Undone whole when any step fails (asked again at a later tick).
-    pub(super) async fn refill(&self) {
+    pub async fn refill(&self) {
         let Some(job) = self.next_refill() else {
             return;
         };
@@ -172,6 +171,9 @@ impl<L: AgentLink> Master<L> {
             let mut st = self.lock();
             let listed = self.list_refill(&mut st, &job, pieces);
             self.end_refill_locked(&mut st, &job, listed);
+            // A change queued while it filled was made without the new
+            // copy: every primary is told the record's replicas again.
+            Self::tell_primaries(&mut st, job.alloc_id);
             listed
         };
         if listed {
@@ -188,16 +190,26 @@ impl<L: AgentLink> Master<L> {
             return None;
         }
         let mut st = self.lock();
+        let now = Instant::now();
+        st.refill_after.retain(|_, until| *until > now);
         let candidates = self.candidates(&st);
+        let up = |node: &str| candidates.iter().any(|n| n.name == node && n.up);
         let mut found = None;
         'all: for (id, rec) in &st.allocs {
             let a = &rec.alloc;
             let copies = a.placement.copies();
-            if copies <= 1 || !rec.lost.is_empty() {
+            // A change not yet delivered comes first: the agents must
+            // agree with the record before a copy is filled from it.
+            let pending = st.copies_due.keys().any(|(due, _)| due == id);
+            if copies <= 1 || !rec.lost.is_empty() || pending {
                 continue;
             }
             for (primary, ranges) in shares(a) {
-                if st.refilling.contains_key(&(*id, primary.clone())) {
+                let key = (*id, primary.clone());
+                if st.refilling.contains_key(&key)
+                    || st.refill_after.contains_key(&key)
+                    || !up(&primary)
+                {
                     continue;
                 }
                 let of_it: Vec<&Extent> = a
@@ -213,8 +225,9 @@ impl<L: AgentLink> Master<L> {
                 let Some(copy) = (1..copies).find(|c| !have.contains(c)) else {
                     continue;
                 };
-                let mut held: Vec<&str> = of_it.iter().map(|e| e.node.as_str()).collect();
-                held.push(&primary);
+                // Never a node that holds any of it: a failed fill releases
+                // the whole allocation there.
+                let held: Vec<&str> = a.all_extents().map(|e| e.node.as_str()).collect();
                 let taken: Vec<&str> = a.copy_extents(copy).map(|e| e.node.as_str()).collect();
                 let share = Planned {
                     node: primary.clone(),
@@ -318,8 +331,12 @@ impl<L: AgentLink> Master<L> {
     }
 
     fn end_refill_locked(&self, st: &mut State, job: &Refill, listed: bool) {
-        st.refilling.remove(&(job.alloc_id, job.primary.0.clone()));
+        let key = (job.alloc_id, job.primary.0.clone());
+        st.refilling.remove(&key);
         if !listed {
+            // Not again before a pause, so one share that cannot be filled
+            // does not hold up the others.
+            st.refill_after.insert(key, Instant::now() + REFILL_PAUSE);
             if let Some(n) = st.nodes.get_mut(&job.target.0) {
                 n.reserved = n.reserved.saturating_sub(n.footprint(job.bytes));
             }
@@ -333,23 +350,34 @@ impl<L: AgentLink> Master<L> {
             return;
         };
         for (primary, ranges) in shares(&a) {
-            let Some(agent) = st.nodes.get(&primary).map(|n| n.info.agent_addr.clone()) else {
-                continue;
-            };
-            st.copies_due.insert(
-                (alloc_id, primary.clone()),
-                (
-                    agent,
-                    SetCopies {
-                        alloc_id,
-                        promote: Vec::new(),
-                        replicas: replicas_of(&a, &primary, &ranges),
-                        fill: Vec::new(),
-                    },
-                ),
-            );
+            let replicas = replicas_of(&a, &primary, &ranges);
+            queue(st, alloc_id, &primary, Vec::new(), replicas);
         }
     }
+}
+
+/// Queues a copy change for `primary`'s agent: its replicas from now on,
+/// and ranges it is promoted to (a promotion not yet delivered stays in
+/// the change that replaces it).
+fn queue(st: &mut State, id: u64, primary: &str, promote: Vec<Range>, replicas: Vec<String>) {
+    let Some(agent) = st.nodes.get(primary).map(|n| n.info.agent_addr.clone()) else {
+        return;
+    };
+    let entry = st
+        .copies_due
+        .entry((id, primary.to_string()))
+        .or_insert_with(|| (agent.clone(), SetCopies::default()));
+    let mut all = std::mem::take(&mut entry.1.promote);
+    all.extend(promote);
+    *entry = (
+        agent,
+        SetCopies {
+            alloc_id: id,
+            promote: all,
+            replicas,
+            fill: Vec::new(),
+        },
+    );
 }
 
 /// The pieces of a reservation, when they tile its ranges exactly.
@@ -383,10 +411,21 @@ fn promote(a: &mut Allocation, node: &str) -> Option<(String, Vec<Range>)> {
         lost.iter()
             .any(|&(o, l)| e.alloc_offset >= o && e.alloc_offset + e.len <= o + l)
     };
+    // Never a node that holds a primary share already: an agent copies
+    // its one primary share to one set of replicas.
+    let primaries: Vec<&str> = a
+        .extents
+        .iter()
+        .filter(|e| e.node != node)
+        .map(|e| e.node.as_str())
+        .collect();
     let copy = a.replica_copies().into_iter().find(|&c| {
         let held: Vec<&Extent> = a.copy_extents(c).filter(|e| inside(e)).collect();
         let one_node = held.windows(2).all(|w| w[0].node == w[1].node);
-        one_node && merged(held.into_iter()) == lost
+        let free = held
+            .first()
+            .is_some_and(|e| !primaries.contains(&e.node.as_str()));
+        one_node && free && merged(held.into_iter()) == lost
     })?;
     let (mut up, rest): (Vec<Extent>, Vec<Extent>) = std::mem::take(&mut a.replicas)
         .into_iter()

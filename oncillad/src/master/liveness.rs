@@ -32,7 +32,6 @@ impl<L: AgentLink> Master<L> {
     pub async fn tick(&self) {
         self.log_states();
         self.send_copies().await;
-        self.refill().await;
     }
 
     fn log_states(&self) {

@@ -65,6 +65,8 @@ pub(super) struct State {
     /// Copies being re-created, per (allocation, primary node): the node
     /// that receives it (it holds the id before the record lists it).
     pub refilling: BTreeMap<(u64, String), String>,
+    /// Shares whose copy could not be made, not tried again before then.
+    pub refill_after: BTreeMap<(u64, String), std::time::Instant>,
 }
 
 impl State {

@@ -30,10 +30,21 @@ pub const MAX_MISSED: usize = 64;
 /// One allocation's copying on this node (every holder of a replicated
 /// allocation has one): the order of a primary share's writes, and what
 /// its replica shares applied.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Copying {
     order: Mutex<Order>,
     applied: Mutex<Applied>,
+}
+
+impl Default for Copying {
+    fn default() -> Self {
+        let mut order = Order::default();
+        order.new_sender();
+        Self {
+            order: Mutex::new(order),
+            applied: Mutex::default(),
+        }
+    }
 }
 
 /// Most primaries a replica copy remembers having replaced.
@@ -89,7 +100,11 @@ pub struct Order {
     pub replicas: Vec<String>,
     /// Per replica address: `(offset, len)` ranges it has not taken.
     pub missed: BTreeMap<String, Vec<(u64, u64)>>,
-    /// The last copy's sequence number (the wire's `Stamp`).
+    /// Who this primary share is to its replicas (the wire's `Stamp`
+    /// sender): random per share, new when a replica is promoted here, so
+    /// no replica mistakes it for an earlier primary on this node.
+    pub sender: u64,
+    /// The last copy's sequence number under `sender`.
     pub seq: u64,
 }
 
@@ -129,6 +144,13 @@ impl Order {
             self.missed.remove(replica);
         }
         taken
+    }
+
+    /// Begins again as a new primary (a replica promoted here): a new
+    /// sender, counted from 1.
+    pub fn new_sender(&mut self) {
+        self.sender = rand::random::<u64>() | 1;
+        self.seq = 0;
     }
 
     /// Copies go to `replicas` from now on; ranges missed by replicas no

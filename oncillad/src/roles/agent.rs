@@ -125,7 +125,6 @@ pub(crate) fn start(
         peers: agent.peers(),
         tls: trust.clone(),
         keys: Arc::clone(node_keys),
-        incarnation: agent.incarnation(),
     };
 
     let data_replicas = replicas.clone();

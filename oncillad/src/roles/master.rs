@@ -145,21 +145,40 @@ pub(crate) fn start(
     };
     metrics.watch_master(seated.clone());
     tokio::spawn(health::master_ready(seated.clone(), ready));
-    let ticking = seated.clone();
     let heartbeat = config.liveness.heartbeat;
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(heartbeat);
-        loop {
-            every.tick().await;
-            let core = ticking.borrow().leading().cloned();
-            if let Some(core) = core {
-                core.tick().await;
-            }
-        }
+    every_heartbeat(seated.clone(), heartbeat, |core| async move {
+        core.tick().await
+    });
+    // Lost copies are made again in a loop of their own: a fill may take
+    // many ticks, which must go on meanwhile.
+    every_heartbeat(seated.clone(), heartbeat, |core| async move {
+        core.refill().await;
     });
     Ok(Started {
         service: grpc::master::MasterService::new(seated)
             .server(Authenticate::members(Keyring::Cluster(token))),
         election,
     })
+}
+
+/// Runs `work` on the leading core every `heartbeat`, for as long as the
+/// process lives (nothing while this master stands by).
+fn every_heartbeat<F, Fut>(
+    seated: watch::Receiver<Seat<GrpcAgentLink>>,
+    heartbeat: std::time::Duration,
+    work: F,
+) where
+    F: Fn(Arc<master::Master<GrpcAgentLink>>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(heartbeat);
+        loop {
+            every.tick().await;
+            let core = seated.borrow().leading().cloned();
+            if let Some(core) = core {
+                work(core).await;
+            }
+        }
+    });
 }

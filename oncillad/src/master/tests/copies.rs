@@ -37,6 +37,7 @@ async fn a_lost_replica_leaves_the_record_and_the_primary_copies_to_the_rest() {
         seen.health_notes
     );
     m.tick().await;
+    m.refill().await;
     let told = link.copies_set.lock().unwrap().clone();
     assert_eq!(told.len(), 2, "{told:?}");
     let (addr, change) = &told[0];
@@ -54,9 +55,15 @@ async fn a_lost_replica_leaves_the_record_and_the_primary_copies_to_the_rest() {
     let new_node = seen.replicas[0].node.clone();
     assert_eq!(format!("{new_node}:2"), refill.fill[0]);
     assert_ne!(new_node, "a");
-    // Told once: nothing is due after it answered.
+    // Then told the record's replicas once more (a change queued while
+    // it filled would have missed the new copy), and nothing after.
     m.tick().await;
-    assert_eq!(link.copies_set.lock().unwrap().len(), 2);
+    let told = link.copies_set.lock().unwrap().clone();
+    assert_eq!(told.len(), 3, "{told:?}");
+    assert_eq!(told[2].1.replicas, refill.replicas);
+    assert!(told[2].1.fill.is_empty());
+    m.tick().await;
+    assert_eq!(link.copies_set.lock().unwrap().len(), 3);
     // The restarted node's heartbeat holding the id is told to release
     // it, unless the new copy is there.
     let mut late = beat(&replica, vec![a.id], &[]);
@@ -86,6 +93,7 @@ async fn a_lost_primary_gives_way_to_its_replica() {
     assert!(seen.replicas.is_empty());
     assert_eq!(seen.health, Health::Degraded, "one copy left");
     m.tick().await;
+    m.refill().await;
     let told = link.copies_set.lock().unwrap().clone();
     assert_eq!(told.len(), 2, "a promotion, then a new copy: {told:?}");
     assert_eq!(told[0].0, format!("{replica}:1"));
@@ -104,4 +112,40 @@ async fn a_lost_primary_gives_way_to_its_replica() {
         }]
     );
     m.free(&by_id(a.id), "", None, false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replica_on_a_node_with_a_primary_share_is_not_promoted() {
+    // Primary shares on a and b; b's replica can only go to a (c holds
+    // a's replica, and a node takes one share of a copy).
+    let link = FakeLink::default();
+    let m = master(link.clone()).await;
+    m.register(join("c", 1 << 20)).await.unwrap();
+    let mut req = remote(20_000, &["a", "b"], None);
+    req.spec.placement.replicas = 2;
+    let a = m.allocate(req).await.unwrap();
+    let on = |node: &str| -> Vec<u32> {
+        let mut copies: Vec<u32> = a
+            .all_extents()
+            .filter(|e| e.node == node)
+            .map(|e| e.copy)
+            .collect();
+        copies.dedup();
+        copies
+    };
+    assert_eq!((on("a"), on("b"), on("c")), (vec![0, 1], vec![0], vec![1]));
+    let mut fresh = join("b", 1 << 20);
+    fresh.incarnation = 2;
+    m.register(fresh).await.unwrap();
+    // b's primary extents stay (lost), not merged into a's share; its
+    // bytes are still read from the replica on a.
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    let primaries: Vec<&str> = seen.extents.iter().map(|e| e.node.as_str()).collect();
+    assert!(primaries.contains(&"b"), "{seen:?}");
+    assert_eq!(seen.health, Health::Degraded, "{:?}", seen.health_notes);
+    assert!(
+        seen.health_notes[0].starts_with("copy 0: b restarted"),
+        "{:?}",
+        seen.health_notes
+    );
 }
