@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::ClusterError;
-use crate::process::{free_bytes, free_port, private_dir_in, tail};
+use crate::process::{free_bytes, free_port, last_lines, private_dir_in};
 
 /// How many of a member's last log lines a failed start prints.
 const POST_MORTEM_LINES: usize = 15;
@@ -211,7 +211,7 @@ fn fatal_and_tail(log: &std::path::Path) -> String {
         .filter(|l| l.contains(" C | ") || l.starts_with("panic:"))
         .take(3)
         .collect();
-    let last = tail(log, POST_MORTEM_LINES);
+    let last = last_lines(&text, POST_MORTEM_LINES);
     if fatal.is_empty() {
         last
     } else {

@@ -104,7 +104,11 @@ pub fn free_port() -> Result<u16, ClusterError> {
 
 /// The last `lines` lines of a log.
 pub(crate) fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    last_lines(&std::fs::read_to_string(path).unwrap_or_default(), lines)
+}
+
+/// The last `lines` lines of `text`.
+pub(crate) fn last_lines(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -35,11 +35,11 @@ pub struct Allocation {
     pub(crate) local: Option<Arc<Mapping>>,
     /// A local GPU allocation's device memory, in this process.
     pub(crate) device: Option<Arc<DeviceMem>>,
-    /// A replicated allocation's other copies, reached over TCP as the
-    /// primary is: reads go to the nearest copy and fail over to the
-    /// others; writes always go to the primary (`desc`), whose agent copies
-    /// them on.
-    replicas: Vec<Copy>,
+    /// A replicated allocation's copies in the order reads try them (the
+    /// most bytes on this node first, the primary first among equals;
+    /// empty for one copy), each reached over TCP. Writes always go to the
+    /// primary (`desc`), whose agent copies them on.
+    reads: Vec<Copy>,
     /// Freed or detached already.
     done: bool,
 }
@@ -48,8 +48,18 @@ pub struct Allocation {
 struct Copy {
     desc: Arc<Descriptor>,
     routes: Arc<[Route]>,
-    /// Bytes of it on this node: the copy with the most is read first.
-    here: u64,
+}
+
+impl Copy {
+    /// Its bytes on node `me`.
+    fn bytes_on(&self, me: &str) -> u64 {
+        self.desc
+            .extents
+            .iter()
+            .filter(|e| e.node == me)
+            .map(|e| e.len)
+            .sum()
+    }
 }
 
 impl std::fmt::Debug for Allocation {
@@ -72,23 +82,16 @@ impl Allocation {
     pub(crate) fn open(client: &Arc<Client>, mut record: Record, fabric: Fabric) -> Result<Self> {
         let data = &client.data;
         let me = client.node.as_str();
-        let mut replicas = Vec::new();
+        let mut reads = Vec::new();
         for copy in record.replica_copies() {
             let mut r = record.clone();
             r.extents = record.copy_extents(copy).cloned().collect();
             r.replicas.clear();
             let desc = Descriptor::from_record(r)?;
             let routes = route::decide_all(&desc.extents, me, fabric, |e| data.rdma_for(e))?;
-            let here = desc
-                .extents
-                .iter()
-                .filter(|e| e.node == me)
-                .map(|e| e.len)
-                .sum();
-            replicas.push(Copy {
+            reads.push(Copy {
                 desc: Arc::new(desc),
                 routes: routes.into(),
-                here,
             });
         }
         record.replicas.clear();
@@ -99,7 +102,7 @@ impl Allocation {
             desc: Arc::new(desc),
             local: None,
             device: None,
-            replicas,
+            reads,
             done: false,
         };
         if alloc.desc.kind == Kind::LocalGpu {
@@ -146,6 +149,17 @@ impl Allocation {
                 &client.staging.pins,
             )?;
             alloc.local = Some(Arc::new(mapping));
+        }
+        if !alloc.reads.is_empty() {
+            // The primary first, then a stable sort: first among equals.
+            let primary = Copy {
+                desc: Arc::clone(&alloc.desc),
+                routes: Arc::clone(&alloc.routes),
+            };
+            alloc.reads.insert(0, primary);
+            alloc
+                .reads
+                .sort_by_cached_key(|c| std::cmp::Reverse(c.bytes_on(me)));
         }
         Ok(alloc)
     }
@@ -229,31 +243,21 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        let mut copies: Vec<(u64, Target<'_>)> = self
-            .replicas
-            .iter()
-            .map(|c| {
-                let target = Target {
-                    desc: &c.desc,
-                    routes: &c.routes,
-                    local: None,
-                };
-                (c.here, target)
-            })
-            .collect();
-        let me = self.client.node.as_str();
-        let here = self
-            .desc
-            .extents
-            .iter()
-            .filter(|e| e.node == me)
-            .map(|e| e.len)
-            .sum();
-        copies.insert(0, (here, self.target()));
-        // Stable: the primary stays first among equals.
-        copies.sort_by_key(|(here, _)| std::cmp::Reverse(*here));
-        let last = copies.len() - 1;
-        for (i, (_, target)) in copies.into_iter().enumerate() {
+        if self.reads.is_empty() {
+            return self.client.data.run([Transfer {
+                target: self.target(),
+                offset,
+                buf: IoBuf::Read(dst),
+            }]);
+        }
+        let last = self.reads.len() - 1;
+        for (i, copy) in self.reads.iter().enumerate() {
+            // Replicated memory is never mapped: no copy has a mapping.
+            let target = Target {
+                desc: &copy.desc,
+                routes: &copy.routes,
+                local: None,
+            };
             let read = self.client.data.run([Transfer {
                 target,
                 offset,

@@ -9,13 +9,11 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Error, Kind};
 use oncilla_model::alloc::{Allocation, KEY_LEN};
-use oncilla_net::wire::{self, Op, Reply, Request, Status, Welcome, REPLY_LEN};
+use oncilla_net::wire::{Op, Request, Status};
 use support::Cluster;
 
 const MIB: usize = 1 << 20;
@@ -281,31 +279,6 @@ fn placement_refuses_replicas_it_cannot_keep_apart() {
     c.still_serves();
 }
 
-/// A data connection to `addr` that completed its hello with the cluster
-/// token (an operator's).
-fn operator_data(c: &Cluster, addr: &str) -> TcpStream {
-    let addr: SocketAddr = addr.parse().unwrap();
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    wire::write_hello(&mut s, c.token.as_bytes()).unwrap();
-    let (code, msg) = wire::read_welcome(&mut s).unwrap();
-    assert_eq!(code, Welcome::Ok, "{msg}");
-    s
-}
-
-/// Sends one request (with `payload` for a write) and reads its reply:
-/// the status and the data or message.
-fn exchange(s: &mut TcpStream, req: Request, payload: &[u8]) -> (Status, Vec<u8>) {
-    s.write_all(&req.encode()).unwrap();
-    s.write_all(payload).unwrap();
-    let mut head = [0u8; REPLY_LEN];
-    s.read_exact(&mut head).unwrap();
-    let reply = Reply::decode(&head).unwrap();
-    let mut body = vec![0u8; usize::try_from(reply.len).unwrap()];
-    s.read_exact(&mut body).unwrap();
-    (reply.status, body)
-}
-
 #[test]
 fn a_replica_takes_writes_only_from_its_primary() {
     let c = Cluster::start(2, "16MiB");
@@ -345,8 +318,9 @@ fn a_replica_takes_writes_only_from_its_primary() {
     // A connection that presented the cluster token is not a primary: a
     // write to the replica is sent to the primary, and a REPLICATE is
     // refused (only the replicator credential agents mint may send one).
-    let mut at_replica = operator_data(&c, &replica.data_addr);
-    let (status, msg) = exchange(&mut at_replica, req(Op::Write, bytes.len()), &bytes);
+    let mut at_replica = c.data_client(replica.data_addr.parse().unwrap());
+    let (status, msg) =
+        support::data_exchange(&mut at_replica, &req(Op::Write, bytes.len()), &bytes);
     assert_eq!(
         status,
         Status::NotPrimary,
@@ -355,7 +329,8 @@ fn a_replica_takes_writes_only_from_its_primary() {
     );
     // (A REPLICATE's 16-byte stamp comes before its payload.)
     let stamped: Vec<u8> = [0u8; 16].iter().chain(&bytes).copied().collect();
-    let (status, msg) = exchange(&mut at_replica, req(Op::Replicate, bytes.len()), &stamped);
+    let (status, msg) =
+        support::data_exchange(&mut at_replica, &req(Op::Replicate, bytes.len()), &stamped);
     assert_eq!(status, Status::NoSuchAllocation);
     assert!(
         String::from_utf8_lossy(&msg).contains("only an allocation's primary"),
@@ -363,7 +338,8 @@ fn a_replica_takes_writes_only_from_its_primary() {
         String::from_utf8_lossy(&msg)
     );
     // The stream stayed in step, and nothing of those bytes landed.
-    let (status, before) = exchange(&mut at_replica, req(Op::Read, bytes.len()), &[]);
+    let (status, before) =
+        support::data_exchange(&mut at_replica, &req(Op::Read, bytes.len()), &[]);
     assert_eq!(status, Status::Ok);
     assert!(
         before.iter().all(|&b| b == 0),
@@ -371,10 +347,11 @@ fn a_replica_takes_writes_only_from_its_primary() {
     );
 
     // A write to the primary is in the replica once acknowledged.
-    let mut at_primary = operator_data(&c, &primary.data_addr);
-    let (status, msg) = exchange(&mut at_primary, req(Op::Write, bytes.len()), &bytes);
+    let mut at_primary = c.data_client(primary.data_addr.parse().unwrap());
+    let (status, msg) =
+        support::data_exchange(&mut at_primary, &req(Op::Write, bytes.len()), &bytes);
     assert_eq!(status, Status::Ok, "{}", String::from_utf8_lossy(&msg));
-    let (status, after) = exchange(&mut at_replica, req(Op::Read, bytes.len()), &[]);
+    let (status, after) = support::data_exchange(&mut at_replica, &req(Op::Read, bytes.len()), &[]);
     assert_eq!(status, Status::Ok);
     assert!(
         after == bytes,

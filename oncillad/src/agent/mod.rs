@@ -326,7 +326,7 @@ impl Agent {
             .held
             .get_mut(&c.alloc_id)
             .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
-        let cur = Arc::clone(entry.value());
+        let mut cur = Arc::clone(entry.value());
         if !c.fill.is_empty() && promote.is_empty() && cur.extents.iter().all(|e| e.copy != 0) {
             return Err(CoreError::InvalidArgument(format!(
                 "this node holds no primary share of allocation {} to fill a replica from",
@@ -364,7 +364,7 @@ impl Agent {
                 .collect();
             let keys = Keys::none();
             keys.absorb(&cur.keys);
-            *entry.value_mut() = Arc::new(Held {
+            cur = Arc::new(Held {
                 keys,
                 key: cur.key,
                 extents,
@@ -372,6 +372,7 @@ impl Agent {
                 fabric: cur.fabric,
                 copying: Some(Arc::clone(&copying)),
             });
+            *entry.value_mut() = Arc::clone(&cur);
             // Its replicas must not take this node for an earlier primary.
             order.new_sender();
         }
@@ -379,13 +380,8 @@ impl Agent {
         drop(applied);
         order.copy_to(c.replicas, &promote);
         // A new replica gets the whole primary share (`fill` sends it).
-        let held = self.held.get(&c.alloc_id).map(|e| Arc::clone(e.value()));
         for addr in &c.fill {
-            for e in held
-                .iter()
-                .flat_map(|h| h.extents.iter())
-                .filter(|e| e.copy == 0)
-            {
+            for e in cur.extents.iter().filter(|e| e.copy == 0) {
                 order.miss(addr, e.alloc_offset, e.len);
             }
         }

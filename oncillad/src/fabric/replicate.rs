@@ -91,7 +91,6 @@ impl Replicator {
         for addr in &order.replicas.clone() {
             let mut pending = order.take_missed(addr, MISSED_PER_WRITE);
             pending.push((offset, len));
-            let mut sent = 0;
             let to = To {
                 replicas,
                 sender: order.sender,
@@ -99,16 +98,7 @@ impl Replicator {
                 alloc_id,
                 held,
             };
-            let seq = &mut order.seq;
-            let outcome = pending.iter().try_for_each(|&(o, l)| {
-                self.send_range(&to, seq, o, l)?;
-                sent += 1;
-                Ok::<(), String>(())
-            });
-            if let Err(why) = outcome {
-                for &(o, l) in &pending[sent..] {
-                    order.miss(addr, o, l);
-                }
+            if let Err(why) = self.send_or_miss(&to, order, &pending) {
                 failed.push(format!("{addr}: {why}"));
             }
         }
@@ -122,6 +112,28 @@ impl Replicator {
                 failed.join("; ")
             ),
         ))
+    }
+
+    /// Sends `ranges` to `to`'s replica in order; on a failure, the ranges
+    /// from the failed one on are noted missed again. Returns the bytes
+    /// sent.
+    fn send_or_miss(
+        &mut self,
+        to: &To<'_>,
+        order: &mut Order,
+        ranges: &[(u64, u64)],
+    ) -> Result<u64, String> {
+        let mut sent = 0;
+        for (i, &(offset, len)) in ranges.iter().enumerate() {
+            if let Err(why) = self.send_range(to, &mut order.seq, offset, len) {
+                for &(o, l) in &ranges[i..] {
+                    order.miss(to.addr, o, l);
+                }
+                return Err(why);
+            }
+            sent += len;
+        }
+        Ok(sent)
     }
 
     /// Sends this node's primary bytes in `[offset, offset + len)` to
@@ -251,7 +263,12 @@ pub fn fill(
         if piece.is_empty() {
             return Ok(sent);
         }
-        let late = Instant::now() > deadline;
+        if Instant::now() > deadline {
+            for &(o, l) in &piece {
+                order.miss(addr, o, l);
+            }
+            return Err("the fill took too long".into());
+        }
         let to = To {
             replicas,
             sender: order.sender,
@@ -259,20 +276,7 @@ pub fn fill(
             alloc_id,
             held: &held,
         };
-        for (i, &(offset, len)) in piece.iter().enumerate() {
-            let outcome = if late {
-                Err("the fill took too long".to_string())
-            } else {
-                r.send_range(&to, &mut order.seq, offset, len)
-            };
-            if let Err(why) = outcome {
-                for &(o, l) in &piece[i..] {
-                    order.miss(addr, o, l);
-                }
-                return Err(why);
-            }
-            sent += len;
-        }
+        sent += r.send_or_miss(&to, &mut order, &piece)?;
     }
 }
 

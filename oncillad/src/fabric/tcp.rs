@@ -58,7 +58,6 @@ use super::pull::{Puller, Pulls};
 use super::replicate::{Replicas, Replicator};
 use super::Admission;
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket, Users};
-use crate::memory::copying::Copying;
 use crate::memory::held::{Backing, Held, HeldTable};
 use crate::metrics::data::Transfers;
 
@@ -574,10 +573,7 @@ impl Connection {
     /// every replica of a replicated allocation has them too; otherwise
     /// answers why not (the replicas that failed keep the range as missed).
     fn ack_copied(&mut self, req: &Request, held: &Held) -> Result<(), wire::WireError> {
-        let Some(copying) = held.copying.clone() else {
-            return self.ack_write();
-        };
-        match self.copy(&copying, req, held) {
+        match self.copy(req, held) {
             Ok(()) => self.ack_write(),
             Err((status, msg)) => {
                 self.metrics.refused(status);
@@ -590,20 +586,17 @@ impl Connection {
     /// replicas as it now is (or noted as missed): no byte that landed here
     /// is left out of the other copies.
     fn copy_landed(&mut self, req: &Request, held: &Held) {
-        if let Some(copying) = held.copying.clone() {
-            if let Err((_, why)) = self.copy(&copying, req, held) {
-                tracing::debug!(alloc_id = req.alloc_id, %why, "a failed write's range is left for the next write to copy");
-            }
+        if let Err((_, why)) = self.copy(req, held) {
+            tracing::debug!(alloc_id = req.alloc_id, %why, "a failed write's range is left for the next write to copy");
         }
     }
 
-    /// Sends `req`'s range of `held` to its replicas under the order lock.
-    fn copy(
-        &mut self,
-        copying: &Copying,
-        req: &Request,
-        held: &Held,
-    ) -> Result<(), (Status, String)> {
+    /// Sends `req`'s range of `held` to its replicas under the order lock
+    /// (nothing to do for an allocation with one copy).
+    fn copy(&mut self, req: &Request, held: &Held) -> Result<(), (Status, String)> {
+        let Some(copying) = held.copying.clone() else {
+            return Ok(());
+        };
         let mut order = copying.order();
         self.replicator.copy_out(
             &self.replicas,

@@ -33,6 +33,15 @@ impl AgentService {
         Self { agent, replicas }
     }
 
+    /// Admits a change only a master may ask for: from a member, under a
+    /// term no older than the one this agent follows (fencing).
+    fn admit_master<T>(&self, req: &Request<T>, what: &str) -> Result<(), Status> {
+        members_only(req, what)?;
+        self.agent
+            .admit_term(oncilla_proto::client::term_of(req)?)
+            .map_err(Status::from)
+    }
+
     /// The service as the server mounts it: every call authenticated
     /// (`check`: members, or sessions where a call allows them), messages up to [`oncilla_proto::client::MAX_MESSAGE`].
     pub fn server(self, check: Authenticate) -> Served {
@@ -58,10 +67,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
-        members_only(&req, "reserving pool memory")?;
-        self.agent
-            .admit_term(oncilla_proto::client::term_of(&req)?)
-            .map_err(Status::from)?;
+        self.admit_master(&req, "reserving pool memory")?;
         let r: Reservation = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the refiller: keep it off the executor.
@@ -81,10 +87,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::SetCopiesRequest>,
     ) -> Result<Response<pb::SetCopiesReply>, Status> {
-        members_only(&req, "changing an allocation's copies")?;
-        self.agent
-            .admit_term(oncilla_proto::client::term_of(&req)?)
-            .map_err(Status::from)?;
+        self.admit_master(&req, "changing an allocation's copies")?;
         let c: SetCopies = checked(req.into_inner())?;
         let (id, new_replicas) = (c.alloc_id, c.fill.clone());
         // It waits for the allocation's order lock (a write may hold it
@@ -125,10 +128,7 @@ impl agent_server::Agent for AgentService {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
-        members_only(&req, "releasing pool memory")?;
-        self.agent
-            .admit_term(oncilla_proto::client::term_of(&req)?)
-            .map_err(Status::from)?;
+        self.admit_master(&req, "releasing pool memory")?;
         let id = req.into_inner().alloc_id;
         // The extents go to the refiller once the last in-flight copy using
         // them is done; nothing here waits for that. Device memory is freed

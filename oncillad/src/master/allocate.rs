@@ -407,7 +407,7 @@ fn hold(st: &mut State, plan: Vec<Planned>) -> Result<Vec<Target>, CoreError> {
 }
 
 /// Checks that an agent's pieces tile the planned ranges exactly.
-fn check_pieces(p: &Planned, pieces: Vec<Piece>) -> Result<Vec<Piece>, LinkError> {
+pub(super) fn check_pieces(p: &Planned, pieces: Vec<Piece>) -> Result<Vec<Piece>, LinkError> {
     let mut next = pieces.iter().peekable();
     for &(offset, len) in &p.ranges {
         let mut at = offset;

@@ -20,6 +20,7 @@ use oncilla_model::alloc::{Allocation, Extent};
 use oncilla_model::cluster::{Piece, Range, Reservation, SetCopies};
 use oncilla_model::Fabric;
 
+use super::allocate::check_pieces;
 use super::placement::{self, Planned};
 use super::state::{charge_of, State};
 use super::{AgentLink, Master};
@@ -31,14 +32,15 @@ const REFILL_PAUSE: Duration = Duration::from_secs(5);
 struct Refill {
     alloc_id: u64,
     copy: u32,
-    /// The primary share's node and agent, and its replicas' data
-    /// addresses with the new one.
-    primary: (String, String),
+    /// The primary share: its node and ranges.
+    share: Planned,
+    /// The primary's agent, and its replicas' data addresses with the new
+    /// one.
+    primary_agent: String,
     replicas: Vec<String>,
     /// The node receiving it: name, agent and data addresses.
     target: (String, String, String),
     reservation: Reservation,
-    bytes: u64,
 }
 
 impl<L: AgentLink> Master<L> {
@@ -84,11 +86,7 @@ impl<L: AgentLink> Master<L> {
             }
         }
         for (before, after) in charges {
-            for (charge, add) in [(before, false), (after, true)] {
-                if let Some((uid, c)) = charge {
-                    st.charge(uid, &c, add);
-                }
-            }
+            st.recharge(before, after);
         }
         if let Some(n) = st.nodes.get_mut(node) {
             for len in freed {
@@ -141,7 +139,7 @@ impl<L: AgentLink> Master<L> {
             .link
             .reserve(&job.target.1, job.reservation.clone())
             .await
-            .and_then(|r| tiles(&job.reservation, r.pieces));
+            .and_then(|r| check_pieces(&job.share, r.pieces));
         let pieces = match reserved {
             Ok(p) => p,
             Err(e) => {
@@ -157,7 +155,7 @@ impl<L: AgentLink> Master<L> {
             replicas: job.replicas.clone(),
             fill: vec![job.target.2.clone()],
         };
-        if let Err(e) = self.link.set_copies(&job.primary.1, change).await {
+        if let Err(e) = self.link.set_copies(&job.primary_agent, change).await {
             tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not fill a new copy; trying again later");
             self.end_refill(&job);
             let _ = self.link.release(&job.target.1, job.alloc_id).await;
@@ -178,7 +176,7 @@ impl<L: AgentLink> Master<L> {
         };
         if listed {
             let secs = started.elapsed().as_secs_f64();
-            tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.bytes, secs, "copy re-created");
+            tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.share.bytes(), secs, "copy re-created");
         } else {
             let _ = self.link.release(&job.target.1, job.alloc_id).await;
         }
@@ -212,15 +210,8 @@ impl<L: AgentLink> Master<L> {
                 {
                     continue;
                 }
-                let of_it: Vec<&Extent> = a
-                    .replicas
-                    .iter()
-                    .filter(|e| {
-                        ranges
-                            .iter()
-                            .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
-                    })
-                    .collect();
+                let of_it: Vec<&Extent> =
+                    a.replicas.iter().filter(|e| overlaps(e, &ranges)).collect();
                 let have: BTreeSet<u32> = of_it.iter().map(|e| e.copy).collect();
                 let Some(copy) = (1..copies).find(|c| !have.contains(c)) else {
                     continue;
@@ -237,56 +228,51 @@ impl<L: AgentLink> Master<L> {
                 let Some(target) = placement::refill(&share, &held, &taken, &candidates) else {
                     continue;
                 };
+                let (Some(p), Some(t)) = (st.nodes.get(&primary), st.nodes.get(&target.name))
+                else {
+                    continue;
+                };
                 let mut record = a.clone();
                 record.extents.clear();
                 record.replicas.clear();
                 record.access_key.clear();
                 record.attached.clear();
                 let mut replicas = replicas_of(a, &primary, &ranges);
-                let bytes = share.bytes();
-                found = Some((
-                    primary.clone(),
-                    target.name.clone(),
-                    Refill {
+                replicas.push(t.info.data_addr.clone());
+                found = Some(Refill {
+                    alloc_id: *id,
+                    copy,
+                    primary_agent: p.info.agent_addr.clone(),
+                    replicas,
+                    target: (
+                        t.info.name.clone(),
+                        t.info.agent_addr.clone(),
+                        t.info.data_addr.clone(),
+                    ),
+                    reservation: Reservation {
                         alloc_id: *id,
+                        access_key: a.access_key.clone(),
+                        ranges: ranges
+                            .iter()
+                            .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                            .collect(),
+                        record,
+                        fabric: Fabric::Tcp,
+                        gpu: None,
                         copy,
-                        primary: (primary, String::new()),
-                        replicas: {
-                            replicas.push(String::new());
-                            replicas
-                        },
-                        target: (target.name.clone(), String::new(), String::new()),
-                        reservation: Reservation {
-                            alloc_id: *id,
-                            access_key: a.access_key.clone(),
-                            ranges: ranges
-                                .iter()
-                                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
-                                .collect(),
-                            record,
-                            fabric: Fabric::Tcp,
-                            gpu: None,
-                            copy,
-                            replicas: Vec::new(),
-                        },
-                        bytes,
+                        replicas: Vec::new(),
                     },
-                ));
+                    share,
+                });
                 break 'all;
             }
         }
-        let (primary, target, mut job) = found?;
-        let primary_agent = st.nodes.get(&primary)?.info.agent_addr.clone();
-        let node = st.nodes.get_mut(&target)?;
-        node.reserved += node.footprint(job.bytes);
-        job.primary.1 = primary_agent;
-        job.target.1 = node.info.agent_addr.clone();
-        job.target.2 = node.info.data_addr.clone();
-        if let Some(last) = job.replicas.last_mut() {
-            last.clone_from(&job.target.2);
-        }
-        st.refilling.insert((job.alloc_id, primary), target);
-        tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.bytes, "re-creating a lost copy");
+        let job = found?;
+        let node = st.nodes.get_mut(&job.target.0)?;
+        node.reserved += node.footprint(job.share.bytes());
+        st.refilling
+            .insert((job.alloc_id, job.share.node.clone()), job.target.0.clone());
+        tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.share.bytes(), "re-creating a lost copy");
         Some(job)
     }
 
@@ -296,7 +282,7 @@ impl<L: AgentLink> Master<L> {
         let Some(rec) = st.allocs.get_mut(&job.alloc_id) else {
             return false;
         };
-        if !rec.alloc.extents.iter().any(|e| e.node == job.primary.0) {
+        if !rec.alloc.extents.iter().any(|e| e.node == job.share.node) {
             return false;
         }
         let before = charge_of(&rec.alloc);
@@ -316,11 +302,7 @@ impl<L: AgentLink> Master<L> {
             }));
         rec.alloc.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
         let after = charge_of(&rec.alloc);
-        for (charge, add) in [(before, false), (after, true)] {
-            if let Some((uid, c)) = charge {
-                st.charge(uid, &c, add);
-            }
-        }
+        st.recharge(before, after);
         true
     }
 
@@ -331,14 +313,14 @@ impl<L: AgentLink> Master<L> {
     }
 
     fn end_refill_locked(&self, st: &mut State, job: &Refill, listed: bool) {
-        let key = (job.alloc_id, job.primary.0.clone());
+        let key = (job.alloc_id, job.share.node.clone());
         st.refilling.remove(&key);
         if !listed {
             // Not again before a pause, so one share that cannot be filled
             // does not hold up the others.
             st.refill_after.insert(key, Instant::now() + REFILL_PAUSE);
             if let Some(n) = st.nodes.get_mut(&job.target.0) {
-                n.reserved = n.reserved.saturating_sub(n.footprint(job.bytes));
+                n.reserved = n.reserved.saturating_sub(n.footprint(job.share.bytes()));
             }
         }
     }
@@ -378,25 +360,6 @@ fn queue(st: &mut State, id: u64, primary: &str, promote: Vec<Range>, replicas: 
             fill: Vec::new(),
         },
     );
-}
-
-/// The pieces of a reservation, when they tile its ranges exactly.
-fn tiles(r: &Reservation, pieces: Vec<Piece>) -> Result<Vec<Piece>, crate::error::LinkError> {
-    let want: Vec<(u64, u64)> = r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
-    let mut got: Vec<(u64, u64)> = Vec::new();
-    for p in &pieces {
-        match got.last_mut() {
-            Some(last) if last.0 + last.1 == p.alloc_offset => last.1 += p.len,
-            _ => got.push((p.alloc_offset, p.len)),
-        }
-    }
-    if got == want {
-        Ok(pieces)
-    } else {
-        Err(crate::error::LinkError::BadReply(
-            "agent returned pieces that do not tile the copy's ranges".into(),
-        ))
-    }
 }
 
 /// Replaces the primary extents on `node` with the replica extents of the
@@ -465,17 +428,19 @@ fn replicas_of(a: &Allocation, primary: &str, ranges: &[(u64, u64)]) -> Vec<Stri
     let mut out: Vec<String> = a
         .replicas
         .iter()
-        .filter(|e| e.node != primary)
-        .filter(|e| {
-            ranges
-                .iter()
-                .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
-        })
+        .filter(|e| e.node != primary && overlaps(e, ranges))
         .map(|e| e.data_addr.clone())
         .collect();
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether extent `e` holds any byte of `ranges`.
+fn overlaps(e: &Extent, ranges: &[(u64, u64)]) -> bool {
+    ranges
+        .iter()
+        .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
 }
 
 /// Extents' ranges, adjacent ones merged, in order.

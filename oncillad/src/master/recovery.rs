@@ -170,11 +170,7 @@ impl<L: AgentLink> Master<L> {
                     let before = charge_of(&rec.alloc);
                     rec.alloc.merge_extents(record);
                     let after = charge_of(&rec.alloc);
-                    for (charge, add) in [(before, false), (after, true)] {
-                        if let Some((uid, c)) = charge {
-                            st.charge(uid, &c, add);
-                        }
-                    }
+                    st.recharge(before, after);
                 } else if rec
                     .alloc
                     .all_extents()

@@ -108,6 +108,16 @@ impl State {
         }
     }
 
+    /// Gives back what an allocation counted (`before`) and counts what it
+    /// counts now (`after`): its extents changed.
+    pub fn recharge(&mut self, before: Option<(u32, Charge)>, after: Option<(u32, Charge)>) {
+        for (charge, add) in [(before, false), (after, true)] {
+            if let Some((uid, c)) = charge {
+                self.charge(uid, &c, add);
+            }
+        }
+    }
+
     /// Puts a record in the table, counting it against its user.
     pub fn insert(&mut self, rec: Record, counted: bool) {
         if !counted {

@@ -14,7 +14,7 @@ fn idle_authenticated_connections_cannot_hold_every_seat() {
     let addr = data_addr(&c, "node-1");
     // A holder of valid credentials fills every seat and never sends a
     // request.
-    let held: Vec<TcpStream> = (0..n).map(|_| raw_data_client(&c, addr)).collect();
+    let held: Vec<TcpStream> = (0..n).map(|_| c.data_client(addr)).collect();
     // Seats younger than a second are kept; after that an idle one gives way.
     std::thread::sleep(Duration::from_millis(1100));
     normal_copy(&c, "node-1", 4096, 7);
@@ -138,7 +138,7 @@ fn running_out_of_descriptors_does_not_spin_the_accept_loop() {
 fn a_reader_that_never_reads_cannot_pin_freed_memory() {
     let c = Cluster::start(2, "64MiB");
     let (id, key, addr) = raw_allocation(&c, 8 << 20, "node-1");
-    let s = raw_data_client(&c, addr);
+    let s = c.data_client(addr);
     // Keep the receive window small, ask for all 8 MiB, and never read.
     nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &4096).unwrap();
     let req = Request {

@@ -147,16 +147,6 @@ fn raw_allocation(c: &Cluster, size: u64, node: &str) -> (u64, [u8; KEY_LEN], So
     (a.id, key, addr)
 }
 
-/// A data connection that completed the handshake with the cluster token.
-fn raw_data_client(c: &Cluster, addr: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    wire::write_hello(&mut s, c.token.as_bytes()).expect("hello");
-    let (code, msg) = wire::read_welcome(&mut s).expect("welcome");
-    assert_eq!(code, Welcome::Ok, "handshake refused: {msg}");
-    s
-}
-
 /// An extra agent started by this test (not by the harness) with its own
 /// RLIMIT_NOFILE; killed on drop.
 struct LimitedAgent(std::process::Child);

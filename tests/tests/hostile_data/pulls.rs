@@ -19,14 +19,8 @@ fn pull_raw(
         offset,
         len,
     };
-    s.write_all(&req.encode()).unwrap();
-    s.write_all(record).unwrap();
-    let mut head = [0u8; REPLY_LEN];
-    s.read_exact(&mut head).unwrap();
-    let reply = Reply::decode(&head).unwrap();
-    let mut msg = vec![0u8; usize::try_from(reply.len).unwrap()];
-    s.read_exact(&mut msg).unwrap();
-    (reply.status, String::from_utf8_lossy(&msg).into_owned())
+    let (status, msg) = support::data_exchange(s, &req, record);
+    (status, String::from_utf8_lossy(&msg).into_owned())
 }
 
 fn source(id: u64, key: [u8; KEY_LEN], offset: u64, addr: &str) -> Vec<u8> {
@@ -51,10 +45,10 @@ fn a_pull_reaches_only_cluster_data_ports_and_what_the_client_may_read() {
     let (src_id, src_key, src_addr) = raw_allocation(&c, 1 << 20, "node-0");
     let (dst_id, dst_key, dst_addr) = raw_allocation(&c, 1 << 20, "node-1");
     let src_addr = src_addr.to_string();
-    let mut s = raw_data_client(&c, dst_addr);
+    let mut s = c.data_client(dst_addr);
     let dst = (dst_id, dst_key);
     // The source's bytes, written as an operator.
-    let mut w = raw_data_client(&c, src_addr.parse().unwrap());
+    let mut w = c.data_client(src_addr.parse().unwrap());
     let data = pattern(1 << 20, 5);
     w.write_all(
         &Request {
@@ -135,7 +129,7 @@ fn a_pull_reaches_only_cluster_data_ports_and_what_the_client_may_read() {
     );
     assert_eq!(status, Status::NoSuchAllocation);
     let mut back = [0u8; 8192];
-    let mut r = raw_data_client(&c, dst_addr);
+    let mut r = c.data_client(dst_addr);
     let read = |r: &mut TcpStream, back: &mut [u8]| {
         r.write_all(
             &Request {
@@ -177,7 +171,7 @@ fn a_pull_reaches_only_cluster_data_ports_and_what_the_client_may_read() {
     let mut not_utf8 = source(src_id, src_key, 0, "xy");
     not_utf8[34..36].copy_from_slice(&[0xff, 0xfe]);
     for record in [bad, long, not_utf8] {
-        let mut t = raw_data_client(&c, dst_addr);
+        let mut t = c.data_client(dst_addr);
         let (status, msg) = pull_raw(&mut t, dst, 0, 4096, &record);
         assert_eq!(status, Status::Internal, "{msg}");
         assert!(msg.contains("bad pull source"), "{msg}");

@@ -276,6 +276,19 @@ impl Cluster {
             .expect("connect to agent")
     }
 
+    /// A data connection to `addr` that completed its hello with the
+    /// cluster token (an operator's), as attacks on a data port use it.
+    pub fn data_client(&self, addr: std::net::SocketAddr) -> std::net::TcpStream {
+        use oncilla_net::wire::{self, Welcome};
+        let mut s =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        wire::write_hello(&mut s, self.token.as_bytes()).expect("hello");
+        let (code, msg) = wire::read_welcome(&mut s).expect("welcome");
+        assert_eq!(code, Welcome::Ok, "handshake refused: {msg}");
+        s
+    }
+
     /// Asserts the cluster still serves after an attack: a session through
     /// agent 0 allocates 1 MiB of local and of remote host memory, copies
     /// a pattern in and back out of each, and frees them.
@@ -560,4 +573,24 @@ pub fn unix_closed(s: &std::os::unix::net::UnixStream) -> bool {
 pub fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Sends one raw data request (its header, then `after`: a write's
+/// payload, a pull's source record) on `s` and reads the reply: its
+/// status and body (a read's data, or the message of a refusal).
+pub fn data_exchange(
+    s: &mut std::net::TcpStream,
+    req: &oncilla_net::wire::Request,
+    after: &[u8],
+) -> (oncilla_net::wire::Status, Vec<u8>) {
+    use oncilla_net::wire::{Reply, REPLY_LEN};
+    use std::io::{Read, Write};
+    s.write_all(&req.encode()).unwrap();
+    s.write_all(after).unwrap();
+    let mut head = [0u8; REPLY_LEN];
+    s.read_exact(&mut head).unwrap();
+    let reply = Reply::decode(&head).unwrap();
+    let mut body = vec![0u8; usize::try_from(reply.len).unwrap()];
+    s.read_exact(&mut body).unwrap();
+    (reply.status, body)
 }
