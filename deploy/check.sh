@@ -47,18 +47,16 @@ step layers deploy/check-layers.sh
 # The Kubernetes manifests, offline against the API schemas.
 step manifests deploy/kubernetes/validate.sh
 
-step "tests (default)" cargo test --workspace
-
-# The Python bindings: `pip install ./python`, then pytest against a local
-# cluster (python/run-tests.sh).
-step python python/run-tests.sh
-
 # One feature set for every verbs step, so they share one build.
 verbs=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
-# The guest's build first, then the guest in the background while the
-# other verbs steps run beside it: the guest keeps about one of CI's two
-# cores busy, and those steps only check code and build a unit-test
-# binary, never a file the guest runs. Its output is shown when it ends.
+# The guest's build first, then the guest in the background while every
+# other step runs beside it. The guest is the longest step and keeps
+# about one of CI's two cores busy; the host's steps fill the other (its
+# tests wait for events with bounds, never for a machine's speed, so they
+# hold under this load). They rebuild target/debug's daemons without the
+# feature: the guest runs hard links of the ones built here
+# (target/softroce-bin, see verbs-tests.sh). Its output is shown when it
+# ends.
 step "Soft-RoCE build" deploy/softroce/verbs-tests.sh --prepare
 guest_log=target/softroce-step.log
 # In a process group of its own (setsid), so that a failing step below
@@ -68,6 +66,13 @@ guest=$!
 # (The status goes to report as an argument: under `set -e` a failing
 # `(exit "$st")` would end the trap before it printed anything.)
 trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; report "$st"' EXIT
+
+step "tests (default)" cargo test --workspace
+
+# The Python bindings: `pip install ./python`, then pytest against a local
+# cluster (python/run-tests.sh).
+step python python/run-tests.sh
+
 step "clippy (verbs)" cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
 # The feature switches one thing: which file oncilla-rdma compiles as its
 # verbs module (rdma/src/lib.rs; a stand-in without it). Every other

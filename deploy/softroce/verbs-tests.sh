@@ -31,8 +31,9 @@
 #
 # --prepare builds and writes the guest's script; --run boots the guest on
 # what --prepare left. deploy/check.sh runs them apart, so that cargo is
-# free for its other verbs steps while the guest runs (nothing they build
-# is a file the guest runs). With neither, both.
+# free for its other steps while the guest runs (the guest runs links of
+# the files built here, which those steps never touch). With neither,
+# both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -44,6 +45,7 @@ script=target/softroce-tests.sh
 # The guest writes its output to a file in a directory shared read-write
 # (its serial stream garbles long output); followed here as it grows.
 out=target/softroce-out
+stage=target/softroce-bin
 
 prepare() {
 
@@ -89,6 +91,19 @@ for line in sys.stdin:
 ')
 [ "${#tests[@]}" -eq "$(wc -w <<< "$GUEST")" ] ||
   { echo "verbs-tests: cargo built ${#tests[@]} of the guest's suites ($GUEST)" >&2; exit 1; }
+# The guest runs hard links of what was built here, laid out as cargo lays
+# out target/debug (a test finds the daemons in the directory above its
+# own): deploy/check.sh builds the workspace without the feature while the
+# guest runs, and that relinks target/debug/oncillad and ocmctl. A link
+# keeps this build's file (cargo replaces a file it relinks, never
+# rewrites it) and costs no space.
+rm -rf "$stage"; mkdir -p "$stage/deps"
+ln target/debug/oncillad target/debug/ocmctl "$stage/"
+for i in "${!tests[@]}"; do
+  exe=${tests[$i]#* }
+  ln "$exe" "$stage/deps/"
+  tests[$i]="${tests[$i]%% *} $PWD/$stage/deps/${exe##*/}"
+done
 rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
 {
   echo "exec >>$PWD/$out/log 2>&1"
