@@ -5,7 +5,8 @@
 //! It never chooses a fabric per copy: the routes decided here travel with
 //! every copy ([`crate::route`]). It never frees memory it did not open.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use oncilla_cuda::{DeviceMem, Gpu};
 use oncilla_model::alloc::Allocation as Record;
@@ -35,22 +36,70 @@ pub struct Allocation {
     pub(crate) local: Option<Arc<Mapping>>,
     /// A local GPU allocation's device memory, in this process.
     pub(crate) device: Option<Arc<DeviceMem>>,
-    /// A replicated allocation's copies in the order reads try them (the
-    /// most bytes on this node first, the primary first among equals;
-    /// empty for one copy), each reached over TCP. Writes always go to the
-    /// primary (`desc`), whose agent copies them on.
-    reads: Vec<Copy>,
+    /// A replicated allocation's copies as the master last described
+    /// them (`None` for one copy): writes go to the primary, whose agent
+    /// copies them on; reads to the nearest copy.
+    copies: Option<Copies>,
     /// Freed or detached already.
     done: bool,
 }
 
-/// One copy of a replicated allocation's bytes.
+/// How long a copy to or from a replicated allocation waits for the
+/// cluster to get over a lost node (the master's failure detection, five
+/// heartbeats, then a replica promoted or the lost copy dropped) before it
+/// returns the failure to the caller.
+const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+/// The first pause between looking the allocation up again; it doubles up
+/// to [`FAILOVER_PAUSE_MAX`].
+const FAILOVER_PAUSE: Duration = Duration::from_millis(20);
+const FAILOVER_PAUSE_MAX: Duration = Duration::from_millis(500);
+
+/// A replicated allocation's copies, swapped for the master's newer
+/// description when a copy fails.
+struct Copies {
+    fabric: Fabric,
+    now: Mutex<Arc<Layout>>,
+}
+
+/// Where a replicated allocation's copies are.
+struct Layout {
+    /// Takes every write.
+    primary: Copy,
+    /// Every whole copy in the order reads try them: the most bytes on
+    /// this node first, the primary first among equals.
+    reads: Vec<Copy>,
+}
+
+/// One copy of a replicated allocation's bytes, reached over TCP
+/// (replicated memory is never mapped).
 struct Copy {
     desc: Arc<Descriptor>,
     routes: Arc<[Route]>,
 }
 
 impl Copy {
+    /// Copy `copy` of `record` (0: the primary), routed for `fabric`.
+    fn of(record: &Record, copy: u32, client: &Client, fabric: Fabric) -> Result<Self> {
+        let mut r = record.clone();
+        r.extents = record.copy_extents(copy).cloned().collect();
+        r.replicas.clear();
+        let desc = Descriptor::from_record(r)?;
+        let data = &client.data;
+        let routes = route::decide_all(&desc.extents, &client.node, fabric, |e| data.rdma_for(e))?;
+        Ok(Copy {
+            desc: Arc::new(desc),
+            routes: routes.into(),
+        })
+    }
+
+    fn target(&self) -> Target<'_> {
+        Target {
+            desc: &self.desc,
+            routes: &self.routes,
+            local: None,
+        }
+    }
+
     /// Its bytes on node `me`.
     fn bytes_on(&self, me: &str) -> u64 {
         self.desc
@@ -59,6 +108,29 @@ impl Copy {
             .filter(|e| e.node == me)
             .map(|e| e.len)
             .sum()
+    }
+}
+
+impl Layout {
+    /// The copies `record` describes. A replica still being re-created
+    /// (not yet whole) is left out of the reads.
+    fn of(record: &Record, client: &Client, fabric: Fabric) -> Result<Self> {
+        let primary = Copy::of(record, 0, client, fabric)?;
+        let mut reads = vec![Copy {
+            desc: Arc::clone(&primary.desc),
+            routes: Arc::clone(&primary.routes),
+        }];
+        for copy in record.replica_copies() {
+            match Copy::of(record, copy, client, fabric) {
+                Ok(c) => reads.push(c),
+                Err(e) => {
+                    tracing::debug!(alloc_id = record.id, copy, error = %e, "a copy is not whole: not read from")
+                }
+            }
+        }
+        // A stable sort: the primary stays first among equals.
+        reads.sort_by_cached_key(|c| std::cmp::Reverse(c.bytes_on(&client.node)));
+        Ok(Layout { primary, reads })
     }
 }
 
@@ -82,18 +154,18 @@ impl Allocation {
     pub(crate) fn open(client: &Arc<Client>, mut record: Record, fabric: Fabric) -> Result<Self> {
         let data = &client.data;
         let me = client.node.as_str();
-        let mut reads = Vec::new();
-        for copy in record.replica_copies() {
-            let mut r = record.clone();
-            r.extents = record.copy_extents(copy).cloned().collect();
-            r.replicas.clear();
-            let desc = Descriptor::from_record(r)?;
-            let routes = route::decide_all(&desc.extents, me, fabric, |e| data.rdma_for(e))?;
-            reads.push(Copy {
-                desc: Arc::new(desc),
-                routes: routes.into(),
-            });
-        }
+        // By what was asked, not by the copies there are now: one
+        // opened while its lost copies are being re-created is still
+        // looked up again through a loss.
+        let copies = if record.placement.copies() == 1 {
+            None
+        } else {
+            let layout = Layout::of(&record, client, fabric)?;
+            Some(Copies {
+                fabric,
+                now: Mutex::new(Arc::new(layout)),
+            })
+        };
         record.replicas.clear();
         let desc = Descriptor::from_record(record)?;
         let mut alloc = Allocation {
@@ -102,7 +174,7 @@ impl Allocation {
             desc: Arc::new(desc),
             local: None,
             device: None,
-            reads,
+            copies,
             done: false,
         };
         if alloc.desc.kind == Kind::LocalGpu {
@@ -149,17 +221,6 @@ impl Allocation {
                 &client.staging.pins,
             )?;
             alloc.local = Some(Arc::new(mapping));
-        }
-        if !alloc.reads.is_empty() {
-            // The primary first, then a stable sort: first among equals.
-            let primary = Copy {
-                desc: Arc::clone(&alloc.desc),
-                routes: Arc::clone(&alloc.routes),
-            };
-            alloc.reads.insert(0, primary);
-            alloc
-                .reads
-                .sort_by_cached_key(|c| std::cmp::Reverse(c.bytes_on(me)));
         }
         Ok(alloc)
     }
@@ -213,7 +274,11 @@ impl Allocation {
 
     /// Writes `src` at `offset`; returns once the bytes are visible to
     /// every later reader (this node's extents by memcpy, the others over
-    /// the network, all nodes in parallel).
+    /// the network, all nodes in parallel). A replicated allocation is
+    /// written through its primary, which returns once every replica has
+    /// the bytes; when a node holding a copy is lost, the write waits
+    /// (up to 30 s) for the master to promote a replica or drop the lost
+    /// copy, and goes on there without the caller seeing the failure.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`]; fabric failures; [`Error::NotFound`] once the
@@ -223,54 +288,103 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.write(offset, src)?);
         }
-        self.client.data.run([Transfer {
-            target: self.target(),
-            offset,
-            buf: IoBuf::Write(src),
-        }])
+        let Some(copies) = &self.copies else {
+            return self.client.data.run([Transfer {
+                target: self.target(),
+                offset,
+                buf: IoBuf::Write(src),
+            }]);
+        };
+        self.through_failover(copies, |layout| {
+            self.client.data.run([Transfer {
+                target: layout.primary.target(),
+                offset,
+                buf: IoBuf::Write(src),
+            }])
+        })
     }
 
     /// Reads `dst.len()` bytes from `offset`. A replicated allocation is
     /// read from the copy with the most bytes on this node (the primary
     /// on a tie), and from the next copy when a node cannot be reached or
-    /// fails the read, so a lost replica holder costs the caller nothing.
+    /// fails the read, so a lost replica holder costs the caller nothing;
+    /// when every copy fails, as [`Allocation::copy_in`] waits.
     ///
     /// # Errors
     /// As [`Allocation::copy_in`]; for a replicated allocation, the last
-    /// copy's failure once every copy failed.
+    /// copy's failure once every copy failed for 30 s.
     pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         if let Some(mem) = &self.device {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        if self.reads.is_empty() {
+        let Some(copies) = &self.copies else {
             return self.client.data.run([Transfer {
                 target: self.target(),
                 offset,
                 buf: IoBuf::Read(dst),
             }]);
-        }
-        let last = self.reads.len() - 1;
-        for (i, copy) in self.reads.iter().enumerate() {
-            // Replicated memory is never mapped: no copy has a mapping.
-            let target = Target {
-                desc: &copy.desc,
-                routes: &copy.routes,
-                local: None,
-            };
-            let read = self.client.data.run([Transfer {
-                target,
-                offset,
-                buf: IoBuf::Read(&mut *dst),
-            }]);
-            match read {
-                Err(e) if i < last && fails_over(&e) => {
-                    tracing::debug!(alloc_id = self.desc.id, error = %e, "read failed on one copy; reading another");
+        };
+        self.through_failover(copies, |layout| {
+            let last = layout.reads.len() - 1;
+            for (i, copy) in layout.reads.iter().enumerate() {
+                let read = self.client.data.run([Transfer {
+                    target: copy.target(),
+                    offset,
+                    buf: IoBuf::Read(&mut *dst),
+                }]);
+                match read {
+                    Err(e) if i < last && fails_over(&e) => {
+                        tracing::debug!(alloc_id = self.desc.id, error = %e, "read failed on one copy; reading another");
+                    }
+                    done => return done,
                 }
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `attempt` on the copies as last described; while it fails as a
+    /// lost node makes it fail, looks the allocation up again (pausing
+    /// 20 ms, doubling to 500 ms) and retries on what the master says
+    /// now, for up to [`FAILOVER_WAIT`]. Writing the same bytes again is
+    /// harmless: a failed write was never acknowledged.
+    fn through_failover(
+        &self,
+        copies: &Copies,
+        mut attempt: impl FnMut(&Layout) -> Result<()>,
+    ) -> Result<()> {
+        let deadline = Instant::now() + FAILOVER_WAIT;
+        let mut pause = FAILOVER_PAUSE;
+        loop {
+            let layout = Arc::clone(&copies.now.lock().unwrap_or_else(PoisonError::into_inner));
+            let error = match attempt(&layout) {
+                Err(e) if fails_over(&e) || matches!(e, Error::NotFound(_)) => e,
                 done => return done,
+            };
+            if Instant::now() + pause > deadline {
+                return Err(error);
+            }
+            tracing::debug!(alloc_id = self.desc.id, error = %error, "a copy failed; looking the allocation up again");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
+            let looked_up = self
+                .client
+                .lookup(self.desc.id)
+                .and_then(|record| Layout::of(&record, &self.client, copies.fabric));
+            match looked_up {
+                Ok(layout) => {
+                    *copies.now.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(layout);
+                }
+                // Freed: the copy's own failure says so.
+                Err(Error::NotFound(_)) => return Err(error),
+                // The master out of reach, or a share with no whole copy
+                // yet: the next round asks again.
+                Err(e) => {
+                    tracing::debug!(alloc_id = self.desc.id, error = %e, "no usable description of the allocation yet; retrying as it was")
+                }
             }
         }
-        Ok(())
     }
 
     /// Maps the allocation into this process: its bytes at

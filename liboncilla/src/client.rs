@@ -166,6 +166,11 @@ impl Client {
         self.call(|s| s.attach(&self.session_id, &alloc))
     }
 
+    /// Allocation `id` as the master describes it now.
+    pub(crate) fn lookup(&self, id: u64) -> Result<Record> {
+        self.call(|s| s.lookup(&self.session_id, id))
+    }
+
     pub(crate) fn free_id(&self, id: u64, force: bool) -> Result<()> {
         let alloc = AllocRef::Id(id);
         self.call(|s| s.free(&self.session_id, &alloc, force))

@@ -249,6 +249,15 @@ impl MasterLink {
         .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 
+    pub async fn lookup(&self, req: pb::MasterLookupRequest) -> Result<pb::Allocation, Status> {
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.lookup(req).await }
+        })
+        .await
+        .map_err(|(addr, s)| self.wrap(&addr, s))
+    }
+
     pub async fn detach(&self, req: pb::DetachRequest) -> Result<(), Status> {
         self.call(|mut c| {
             let req = req.clone();

@@ -152,6 +152,21 @@ impl master_server::Master for MasterService {
     }
 
     #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
+    async fn lookup(
+        &self,
+        req: Request<pb::MasterLookupRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        let caller = Caller::of(&req)?;
+        let r = req.into_inner();
+        let who: Owner = r
+            .requester
+            .ok_or_else(|| CoreError::InvalidArgument("lookup names no process".into()))?
+            .into();
+        caller.for_requester(Some(&who), &who.session_id, "look up")?;
+        reply(self.core()?.0.lookup(r.id, &who))
+    }
+
+    #[tracing::instrument(skip_all, fields(id = req.get_ref().id))]
     async fn detach(
         &self,
         req: Request<pb::DetachRequest>,

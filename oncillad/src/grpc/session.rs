@@ -204,6 +204,20 @@ impl session_server::Session for SessionService {
     }
 
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, id = req.get_ref().id))]
+    async fn lookup(
+        &self,
+        req: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
+        let r = req.into_inner();
+        let forwarded = pb::MasterLookupRequest {
+            id: r.id,
+            requester: Some(self.requester(&r.session_id)?),
+        };
+        Ok(Response::new(self.master.lookup(forwarded).await?))
+    }
+
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, id = req.get_ref().id))]
     async fn detach(
         &self,
         req: Request<pb::DetachRequest>,

@@ -118,6 +118,34 @@ impl<L: AgentLink> Master<L> {
         Ok(alloc)
     }
 
+    /// Allocation `id` as it is now, for a session that owns it or is
+    /// attached to it: where its copies went after a node was lost.
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`]; [`CoreError::PermissionDenied`]
+    /// for any other session (operators use `GetAllocation`);
+    /// [`CoreError::Recovering`].
+    pub fn lookup(&self, id: u64, who: &Owner) -> Result<Allocation, CoreError> {
+        self.check_serving()?;
+        let st = self.lock();
+        let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+        let owns = rec
+            .alloc
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.session_id == who.session_id);
+        let attached = st
+            .sessions
+            .get(&who.session_id)
+            .is_some_and(|s| s.attached.contains(&id));
+        if !owns && !attached {
+            return Err(CoreError::PermissionDenied(format!(
+                "allocation {id} is neither this session's nor attached to it"
+            )));
+        }
+        self.view(&st, id)
+    }
+
     /// Detaches a session from an allocation.
     ///
     /// # Errors

@@ -354,6 +354,38 @@ async fn session_allocations_cannot_be_attached() {
 }
 
 #[tokio::test]
+async fn lookup_answers_only_sessions_that_hold_the_allocation() {
+    let m = master(FakeLink::default()).await;
+    let mine = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
+    let s1 = owner("s1").unwrap();
+    let s2 = owner("s2").unwrap();
+    assert_eq!(m.lookup(mine.id, &s1).unwrap().id, mine.id);
+    let err = m.lookup(mine.id, &s2).unwrap_err();
+    assert!(matches!(err, CoreError::PermissionDenied(_)), "{err}");
+    // A persistent allocation: its maker (attached at creation) and any
+    // session attached to it, no other; and not after detaching.
+    let mut named = spec(100, &[]);
+    named.name = "shared-table".into();
+    let table = m
+        .allocate(AllocateRequest {
+            spec: named,
+            origin_node: "a".into(),
+            requester: owner("s1"),
+        })
+        .await
+        .unwrap();
+    assert!(m.lookup(table.id, &s1).is_ok());
+    assert!(m.lookup(table.id, &s2).is_err());
+    m.attach(&by_id(table.id), s2.clone()).unwrap();
+    assert_eq!(m.lookup(table.id, &s2).unwrap().id, table.id);
+    m.detach(table.id, "s2").unwrap();
+    assert!(m.lookup(table.id, &s2).is_err());
+    m.free(&by_id(mine.id), "s1", None, false).await.unwrap();
+    let err = m.lookup(mine.id, &s1).unwrap_err();
+    assert!(matches!(err, CoreError::NoSuchAllocation(_)), "{err}");
+}
+
+#[tokio::test]
 async fn shm_preference_is_refused_for_other_nodes() {
     let m = master(FakeLink::default()).await;
     let mut s = spec(100, &["b"]);

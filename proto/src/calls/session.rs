@@ -113,6 +113,20 @@ impl Session {
         Ok(())
     }
 
+    /// Allocation `id` as the master describes it now (the session owns
+    /// it or is attached to it).
+    ///
+    /// # Errors
+    /// [`CallError`].
+    pub async fn lookup(&self, session_id: &str, id: u64) -> Result<Allocation, CallError> {
+        let req = pb::LookupRequest {
+            session_id: session_id.to_string(),
+            id,
+        };
+        let a = self.0.clone().lookup(req).await?;
+        read(PEER, "allocation", a.into_inner())
+    }
+
     /// Detaches allocation `id` from the session.
     ///
     /// # Errors

@@ -118,6 +118,18 @@ fn a_session_credential_reaches_only_its_own_session() {
             .await,
         );
         assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+        // Looking another session's allocation up (its access key and
+        // where its bytes are): neither as that session nor as itself.
+        for session_id in [victim.session_id(), me.id.as_str()] {
+            let (code, msg) = refused(
+                s.lookup(pb::LookupRequest {
+                    session_id: session_id.to_string(),
+                    id: theirs.id(),
+                })
+                .await,
+            );
+            assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
+        }
         // Without its credential a caller of the socket acts for nobody.
         let mut bare = client::session(InterceptedService::new(channel, AttachCredential::none()));
         let (code, msg) = refused(
@@ -226,6 +238,20 @@ fn a_node_credential_acts_only_as_its_node() {
                 .await,
             ),
             "free for node-0's session",
+        );
+        denied(
+            refused(
+                m.lookup(pb::MasterLookupRequest {
+                    id: theirs.id(),
+                    requester: Some(pb::Owner {
+                        session_id: victim.session_id().to_string(),
+                        node: "node-0".into(),
+                        ..Default::default()
+                    }),
+                })
+                .await,
+            ),
+            "look up for node-0's session",
         );
         denied(
             refused(
