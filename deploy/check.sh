@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The project's whole test run (the README's test command; .ci/run calls it
-# after installing packages): the layering rules; every test of the default build; then the
-# RDMA `verbs` feature linted and unit-tested, beside every integration test
-# against a real verbs provider, Soft-RoCE inside a QEMU guest
-# (deploy/softroce/verbs-tests.sh: where the guest cannot run it prints one
-# line saying why and the run goes on). The verbs steps need
+# after installing packages): the layering rules and manifests; one build
+# of the workspace with the RDMA `verbs` feature; the integration tests of
+# the paths verbs takes against a real verbs provider, Soft-RoCE inside a
+# QEMU guest (deploy/softroce/verbs-tests.sh: where the guest cannot run
+# it prints one line saying why and the run goes on), and beside it every
+# test of the workspace on the host, the Python suite, and clippy on the
+# default build and on the verbs module. The verbs build needs
 # libibverbs-dev, cmake, clang/libclang-dev and pkg-config; the guest
 # qemu-system-x86, linux-image-amd64, busybox-static, cpio, rdma-core and
 # ibverbs-providers (.ci/run installs them all); the manifest check
@@ -47,17 +49,21 @@ step layers deploy/check-layers.sh
 # The Kubernetes manifests, offline against the API schemas.
 step manifests deploy/kubernetes/validate.sh
 
-# One feature set for every verbs step, so they share one build.
-verbs=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
-# The guest's build first, then the guest in the background while every
+# One build for every step: every test binary and daemon with the RDMA
+# verbs feature (deploy/verbs-features.sh). The feature changes one file
+# (oncilla-rdma's verbs module; a stand-in without it), and on a host
+# with no RDMA device the daemons and tests copy over TCP as a default
+# build does; so the host's tests run this build, and the default build
+# is linted (clippy compiles all of it) but not built a second time.
+. deploy/verbs-features.sh
+# The build, then the Soft-RoCE guest in the background while every
 # other step runs beside it. The guest is the longest step and keeps
 # about one of CI's two cores busy; the host's steps fill the other (its
 # tests wait for events with bounds, never for a machine's speed, so they
-# hold under this load). They rebuild target/debug's daemons without the
-# feature: the guest runs hard links of the ones built here
+# hold under this load). The guest runs hard links of this build's files
 # (target/softroce-bin, see verbs-tests.sh). Its output is shown when it
 # ends.
-step "Soft-RoCE build" deploy/softroce/verbs-tests.sh --prepare
+step "build (verbs)" deploy/softroce/verbs-tests.sh --prepare
 guest_log=target/softroce-step.log
 # In a process group of its own (setsid), so that a failing step below
 # stops the whole guest (QEMU included) and not just its script.
@@ -67,18 +73,16 @@ guest=$!
 # `(exit "$st")` would end the trap before it printed anything.)
 trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; report "$st"' EXIT
 
-step "tests (default)" cargo test --workspace
+step tests cargo test --workspace --features "$VERBS_FEATURES"
 
 # The Python bindings: `pip install ./python`, then pytest against a local
-# cluster (python/run-tests.sh).
-step python python/run-tests.sh
+# cluster (python/run-tests.sh), on the same build.
+step python env ONCILLA_BUILD=verbs python/run-tests.sh
 
-step "clippy (verbs)" cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
-# The feature switches one thing: which file oncilla-rdma compiles as its
-# verbs module (rdma/src/lib.rs; a stand-in without it). Every other
-# crate's code is the same in both builds, and its unit tests ran above;
-# the verbs layer's own are run here.
-step "unit tests (verbs)" cargo test -p oncilla-rdma --lib --features oncilla-rdma/verbs
+# Clippy on the default build (every line but the verbs module), then on
+# the verbs module (the crate that switches).
+step clippy cargo clippy --workspace --all-targets -- -D warnings
+step "clippy (verbs)" cargo clippy -p oncilla-rdma --all-targets --features oncilla-rdma/verbs -- -D warnings
 guest_ends() {
   local rc=0
   wait "$guest" || rc=$?

@@ -13,15 +13,22 @@
 # for each interpreter (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ONCILLA_BUILD=verbs (deploy/check.sh sets it): everything with the RDMA
+# verbs feature (deploy/verbs-features.sh), the one build check.sh makes.
+features=() wheel_features=""
+if [ "${ONCILLA_BUILD:-}" = verbs ]; then
+  . deploy/verbs-features.sh
+  features=(--features "$VERBS_FEATURES") wheel_features=" --features verbs"
+fi
 # The binaries the suite runs (ocmctl, the scan), built the way
 # deploy/check.sh's test step builds the workspace: the same feature
 # unification, so after that step this builds nothing (`cargo build`
 # resolves features without the dev-dependencies and rebuilds most of the
 # workspace). Both packages have integration tests, so the test build
 # makes their binaries.
-cargo test --workspace --no-run
+cargo test --workspace --no-run "${features[@]}"
 rm -rf target/wheels
-MATURIN_PEP517_ARGS="--profile dev" \
+MATURIN_PEP517_ARGS="--profile dev$wheel_features" \
   python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
 wheel=$(ls target/wheels/oncilla-*-abi3-*.whl)
 run() {

@@ -49,10 +49,13 @@ stage=target/softroce-bin
 
 prepare() {
 
-features=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
-# The whole workspace with one feature set (as deploy/check.sh's other
-# verbs steps), so every build shares the same dependencies.
-cargo build --workspace --bins --features "$features"
+. deploy/verbs-features.sh
+features=$VERBS_FEATURES
+# Every test binary of the workspace and the daemons, with one feature
+# set: deploy/check.sh's host tests and Python suite run this same build
+# (the host has no RDMA device: their copies go over TCP, as in a default
+# build).
+cargo test --workspace --no-run --features "$features"
 filter=${1:-}
 # Suites that run on the host only (see the top of this file; netns also
 # because network namespaces do not reach the guest's RDMA devices: rxe
@@ -75,9 +78,8 @@ for p in json.load(sys.stdin)["packages"]:
     *) echo "verbs-tests: suite $name is neither run in the guest nor named in HOST_ONLY" >&2; exit 1 ;;
   esac
 done
-# Only the guest's suites are built with the feature (each is a link of
-# the whole client: the host-only ones would cost minutes for nothing), as
-# cargo names their executables.
+# The guest's suites, as cargo names their executables (built above:
+# this builds nothing).
 mapfile -t tests < <(
   cargo test --workspace $(printf -- '--test %s ' $GUEST) --no-run --features "$features" \
     --message-format=json |
@@ -93,10 +95,10 @@ for line in sys.stdin:
   { echo "verbs-tests: cargo built ${#tests[@]} of the guest's suites ($GUEST)" >&2; exit 1; }
 # The guest runs hard links of what was built here, laid out as cargo lays
 # out target/debug (a test finds the daemons in the directory above its
-# own): deploy/check.sh builds the workspace without the feature while the
-# guest runs, and that relinks target/debug/oncillad and ocmctl. A link
-# keeps this build's file (cargo replaces a file it relinks, never
-# rewrites it) and costs no space.
+# own): whatever cargo relinks in target/debug while the guest runs (the
+# Python wheel's build, a developer's), the guest's files stay this
+# build's (cargo replaces a file it relinks, never rewrites it). A link
+# costs no space.
 rm -rf "$stage"; mkdir -p "$stage/deps"
 ln target/debug/oncillad target/debug/ocmctl "$stage/"
 for i in "${!tests[@]}"; do
