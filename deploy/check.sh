@@ -5,8 +5,8 @@
 # the paths verbs takes against a real verbs provider, Soft-RoCE inside a
 # QEMU guest (deploy/softroce/verbs-tests.sh: where the guest cannot run
 # it prints one line saying why and the run goes on), and beside it every
-# test of the workspace on the host, the Python suite, and clippy on the
-# default build and on the verbs module. The verbs build needs
+# test of the workspace on the host, the Python suite, and clippy on that
+# build and on the default build of oncilla-rdma. The verbs build needs
 # libibverbs-dev, cmake, clang/libclang-dev and pkg-config; the guest
 # qemu-system-x86, linux-image-amd64, busybox-static, cpio, rdma-core and
 # ibverbs-providers (.ci/run installs them all); the manifest check
@@ -54,16 +54,29 @@ step manifests deploy/kubernetes/validate.sh
 # (oncilla-rdma's verbs module; a stand-in without it), and on a host
 # with no RDMA device the daemons and tests copy over TCP as a default
 # build does; so the host's tests run this build, and the default build
-# is linted (clippy compiles all of it) but not built a second time.
+# of the one crate that differs is linted but not built.
 . deploy/verbs-features.sh
-# The build, then the Soft-RoCE guest in the background while every
-# other step runs beside it. The guest is the longest step and keeps
-# about one of CI's two cores busy; the host's steps fill the other (its
-# tests wait for events with bounds, never for a machine's speed, so they
-# hold under this load). The guest runs hard links of this build's files
-# (target/softroce-bin, see verbs-tests.sh). Its output is shown when it
-# ends.
+# CI's time is CPU, most of it compiling and linking from a fresh clone:
+# no incremental state (nothing reuses it), and line tables only for
+# debug info (backtraces keep file and line; the test binaries link in a
+# third of the time and load faster in the guest). A caller's own
+# settings win.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
 step "build (verbs)" deploy/softroce/verbs-tests.sh --prepare
+
+step tests cargo test --workspace --features "$VERBS_FEATURES"
+
+# The Python bindings: `pip install ./python`, then pytest against a local
+# cluster (python/run-tests.sh), on the same build.
+step python env ONCILLA_BUILD=verbs python/run-tests.sh
+
+# The Soft-RoCE guest in the background while clippy runs beside it: the
+# guest is the longest step and keeps about one of CI's two cores busy.
+# Emulation needs the CPU: beside the host's tests it ran twice as slowly
+# and the whole run was no shorter, so only clippy shares its time. The
+# guest runs hard links of the build's files (target/softroce-bin, see
+# verbs-tests.sh). Its output is shown when it ends.
 guest_log=target/softroce-step.log
 # In a process group of its own (setsid), so that a failing step below
 # stops the whole guest (QEMU included) and not just its script.
@@ -73,16 +86,11 @@ guest=$!
 # `(exit "$st")` would end the trap before it printed anything.)
 trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; report "$st"' EXIT
 
-step tests cargo test --workspace --features "$VERBS_FEATURES"
-
-# The Python bindings: `pip install ./python`, then pytest against a local
-# cluster (python/run-tests.sh), on the same build.
-step python env ONCILLA_BUILD=verbs python/run-tests.sh
-
-# Clippy on the default build (every line but the verbs module), then on
-# the verbs module (the crate that switches).
-step clippy cargo clippy --workspace --all-targets -- -D warnings
-step "clippy (verbs)" cargo clippy -p oncilla-rdma --all-targets --features oncilla-rdma/verbs -- -D warnings
+# Clippy on the build (its build scripts, bindgen's included, already
+# ran), then on the crate the feature switches as the default build
+# compiles it (the stand-in module).
+step clippy cargo clippy --workspace --all-targets --features "$VERBS_FEATURES" -- -D warnings
+step "clippy (default)" cargo clippy -p oncilla-rdma --all-targets -- -D warnings
 guest_ends() {
   local rc=0
   wait "$guest" || rc=$?
