@@ -13,24 +13,13 @@
 # for each interpreter (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# ONCILLA_BUILD=verbs (deploy/check.sh sets it): the binaries come from
-# the workspace built with the RDMA verbs feature (deploy/verbs-features.sh),
-# the one build check.sh makes. The wheel is built without it either way:
-# maturin resolves one package's features, which differ from the
-# workspace's, so a verbs wheel rebuilt most of the workspace again (315 s
-# against about 100 on CI's 2 cores), and the module's code is the same.
-features=()
-if [ "${ONCILLA_BUILD:-}" = verbs ]; then
-  . deploy/verbs-features.sh
-  features=(--features "$VERBS_FEATURES")
-fi
 # The binaries the suite runs (ocmctl, the scan), built the way
 # deploy/check.sh's test step builds the workspace: the same feature
 # unification, so after that step this builds nothing (`cargo build`
 # resolves features without the dev-dependencies and rebuilds most of the
 # workspace). Both packages have integration tests, so the test build
 # makes their binaries.
-cargo test --workspace --no-run "${features[@]}"
+cargo test --workspace --no-run
 rm -rf target/wheels
 MATURIN_PEP517_ARGS="--profile dev" \
   python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python

@@ -31,9 +31,8 @@
 #
 # --prepare builds and writes the guest's script; --run boots the guest on
 # what --prepare left. deploy/check.sh runs them apart, so that cargo is
-# free for its other steps while the guest runs (the guest runs links of
-# the files built here, which those steps never touch). With neither,
-# both.
+# free for its other verbs steps while the guest runs (nothing they build
+# is a file the guest runs). With neither, both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -45,17 +44,13 @@ script=target/softroce-tests.sh
 # The guest writes its output to a file in a directory shared read-write
 # (its serial stream garbles long output); followed here as it grows.
 out=target/softroce-out
-stage=target/softroce-bin
 
 prepare() {
 
-. deploy/verbs-features.sh
-features=$VERBS_FEATURES
-# Every test binary of the workspace and the daemons, with one feature
-# set: deploy/check.sh's host tests and Python suite run this same build
-# (the host has no RDMA device: their copies go over TCP, as in a default
-# build).
-cargo test --workspace --no-run --features "$features"
+features=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
+# The whole workspace with one feature set (as deploy/check.sh's other
+# verbs steps), so every build shares the same dependencies.
+cargo build --workspace --bins --features "$features"
 filter=${1:-}
 # Suites that run on the host only (see the top of this file; netns also
 # because network namespaces do not reach the guest's RDMA devices: rxe
@@ -78,8 +73,9 @@ for p in json.load(sys.stdin)["packages"]:
     *) echo "verbs-tests: suite $name is neither run in the guest nor named in HOST_ONLY" >&2; exit 1 ;;
   esac
 done
-# The guest's suites, as cargo names their executables (built above:
-# this builds nothing).
+# Only the guest's suites are built with the feature (each is a link of
+# the whole client: the host-only ones would cost minutes for nothing), as
+# cargo names their executables.
 mapfile -t tests < <(
   cargo test --workspace $(printf -- '--test %s ' $GUEST) --no-run --features "$features" \
     --message-format=json |
@@ -93,19 +89,6 @@ for line in sys.stdin:
 ')
 [ "${#tests[@]}" -eq "$(wc -w <<< "$GUEST")" ] ||
   { echo "verbs-tests: cargo built ${#tests[@]} of the guest's suites ($GUEST)" >&2; exit 1; }
-# The guest runs hard links of what was built here, laid out as cargo lays
-# out target/debug (a test finds the daemons in the directory above its
-# own): whatever cargo relinks in target/debug while the guest runs (the
-# Python wheel's build, a developer's), the guest's files stay this
-# build's (cargo replaces a file it relinks, never rewrites it). A link
-# costs no space.
-rm -rf "$stage"; mkdir -p "$stage/deps"
-ln target/debug/oncillad target/debug/ocmctl "$stage/"
-for i in "${!tests[@]}"; do
-  exe=${tests[$i]#* }
-  ln "$exe" "$stage/deps/"
-  tests[$i]="${tests[$i]%% *} $PWD/$stage/deps/${exe##*/}"
-done
 rm -rf "$out"; mkdir -p "$out"; : > "$out/log"
 {
   echo "exec >>$PWD/$out/log 2>&1"
