@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The project's whole test run (the README's test command; .ci/run calls it
-# after installing packages): the layering rules; every test of the default build; then the
-# RDMA `verbs` feature linted and unit-tested, beside every integration test
-# against a real verbs provider, Soft-RoCE inside a QEMU guest
-# (deploy/softroce/verbs-tests.sh: where the guest cannot run it prints one
-# line saying why and the run goes on). The verbs steps need
+# after installing packages): the layering rules; the Kubernetes
+# manifests; every test of the default build, run beside the Python suite
+# and the `verbs` feature's clippy; then every integration test about a
+# path verbs takes, against a real verbs provider, Soft-RoCE inside a QEMU
+# guest (deploy/softroce/verbs-tests.sh: where the guest cannot run it
+# prints one line saying why and the run goes on). The verbs steps need
 # libibverbs-dev, cmake, clang/libclang-dev and pkg-config; the guest
 # qemu-system-x86, linux-image-amd64, busybox-static, cpio, rdma-core and
 # ibverbs-providers (.ci/run installs them all); the manifest check
@@ -47,37 +48,44 @@ step layers deploy/check-layers.sh
 # The Kubernetes manifests, offline against the API schemas.
 step manifests deploy/kubernetes/validate.sh
 
-step "tests (default)" cargo test --workspace
+# Every test of the default build, built here, then run in the
+# background while the steps below build (the Python wheel, clippy): the
+# tests mostly wait on daemons, the builds keep the CPU busy. They run
+# before the verbs build, which rebuilds the daemons' binaries they start.
+# Their output is shown when they end (step "tests (default)").
+step "build (default)" cargo test --workspace --no-run
+tests_log=target/host-tests.log
+# In a process group of its own (setsid), so that a failing step stops
+# every test process (and the daemons they started) with it.
+setsid cargo test --workspace > "$tests_log" 2>&1 &
+tests=$!
+# (The status goes to report as an argument: under `set -e` a failing
+# `(exit "$st")` would end the trap before it printed anything.)
+trap 'st=$?; kill -TERM -- "-$tests" 2>/dev/null || true; report "$st"' EXIT
+# ends PID LOG: waits for a background step, shows its output, returns
+# its status.
+ends() {
+  local rc=0
+  wait "$1" || rc=$?
+  cat "$2"
+  return "$rc"
+}
 
 # The Python bindings: `pip install ./python`, then pytest against a local
 # cluster (python/run-tests.sh).
 step python python/run-tests.sh
 
-# One feature set for every verbs step, so they share one build.
+# The RDMA `verbs` feature linted (the feature switches one file,
+# rdma/src/lib.rs; the rest is the same code in both builds). Niced: the
+# tests beside it wait on daemons, whose heartbeats should not queue
+# behind the compiler.
 verbs=oncilla-rdma/verbs,oncillad/verbs,liboncilla/verbs,ocmctl/verbs,oncilla-tests/verbs
-# The guest's build first, then the guest in the background while the
-# other verbs steps run beside it: the guest keeps about one of CI's two
-# cores busy, and those steps only check code and build a unit-test
-# binary, never a file the guest runs. Its output is shown when it ends.
+step "clippy (verbs)" nice -n 10 cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
+
+step "tests (default)" ends "$tests" "$tests_log"
+
+# The verbs build (the guest's suites, the daemons, and oncilla-rdma's
+# bindings test, run here), then the Soft-RoCE guest alone: its two
+# vCPUs run two of its passes at a time and want both of CI's cores.
 step "Soft-RoCE build" deploy/softroce/verbs-tests.sh --prepare
-guest_log=target/softroce-step.log
-# In a process group of its own (setsid), so that a failing step below
-# stops the whole guest (QEMU included) and not just its script.
-setsid deploy/softroce/verbs-tests.sh --run > "$guest_log" 2>&1 &
-guest=$!
-# (The status goes to report as an argument: under `set -e` a failing
-# `(exit "$st")` would end the trap before it printed anything.)
-trap 'st=$?; kill -TERM -- "-$guest" 2>/dev/null || true; report "$st"' EXIT
-step "clippy (verbs)" cargo clippy --workspace --all-targets --features "$verbs" -- -D warnings
-# The feature switches one thing: which file oncilla-rdma compiles as its
-# verbs module (rdma/src/lib.rs; a stand-in without it). Every other
-# crate's code is the same in both builds, and its unit tests ran above;
-# the verbs layer's own are run here.
-step "unit tests (verbs)" cargo test -p oncilla-rdma --lib --features oncilla-rdma/verbs
-guest_ends() {
-  local rc=0
-  wait "$guest" || rc=$?
-  cat "$guest_log"
-  return "$rc"
-}
-step "Soft-RoCE guest (rest)" guest_ends
+step "Soft-RoCE guest" deploy/softroce/verbs-tests.sh --run
