@@ -185,9 +185,11 @@ RUN
   # Two passes at a time: the guest's two vCPUs are two host threads
   # (multi-threaded TCG), and one pass keeps about one of them busy.
   echo "xargs -P 2 -L 1 bash -c 'run \"\$@\"' run <<'JOBS'"
+  # (Words squeezed and no blank at a line's end: xargs would continue
+  # such a line onto the next.)
   for label in $order; do
     for j in "${jobs[@]}"; do
-      [ "${j%% *}" = "$label" ] && echo "$j"
+      [ "${j%% *}" != "$label" ] || tr -s ' ' <<< "$j" | sed 's/ *$//'
     done
   done
   echo 'JOBS'
