@@ -17,7 +17,7 @@ use oncilla_net::tls::ClientTls;
 use serde_json::json;
 
 use crate::probe::Probe;
-use crate::report::{pct, sizes_or};
+use crate::report::{pct, sizes_or, Machine};
 use crate::BenchError;
 use oncilla_cluster::{node_name, Daemon};
 use oncilla_ops::Table;
@@ -152,6 +152,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
     let ocm = Oncilla::connect_with(Options::new(t.socket.clone(), t.token.clone()))?;
     let nodes = master.nodes()?;
     let probe = Probe::new(&nodes, &t.token, master.tls())?;
+    let machine = Machine::of(&nodes);
     // Every sample is placed on the largest other node, by name: remote
     // memory, whatever the default policy would choose.
     let (target, remote_capacity) = nodes
@@ -203,6 +204,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
     }
     if json {
         oncilla_ops::json::print(&json!({
+            "machine": machine,
             "iterations": iterations,
             "rows": rows.iter().map(|r| json!({
                 "size": r.size,
@@ -216,6 +218,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         }));
         return Ok(());
     }
+    println!("{machine}");
     print!("{}", table(&rows, iterations));
     for s in skipped {
         println!(

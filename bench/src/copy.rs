@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::probe::Probe;
 use crate::rawtcp::{self, RawClient};
-use crate::report::{pct, sizes_or};
+use crate::report::{pct, sizes_or, Machine};
 use crate::BenchError;
 use oncilla_cluster::Daemon;
 use oncilla_ops::Master;
@@ -192,6 +192,7 @@ struct BatchResult {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    machine: Machine,
     target: String,
     raw_addr: String,
     points: Vec<Point>,
@@ -419,6 +420,7 @@ fn measure(
     probe.settle()?;
 
     let report = Report {
+        machine: Machine::of(&nodes),
         target,
         raw_addr: raw_addr.to_string(),
         points,
@@ -579,8 +581,8 @@ fn batch(opts: &Options, target: &str) -> Result<BatchResult, BenchError> {
 
 fn render(r: &Report) -> String {
     let mut out = format!(
-        "copy to {} (raw TCP baseline at {}: the same requests with no checks and no pool), p50 per copy:\n",
-        r.target, r.raw_addr
+        "{}\ncopy to {} (raw TCP baseline at {}: the same requests with no checks and no pool), p50 per copy:\n",
+        r.machine, r.target, r.raw_addr
     );
     let mut t = Table::new(&[
         "OP",

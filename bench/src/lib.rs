@@ -22,6 +22,8 @@
 //!   tenant (another user pressing on every shared resource).
 //! - `takeover` ([`takeover`]): kill -9 of the leading master to the first
 //!   allocation done, with one etcd member and with three.
+//! - `table` ([`table`]): the master's cost per allocation as its table
+//!   fills (allocations/s, alloc/free p50/p99, its CPU and memory).
 //!
 //! Local clusters come from [`oncilla_cluster`], started with the
 //! [`Daemon`] the caller passes (`ocmctl` re-executes itself). `copy`
@@ -47,6 +49,7 @@ pub mod rawtcp;
 pub mod replicas;
 pub mod report;
 pub mod soak;
+pub mod table;
 pub mod takeover;
 
 pub use error::BenchError;
@@ -99,6 +102,13 @@ pub enum Bench {
     /// (4 KiB write p50/p99, large write and read bandwidth), beside raw
     /// TCP; a local cluster on loopback.
     Replicas(replicas::ReplicasArgs),
+    /// The master's cost per allocation as its table fills: sessions hold
+    /// 4 KiB allocations up to each stage; per stage allocations/s while
+    /// filling, the master's CPU, alloc and free p50/p99 and its memory.
+    Table(table::TableArgs),
+    /// One of the sessions `bench table` fills with (internal).
+    #[command(hide = true)]
+    TableFiller(table::FillerArgs),
     /// The greedy tenant `bench fair` starts (internal).
     #[command(hide = true)]
     FairGreedy(fair::GreedyArgs),
@@ -124,6 +134,8 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::FairGreedy(args) => fair::greedy(args),
         Bench::Takeover(args) => takeover::run(args, daemon),
         Bench::Replicas(args) => replicas::run(args, daemon),
+        Bench::Table(args) => table::run(args, daemon),
+        Bench::TableFiller(args) => table::filler(args),
     }
 }
 

@@ -64,3 +64,43 @@ mod tests {
         assert_eq!(pct(&[], 50.0), 0.0);
     }
 }
+
+/// What a figure was measured on, printed beside it so figures from
+/// different machines are not mixed up: this machine's cores, and the
+/// page size of each node's pool (2 MiB or 1 GiB: huge pages).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    /// Pool page size in bytes, per node.
+    pub pool_pages: std::collections::BTreeMap<String, u64>,
+}
+
+impl Machine {
+    /// This machine, with the pools of `nodes`.
+    pub fn of(nodes: &[oncilla_model::node::NodeStatus]) -> Self {
+        Self {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            pool_pages: nodes
+                .iter()
+                .map(|n| (n.info.name.clone(), n.info.page()))
+                .collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let huge = self
+            .pool_pages
+            .iter()
+            .filter(|(_, &p)| p > oncilla_model::PAGE)
+            .map(|(n, &p)| format!("{n} ({})", oncilla_model::size::HumanBytes(p)))
+            .collect::<Vec<_>>();
+        let pages = if huge.is_empty() {
+            "no huge pages in any pool".to_string()
+        } else {
+            format!("huge pages in the pools of {}", huge.join(", "))
+        };
+        write!(f, "machine: {} cores; {pages}", self.cores)
+    }
+}

@@ -25,6 +25,7 @@ pub mod error;
 pub mod etcd;
 pub mod launcher;
 mod process;
+pub mod procfs;
 pub mod work;
 
 pub use config::{Config, Daemon, Stop};

@@ -453,7 +453,8 @@ impl Cluster {
     /// happened to interrupt it).
     pub fn agent_cpu(&self, i: usize) -> (Duration, Duration) {
         let pid = self.agent_pid(i).expect("agent running");
-        let (_, user, kernel) = proc_stat(&format!("/proc/{pid}/stat")).expect("agent stat");
+        let (_, user, kernel) =
+            oncilla_cluster::procfs::stat(&format!("/proc/{pid}/stat")).expect("agent stat");
         (user, kernel)
     }
 
@@ -466,7 +467,8 @@ impl Cluster {
             .unwrap_or_default()
             .into_iter()
             .filter_map(|t| {
-                let (name, user, _) = proc_stat(t.path().join("stat").to_str()?)?;
+                let (name, user, _) =
+                    oncilla_cluster::procfs::stat(t.path().join("stat").to_str()?)?;
                 Some((name, user))
             })
             .collect();
@@ -478,32 +480,6 @@ impl Cluster {
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.0.log(name)).unwrap_or_default()
     }
-}
-
-/// A process's or thread's name and its user-space and kernel CPU time,
-/// from its /proc `stat` file; `None` when it is gone or unreadable.
-fn proc_stat(path: &str) -> Option<(String, Duration, Duration)> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    // The name is in parentheses and may hold spaces; fields follow it.
-    let name = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
-    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace().skip(11);
-    let hz = clk_tck();
-    let mut time = || -> Option<Duration> {
-        let ticks: u64 = fields.next()?.parse().ok()?;
-        Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
-    };
-    let user = time()?;
-    let kernel = time()?;
-    Some((name, user, kernel))
-}
-
-/// `sysconf(_SC_CLK_TCK)`: the unit of /proc's CPU times.
-fn clk_tck() -> u64 {
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100);
-    u64::try_from(ticks).unwrap_or(100)
 }
 
 /// One HTTP/1.1 GET; the status code and the body (code 0: nothing
