@@ -156,9 +156,7 @@ impl<L: AgentLink> Master<L> {
         if !st.allocs.contains_key(&id) {
             return Err(CoreError::NoSuchAllocation(id));
         }
-        if let Some(s) = st.sessions.get_mut(session) {
-            s.attached.remove(&id);
-        }
+        st.detach_session(session, id);
         Ok(())
     }
 
@@ -167,19 +165,8 @@ impl<L: AgentLink> Master<L> {
     pub async fn end_session(&self, session: &str) -> u32 {
         let freed: Vec<(u64, Vec<(String, String)>)> = {
             let mut st = self.lock();
-            st.sessions.remove(session);
-            let ids: Vec<u64> = st
-                .allocs
-                .values()
-                .filter(|r| {
-                    r.alloc
-                        .owner
-                        .as_ref()
-                        .is_some_and(|o| o.session_id == session)
-                })
-                .map(|r| r.alloc.id)
-                .collect();
-            ids.into_iter()
+            st.end_session(session)
+                .into_iter()
                 .map(|id| {
                     let holders = st.remove(id);
                     (id, self.live_holders(&st, holders))

@@ -43,6 +43,14 @@ pub(super) struct State {
     /// Name -> id of named allocations.
     pub names: BTreeMap<String, u64>,
     pub sessions: BTreeMap<String, SessionRec>,
+    /// Indexes kept by [`State::insert`], [`State::remove`] and the
+    /// session methods below, so that no request scans the table:
+    /// allocations by owning session, attached sessions by allocation,
+    /// and the ids of GPU allocations (placement counts device memory
+    /// from their records).
+    owned: BTreeMap<String, BTreeSet<u64>>,
+    attachments: BTreeMap<u64, BTreeSet<String>>,
+    gpu_allocs: BTreeSet<u64>,
     /// Ids being reserved: agents already hold them, the table not yet.
     pub reserving: BTreeSet<u64>,
     /// Device memory of allocations being reserved, per (node, GPU): not
@@ -125,26 +133,81 @@ impl State {
                 self.charge(uid, &c, true);
             }
         }
-        self.allocs.insert(rec.alloc.id, rec);
+        let id = rec.alloc.id;
+        if let Some(owner) = &rec.alloc.owner {
+            self.owned
+                .entry(owner.session_id.clone())
+                .or_default()
+                .insert(id);
+        }
+        if rec.alloc.kind.is_gpu() {
+            self.gpu_allocs.insert(id);
+        }
+        self.allocs.insert(id, rec);
+    }
+
+    /// The records of GPU allocations.
+    pub fn gpu_records(&self) -> impl Iterator<Item = &Record> {
+        self.gpu_allocs.iter().filter_map(|id| self.allocs.get(id))
+    }
+
+    /// Ids of the allocations session `session` owns.
+    pub fn owned_by(&self, session: &str) -> Vec<u64> {
+        self.owned
+            .get(session)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Adds `who` to the processes attached to `id`.
     pub fn attach_session(&mut self, who: Owner, id: u64) {
+        let session = who.session_id.clone();
         self.sessions
-            .entry(who.session_id.clone())
+            .entry(session.clone())
             .or_insert_with(|| SessionRec {
                 who,
                 attached: BTreeSet::new(),
             })
             .attached
             .insert(id);
+        self.attachments.entry(id).or_default().insert(session);
+    }
+
+    /// Takes `session` off the processes attached to `id`.
+    pub fn detach_session(&mut self, session: &str, id: u64) {
+        if let Some(s) = self.sessions.get_mut(session) {
+            s.attached.remove(&id);
+        }
+        self.unindex_attachment(id, session);
+    }
+
+    /// Forgets session `session`'s attachments (it ended); returns the ids
+    /// of the allocations it owns, still in the table.
+    pub fn end_session(&mut self, session: &str) -> Vec<u64> {
+        if let Some(s) = self.sessions.remove(session) {
+            for id in s.attached {
+                self.unindex_attachment(id, session);
+            }
+        }
+        self.owned_by(session)
+    }
+
+    fn unindex_attachment(&mut self, id: u64, session: &str) {
+        if let Some(by) = self.attachments.get_mut(&id) {
+            by.remove(session);
+            if by.is_empty() {
+                self.attachments.remove(&id);
+            }
+        }
     }
 
     /// Processes attached to `id`.
     pub fn attached_to(&self, id: u64) -> Vec<&Owner> {
-        self.sessions
-            .values()
-            .filter(|s| s.attached.contains(&id))
+        self.attachments
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .filter_map(|session| self.sessions.get(session))
             .map(|s| &s.who)
             .collect()
     }
@@ -161,10 +224,29 @@ impl State {
         if self.names.get(&rec.alloc.name) == Some(&id) {
             self.names.remove(&rec.alloc.name);
         }
-        for s in self.sessions.values_mut() {
-            s.attached.remove(&id);
+        if let Some(owner) = &rec.alloc.owner {
+            if let Some(ids) = self.owned.get_mut(&owner.session_id) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    self.owned.remove(&owner.session_id);
+                }
+            }
         }
-        self.copies_due.retain(|(due, _), _| *due != id);
+        self.gpu_allocs.remove(&id);
+        for session in self.attachments.remove(&id).unwrap_or_default() {
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.attached.remove(&id);
+            }
+        }
+        let due: Vec<(u64, String)> = self
+            .copies_due
+            .range((id, String::new())..)
+            .take_while(|((due, _), _)| *due == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in due {
+            self.copies_due.remove(&k);
+        }
         if rec.adopted {
             self.freed_adopted.insert(id);
         }

@@ -286,6 +286,38 @@ async fn sessions_own_their_allocations() {
 }
 
 #[tokio::test]
+async fn frees_and_ended_sessions_keep_owners_and_attachments_exact() {
+    let m = master(FakeLink::default()).await;
+    let freed = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
+    let kept = m.allocate(remote(100, &[], owner("s1"))).await.unwrap();
+    let (p, q) = (
+        m.allocate(remote(100, &[], None)).await.unwrap(),
+        m.allocate(remote(100, &[], None)).await.unwrap(),
+    );
+    for (id, s) in [(p.id, "s2"), (q.id, "s2"), (p.id, "s3")] {
+        m.attach(&by_id(id), owner(s).unwrap()).unwrap();
+    }
+    let attached = |id| -> Vec<String> {
+        let a = m.allocation(&by_id(id)).unwrap();
+        a.attached.iter().map(|o| o.session_id.clone()).collect()
+    };
+    assert_eq!(attached(p.id), ["s2", "s3"]);
+    m.free(&by_id(freed.id), "s1", None, false).await.unwrap();
+    // s2 ends: both its attachments go, s3's stays.
+    assert_eq!(m.end_session("s2").await, 0);
+    assert_eq!(attached(p.id), ["s3"]);
+    assert!(attached(q.id).is_empty());
+    // A forced free takes s3 off; its end then frees nothing.
+    m.free(&by_id(p.id), "", None, true).await.unwrap();
+    assert_eq!(m.end_session("s3").await, 0);
+    // s1 owns only what it did not free.
+    assert_eq!(m.end_session("s1").await, 1);
+    assert!(m.allocation(&by_id(kept.id)).is_err());
+    assert_eq!(m.end_session("s1").await, 0);
+    assert_eq!(m.allocations().len(), 1);
+}
+
+#[tokio::test]
 async fn named_allocations_attach_and_refuse_free_while_attached() {
     let m = master(FakeLink::default()).await;
     let mut s = spec(100, &[]);

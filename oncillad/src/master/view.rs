@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use oncilla_model::alloc::{AllocRef, Allocation, Health, Owner};
+use oncilla_model::alloc::{AllocRef, Allocation, Health};
 use oncilla_model::node::{NodeState, NodeStatus};
 use oncilla_model::Kind;
 
@@ -64,13 +64,6 @@ impl<L: AgentLink> Master<L> {
         max_extents: usize,
     ) -> (Vec<Allocation>, bool) {
         let st = self.lock();
-        // Attachments indexed once, not a scan of every session per allocation.
-        let mut attached: BTreeMap<u64, Vec<Owner>> = BTreeMap::new();
-        for s in st.sessions.values() {
-            for id in &s.attached {
-                attached.entry(*id).or_default().push(s.who.clone());
-            }
-        }
         let mut page = Vec::new();
         let mut extents: usize = 0;
         for rec in st.allocs.range(after.saturating_add(1)..).map(|(_, r)| r) {
@@ -81,8 +74,7 @@ impl<L: AgentLink> Master<L> {
                 return (page, true);
             }
             extents += n;
-            let who = attached.remove(&rec.alloc.id).unwrap_or_default();
-            page.push(self.render(&st, rec, who));
+            page.push(self.render(&st, rec));
         }
         (page, false)
     }
@@ -100,14 +92,13 @@ impl<L: AgentLink> Master<L> {
     /// An allocation as clients see it: with attachments and health.
     pub(super) fn view(&self, st: &State, id: u64) -> Result<Allocation, CoreError> {
         let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
-        let attached = st.attached_to(id).into_iter().cloned().collect();
-        Ok(self.render(st, rec, attached))
+        Ok(self.render(st, rec))
     }
 
-    /// `rec` with the processes `attached` to it and its health.
-    fn render(&self, st: &State, rec: &Record, attached: Vec<Owner>) -> Allocation {
+    /// `rec` with the processes attached to it and its health.
+    fn render(&self, st: &State, rec: &Record) -> Allocation {
         let mut a = rec.alloc.clone();
-        a.attached = attached;
+        a.attached = st.attached_to(rec.alloc.id).into_iter().cloned().collect();
         let (health, notes) = self.health(st, rec);
         a.health = health;
         a.health_notes = notes;
@@ -188,13 +179,14 @@ impl<L: AgentLink> Master<L> {
     /// room per GPU.
     pub(super) fn candidates(&self, st: &State) -> Vec<Candidate> {
         // Device memory placed so far, per (node, device): counted from the
-        // table each time, so no path that removes an allocation can leave
-        // it wrong.
+        // GPU allocations' records each time (State keeps their ids), so no
+        // path that removes an allocation can leave it wrong, and a table
+        // of host allocations costs nothing here.
         // Extents on a node that restarted since are gone from its device
         // (its new report no longer counts them); reservations in flight
         // are not in the table yet.
         let mut on_gpu: BTreeMap<(&str, u32), u64> = BTreeMap::new();
-        for r in st.allocs.values() {
+        for r in st.gpu_records() {
             for e in &r.alloc.extents {
                 if let (Some(g), false) = (e.gpu, r.lost.contains_key(&e.node)) {
                     *on_gpu.entry((e.node.as_str(), g)).or_default() += e.len;
