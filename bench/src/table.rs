@@ -29,6 +29,9 @@ use crate::BenchError;
 const SIZE: u64 = 4 << 10;
 /// Most allocations a run may hold.
 const MAX_HELD: u64 = 2_000_000;
+/// Untimed alloc/free pairs before each stage's probe (the first on a
+/// new connection pays for setting it up).
+const WARMUP: usize = 3;
 /// Pool room an agent starts with beside its share of the allocations.
 const SPARE: u64 = 64 << 20;
 
@@ -207,14 +210,17 @@ fn measure(
             free_us: Vec::with_capacity(probe),
             rss: 0,
         };
-        for i in 0..probe {
+        for i in 0..WARMUP + probe {
             let spec = AllocSpec::new(SIZE, Kind::RemoteHost).on_nodes([&nodes[i % nodes.len()]]);
             let started = Instant::now();
             let a = ocm.alloc_with(&spec)?;
-            stage.alloc_us.push(started.elapsed().as_secs_f64() * 1e6);
+            let alloc = started.elapsed();
             let started = Instant::now();
             a.free()?;
-            stage.free_us.push(started.elapsed().as_secs_f64() * 1e6);
+            if i >= WARMUP {
+                stage.alloc_us.push(alloc.as_secs_f64() * 1e6);
+                stage.free_us.push(started.elapsed().as_secs_f64() * 1e6);
+            }
         }
         stage.rss = master_rss(pid)?;
         stages.push(stage);

@@ -21,6 +21,9 @@ use super::{AgentLink, Master};
 use crate::error::CoreError;
 use oncilla_model::size::round_up;
 
+/// Held ids a heartbeat's check looks up per hold of the master's lock.
+const HELD_PER_LOCK: usize = 4096;
+
 impl<L: AgentLink> Master<L> {
     /// Adds a node, or takes it back after a restart (its own or the
     /// master's), and reconciles the table with what it reports.
@@ -214,7 +217,7 @@ impl<L: AgentLink> Master<L> {
     /// those the master does not know, to release). Unknown nodes, and
     /// nodes that restarted without registering, must register.
     pub async fn heartbeat(&self, req: Heartbeat) -> HeartbeatReply {
-        let (release, (peers_version, peers)) = {
+        let (peers_version, peers) = {
             let mut st = self.lock();
             let Some(n) = st.nodes.get_mut(&req.name) else {
                 return HeartbeatReply::default();
@@ -230,33 +233,32 @@ impl<L: AgentLink> Master<L> {
             for s in &req.ended_sessions {
                 n.sessions.live.remove(s);
             }
-            let st = &*st;
-            // Freed, or a copy the node holds that was dropped while it
-            // was away (it may have missed writes).
-            let release = req
-                .held
-                .iter()
-                .copied()
-                .filter(|id| {
-                    let refilled_here = st
-                        .refilling
-                        .iter()
-                        .any(|((rid, _), to)| *rid == *id && *to == req.name);
-                    !st.reserving.contains(id)
-                        && !refilled_here
-                        && st.allocs.get(id).is_none_or(|r| {
-                            r.alloc.placement.copies() > 1 && !r.alloc.held_on(&req.name)
-                        })
-                })
-                .collect::<Vec<u64>>();
             // The list travels only to an agent that lacks this version.
-            let peers = if req.peers_version == st.peers.0 {
+            if req.peers_version == st.peers.0 {
                 (st.peers.0, Vec::new())
             } else {
                 st.peers.clone()
-            };
-            (release, peers)
+            }
         };
+        // Freed, or a copy the node holds that was dropped while it was
+        // away (it may have missed writes). Checked a chunk of ids at a
+        // time, the lock taken for each: a node that holds a million
+        // allocations does not stop allocations for the whole list.
+        let mut release = Vec::new();
+        for chunk in req.held.chunks(HELD_PER_LOCK) {
+            let st = self.lock();
+            release.extend(chunk.iter().copied().filter(|&id| {
+                let refilled_here = st
+                    .refilling
+                    .iter()
+                    .any(|((rid, _), to)| *rid == id && *to == req.name);
+                !st.reserving.contains(&id)
+                    && !refilled_here
+                    && st.allocs.get(&id).is_none_or(|r| {
+                        r.alloc.placement.copies() > 1 && !r.alloc.held_on(&req.name)
+                    })
+            }));
+        }
         if !release.is_empty() {
             tracing::info!(node = %req.name, ids = ?release, "node holds allocations the master has freed; releasing them");
         }
