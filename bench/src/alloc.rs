@@ -100,11 +100,7 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
             measure(&t, &sizes, iterations, json)
         }
         None => {
-            if !(1..=15).contains(&args.agents) {
-                return Err(BenchError::Usage(
-                    "--agents must be between 1 and 15".into(),
-                ));
-            }
+            crate::report::within("--agents", args.agents, 1..=15)?;
             let capacity = parse_size(&args.capacity)
                 .map_err(|e| BenchError::Usage(format!("--capacity: {e}")))?;
             // node-0 is the benchmark's own agent: it only serves the session.

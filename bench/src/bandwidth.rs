@@ -44,11 +44,7 @@ pub fn run(args: &PlacementArgs, daemon: &Daemon) -> Result<(), BenchError> {
             "--size must be between 1 byte and 8GiB".into(),
         ));
     }
-    if !(1..=100).contains(&args.repeat) {
-        return Err(BenchError::Usage(
-            "--repeat must be between 1 and 100".into(),
-        ));
-    }
+    crate::report::within("--repeat", args.repeat, 1..=100)?;
     let len = usize::try_from(size).map_err(|_| BenchError::Usage("--size too large".into()))?;
     // Room for the case's allocation plus page rounding on every agent.
     let capacity = size + (64 << 20);

@@ -81,11 +81,7 @@ struct Row {
 /// Bad options, a cluster that does not start, the greedy tenant cannot
 /// be started, data that does not read back.
 pub fn run(args: &FairArgs, daemon: &Daemon) -> Result<(), BenchError> {
-    if !(1..=10_000).contains(&args.iterations) {
-        return Err(BenchError::Usage(
-            "--iterations must be between 1 and 10000".into(),
-        ));
-    }
+    crate::report::within("--iterations", args.iterations, 1..=10_000)?;
     let (iterations, json) = (args.iterations, args.json);
     oncilla_cluster::run(crate::local(daemon, &[CAPACITY, CAPACITY]), move |c| {
         let socket = c.socket(0);

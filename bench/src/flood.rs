@@ -66,16 +66,8 @@ pub fn run(args: &FloodArgs, daemon: &Daemon) -> Result<(), BenchError> {
             "--idle and --drip must be at most {MAX_HOSTILE}"
         )));
     }
-    if !(1..=1000).contains(&args.fresh) {
-        return Err(BenchError::Usage(
-            "--fresh must be between 1 and 1000".into(),
-        ));
-    }
-    if !(1..=10_000).contains(&args.iterations) {
-        return Err(BenchError::Usage(
-            "--iterations must be between 1 and 10000".into(),
-        ));
-    }
+    crate::report::within("--fresh", args.fresh, 1..=1000)?;
+    crate::report::within("--iterations", args.iterations, 1..=10_000)?;
     raise_nofile((args.idle + args.drip) as u64 * 2 + 1024);
     let (idle, drip, iterations, fresh, json) =
         (args.idle, args.drip, args.iterations, args.fresh, args.json);

@@ -63,11 +63,7 @@ pub fn run(args: &GpuArgs, daemon: &Daemon) -> Result<(), BenchError> {
             "--size must be between 1 byte and 8GiB".into(),
         ));
     }
-    if !(1..=100).contains(&args.repeat) {
-        return Err(BenchError::Usage(
-            "--repeat must be between 1 and 100".into(),
-        ));
-    }
+    crate::report::within("--repeat", args.repeat, 1..=100)?;
     let largest = sizes.iter().copied().max().unwrap_or(1 << 20);
     // Two allocations of one kind per agent, plus page rounding.
     let capacity = 2 * largest + (64 << 20);

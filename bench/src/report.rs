@@ -63,6 +63,13 @@ mod tests {
         assert_eq!(pct(&[3.0], 99.0), 3.0);
         assert_eq!(pct(&[], 50.0), 0.0);
     }
+
+    #[test]
+    fn options_outside_their_range_say_which_and_where() {
+        assert_eq!(super::within("--probe", 5usize, 1..=10).unwrap(), 5);
+        let err = super::within("--iterations", 0usize, 1..=10_000).unwrap_err();
+        assert_eq!(err.to_string(), "--iterations must be between 1 and 10000");
+    }
 }
 
 /// What a figure was measured on, printed beside it so figures from
@@ -102,5 +109,26 @@ impl std::fmt::Display for Machine {
             format!("huge pages in the pools of {}", huge.join(", "))
         };
         write!(f, "machine: {} cores; {pages}", self.cores)
+    }
+}
+
+/// `value` of the option `flag` when it lies in `range`, else the usage
+/// error every benchmark gives ("--FLAG must be between A and B").
+///
+/// # Errors
+/// [`BenchError::Usage`] for a value outside `range`.
+pub fn within<T: PartialOrd + std::fmt::Display>(
+    flag: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, BenchError> {
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(BenchError::Usage(format!(
+            "{flag} must be between {} and {}",
+            range.start(),
+            range.end()
+        )))
     }
 }

@@ -97,21 +97,9 @@ pub fn run(args: &TableArgs, daemon: &Daemon) -> Result<(), BenchError> {
             "--held must be at most {MAX_HELD}"
         )));
     }
-    if !(1..=15).contains(&args.agents) {
-        return Err(BenchError::Usage(
-            "--agents must be between 1 and 15".into(),
-        ));
-    }
-    if !(1..=64).contains(&args.sessions) {
-        return Err(BenchError::Usage(
-            "--sessions must be between 1 and 64".into(),
-        ));
-    }
-    if !(1..=100_000).contains(&args.probe) {
-        return Err(BenchError::Usage(
-            "--probe must be between 1 and 100000".into(),
-        ));
-    }
+    crate::report::within("--agents", args.agents, 1..=15)?;
+    crate::report::within("--sessions", args.sessions, 1..=64)?;
+    crate::report::within("--probe", args.probe, 1..=100_000)?;
     // Each agent's share, a quarter more for uneven placement, and spare
     // room; node-0 is the benchmark's own agent.
     let agents = args.agents as u64;
