@@ -24,6 +24,8 @@
 //!   allocation done, with one etcd member and with three.
 //! - `table` ([`table`]): the master's cost per allocation as its table
 //!   fills (allocations/s, alloc/free p50/p99, its CPU and memory).
+//! - `rate` ([`rate`]): allocations per second by clients and batch size
+//!   (`alloc` and `alloc_many`), also against an earlier build's daemons.
 //!
 //! Local clusters come from [`oncilla_cluster`], started with the
 //! [`Daemon`] the caller passes (`ocmctl` re-executes itself). `copy`
@@ -45,6 +47,7 @@ pub mod map;
 pub mod pages;
 pub mod probe;
 pub mod procbench;
+pub mod rate;
 pub mod rawtcp;
 pub mod replicas;
 pub mod report;
@@ -106,6 +109,10 @@ pub enum Bench {
     /// 4 KiB allocations up to each stage; per stage allocations/s while
     /// filling, the master's CPU, alloc and free p50/p99 and its memory.
     Table(table::TableArgs),
+    /// Allocations per second for clients making many small ones, one at a
+    /// time and in batches (`alloc_many`), by number of clients; also
+    /// against the daemons of an earlier build (`--daemons`).
+    Rate(rate::RateArgs),
     /// One of the sessions `bench table` fills with (internal).
     #[command(hide = true)]
     TableFiller(table::FillerArgs),
@@ -135,6 +142,7 @@ pub fn run(bench: &Bench, daemon: &Daemon) -> Result<(), BenchError> {
         Bench::Takeover(args) => takeover::run(args, daemon),
         Bench::Replicas(args) => replicas::run(args, daemon),
         Bench::Table(args) => table::run(args, daemon),
+        Bench::Rate(args) => rate::run(args, daemon),
         Bench::TableFiller(args) => table::filler(args),
     }
 }

@@ -51,6 +51,18 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
+/// The master's CPU time so far (user and kernel).
+pub(crate) fn master_cpu(pid: u32) -> Result<std::time::Duration, BenchError> {
+    oncilla_cluster::procfs::cpu(pid)
+        .ok_or_else(|| BenchError::Failed("cannot read the master's CPU time from /proc".into()))
+}
+
+/// The master's resident memory, in bytes.
+pub(crate) fn master_rss(pid: u32) -> Result<u64, BenchError> {
+    oncilla_cluster::procfs::rss(pid)
+        .ok_or_else(|| BenchError::Failed("cannot read the master's memory from /proc".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Kind, Oncilla, Options};
 use oncilla_cluster::{Daemon, Handle};
+use oncilla_model::alloc::MAX_BATCH;
 use oncilla_ops::Table;
 
-use crate::report::{pct, Machine};
+use crate::report::{master_cpu, master_rss, pct, Machine};
 use crate::BenchError;
 
 /// Each allocation's size: one page, the smallest a table can hold most of.
@@ -53,6 +54,15 @@ pub struct TableArgs {
     /// Alloc/free pairs the probe times at each stage.
     #[arg(long, default_value_t = 100)]
     probe: usize,
+    /// Allocations per filler call (1: `alloc`; more: `alloc_many`, each
+    /// batch on the next node), to reach large tables sooner.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// After the last stage, kill -9 the master and start it again: the
+    /// time until it accepts an allocation and until it lists every
+    /// allocation held again (rebuilt from the agents' reports).
+    #[arg(long)]
+    restart: bool,
 }
 
 /// Options of the filler process (internal).
@@ -62,9 +72,12 @@ pub struct FillerArgs {
     /// The local agent's socket.
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
-    /// Nodes to place on, one allocation on each in turn.
+    /// Nodes to place on, one call on each in turn.
     #[arg(long, value_name = "NAME", required = true)]
     node: Vec<String>,
+    /// Allocations per call.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 /// One stage's figures.
@@ -100,6 +113,7 @@ pub fn run(args: &TableArgs, daemon: &Daemon) -> Result<(), BenchError> {
     crate::report::within("--agents", args.agents, 1..=15)?;
     crate::report::within("--sessions", args.sessions, 1..=64)?;
     crate::report::within("--probe", args.probe, 1..=100_000)?;
+    crate::report::within("--batch", args.batch, 1..=MAX_BATCH as usize)?;
     // Each agent's share, a quarter more for uneven placement, and spare
     // room; node-0 is the benchmark's own agent.
     let agents = args.agents as u64;
@@ -107,13 +121,15 @@ pub fn run(args: &TableArgs, daemon: &Daemon) -> Result<(), BenchError> {
     let capacity = (share + SPARE).div_ceil(1 << 20) << 20;
     let mut capacities = vec![64 << 20];
     capacities.extend(std::iter::repeat_n(capacity, args.agents));
-    let (sessions, probe) = (args.sessions, args.probe);
-    let (machine, stages) = oncilla_cluster::run(crate::local(daemon, &capacities), move |h| {
-        measure(h, &held, sessions, probe)
-    })?;
+    let (sessions, probe, batch) = (args.sessions, args.probe, args.batch);
+    let restart = args.restart;
+    let (machine, stages, restarted) =
+        oncilla_cluster::run(crate::local(daemon, &capacities), move |h| {
+            measure(h, &held, sessions, probe, batch, restart)
+        })?;
     println!("{machine}");
     println!(
-        "{} agents of {} MiB, {sessions} filling sessions, {} B allocations, {probe} probe pairs per stage\n",
+        "{} agents of {} MiB, {sessions} filling sessions (batches of {batch}), {} B allocations, {probe} probe pairs per stage\n",
         args.agents,
         capacity >> 20,
         SIZE
@@ -145,8 +161,34 @@ pub fn run(args: &TableArgs, daemon: &Daemon) -> Result<(), BenchError> {
         ]);
     }
     print!("{}", t.render());
+    match restarted {
+        Some(Ok(r)) => println!(
+            "\nmaster restarted (kill -9) holding {}: an allocation accepted after {:.1} s, all relisted after {:.1} s",
+            r.held,
+            r.accepted.as_secs_f64(),
+            r.relisted.as_secs_f64()
+        ),
+        Some(Err(why)) => println!("\nmaster restarted (kill -9): {why}"),
+        None => {}
+    }
     Ok(())
 }
+
+/// What a run measured: the machine, each stage, and the restart (when
+/// asked: its figures, or why it failed).
+type Measured = (Machine, Vec<Stage>, Option<Result<Restarted, String>>);
+
+/// What a restart of the master cost (`--restart`).
+struct Restarted {
+    held: u64,
+    /// From the kill to the first allocation done.
+    accepted: Duration,
+    /// From the kill to the master listing every allocation held.
+    relisted: Duration,
+}
+
+/// Most time a restarted master may take to list every allocation again.
+const RELIST_LIMIT: Duration = Duration::from_secs(600);
 
 /// Fills the cluster `h` stage by stage and probes each.
 fn measure(
@@ -154,7 +196,9 @@ fn measure(
     held: &[u64],
     sessions: usize,
     probe: usize,
-) -> Result<(Machine, Vec<Stage>), BenchError> {
+    batch: usize,
+    restart: bool,
+) -> Result<Measured, BenchError> {
     let socket = h.socket(0);
     let machine = Machine::of(&h.master()?.nodes()?);
     let pid = h
@@ -163,7 +207,7 @@ fn measure(
     // Remote memory only: node-0 is the sessions' own node.
     let nodes: Vec<String> = (1..h.agents).map(oncilla_cluster::node_name).collect();
     let mut fillers = (0..sessions)
-        .map(|_| Filler::start(&socket, &nodes))
+        .map(|_| Filler::start(&socket, &nodes, batch))
         .collect::<Result<Vec<_>, _>>()?;
     let ocm = Oncilla::connect_with(Options::without_token(socket.clone()))?;
     let mut stages = Vec::new();
@@ -213,9 +257,54 @@ fn measure(
         stage.rss = master_rss(pid)?;
         stages.push(stage);
     }
+    let restarted = restart.then(|| {
+        eprintln!("restarting the master holding {now} ...");
+        restart_master(h, &ocm, now).map_err(|e| e.to_string())
+    });
     // The fillers exit without freeing; the cluster goes with them.
     drop(fillers);
-    Ok((machine, stages))
+    Ok((machine, stages, restarted))
+}
+
+/// Kills the master, starts it again and times it back to work: the
+/// first allocation placed where it chooses (the client waits through its
+/// recovery window; agents may still be registering), then every one of
+/// `held` listed (polled, at most [`RELIST_LIMIT`]).
+fn restart_master(h: &Handle, ocm: &Oncilla, held: u64) -> Result<Restarted, BenchError> {
+    h.kill_master();
+    let killed = Instant::now();
+    h.start_master()?;
+    // Refused while the master is not listening yet: asked again.
+    let a = loop {
+        match ocm.alloc(SIZE, Kind::RemoteHost) {
+            Ok(a) => break a,
+            Err(e) if killed.elapsed() > RELIST_LIMIT => return Err(e.into()),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let accepted = killed.elapsed();
+    a.free()?;
+    let master = h.master()?;
+    loop {
+        // Counted page by page; errors while it is still starting are
+        // waited out like a short count.
+        let listed = master.allocation_count().unwrap_or(0) as u64;
+        if listed >= held {
+            break;
+        }
+        if killed.elapsed() > RELIST_LIMIT {
+            return Err(BenchError::Failed(format!(
+                "the restarted master listed {listed} of {held} allocations after {} s",
+                RELIST_LIMIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(Restarted {
+        held,
+        accepted,
+        relisted: killed.elapsed(),
+    })
 }
 
 /// A filler process and its pipes.
@@ -226,7 +315,7 @@ struct Filler {
 }
 
 impl Filler {
-    fn start(socket: &std::path::Path, nodes: &[String]) -> Result<Self, BenchError> {
+    fn start(socket: &std::path::Path, nodes: &[String], batch: usize) -> Result<Self, BenchError> {
         let exe = std::env::current_exe().map_err(|e| {
             BenchError::Failed(format!("cannot find this program to start a filler: {e}"))
         })?;
@@ -234,6 +323,7 @@ impl Filler {
             .args(["bench", "table-filler", "--socket"])
             .arg(socket)
             .args(nodes.iter().flat_map(|n| ["--node", n]))
+            .arg(format!("--batch={batch}"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -302,13 +392,20 @@ pub fn filler(args: &FillerArgs) -> Result<(), BenchError> {
         let answer = match n {
             Ok(n) => {
                 let mut failed = None;
-                for spec in next.by_ref().take(usize::try_from(n).unwrap_or(usize::MAX)) {
-                    match ocm.alloc_with(spec) {
-                        Ok(a) => kept.push(a),
-                        Err(e) => {
-                            failed = Some(e.to_string().replace('\n', " "));
-                            break;
+                let mut left = usize::try_from(n).unwrap_or(usize::MAX);
+                while left > 0 && failed.is_none() {
+                    let (spec, k) = (next.next(), args.batch.clamp(1, left));
+                    let made = match spec {
+                        Some(spec) if k == 1 => ocm.alloc_with(spec).map(|a| vec![a]),
+                        Some(spec) => ocm.alloc_many(spec, k),
+                        None => break,
+                    };
+                    match made {
+                        Ok(mut v) => {
+                            left -= v.len();
+                            kept.append(&mut v);
                         }
+                        Err(e) => failed = Some(e.to_string().replace('\n', " ")),
                     }
                 }
                 failed.unwrap_or_else(|| "done".into())
@@ -325,16 +422,4 @@ pub fn filler(args: &FillerArgs) -> Result<(), BenchError> {
     // Without freeing one by one: the session's end frees them all.
     let _ = out.flush();
     std::process::exit(0);
-}
-
-/// The master's CPU time so far (user and kernel).
-fn master_cpu(pid: u32) -> Result<Duration, BenchError> {
-    oncilla_cluster::procfs::cpu(pid)
-        .ok_or_else(|| BenchError::Failed("cannot read the master's CPU time from /proc".into()))
-}
-
-/// The master's resident memory, in bytes.
-fn master_rss(pid: u32) -> Result<u64, BenchError> {
-    oncilla_cluster::procfs::rss(pid)
-        .ok_or_else(|| BenchError::Failed("cannot read the master's memory from /proc".into()))
 }

@@ -160,6 +160,19 @@ struct ocm_params_t ocm_params_default(uint64_t size, int kind);
 // strings are NUL-terminated, all readable for the call.
 ocm_alloc_t ocm_alloc_ex(const struct ocm_params_t *params);
 
+// `count` allocations as `params` describes them (neither named nor
+// persistent), made together: one call to the master, all or none. On
+// success `out[0..count]` holds their handles, each freed on its own
+// with `ocm_free`; on failure `out` is left as it was. `count` is 1 to
+// 1,024; otherwise, or for a named or persistent `params`, or a NULL or
+// misaligned `out`, `OCM_E_INVALID`. `params` is checked as
+// `ocm_alloc_ex` checks it.
+//
+// # Safety
+// `params` as for `ocm_alloc_ex`; `out` is NULL, misaligned, or has room
+// for `count` handles, writable for the call.
+int ocm_alloc_many(const struct ocm_params_t *params, size_t count, ocm_alloc_t *out);
+
 // The named allocation `name`, made by any process on any node. NULL on
 // failure.
 //

@@ -336,57 +336,115 @@ pub extern "C" fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
 #[no_mangle]
 pub unsafe extern "C" fn ocm_alloc_ex(params: *const ocm_params_t) -> ocm_alloc_t {
     guard(std::ptr::null_mut(), || {
-        aligned(params, "params")?;
-        // SAFETY: not NULL and aligned (checked), and readable per the caller.
-        let p = unsafe { &*params };
-        let mut spec = AllocSpec::new(p.size, kind_from(p.kind)?);
-        spec = spec.policy(policy_from(p.policy)?);
-        let persistent = flag(p.persistent, "persistent")?;
-        let fabric = fabric_from(p.fabric)?;
-        if p.n_nodes > OCM_MAX_NODES {
-            return Err(invalid(format!(
-                "n_nodes {} is more than {OCM_MAX_NODES}",
-                p.n_nodes
-            )));
-        }
-        if p.n_nodes > 0 {
-            aligned(p.nodes, "nodes")?;
-            if !p.weights.is_null() {
-                aligned(p.weights, "weights")?;
-            }
-            let mut named = Vec::with_capacity(p.n_nodes);
-            for i in 0..p.n_nodes {
-                // SAFETY: `nodes` is aligned (checked) and holds `n_nodes`
-                // entries per the caller.
-                let node = unsafe { text(*p.nodes.add(i), "a node name")? };
-                let weight = if p.weights.is_null() {
-                    1
-                } else {
-                    // SAFETY: `weights` is aligned (checked) and holds
-                    // `n_nodes` entries per the caller.
-                    unsafe { *p.weights.add(i) }
-                };
-                named.push((node.to_string(), weight));
-            }
-            spec = spec.on_weighted_nodes(named);
-        }
-        if p.stripe > 0 {
-            spec = spec.stripe(p.stripe);
-        }
-        if !p.name.is_null() {
-            // SAFETY: NUL-terminated per the caller.
-            spec = spec.named(unsafe { text(p.name, "name")? });
-        }
-        if persistent {
-            spec = spec.persistent();
-        }
-        spec = spec.fabric(fabric);
-        if p.gpu >= 0 {
-            spec = spec.gpu(p.gpu.unsigned_abs());
-        }
-        spec = spec.replicas(p.replicas);
+        // SAFETY: as the caller promises.
+        let spec = unsafe { spec_from(params)? };
         file(session()?.alloc_with(&spec)?)
     })
+}
+
+/// `count` allocations as `params` describes them (neither named nor
+/// persistent), made together: one call to the master, all or none. On
+/// success `out[0..count]` holds their handles, each freed on its own
+/// with `ocm_free`; on failure `out` is left as it was. `count` is 1 to
+/// 1,024; otherwise, or for a named or persistent `params`, or a NULL or
+/// misaligned `out`, `OCM_E_INVALID`. `params` is checked as
+/// `ocm_alloc_ex` checks it.
+///
+/// # Safety
+/// `params` as for `ocm_alloc_ex`; `out` is NULL, misaligned, or has room
+/// for `count` handles, writable for the call.
+#[no_mangle]
+pub unsafe extern "C" fn ocm_alloc_many(
+    params: *const ocm_params_t,
+    count: usize,
+    out: *mut ocm_alloc_t,
+) -> c_int {
+    status(|| {
+        // SAFETY: as the caller promises.
+        let spec = unsafe { spec_from(params)? };
+        aligned(out.cast_const(), "out")?;
+        let made = session()?.alloc_many(&spec, count)?;
+        let mut handles = Vec::with_capacity(made.len());
+        for a in made {
+            match file(a) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // Only when the context went away meanwhile (a
+                    // concurrent `ocm_tini`): give back what was filed.
+                    let _ = with_context(|c| {
+                        for h in &handles {
+                            c.allocs.remove(&(*h as usize));
+                        }
+                        Ok(())
+                    });
+                    return Err(e);
+                }
+            }
+        }
+        for (i, h) in handles.into_iter().enumerate() {
+            // SAFETY: `out` is aligned (checked) and has room for `count`
+            // handles per the caller; `alloc_many` made exactly `count`.
+            unsafe { *out.add(i) = h };
+        }
+        Ok(())
+    })
+}
+
+/// The spec `params` describes, checked.
+///
+/// # Safety
+/// As for `ocm_alloc_ex`'s `params`.
+unsafe fn spec_from(params: *const ocm_params_t) -> Result<AllocSpec, Fail> {
+    aligned(params, "params")?;
+    // SAFETY: not NULL and aligned (checked), and readable per the caller.
+    let p = unsafe { &*params };
+    let mut spec = AllocSpec::new(p.size, kind_from(p.kind)?);
+    spec = spec.policy(policy_from(p.policy)?);
+    let persistent = flag(p.persistent, "persistent")?;
+    let fabric = fabric_from(p.fabric)?;
+    if p.n_nodes > OCM_MAX_NODES {
+        return Err(invalid(format!(
+            "n_nodes {} is more than {OCM_MAX_NODES}",
+            p.n_nodes
+        )));
+    }
+    if p.n_nodes > 0 {
+        aligned(p.nodes, "nodes")?;
+        if !p.weights.is_null() {
+            aligned(p.weights, "weights")?;
+        }
+        let mut named = Vec::with_capacity(p.n_nodes);
+        for i in 0..p.n_nodes {
+            // SAFETY: `nodes` is aligned (checked) and holds `n_nodes`
+            // entries per the caller.
+            let node = unsafe { text(*p.nodes.add(i), "a node name")? };
+            let weight = if p.weights.is_null() {
+                1
+            } else {
+                // SAFETY: `weights` is aligned (checked) and holds
+                // `n_nodes` entries per the caller.
+                unsafe { *p.weights.add(i) }
+            };
+            named.push((node.to_string(), weight));
+        }
+        spec = spec.on_weighted_nodes(named);
+    }
+    if p.stripe > 0 {
+        spec = spec.stripe(p.stripe);
+    }
+    if !p.name.is_null() {
+        // SAFETY: NUL-terminated per the caller.
+        spec = spec.named(unsafe { text(p.name, "name")? });
+    }
+    if persistent {
+        spec = spec.persistent();
+    }
+    spec = spec.fabric(fabric);
+    if p.gpu >= 0 {
+        spec = spec.gpu(p.gpu.unsigned_abs());
+    }
+    spec = spec.replicas(p.replicas);
+    Ok(spec)
 }
 
 /// The named allocation `name`, made by any process on any node. NULL on

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use oncilla_model::alloc::{AllocRef, Allocation as Record};
+use oncilla_model::alloc::{AllocRef, Allocation as Record, Invalid, MAX_BATCH};
 use oncilla_net::credential::{AttachCredential, Credential, Renewable};
 use oncilla_net::tls::ClientTls;
 use oncilla_proto::calls::{self, CallError};
@@ -159,6 +159,20 @@ impl Client {
     pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<Record> {
         let spec = spec.to_model(self.fabric)?;
         self.call(|s| s.alloc(&self.session_id, &spec))
+    }
+
+    /// Asks for `count` allocations as `spec` says, made together (all or
+    /// none; the spec must be neither named nor persistent).
+    pub(crate) fn alloc_many(&self, spec: &AllocSpec, count: usize) -> Result<Vec<Record>> {
+        let n = u32::try_from(count)
+            .ok()
+            .filter(|n| (1..=MAX_BATCH).contains(n))
+            .ok_or_else(|| Error::InvalidArgument(Invalid::BatchCount(count as u64).to_string()))?;
+        let spec = spec.to_model(self.fabric)?;
+        if spec.persistent || !spec.name.is_empty() {
+            return Err(Error::InvalidArgument(Invalid::BatchPersistent.to_string()));
+        }
+        self.call(|s| s.alloc_many(&self.session_id, &spec, n))
     }
 
     /// Attaches a persistent allocation by id or name.

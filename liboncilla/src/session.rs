@@ -83,6 +83,41 @@ impl Oncilla {
         Allocation::open(&self.client, record, fabric)
     }
 
+    /// Makes `count` allocations as `spec` says, together: one call to the
+    /// master, which places them all in one step and reserves them with
+    /// one call per agent, so many small allocations cost a fraction of
+    /// `count` calls to [`Oncilla::alloc_with`]. All or none: on an error
+    /// nothing is left allocated. Each handle is then an allocation of its
+    /// own (freed on drop, copied to and from alone).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `count` outside 1 to
+    /// [`MAX_BATCH`](oncilla_model::alloc::MAX_BATCH), a named or
+    /// persistent spec (those are made one at a time), or when the
+    /// batch's extents together would not fit one message; otherwise as
+    /// [`Oncilla::alloc_with`].
+    pub fn alloc_many(&self, spec: &AllocSpec, count: usize) -> Result<Vec<Allocation>> {
+        let records = self.client.alloc_many(spec, count)?;
+        let fabric = spec.fabric.unwrap_or(self.client.fabric);
+        let mut made = Vec::with_capacity(records.len());
+        let mut records = records.into_iter();
+        while let Some(record) = records.next() {
+            match Allocation::open(&self.client, record, fabric) {
+                Ok(a) => made.push(a),
+                Err(e) => {
+                    // The handles made so far free theirs as they drop;
+                    // the rest are freed here (a failure to free is the
+                    // session's to clean up when it ends).
+                    for r in records {
+                        let _ = self.client.free_id(r.id, false);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+
     /// Attaches the persistent allocation called `name`, made by any
     /// process on any node. Dropping the handle detaches; the allocation
     /// stays until freed.

@@ -33,6 +33,9 @@ pub const MAX_ID: u64 = (1 << 53) - 1;
 pub const MAX_EXTENTS: usize = 1 << 16;
 /// Most copies of an allocation's bytes (`Placement::replicas`).
 pub const MAX_REPLICAS: u32 = 3;
+/// Most allocations one batch makes (`alloc_many`), and most reservations
+/// one call to an agent carries.
+pub const MAX_BATCH: u32 = 1024;
 
 /// A request the model refuses, said so a person can fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +56,12 @@ pub enum Invalid {
     Id(u64),
     #[error("{0} extents; an allocation has at most {MAX_EXTENTS} (use a larger stripe)")]
     Extents(usize),
+    #[error("{0} extents in one batch; a batch's allocations have at most {MAX_EXTENTS} together (ask for fewer at once, or a larger stripe)")]
+    BatchExtents(usize),
+    #[error("a batch makes 1 to {MAX_BATCH} allocations, not {0}")]
+    BatchCount(u64),
+    #[error("a batch makes a session's own allocations: named and persistent ones are made one at a time")]
+    BatchPersistent,
     #[error("memory kind not given (local or remote host, local or remote GPU)")]
     NoKind,
     #[error("local GPU memory lives in the asking process and ends with it: it cannot be named or persistent, and only a session can ask for it (use remote-gpu)")]

@@ -3,7 +3,7 @@
 //! an allocation's ranges on an agent. Transports carry these; they never
 //! reach the core as wire messages.
 
-use crate::alloc::{AllocSpec, Allocation, Invalid, Owner, RdmaRegion};
+use crate::alloc::{AllocSpec, Allocation, Invalid, Owner, RdmaRegion, MAX_BATCH};
 use crate::node::{NodeInfo, PoolUsage};
 use crate::{Fabric, Kind};
 
@@ -31,6 +31,9 @@ pub struct Registration {
     /// registration cut into several: the master never hands out an id a
     /// part still on its way reports.
     pub max_held_id: u64,
+    /// More parts of this registration follow: the master settles the
+    /// node's accounting and its ended sessions at the last part.
+    pub more: bool,
 }
 
 /// The master's answer to a registration.
@@ -57,6 +60,8 @@ pub struct Heartbeat {
     /// `None`: unchanged since the last report.
     pub pool: Option<PoolUsage>,
     pub incarnation: u64,
+    /// Every id the agent holds, now and then; otherwise those it
+    /// reserved since its last heartbeat went through.
     pub held: Vec<u64>,
     pub ended_sessions: Vec<String>,
     /// The version of the peer list the agent holds.
@@ -73,6 +78,9 @@ pub struct HeartbeatReply {
     /// from the agent's (empty otherwise).
     pub peers: Vec<String>,
     pub peers_version: u64,
+    /// The next heartbeat should list every id held (the master has not
+    /// heard the node for a while: copies may have been dropped meanwhile).
+    pub want_full: bool,
 }
 
 /// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.
@@ -167,5 +175,34 @@ impl AllocateRequest {
     /// an operator makes do.
     pub fn persistent(&self) -> bool {
         self.spec.persistent || !self.spec.name.is_empty() || self.requester.is_none()
+    }
+}
+
+/// `count` allocations of one spec for one session, made together: placed
+/// in one hold of the master's lock, reserved in one call per agent, and
+/// recorded all or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocateBatch {
+    pub request: AllocateRequest,
+    pub count: u32,
+}
+
+impl AllocateBatch {
+    /// A checked batch.
+    ///
+    /// # Errors
+    /// [`Invalid::BatchCount`] outside 1 to [`MAX_BATCH`];
+    /// [`Invalid::BatchPersistent`] for a named or persistent spec, or a
+    /// request from outside a session (such allocations outlive their
+    /// caller, so one lost answer would leave a batch nobody holds).
+    pub fn new(request: AllocateRequest, count: u64) -> Result<Self, Invalid> {
+        let count = u32::try_from(count)
+            .ok()
+            .filter(|c| (1..=MAX_BATCH).contains(c))
+            .ok_or(Invalid::BatchCount(count))?;
+        if request.persistent() {
+            return Err(Invalid::BatchPersistent);
+        }
+        Ok(Self { request, count })
     }
 }

@@ -205,12 +205,29 @@ impl Master {
     /// A call fails, or the master answers pages out of order.
     pub fn allocations(&self) -> Result<Vec<Allocation>, MasterError> {
         let mut all: Vec<Allocation> = Vec::new();
+        self.pages(|page| all.extend(page))?;
+        Ok(all)
+    }
+
+    /// How many allocations the table holds, counted page by page without
+    /// keeping them.
+    ///
+    /// # Errors
+    /// As [`Master::allocations`].
+    pub fn allocation_count(&self) -> Result<usize, MasterError> {
+        let mut n = 0;
+        self.pages(|page| n += page.len())?;
+        Ok(n)
+    }
+
+    /// Hands every page of the table to `each`, in id order.
+    fn pages(&self, mut each: impl FnMut(Vec<Allocation>)) -> Result<(), MasterError> {
         let mut after = 0;
         loop {
             let page = self.call(|m| async move { m.list_allocations(after).await })?;
-            all.extend(page.allocations);
+            each(page.allocations);
             match page.next_after {
-                0 => return Ok(all),
+                0 => return Ok(()),
                 // Ids only grow, so this ends after at most one call per id.
                 next if next > after => after = next,
                 next => return Err(MasterError::Paging { after, next }),

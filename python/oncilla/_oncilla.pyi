@@ -100,6 +100,24 @@ class Session:
         over ``fabric`` (``"auto"``, ``"tcp"``, ``"shm"``, ``"verbs"``), kept
         in ``replicas`` copies (1 to 3) on different nodes: reads survive the
         loss of a copy."""
+    def alloc_many(
+        self,
+        size: int,
+        count: int,
+        kind: Union[Kind, str, None] = None,
+        *,
+        policy: Union[Policy, str, None] = None,
+        nodes: Optional[Sequence[str]] = None,
+        weights: Optional[Sequence[int]] = None,
+        stripe: Optional[int] = None,
+        gpu: Optional[int] = None,
+        fabric: Optional[str] = None,
+        replicas: Optional[int] = None,
+    ) -> List[Allocation]:
+        """Makes ``count`` (1 to 1,024) allocations of ``size`` bytes of
+        ``kind`` together: one call to the master, all or none. Each is an
+        allocation of its own, placed and reached as ``alloc`` says; none is
+        named or persistent (those are made one at a time)."""
     def attach(self, alloc: Union[str, int]) -> Allocation:
         """Attaches a persistent allocation by name or id."""
     def copy(self, dst: Allocation, dst_offset: int, src: Allocation, src_offset: int, n: int) -> None:

@@ -111,6 +111,56 @@ impl Session {
         Ok(Allocation::new(self.inner.clone(), inner))
     }
 
+    /// Makes `count` allocations of `size` bytes of `kind` together (one
+    /// call to the master, all or none), placed and reached as `alloc`
+    /// says; returns their handles in a list. Neither named nor
+    /// persistent: those are made one at a time. `count` is 1 to 1,024.
+    #[pyo3(signature = (size, count, kind=None, *, policy=None, nodes=None, weights=None, stripe=None, gpu=None, fabric=None, replicas=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn alloc_many(
+        &self,
+        py: Python<'_>,
+        size: u64,
+        count: usize,
+        kind: Option<Bound<'_, PyAny>>,
+        policy: Option<Bound<'_, PyAny>>,
+        nodes: Option<Vec<String>>,
+        weights: Option<Vec<u32>>,
+        stripe: Option<u64>,
+        gpu: Option<u32>,
+        fabric: Option<String>,
+        replicas: Option<u32>,
+    ) -> PyResult<Vec<Allocation>> {
+        let kind = match &kind {
+            Some(k) => spec::kind(k)?,
+            None => liboncilla::Kind::RemoteHost,
+        };
+        let spec = spec::alloc_spec(
+            size,
+            kind,
+            Placement {
+                policy,
+                nodes,
+                weights,
+                stripe,
+                name: None,
+                persistent: false,
+                shared: false,
+                gpu,
+                fabric,
+                replicas,
+            },
+        )?;
+        let session = self.inner.clone();
+        let made = py
+            .allow_threads(move || session.alloc_many(&spec, count))
+            .map_err(to_py)?;
+        Ok(made
+            .into_iter()
+            .map(|a| Allocation::new(self.inner.clone(), a))
+            .collect())
+    }
+
     /// Attaches a persistent allocation by name (`str`) or id (`int`).
     fn attach(&self, py: Python<'_>, alloc: &Bound<'_, PyAny>) -> PyResult<Allocation> {
         let session = self.inner.clone();

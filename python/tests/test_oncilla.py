@@ -347,6 +347,27 @@ def test_errors_are_typed(ocm, cluster):
         oncilla.connect(socket="/nonexistent/oncilla.sock")
 
 
+def test_alloc_many_makes_distinct_allocations_all_or_none(ocm, cluster):
+    before = allocation_ids(cluster)
+    made = ocm.alloc_many(4096, 64, nodes=["node-1"])
+    assert len(made) == 64
+    assert len({a.id for a in made}) == 64
+    assert {a.id for a in made} <= allocation_ids(cluster)
+    for i, a in enumerate(made):
+        a.copy_in(0, pattern(4096, i))
+    for i, a in enumerate(made):
+        assert a.copy_out(0, 4096) == pattern(4096, i)
+    # Refused whole, nothing made.
+    with pytest.raises(oncilla.CapacityExhausted):
+        ocm.alloc_many(1 << 40, 2)
+    for count in (0, 1025):
+        with pytest.raises(oncilla.InvalidArgument):
+            ocm.alloc_many(4096, count)
+    for a in made:
+        a.free()
+    assert allocation_ids(cluster) == before
+
+
 def show_json(cluster, ident: int) -> dict:
     """`ocmctl show ID --json` against the suite's cluster."""
     env = {**os.environ, **{k: v for k, v in cluster.items() if v is not None}}

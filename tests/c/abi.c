@@ -150,6 +150,39 @@ static int basic(void) {
   CHECK(strcmp(ocm_strerror(99), "unknown status code") == 0, "strerror of unknown");
   printf("ok bad input: NULL/forged handles, NULL buffers, bounds, kinds, policies, fabrics, flags, names, size\n");
 
+  {
+    /* A batch: 64 handles, each its own allocation, all or none. */
+    enum { BATCH = 64 };
+    ocm_alloc_t many[BATCH] = {0};
+    ocm_params_t p = ocm_params_default(4096, OCM_REMOTE_HOST);
+    CHECK(ocm_alloc_many(&p, BATCH, many) == OCM_OK, "ocm_alloc_many: %s", ocm_last_error_message());
+    for (int i = 0; i < BATCH; i++) {
+      CHECK(many[i] != NULL && ocm_remote_sz(many[i]) == 4096, "batch handle %d", i);
+      for (int j = 0; j < i; j++) CHECK(many[i] != many[j], "batch handles %d and %d differ", j, i);
+      fill(data, 4096, (unsigned)i);
+      CHECK(ocm_copy_in(many[i], 0, data, 4096) == OCM_OK, "batch write %d", i);
+    }
+    for (int i = 0; i < BATCH; i++) {
+      fill(data, 4096, (unsigned)i);
+      CHECK(ocm_copy_out(many[i], 0, back, 4096) == OCM_OK, "batch read %d", i);
+      CHECK(memcmp(back, data, 4096) == 0, "batch allocation %d kept its bytes", i);
+    }
+    ocm_alloc_t untouched[2] = {(ocm_alloc_t)0x11, (ocm_alloc_t)0x22};
+    CHECK(ocm_alloc_many(&p, 0, untouched) == OCM_E_INVALID, "count 0");
+    CHECK(ocm_alloc_many(&p, 1025, untouched) == OCM_E_INVALID, "count 1025");
+    CHECK(ocm_alloc_many(&p, 2, NULL) == OCM_E_INVALID, "NULL out");
+    CHECK(ocm_alloc_many(NULL, 2, untouched) == OCM_E_INVALID, "NULL params");
+    ocm_params_t named = p;
+    named.name = "batch";
+    CHECK(ocm_alloc_many(&named, 2, untouched) == OCM_E_INVALID, "a named batch");
+    ocm_params_t huge = ocm_params_default(1ull << 40, OCM_REMOTE_HOST);
+    CHECK(ocm_alloc_many(&huge, 2, untouched) == OCM_E_NO_MEMORY, "a batch past the cluster");
+    CHECK(untouched[0] == (ocm_alloc_t)0x11 && untouched[1] == (ocm_alloc_t)0x22,
+          "a refused batch leaves out as it was");
+    for (int i = 0; i < BATCH; i++) CHECK(ocm_free(many[i]) == OCM_OK, "free batch %d", i);
+    printf("ok batch: 64 distinct allocations in one call, refusals leave nothing\n");
+  }
+
   for (int i = 0; i < n; i++) CHECK(ocm_free(allocs[i]) == OCM_OK, "free");
   CHECK(ocm_copy_in(allocs[0], 0, data, 1) == OCM_E_BAD_HANDLE, "freed handle");
   CHECK(ocm_free(allocs[0]) == OCM_E_BAD_HANDLE, "double free");

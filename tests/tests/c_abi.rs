@@ -150,6 +150,7 @@ fn c_programs_use_every_call_of_the_abi() {
         assert!(text.contains(&format!("ok {kind}:")), "{text}");
     }
     assert!(text.contains("ok bad input"), "{text}");
+    assert!(text.contains("ok batch"), "{text}");
     assert!(text.contains("ok free"), "{text}");
 
     let out = run(&c, &exe, &["map"]);

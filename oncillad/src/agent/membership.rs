@@ -1,10 +1,12 @@
 //! Keeps this agent a member of the cluster: registers with the master
 //! (reporting everything it holds and every open session, so a restarted
 //! master can rebuild its table), heartbeats with its pool usage, the ids
-//! it holds and the sessions that ended, and registers again whenever the
-//! master has forgotten it. Runs for the life of the daemon; never gives up
-//! on the master and never decides anything itself: it only applies the
-//! releases the master asks for.
+//! it holds (all of them while they are few, else those reserved since the
+//! last heartbeat and all of them every [`FULL_EVERY`] heartbeats: see
+//! [`HeldReport`]) and the sessions that ended, and registers again
+//! whenever the master has forgotten it. Runs for the life of the daemon;
+//! never gives up on the master and never decides anything itself: it only
+//! applies the releases the master asks for.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +34,44 @@ pub trait MasterPort: Send + Sync + 'static {
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 
+/// An agent holding many allocations lists all of them every this many
+/// heartbeats (and when the master asks, or a heartbeat failed): a stray
+/// the master must release is found within this many intervals.
+pub const FULL_EVERY: u64 = 16;
+
+/// Which held ids the next heartbeat carries. Every id is checked against
+/// the master's table under its lock, so a million held would cost the
+/// master a million lookups per interval: while an agent holds at most
+/// [`fresh::MAX_FRESH`](super::fresh::MAX_FRESH) it lists them all, else
+/// only those reserved since the last heartbeat that went through, and all
+/// of them now and then.
+#[derive(Debug, Default)]
+pub struct HeldReport {
+    beats: u64,
+    full_next: bool,
+}
+
+impl HeldReport {
+    /// The ids for the next heartbeat.
+    fn ids(&mut self, agent: &Agent) -> Vec<u64> {
+        let fresh = agent.take_fresh();
+        let full = std::mem::take(&mut self.full_next)
+            || self.beats.is_multiple_of(FULL_EVERY)
+            || agent.allocations() <= super::fresh::MAX_FRESH;
+        self.beats += 1;
+        match fresh {
+            Some(ids) if !full => ids,
+            _ => agent.held_ids(),
+        }
+    }
+
+    /// After a heartbeat: one that failed (its fresh ids may not have
+    /// been seen) or a master that asks makes the next one full.
+    fn answered(&mut self, went_through: bool, want_full: bool) {
+        self.full_next |= !went_through || want_full;
+    }
+}
+
 /// Next retry delay: doubles from [`RETRY_MIN`] up to `max` (the heartbeat
 /// interval, so a master that comes back hears from every agent within
 /// one interval).
@@ -50,13 +90,14 @@ pub async fn run(
     let mut registered = false;
     let mut retry = RETRY_MIN;
     let mut reachable = true;
+    let mut report = HeldReport::default();
     loop {
         if registered && agent.take_info_changed() {
             tracing::info!("node information changed (an RDMA port went away); registering again");
             registered = false;
         }
         let outcome = if registered {
-            heartbeat(&agent, &master).await.map(|known| {
+            heartbeat(&agent, &master, &mut report).await.map(|known| {
                 if !known {
                     tracing::info!("master does not know this node; registering again");
                     registered = false;
@@ -124,18 +165,24 @@ async fn register(agent: &Agent, master: &impl MasterPort) -> Result<Duration, L
     Ok(interval)
 }
 
-async fn heartbeat(agent: &Agent, master: &impl MasterPort) -> Result<bool, LinkError> {
+async fn heartbeat(
+    agent: &Agent,
+    master: &impl MasterPort,
+    report: &mut HeldReport,
+) -> Result<bool, LinkError> {
     let ended = agent.ended_sessions();
     let reply = master
         .heartbeat(Heartbeat {
             name: agent.node().name.clone(),
             pool: Some(agent.usage()),
             incarnation: agent.incarnation(),
-            held: agent.held_ids(),
+            held: report.ids(agent),
             ended_sessions: ended.clone(),
             peers_version: agent.peers().version(),
         })
-        .await?;
+        .await;
+    report.answered(reply.is_ok(), reply.as_ref().is_ok_and(|r| r.want_full));
+    let reply = reply?;
     if reply.known {
         agent.ack_ended(&ended);
         agent.release_all(&reply.release);
@@ -150,6 +197,56 @@ async fn heartbeat(agent: &Agent, master: &impl MasterPort) -> Result<bool, Link
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::fresh::MAX_FRESH;
+    use crate::agent::tests::{agent_of, rec, res};
+    use oncilla_model::alloc::KEY_LEN;
+    use oncilla_model::Fabric;
+
+    /// Few held: every heartbeat lists them all. Many: those reserved
+    /// since the last heartbeat, and all of them every FULL_EVERY beats,
+    /// after a failed heartbeat and when the master asks.
+    #[test]
+    fn heartbeats_list_what_changed_and_everything_now_and_then() {
+        let many = MAX_FRESH as u64 + 4;
+        let a = agent_of(many + 8);
+        let take = |a: &Agent, id: u64| {
+            a.reserve(res(id, &[1; KEY_LEN], &[(0, 4096)], rec(), Fabric::Auto))
+                .unwrap();
+        };
+        let mut report = HeldReport::default();
+        take(&a, 1);
+        assert_eq!(report.ids(&a), [1], "the first lists everything");
+        take(&a, 2);
+        assert_eq!(report.ids(&a).len(), 2, "few: always everything");
+        for id in 3..=many {
+            take(&a, id);
+        }
+        report.answered(true, false);
+        assert_eq!(
+            report.ids(&a).len() as u64,
+            many,
+            "more than fit the fresh list"
+        );
+        take(&a, many + 1);
+        take(&a, many + 2);
+        report.answered(true, false);
+        assert_eq!(report.ids(&a), [many + 1, many + 2], "only what is new");
+        report.answered(true, false);
+        assert!(report.ids(&a).is_empty(), "nothing new");
+        report.answered(false, false);
+        assert_eq!(report.ids(&a).len() as u64, many + 2, "after a failure");
+        report.answered(true, true);
+        assert_eq!(report.ids(&a).len() as u64, many + 2, "the master asked");
+        for _ in report.beats..FULL_EVERY {
+            report.answered(true, false);
+            assert!(report.ids(&a).is_empty());
+        }
+        assert_eq!(
+            report.ids(&a).len() as u64,
+            many + 2,
+            "every FULL_EVERY beats"
+        );
+    }
 
     #[test]
     fn backoff_doubles_and_caps_at_the_interval() {

@@ -9,6 +9,7 @@
 //! itself (the `grpc` module calls in).
 
 pub mod cpu;
+mod fresh;
 pub mod membership;
 mod sessions;
 
@@ -64,6 +65,8 @@ pub struct Agent {
     credential_lifetime: std::time::Duration,
     /// Sessions that ended here: refused at once by this node's listeners.
     ended_here: Arc<crate::listen::ended::Ended>,
+    /// Ids reserved since the last heartbeat went through.
+    fresh: fresh::Fresh,
 }
 
 impl Agent {
@@ -92,6 +95,7 @@ impl Agent {
             term: AtomicU64::new(0),
             info_changed: AtomicBool::new(false),
             peers: Arc::default(),
+            fresh: fresh::Fresh::default(),
         }
     }
 
@@ -290,8 +294,40 @@ impl Agent {
         for port in self.rdma.removed_ports() {
             forget_port(&held, port);
         }
+        self.fresh.note(alloc_id);
         tracing::debug!(alloc_id, ranges = ranges.len(), total, ?gpu, "reserved");
         Ok(pieces)
+    }
+
+    /// Reserves a batch, all or none: when one reservation fails, the
+    /// allocations the batch brought here are released again (one that
+    /// was held before the batch is left to the master's rollback, which
+    /// releases every allocation of a failed batch anyway).
+    ///
+    /// # Errors
+    /// As [`Agent::reserve`], for the first reservation that fails.
+    pub fn reserve_many(&self, batch: Vec<Reservation>) -> Result<Vec<Vec<Piece>>, CoreError> {
+        let mut made = Vec::with_capacity(batch.len());
+        let mut fresh = Vec::new();
+        for r in batch {
+            let id = r.alloc_id;
+            let new = !self.held.contains_key(&id);
+            match self.reserve(r) {
+                Ok(pieces) => {
+                    made.push(pieces);
+                    if new {
+                        fresh.push(id);
+                    }
+                }
+                Err(e) => {
+                    for id in fresh {
+                        drop(self.release(id));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
     }
 
     /// A replicated allocation's copies changed: the ranges of `c.promote`
@@ -521,6 +557,12 @@ impl Agent {
     }
 
     /// Ids of every allocation held here.
+    /// The ids reserved since the last call, `None` when too many to list
+    /// (see [`fresh::Fresh`]).
+    pub fn take_fresh(&self) -> Option<Vec<u64>> {
+        self.fresh.take()
+    }
+
     pub fn held_ids(&self) -> Vec<u64> {
         self.held.iter().map(|e| *e.key()).collect()
     }
@@ -565,6 +607,8 @@ impl Agent {
         // Ended sessions first: one that ends after this snapshot is still
         // in the list of open ones or queued again.
         let ended = self.ended_sessions();
+        // Everything held goes below: what was reserved before is in it.
+        drop(self.fresh.take());
         let next_session_seq = self.next_session.load(Ordering::SeqCst);
         let sessions = self
             .sessions
@@ -612,6 +656,8 @@ impl Agent {
             held,
             sessions,
             next_session_seq,
+            // The link cuts it into parts and marks all but the last.
+            more: false,
         };
         (req, ended)
     }

@@ -8,12 +8,17 @@ use oncilla_model::cluster::Range;
 use oncilla_model::Fabric;
 
 fn agent() -> Agent {
+    agent_of(64)
+}
+
+/// An agent whose pool holds `pages` pages of 4 KiB.
+pub(super) fn agent_of(pages: u64) -> Agent {
     let node = NodeInfo {
         name: "n1".into(),
         ..Default::default()
     };
     let spec = PoolSpec {
-        capacity: 64 * 4096,
+        capacity: pages * 4096,
         huge_pages: HugePages::Off,
         slab: 16 * 4096,
     };
@@ -25,6 +30,33 @@ fn agent() -> Agent {
         Arc::new(rdma),
         std::time::Duration::from_secs(300),
     )
+}
+
+/// A batch is reserved all or none: a failure gives back what the batch
+/// brought, and leaves what was held before it.
+#[test]
+fn a_failed_batch_gives_back_what_it_reserved() {
+    let a = agent();
+    a.reserve(res(1, &[3; KEY_LEN], &[(0, 4096)], rec(), Fabric::Auto))
+        .unwrap();
+    let ok = |id, at| res(id, &[3; KEY_LEN], &[(at, 4096)], rec(), Fabric::Auto);
+    let err = a
+        .reserve_many(vec![
+            ok(2, 0),
+            ok(1, 4096),
+            ok(3, 0),
+            res(4, &[4; 3], &[(0, 10)], rec(), Fabric::Auto),
+        ])
+        .unwrap_err();
+    assert!(err.to_string().contains("access key"), "{err}");
+    // 2 and 3 came with the batch and went with it; 1 was held before
+    // (what the batch added to it is the master's rollback to release).
+    let mut held = a.held_ids();
+    held.sort_unstable();
+    assert_eq!(held, [1]);
+    let made = a.reserve_many(vec![ok(5, 0), ok(6, 0)]).unwrap();
+    assert_eq!(made.len(), 2);
+    assert_eq!(a.pool().stats().used, 4 * 4096);
 }
 
 #[test]
@@ -116,7 +148,7 @@ fn striped_ranges_pack_into_one_pool_extent() {
 }
 
 /// A reservation of `ranges` of `id`, one copy.
-fn res(
+pub(super) fn res(
     id: u64,
     key: &[u8],
     ranges: &[(u64, u64)],
@@ -138,7 +170,7 @@ fn res(
     }
 }
 
-fn rec() -> Allocation {
+pub(super) fn rec() -> Allocation {
     let mut a = Allocation::new(0, 1 << 20, Kind::RemoteHost);
     a.name = "kept".into();
     a

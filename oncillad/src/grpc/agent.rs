@@ -62,23 +62,25 @@ type ConnectVerbsStream = std::pin::Pin<
 
 #[tonic::async_trait]
 impl agent_server::Agent for AgentService {
-    #[tracing::instrument(skip_all, fields(alloc_id = req.get_ref().alloc_id, ranges = req.get_ref().ranges.len()))]
+    #[tracing::instrument(skip_all, fields(count = req.get_ref().reservations.len(), first = req.get_ref().reservations.first().map_or(0, |r| r.alloc_id)))]
     async fn reserve(
         &self,
-        req: Request<pb::ReserveRequest>,
-    ) -> Result<Response<pb::ReserveReply>, Status> {
+        req: Request<pb::ReserveBatch>,
+    ) -> Result<Response<pb::ReserveBatchReply>, Status> {
         self.admit_master(&req, "reserving pool memory")?;
-        let r: Reservation = checked(req.into_inner())?;
+        let batch: Vec<Reservation> = checked(req.into_inner())?;
         let agent = Arc::clone(&self.agent);
         // Reserving may wait for the refiller: keep it off the executor.
-        let reserved = tokio::task::spawn_blocking(move || agent.reserve(r))
+        let reserved = tokio::task::spawn_blocking(move || agent.reserve_many(batch))
             .await
             .map_err(|e| Status::internal(format!("reserve task failed: {e}")))?;
-        reply(reserved.map(|pieces| {
-            pb::ReserveReply::from(Reserved {
-                pieces,
-                pool: Some(self.agent.usage()),
-            })
+        reply(reserved.map(|all| {
+            let pool = Some(self.agent.usage());
+            pb::ReserveBatchReply::from(
+                all.into_iter()
+                    .map(|pieces| Reserved { pieces, pool })
+                    .collect::<Vec<_>>(),
+            )
         }))
     }
 

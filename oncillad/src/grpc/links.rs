@@ -96,8 +96,12 @@ impl GrpcAgentLink {
 }
 
 impl AgentLink for GrpcAgentLink {
-    async fn reserve(&self, addr: &str, req: Reservation) -> Result<Reserved, LinkError> {
-        let req = self.fenced(addr, pb::ReserveRequest::from(req))?;
+    async fn reserve(
+        &self,
+        addr: &str,
+        reqs: Vec<Reservation>,
+    ) -> Result<Vec<Reserved>, LinkError> {
+        let req = self.fenced(addr, pb::ReserveBatch::from(reqs))?;
         let mut c = self.client(addr)?;
         c.reserve(req)
             .await
@@ -230,6 +234,18 @@ impl MasterLink {
         .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 
+    pub async fn allocate_many(
+        &self,
+        req: pb::AllocateManyRequest,
+    ) -> Result<pb::AllocationBatch, Status> {
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.allocate_many(req).await }
+        })
+        .await
+        .map_err(|(addr, s)| self.wrap(&addr, s))
+    }
+
     pub async fn free(&self, req: pb::FreeRequest) -> Result<(), Status> {
         self.call(|mut c| {
             let req = req.clone();
@@ -278,9 +294,12 @@ impl MasterPort for MasterLink {
         let mut release = Vec::new();
         let mut first: Option<(String, MasterClient, pb::RegisterReply)> = None;
         let mut last = None;
-        for part in pages(held) {
+        let parts = pages(held);
+        let last_part = parts.len().saturating_sub(1);
+        for (i, part) in parts.into_iter().enumerate() {
             let call = pb::RegisterRequest {
                 held: part,
+                more: i < last_part,
                 ..whole.clone()
             };
             let reply = match &first {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use oncilla_model::alloc::{AllocSpec, Owner};
-use oncilla_model::cluster::{AllocateRequest, Registration};
+use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Registration};
 use oncilla_net::credential::Authenticate;
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
@@ -113,6 +113,28 @@ impl master_server::Master for MasterService {
             core.heard_from(node, who.agent_incarnation);
         }
         let out = core.allocate(r).await;
+        still(tenure.as_ref())?;
+        reply(out)
+    }
+
+    #[tracing::instrument(skip_all, fields(count = req.get_ref().count))]
+    async fn allocate_many(
+        &self,
+        req: Request<pb::AllocateManyRequest>,
+    ) -> Result<Response<pb::AllocationBatch>, Status> {
+        let caller = Caller::of(&req)?;
+        let r = req.into_inner();
+        let request = allocate_request(
+            r.request
+                .ok_or_else(|| invalid(WireError::Missing("request")))?,
+        )?;
+        let batch = AllocateBatch::new(request, r.count).map_err(invalid)?;
+        caller.allocate(&batch.request)?;
+        let (core, tenure) = self.core()?;
+        if let (Caller::Node(node), Some(who)) = (&caller, &batch.request.requester) {
+            core.heard_from(node, who.agent_incarnation);
+        }
+        let out = core.allocate_many(batch).await;
         still(tenure.as_ref())?;
         reply(out)
     }

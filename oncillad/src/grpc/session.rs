@@ -176,6 +176,26 @@ impl session_server::Session for SessionService {
         Ok(Response::new(alloc))
     }
 
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, count = req.get_ref().count))]
+    async fn alloc_many(
+        &self,
+        req: Request<pb::AllocManyRequest>,
+    ) -> Result<Response<pb::AllocationBatch>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
+        let r = req.into_inner();
+        let forwarded = pb::AllocateManyRequest {
+            request: Some(pb::AllocateRequest {
+                spec: r.spec,
+                origin_node: self.agent.node().name.clone(),
+                requester: Some(self.requester(&r.session_id)?),
+            }),
+            count: r.count,
+        };
+        // A batch is the session's own (the master refuses persistent
+        // ones): nothing to note as attached.
+        Ok(Response::new(self.master.allocate_many(forwarded).await?))
+    }
+
     #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, alloc = ?req.get_ref().alloc))]
     async fn free(&self, req: Request<pb::FreeRequest>) -> Result<Response<pb::FreeReply>, Status> {
         acting_for(&req, &req.get_ref().session_id)?;

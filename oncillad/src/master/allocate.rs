@@ -6,14 +6,17 @@
 use std::collections::BTreeMap;
 
 use futures_util::future::join_all;
-use oncilla_model::alloc::{Allocation, Extent, Invalid, KEY_LEN, MAX_EXTENTS, MAX_ID};
-use oncilla_model::cluster::{AllocateRequest, Piece, Range, Reservation, Reserved};
+use oncilla_model::alloc::{
+    AllocSpec, Allocation, Extent, Invalid, KEY_LEN, MAX_BATCH, MAX_EXTENTS, MAX_ID,
+};
+use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Piece, Range, Reservation};
 use oncilla_model::fabric::{self, Memory, Rdma};
+use oncilla_model::node::PoolUsage;
 use oncilla_model::quota::{self, Charge};
 use oncilla_model::{Fabric, Kind};
 
 use super::node::unix_ms;
-use super::placement::{self, Planned};
+use super::placement::{self, Candidate, Planned};
 use super::state::{Record, State, Target};
 use super::{AgentLink, Master};
 use crate::error::{CoreError, LinkError};
@@ -27,8 +30,29 @@ impl<L: AgentLink> Master<L> {
     /// recovering, and agents that fail to reserve (whatever was reserved
     /// is released again).
     pub async fn allocate(&self, req: AllocateRequest) -> Result<Allocation, CoreError> {
+        self.make(req, 1)
+            .await?
+            .pop()
+            .ok_or_else(|| CoreError::Internal("an allocation made nothing".into()))
+    }
+
+    /// Places, reserves and records a batch of allocations of one spec,
+    /// all or none: planned in one hold of the table's lock, reserved in
+    /// one call per agent (of at most [`MAX_BATCH`] reservations), and
+    /// recorded in one more hold.
+    ///
+    /// # Errors
+    /// As [`Master::allocate`], for any allocation of the batch;
+    /// [`Invalid::BatchExtents`] when the batch's extents would not fit
+    /// one message.
+    pub async fn allocate_many(&self, batch: AllocateBatch) -> Result<Vec<Allocation>, CoreError> {
+        self.make(batch.request, batch.count).await
+    }
+
+    /// Makes `count` allocations of `req`'s spec (see
+    /// [`Master::allocate_many`]).
+    async fn make(&self, req: AllocateRequest, count: u32) -> Result<Vec<Allocation>, CoreError> {
         self.check_serving()?;
-        let key: [u8; KEY_LEN] = rand::random();
         let persistent = req.persistent();
         let AllocateRequest {
             spec,
@@ -41,216 +65,252 @@ impl<L: AgentLink> Master<L> {
             requester => (requester, None),
         };
         // What every holder keeps, so a restarted master can rebuild it.
-        let mut alloc = Allocation::new(0, spec.size, spec.kind);
-        alloc.owner = owner;
-        alloc.user = user;
-        alloc.shared = spec.shared;
-        alloc.created_unix_ms = unix_ms();
-        alloc.name = spec.name.clone();
-        alloc.placement = spec.placement.clone();
-        alloc.origin_node = origin_node.clone();
+        let mut base = Allocation::new(0, spec.size, spec.kind);
+        base.owner = owner;
+        base.user = user;
+        base.shared = spec.shared;
+        base.created_unix_ms = unix_ms();
+        base.name = spec.name.clone();
+        base.placement = spec.placement.clone();
+        base.origin_node = origin_node.clone();
 
-        let (id, targets, fabrics, charge, shares) = {
+        let mut pending = Vec::with_capacity(count as usize);
+        let planned = {
             let mut st = self.lock();
-            if let Some(&taken) = st.names.get(&spec.name) {
-                return Err(CoreError::NameTaken(spec.name, taken));
-            }
-            let candidates = self.candidates(&st);
-            let primary = placement::plan(
-                &placement::Request {
-                    size: spec.size,
-                    kind: spec.kind,
-                    placement: &spec.placement,
-                    origin: &origin_node,
-                },
-                &candidates,
-            )?;
-            let replicas = placement::replicas(&primary, spec.placement.copies(), &candidates)?;
-            // Every write of a replicated allocation goes through its
-            // primary's agent, which copies it on: TCP (the spec refused
-            // the other fabrics).
-            let preference = if replicas.is_empty() {
-                spec.fabric
-            } else {
-                Fabric::Tcp
-            };
-            let shares = primary.len();
-            let plan: Vec<Planned> = primary
-                .into_iter()
-                .chain(replicas.into_iter().flatten())
-                .collect();
-            let fabrics = plan
-                .iter()
-                .map(|p| creator_fabric(&st, p, spec.kind, &origin_node, preference))
-                .collect::<Result<Vec<_>, _>>()?;
-            if st.next_id > MAX_ID {
-                // Never wraps: an id is never used twice.
-                return Err(CoreError::CapacityExhausted {
-                    requested: spec.size,
-                    detail: format!("allocation ids are used up (the last is {MAX_ID})"),
-                });
-            }
-            // The user's quota, with what is being reserved counted too,
-            // so concurrent requests cannot pass it together.
-            let charge = user.map(|uid| {
-                let bytes = spec.size.saturating_mul(u64::from(spec.placement.copies()));
-                (uid, plan_charge(&plan, bytes, persistent))
-            });
-            if let Some((uid, c)) = &charge {
-                let usage = st.usage.get(uid).cloned().unwrap_or_default();
-                quota::check(*uid, st.quotas.of(*uid), &usage, c)?;
-            }
-            let targets = hold(&mut st, plan)?;
-            if let Some((uid, c)) = &charge {
-                st.charge(*uid, c, true);
-            }
-            let id = self.take_id(&mut st);
-            alloc.id = id;
-            if !spec.name.is_empty() {
-                // Held from now on, so a concurrent request cannot take it.
-                st.names.insert(spec.name.clone(), id);
-            }
-            (id, targets, fabrics, charge, shares)
+            // Taken once, then kept up to date with what each allocation
+            // holds: a batch costs one pass over the nodes, not one each.
+            let mut candidates = self.candidates(&st);
+            (0..count).try_for_each(|_| {
+                pending.push(self.plan(&mut st, &mut candidates, &spec, &base, persistent)?);
+                Ok::<_, CoreError>(())
+            })
         };
         let mut unwind = Unwind {
             master: self,
-            id,
             name: &spec.name,
-            targets: &targets,
-            charge: charge.as_ref(),
+            pending,
             committed: false,
         };
+        planned?;
+        let pending = &mut unwind.pending;
+        // Every range becomes at least one extent: refused before any
+        // memory is reserved when they could not travel in one message.
+        let ranges = pending.iter().map(Pending::ranges).sum::<usize>();
+        if ranges > MAX_EXTENTS {
+            return Err(too_many(ranges, count));
+        }
 
-        // Target `i` holds copy `i / shares` of the primary share `i % shares`.
-        let copy_of = |i: usize| u32::try_from(i / shares.max(1)).unwrap_or(u32::MAX);
-        let replicas_of = |i: usize| -> Vec<String> {
-            if i >= shares {
-                return Vec::new();
+        let pieces = match self.reserve(pending).await {
+            Ok(pieces) => pieces,
+            Err((node, err)) => {
+                tracing::warn!(first = pending.first().map_or(0, |p| p.alloc.id), count, node = %node, error = %err, "reserve failed; rolling back");
+                self.release_all(pending).await;
+                return Err(CoreError::Agent { node, source: err });
             }
-            targets
-                .iter()
-                .skip(shares + i)
-                .step_by(shares.max(1))
-                .map(|(_, _, data)| data.clone())
-                .collect()
         };
-        let reserves =
-            targets
-                .iter()
-                .zip(&fabrics)
-                .enumerate()
-                .map(|(i, ((p, addr, _), fabric))| {
-                    self.link.reserve(
-                        addr,
-                        Reservation {
-                            alloc_id: id,
-                            access_key: key.to_vec(),
-                            ranges: p
-                                .ranges
-                                .iter()
-                                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
-                                .collect(),
-                            record: alloc.clone(),
-                            fabric: *fabric,
-                            gpu: p.gpu,
-                            copy: copy_of(i),
-                            replicas: replicas_of(i),
-                        },
-                    )
-                });
-        let results = join_all(reserves).await;
-        self.note_pools(&results, &targets);
-        let results: Vec<Result<Vec<Piece>, LinkError>> = results
+        let mut extents = 0;
+        for (p, got) in pending.iter_mut().zip(pieces) {
+            p.take_pieces(got, spec.fabric);
+            extents += p.alloc.extents.len() + p.alloc.replicas.len();
+        }
+        if extents > MAX_EXTENTS {
+            // The pools were too fragmented to give the planned ranges in
+            // few enough pieces: no message could carry the records.
+            tracing::warn!(count, extents, "reserved in too many pieces; rolling back");
+            self.release_all(pending).await;
+            return Err(too_many(extents, count));
+        }
+        match pending.as_slice() {
+            [p] => tracing::info!(
+                alloc_id = p.alloc.id,
+                size = spec.size,
+                name = %p.alloc.name,
+                nodes = p.targets.len(),
+                extents = p.alloc.extents.len(),
+                "allocated"
+            ),
+            all => tracing::info!(
+                first = all.first().map_or(0, |p| p.alloc.id),
+                last = all.last().map_or(0, |p| p.alloc.id),
+                count,
+                size = spec.size,
+                "allocated a batch"
+            ),
+        }
+        // Nothing fails from here on: the records take over.
+        unwind.committed = true;
+        let pending = std::mem::take(&mut unwind.pending);
+        let mut st = self.lock();
+        let mut made = Vec::with_capacity(pending.len());
+        for p in pending {
+            let id = p.alloc.id;
+            st.reserving.remove(&id);
+            st.unreserve_gpus(&p.targets);
+            if let Some(who) = &creator {
+                st.attach_session(who.clone(), id);
+            }
+            // Counted against its user when it was planned.
+            st.insert(
+                Record {
+                    alloc: p.alloc,
+                    lost: BTreeMap::new(),
+                    adopted: false,
+                },
+                true,
+            );
+            made.push(self.view(&st, id)?);
+        }
+        Ok(made)
+    }
+
+    /// Plans one allocation of `spec` and takes its room (in the table and
+    /// in `candidates`), its name and its user's charge (`base`: its
+    /// record so far).
+    fn plan(
+        &self,
+        st: &mut State,
+        candidates: &mut [Candidate],
+        spec: &AllocSpec,
+        base: &Allocation,
+        persistent: bool,
+    ) -> Result<Pending, CoreError> {
+        if let Some(&taken) = st.names.get(&spec.name) {
+            return Err(CoreError::NameTaken(spec.name.clone(), taken));
+        }
+        let origin = base.origin_node.as_str();
+        let primary = placement::plan(
+            &placement::Request {
+                size: spec.size,
+                kind: spec.kind,
+                placement: &spec.placement,
+                origin,
+            },
+            candidates,
+        )?;
+        let replicas = placement::replicas(&primary, spec.placement.copies(), candidates)?;
+        // Every write of a replicated allocation goes through its
+        // primary's agent, which copies it on: TCP (the spec refused the
+        // other fabrics).
+        let preference = if replicas.is_empty() {
+            spec.fabric
+        } else {
+            Fabric::Tcp
+        };
+        let shares = primary.len();
+        let plan: Vec<Planned> = primary
             .into_iter()
-            .zip(&targets)
-            .map(|(r, (p, _, _))| r.and_then(|reply| check_pieces(p, reply.pieces)))
+            .chain(replicas.into_iter().flatten())
             .collect();
-        if let Some((i, err)) = results
+        let fabrics = plan
             .iter()
-            .enumerate()
-            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e.clone())))
-        {
-            let failed = targets[i].0.node.clone();
-            tracing::warn!(alloc_id = id, node = %failed, error = %err, "reserve failed; rolling back");
-            self.release_all(id, &targets).await;
-            return Err(CoreError::Agent {
-                node: failed,
-                source: err,
+            .map(|p| creator_fabric(st, p, spec.kind, origin, preference))
+            .collect::<Result<Vec<_>, _>>()?;
+        if st.next_id > MAX_ID {
+            // Never wraps: an id is never used twice.
+            return Err(CoreError::CapacityExhausted {
+                requested: spec.size,
+                detail: format!("allocation ids are used up (the last is {MAX_ID})"),
             });
         }
+        // The user's quota, with what is being reserved counted too, so
+        // concurrent requests (and the rest of a batch) cannot pass it
+        // together.
+        let charge = base.user.map(|uid| {
+            let bytes = spec.size.saturating_mul(u64::from(spec.placement.copies()));
+            (uid, plan_charge(&plan, bytes, persistent))
+        });
+        if let Some((uid, c)) = &charge {
+            let usage = st.usage.get(uid).cloned().unwrap_or_default();
+            quota::check(*uid, st.quotas.of(*uid), &usage, c)?;
+        }
+        let targets = hold(st, plan)?;
+        took(st, candidates, &targets);
+        if let Some((uid, c)) = &charge {
+            st.charge(*uid, c, true);
+        }
+        let mut alloc = base.clone();
+        alloc.id = self.take_id(st);
+        alloc.access_key = rand::random::<[u8; KEY_LEN]>().to_vec();
+        if !spec.name.is_empty() {
+            // Held from now on, so a concurrent request cannot take it.
+            st.names.insert(spec.name.clone(), alloc.id);
+        }
+        Ok(Pending {
+            alloc,
+            targets,
+            fabrics,
+            charge,
+            shares,
+        })
+    }
 
-        for (i, (((p, agent, data), r), fabric)) in
-            targets.iter().zip(results).zip(&fabrics).enumerate()
-        {
-            let copy = copy_of(i);
-            let into = if copy == 0 {
-                &mut alloc.extents
-            } else {
-                &mut alloc.replicas
-            };
-            into.extend(r.unwrap_or_default().into_iter().map(|piece| Extent {
-                node: p.node.clone(),
-                alloc_offset: piece.alloc_offset,
-                len: piece.len,
-                pool_offset: piece.pool_offset,
-                data_addr: data.clone(),
-                // An agent whose HCA refused the registration returns no
-                // region: `auto` then reaches the piece over TCP.
-                fabric: if *fabric == Fabric::Verbs
-                    && piece.rdma.is_empty()
-                    && spec.fabric == Fabric::Auto
-                {
-                    Fabric::Tcp
+    /// Reserves every target of `pending` with one call per agent (split
+    /// at [`MAX_BATCH`] reservations). Per allocation, per target, the
+    /// pieces the agent gave; or the node of the first target that
+    /// failed, and why (the caller releases everything).
+    async fn reserve(
+        &self,
+        pending: &[Pending],
+    ) -> Result<Vec<Vec<Vec<Piece>>>, (String, LinkError)> {
+        let mut by_agent: BTreeMap<&str, Vec<(usize, usize)>> = BTreeMap::new();
+        for (a, p) in pending.iter().enumerate() {
+            for (t, (_, addr, _)) in p.targets.iter().enumerate() {
+                by_agent.entry(addr.as_str()).or_default().push((a, t));
+            }
+        }
+        let calls: Vec<(&str, &[(usize, usize)])> = by_agent
+            .iter()
+            .flat_map(|(addr, all)| all.chunks(MAX_BATCH as usize).map(|c| (*addr, c)))
+            .collect();
+        let replies = join_all(calls.iter().map(|(addr, which)| {
+            let reservations = which
+                .iter()
+                .map(|&(a, t)| pending[a].reservation(t))
+                .collect();
+            self.link.reserve(addr, reservations)
+        }))
+        .await;
+        let mut out: Vec<Vec<Vec<Piece>>> = pending
+            .iter()
+            .map(|p| vec![Vec::new(); p.targets.len()])
+            .collect();
+        let mut failed = None;
+        let mut pools = Vec::new();
+        for ((_, which), reply) in calls.iter().zip(replies) {
+            let node = |&(a, t): &(usize, usize)| pending[a].targets[t].0.node.clone();
+            let reply = reply.and_then(|r| {
+                if r.len() == which.len() {
+                    Ok(r)
                 } else {
-                    *fabric
-                },
-                agent_addr: agent.clone(),
-                gpu: p.gpu,
-                rdma: piece.rdma,
-                copy,
-            }));
+                    Err(LinkError::BadReply(format!(
+                        "{} reservations answered for {} asked",
+                        r.len(),
+                        which.len()
+                    )))
+                }
+            });
+            let reply = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = failed.or_else(|| which.first().map(|w| (node(w), e)));
+                    continue;
+                }
+            };
+            for (w, r) in which.iter().zip(reply) {
+                if let Some(pool) = r.pool {
+                    pools.push((node(w), pool));
+                }
+                match check_pieces(&pending[w.0].targets[w.1].0, r.pieces) {
+                    Ok(pieces) => out[w.0][w.1] = pieces,
+                    Err(e) => failed = failed.or_else(|| Some((node(w), e))),
+                }
+            }
         }
-        alloc.extents.sort_by_key(|e| e.alloc_offset);
-        alloc.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
-        if alloc.extents.len() + alloc.replicas.len() > MAX_EXTENTS {
-            // The pools were too fragmented to give the planned ranges in
-            // few enough pieces: no message could carry the record.
-            let extents = alloc.extents.len() + alloc.replicas.len();
-            tracing::warn!(
-                alloc_id = id,
-                extents,
-                "reserved in too many pieces; rolling back"
-            );
-            self.release_all(id, &targets).await;
-            return Err(Invalid::Extents(extents).into());
+        self.note_pools(pools);
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(out),
         }
-        alloc.access_key = key.to_vec();
-        tracing::info!(
-            alloc_id = id,
-            size = spec.size,
-            name = %alloc.name,
-            nodes = targets.len(),
-            extents = alloc.extents.len(),
-            "allocated"
-        );
-        // Nothing fails from here on: the record takes over.
-        unwind.committed = true;
-        let mut st = self.lock();
-        st.reserving.remove(&id);
-        st.unreserve_gpus(&targets);
-        if let Some(who) = creator {
-            st.attach_session(who, id);
-        }
-        // Counted against its user when it was planned.
-        st.insert(
-            Record {
-                alloc,
-                lost: BTreeMap::new(),
-                adopted: false,
-            },
-            true,
-        );
-        self.view(&st, id)
     }
 
     /// A fresh id (the caller checked it is at most [`MAX_ID`]), never
@@ -263,43 +323,146 @@ impl<L: AgentLink> Master<L> {
         id
     }
 
-    /// Records the pool usage the agents reported with their reservations.
-    fn note_pools(&self, results: &[Result<Reserved, LinkError>], targets: &[Target]) {
+    /// Records the pool usage the agents reported with their reservations
+    /// (the last report of a node wins).
+    fn note_pools(&self, pools: Vec<(String, PoolUsage)>) {
         let mut st = self.lock();
-        for (r, (p, _, _)) in results.iter().zip(targets) {
-            if let (Ok(reply), Some(n)) = (r, st.nodes.get_mut(&p.node)) {
-                n.pool = reply.pool.unwrap_or(n.pool);
+        for (node, pool) in pools {
+            if let Some(n) = st.nodes.get_mut(&node) {
+                n.pool = pool;
             }
         }
     }
 
-    /// Releases every target of a failed allocation, the failed ones
+    /// Releases every target of allocations that failed, the failed ones
     /// too: a reservation that timed out may still have happened. The
-    /// table's side is undone by the allocation's [`Unwind`].
-    async fn release_all(&self, id: u64, targets: &[Target]) {
-        let releases = targets
-            .iter()
-            .map(|(_, addr, _)| self.link.release(addr, id));
+    /// table's side is undone by the allocations' [`Unwind`].
+    async fn release_all(&self, pending: &[Pending]) {
+        let releases = pending.iter().flat_map(|p| {
+            p.targets
+                .iter()
+                .map(|(_, addr, _)| self.link.release(addr, p.alloc.id))
+        });
         for r in join_all(releases).await {
             if let Err(e) = r {
-                tracing::warn!(alloc_id = id, error = %e, "release during rollback failed; the node's next heartbeat reconciles it");
+                tracing::warn!(error = %e, "release during rollback failed; the node's next heartbeat reconciles it");
             }
         }
     }
 }
 
-/// The table's side of an allocation that is being reserved: undone on
-/// drop unless committed, so an allocation that fails, or whose request
-/// goes away mid-reservation (a client gone, a deadline passed: the
-/// future is dropped at an await), gives back its name, its room on the
-/// nodes, its user's charge and its id's "reserving" mark (the agents'
-/// next heartbeats then release whatever they reserved).
+/// The error for `n` extents that no message could carry.
+fn too_many(n: usize, count: u32) -> CoreError {
+    if count > 1 {
+        Invalid::BatchExtents(n).into()
+    } else {
+        Invalid::Extents(n).into()
+    }
+}
+
+/// One allocation between its planning and its record: what the table
+/// holds for it, where its shares go, and its record so far.
+struct Pending {
+    /// Its record (id and key set); the extents come with the pieces.
+    alloc: Allocation,
+    /// Target `i` holds copy `i / shares` of the primary share `i % shares`.
+    targets: Vec<Target>,
+    fabrics: Vec<Fabric>,
+    charge: Option<(u32, Charge)>,
+    shares: usize,
+}
+
+impl Pending {
+    /// Ranges planned over all its targets.
+    fn ranges(&self) -> usize {
+        self.targets.iter().map(|(p, _, _)| p.ranges.len()).sum()
+    }
+
+    /// Which copy target `i` holds.
+    fn copy_of(&self, i: usize) -> u32 {
+        u32::try_from(i / self.shares.max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// What target `i`'s agent is asked to reserve.
+    fn reservation(&self, i: usize) -> Reservation {
+        let (p, _, _) = &self.targets[i];
+        // A primary share copies every write to the targets holding the
+        // other copies of the same share.
+        let replicas = if i < self.shares {
+            self.targets
+                .iter()
+                .skip(self.shares + i)
+                .step_by(self.shares.max(1))
+                .map(|(_, _, data)| data.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut record = self.alloc.clone();
+        record.access_key = Vec::new();
+        Reservation {
+            alloc_id: self.alloc.id,
+            access_key: self.alloc.access_key.clone(),
+            ranges: p
+                .ranges
+                .iter()
+                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                .collect(),
+            record,
+            fabric: self.fabrics[i],
+            gpu: p.gpu,
+            copy: self.copy_of(i),
+            replicas,
+        }
+    }
+
+    /// Turns the agents' pieces (per target) into the record's extents.
+    fn take_pieces(&mut self, pieces: Vec<Vec<Piece>>, asked: Fabric) {
+        for (i, ((p, agent, data), got)) in self.targets.iter().zip(pieces).enumerate() {
+            let copy = self.copy_of(i);
+            let fabric = self.fabrics[i];
+            let into = if copy == 0 {
+                &mut self.alloc.extents
+            } else {
+                &mut self.alloc.replicas
+            };
+            into.extend(got.into_iter().map(|piece| Extent {
+                node: p.node.clone(),
+                alloc_offset: piece.alloc_offset,
+                len: piece.len,
+                pool_offset: piece.pool_offset,
+                data_addr: data.clone(),
+                // An agent whose HCA refused the registration returns no
+                // region: `auto` then reaches the piece over TCP.
+                fabric: if fabric == Fabric::Verbs && piece.rdma.is_empty() && asked == Fabric::Auto
+                {
+                    Fabric::Tcp
+                } else {
+                    fabric
+                },
+                agent_addr: agent.clone(),
+                gpu: p.gpu,
+                rdma: piece.rdma,
+                copy,
+            }));
+        }
+        self.alloc.extents.sort_by_key(|e| e.alloc_offset);
+        self.alloc
+            .replicas
+            .sort_by_key(|e| (e.copy, e.alloc_offset));
+    }
+}
+
+/// The table's side of allocations that are being reserved: undone on
+/// drop unless committed, so allocations that fail, or whose request goes
+/// away mid-reservation (a client gone, a deadline passed: the future is
+/// dropped at an await), give back their name, their room on the nodes,
+/// their user's charge and their ids' "reserving" mark (the agents' next
+/// heartbeats then release whatever they reserved).
 struct Unwind<'a, L: AgentLink> {
     master: &'a Master<L>,
-    id: u64,
     name: &'a str,
-    targets: &'a [Target],
-    charge: Option<&'a (u32, Charge)>,
+    pending: Vec<Pending>,
     committed: bool,
 }
 
@@ -309,17 +472,20 @@ impl<L: AgentLink> Drop for Unwind<'_, L> {
             return;
         }
         let mut st = self.master.lock();
-        st.reserving.remove(&self.id);
-        st.unreserve_gpus(self.targets);
-        if st.names.get(self.name) == Some(&self.id) {
-            st.names.remove(self.name);
-        }
-        if let Some((uid, c)) = self.charge {
-            st.charge(*uid, c, false);
-        }
-        for (p, _, _) in self.targets {
-            if let (Some(n), None) = (st.nodes.get_mut(&p.node), p.gpu) {
-                n.reserved = n.reserved.saturating_sub(n.footprint(p.bytes()));
+        for p in &self.pending {
+            let id = p.alloc.id;
+            st.reserving.remove(&id);
+            st.unreserve_gpus(&p.targets);
+            if st.names.get(self.name) == Some(&id) {
+                st.names.remove(self.name);
+            }
+            if let Some((uid, c)) = &p.charge {
+                st.charge(*uid, c, false);
+            }
+            for (t, _, _) in &p.targets {
+                if let (Some(n), None) = (st.nodes.get_mut(&t.node), t.gpu) {
+                    n.reserved = n.reserved.saturating_sub(n.footprint(t.bytes()));
+                }
             }
         }
     }
@@ -404,6 +570,27 @@ fn hold(st: &mut State, plan: Vec<Planned>) -> Result<Vec<Target>, CoreError> {
         targets.push((p, agent, data));
     }
     Ok(targets)
+}
+
+/// Takes what `targets` hold out of `candidates`' room, as
+/// [`Master::candidates`] would count it from the table now.
+fn took(st: &State, candidates: &mut [Candidate], targets: &[Target]) {
+    for (p, _, _) in targets {
+        let (Some(c), Some(node)) = (
+            candidates.iter_mut().find(|c| c.name == p.node),
+            st.nodes.get(&p.node),
+        ) else {
+            continue;
+        };
+        match p.gpu {
+            None => c.free = c.free.saturating_sub(node.footprint(p.bytes())),
+            Some(g) => {
+                if let Some(room) = c.gpus.iter_mut().find(|r| r.index == g) {
+                    room.free = room.free.saturating_sub(p.bytes());
+                }
+            }
+        }
+    }
 }
 
 /// Checks that an agent's pieces tile the planned ranges exactly.

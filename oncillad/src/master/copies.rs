@@ -23,7 +23,7 @@ use oncilla_model::Fabric;
 use super::allocate::check_pieces;
 use super::placement::{self, Planned};
 use super::state::{charge_of, State};
-use super::{AgentLink, Master};
+use super::{AgentLink, LinkError, Master};
 
 /// How long a share whose copy could not be made waits before another try.
 const REFILL_PAUSE: Duration = Duration::from_secs(5);
@@ -135,11 +135,16 @@ impl<L: AgentLink> Master<L> {
             return;
         };
         let started = Instant::now();
-        let reserved = self
-            .link
-            .reserve(&job.target.1, job.reservation.clone())
-            .await
-            .and_then(|r| check_pieces(&job.share, r.pieces));
+        let reserved =
+            self.link
+                .reserve(&job.target.1, vec![job.reservation.clone()])
+                .await
+                .and_then(|r| {
+                    let r = r.into_iter().next().ok_or_else(|| {
+                        LinkError::BadReply("no answer to the reservation".into())
+                    })?;
+                    check_pieces(&job.share, r.pieces)
+                });
         let pieces = match reserved {
             Ok(p) => p,
             Err(e) => {
@@ -193,7 +198,7 @@ impl<L: AgentLink> Master<L> {
         let candidates = self.candidates(&st);
         let up = |node: &str| candidates.iter().any(|n| n.name == node && n.up);
         let mut found = None;
-        'all: for (id, rec) in &st.allocs {
+        'all: for (id, rec) in st.replicated_records() {
             let a = &rec.alloc;
             let copies = a.placement.copies();
             // A change not yet delivered comes first: the agents must

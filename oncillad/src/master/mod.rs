@@ -48,13 +48,14 @@ use state::State;
 
 /// How the master reaches agents.
 pub trait AgentLink: Send + Sync + 'static {
-    /// Reserves ranges of an allocation on the agent at `addr`; returns
-    /// where its pieces went and the agent's pool usage.
+    /// Reserves ranges of allocations on the agent at `addr` (1 to
+    /// [`oncilla_model::alloc::MAX_BATCH`] of them, all or none); returns,
+    /// for each in order, where its pieces went and the agent's pool usage.
     fn reserve(
         &self,
         addr: &str,
-        req: Reservation,
-    ) -> impl Future<Output = Result<Reserved, LinkError>> + Send;
+        reqs: Vec<Reservation>,
+    ) -> impl Future<Output = Result<Vec<Reserved>, LinkError>> + Send;
     /// Releases everything the agent holds of `alloc_id`; returns the
     /// agent's pool usage when it said.
     fn release(

@@ -154,6 +154,7 @@ impl<L: AgentLink> Master<L> {
         // Also the ids of parts of this registration still on their way.
         st.next_id = st.next_id.max(req.max_held_id.saturating_add(1));
         let mut release = Vec::new();
+        let mut adopted = 0usize;
         for record in &req.held {
             let id = record.id;
             st.next_id = st.next_id.max(id.saturating_add(1));
@@ -189,6 +190,7 @@ impl<L: AgentLink> Master<L> {
             let owner_dead = record.owner.as_ref().is_some_and(|o| session_dead(st, o));
             if adopt && !st.freed_adopted.contains(&id) && !owner_dead {
                 adopt_record(st, record.clone());
+                adopted += 1;
             } else if !st.reserving.contains(&id) {
                 release.push(id);
             }
@@ -199,11 +201,18 @@ impl<L: AgentLink> Master<L> {
             }
         }
 
+        if adopted > 0 {
+            tracing::info!(node = %name, adopted, "allocations adopted from the node's report");
+        }
+        if req.more {
+            // The last part settles the node: its accounting counts every
+            // part, and its sessions' ends are judged once.
+            return (release, Vec::new());
+        }
         // Sessions of this node that ended while the master could not hear it.
         let mut dead: BTreeSet<String> = BTreeSet::new();
-        let owners = st.allocs.values().filter_map(|r| r.alloc.owner.as_ref());
         let attached = st.sessions.values().map(|s| &s.who);
-        for who in owners.chain(attached) {
+        for who in st.owners().chain(attached) {
             if who.node == name && session_dead(st, who) {
                 dead.insert(who.session_id.clone());
             }
@@ -213,11 +222,13 @@ impl<L: AgentLink> Master<L> {
     }
 
     /// Records a heartbeat: pool usage, sessions that ended (their
-    /// allocations are freed) and the ids the node holds (the reply names
-    /// those the master does not know, to release). Unknown nodes, and
-    /// nodes that restarted without registering, must register.
+    /// allocations are freed) and ids the node holds (all, or those it
+    /// reserved since its last heartbeat: the reply names those the master
+    /// does not know, to release, and asks for all of them from a node it
+    /// had not heard for a while). Unknown nodes, and nodes that restarted
+    /// without registering, must register.
     pub async fn heartbeat(&self, req: Heartbeat) -> HeartbeatReply {
-        let (peers_version, peers) = {
+        let (peers_version, peers, want_full) = {
             let mut st = self.lock();
             let Some(n) = st.nodes.get_mut(&req.name) else {
                 return HeartbeatReply::default();
@@ -229,16 +240,20 @@ impl<L: AgentLink> Master<L> {
             if before != NodeState::Up {
                 tracing::info!(node = %req.name, "heard from node again");
             }
+            // Copies may have been dropped while it was silent: its next
+            // heartbeat lists everything it holds.
+            let want_full = before != NodeState::Up;
             n.pool = req.pool.unwrap_or(n.pool);
             for s in &req.ended_sessions {
                 n.sessions.live.remove(s);
             }
             // The list travels only to an agent that lacks this version.
-            if req.peers_version == st.peers.0 {
+            let (version, peers) = if req.peers_version == st.peers.0 {
                 (st.peers.0, Vec::new())
             } else {
                 st.peers.clone()
-            }
+            };
+            (version, peers, want_full)
         };
         // Freed, or a copy the node holds that was dropped while it was
         // away (it may have missed writes). Checked a chunk of ids at a
@@ -270,6 +285,7 @@ impl<L: AgentLink> Master<L> {
             release,
             peers,
             peers_version,
+            want_full,
         }
     }
 }
@@ -319,7 +335,7 @@ fn adopt_record(st: &mut State, mut alloc: Allocation) {
             }
         }
     }
-    tracing::info!(alloc_id = id, name = %alloc.name, "allocation adopted from a node's report");
+    tracing::debug!(alloc_id = id, name = %alloc.name, "allocation adopted from a node's report");
     st.insert(
         Record {
             alloc,

@@ -46,11 +46,13 @@ pub(super) struct State {
     /// Indexes kept by [`State::insert`], [`State::remove`] and the
     /// session methods below, so that no request scans the table:
     /// allocations by owning session, attached sessions by allocation,
-    /// and the ids of GPU allocations (placement counts device memory
-    /// from their records).
+    /// the ids of GPU allocations (placement counts device memory from
+    /// their records) and of replicated ones (the refill looks for a
+    /// missing copy among them).
     owned: BTreeMap<String, BTreeSet<u64>>,
     attachments: BTreeMap<u64, BTreeSet<String>>,
     gpu_allocs: BTreeSet<u64>,
+    replicated: BTreeSet<u64>,
     /// Ids being reserved: agents already hold them, the table not yet.
     pub reserving: BTreeSet<u64>,
     /// Device memory of allocations being reserved, per (node, GPU): not
@@ -143,12 +145,32 @@ impl State {
         if rec.alloc.kind.is_gpu() {
             self.gpu_allocs.insert(id);
         }
+        if rec.alloc.placement.copies() > 1 {
+            self.replicated.insert(id);
+        }
         self.allocs.insert(id, rec);
     }
 
     /// The records of GPU allocations.
     pub fn gpu_records(&self) -> impl Iterator<Item = &Record> {
         self.gpu_allocs.iter().filter_map(|id| self.allocs.get(id))
+    }
+
+    /// The records of replicated allocations, in id order.
+    pub fn replicated_records(&self) -> impl Iterator<Item = (&u64, &Record)> {
+        self.replicated
+            .iter()
+            .filter_map(|id| self.allocs.get_key_value(id))
+    }
+
+    /// The owner of each session that owns allocations (from the index:
+    /// one record per session, not the table).
+    pub fn owners(&self) -> impl Iterator<Item = &Owner> {
+        self.owned.values().filter_map(|ids| {
+            ids.first()
+                .and_then(|id| self.allocs.get(id))
+                .and_then(|r| r.alloc.owner.as_ref())
+        })
     }
 
     /// Ids of the allocations session `session` owns.
@@ -233,6 +255,7 @@ impl State {
             }
         }
         self.gpu_allocs.remove(&id);
+        self.replicated.remove(&id);
         for session in self.attachments.remove(&id).unwrap_or_default() {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.attached.remove(&id);

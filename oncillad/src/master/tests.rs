@@ -18,12 +18,16 @@ use oncilla_model::{Fabric, Kind};
 use super::{AgentLink, Liveness, Master};
 use crate::error::{CoreError, LinkError};
 
+mod batch;
 mod copies;
+mod parts;
 mod users;
 
 #[derive(Default, Clone)]
 struct FakeLink {
+    /// Reservations made, and the calls that carried them.
     reserved: Arc<AtomicU64>,
+    calls: Arc<AtomicU64>,
     released: Arc<AtomicU64>,
     fail_on: Option<&'static str>,
     /// An agent whose reservations never answer.
@@ -34,18 +38,10 @@ struct FakeLink {
     copies_set: Arc<std::sync::Mutex<Vec<(String, SetCopies)>>>,
 }
 
-impl AgentLink for FakeLink {
-    async fn reserve(&self, addr: &str, req: Reservation) -> Result<Reserved, LinkError> {
-        // Let other requests run meanwhile, as a real round trip does.
-        tokio::task::yield_now().await;
-        if Some(addr) == self.fail_on {
-            return Err(LinkError::Refused("pool exhausted".into()));
-        }
-        if Some(addr) == self.hang_on {
-            std::future::pending::<()>().await;
-        }
+impl FakeLink {
+    /// Two pieces when a range is over a page, as a fragmented pool would.
+    fn reserve_one(&self, req: &Reservation) -> Reserved {
         self.reserved.fetch_add(1, Ordering::SeqCst);
-        // Two pieces when a range is over a page, as a fragmented pool would.
         let mut pieces = Vec::new();
         for r in &req.ranges {
             let first = r.len.min(4096);
@@ -64,7 +60,26 @@ impl AgentLink for FakeLink {
                 });
             }
         }
-        Ok(Reserved { pieces, pool: None })
+        Reserved { pieces, pool: None }
+    }
+}
+
+impl AgentLink for FakeLink {
+    async fn reserve(
+        &self,
+        addr: &str,
+        reqs: Vec<Reservation>,
+    ) -> Result<Vec<Reserved>, LinkError> {
+        // Let other requests run meanwhile, as a real round trip does.
+        tokio::task::yield_now().await;
+        if Some(addr) == self.fail_on {
+            return Err(LinkError::Refused("pool exhausted".into()));
+        }
+        if Some(addr) == self.hang_on {
+            std::future::pending::<()>().await;
+        }
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(reqs.iter().map(|r| self.reserve_one(r)).collect())
     }
     async fn release(&self, _addr: &str, _id: u64) -> Result<Option<PoolUsage>, LinkError> {
         self.released.fetch_add(1, Ordering::SeqCst);
@@ -543,6 +558,7 @@ fn report(
         sessions,
         next_session_seq,
         max_held_id: 0,
+        more: false,
     }
 }
 

@@ -3,8 +3,9 @@
 
 use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
 
-use super::{read, CallError};
+use super::{read, CallError, Malformed};
 use crate::client::{self, AuthChannel, SessionClient};
+use crate::convert::WireError;
 use crate::pb;
 
 /// A session service, called in domain values. Cheap to clone.
@@ -73,6 +74,44 @@ impl Session {
         };
         let a = self.0.clone().alloc(req).await?;
         read(PEER, "allocation", a.into_inner())
+    }
+
+    /// `count` allocations for session `session_id`, each as `spec` says
+    /// (no name, not persistent), made together: all or none. In the
+    /// order they were made.
+    ///
+    /// # Errors
+    /// [`CallError`]; a reply with another number of allocations than
+    /// asked is malformed.
+    pub async fn alloc_many(
+        &self,
+        session_id: &str,
+        spec: &AllocSpec,
+        count: u32,
+    ) -> Result<Vec<Allocation>, CallError> {
+        let req = pb::AllocManyRequest {
+            session_id: session_id.to_string(),
+            spec: Some(spec.clone().into()),
+            count: u64::from(count),
+        };
+        let batch = self.0.clone().alloc_many(req).await?.into_inner();
+        if batch.allocations.len() != count as usize {
+            return Err(Malformed {
+                peer: PEER,
+                what: "allocation batch",
+                error: WireError::Count {
+                    what: "allocations",
+                    asked: count as usize,
+                    got: batch.allocations.len(),
+                },
+            }
+            .into());
+        }
+        batch
+            .allocations
+            .into_iter()
+            .map(|a| read(PEER, "allocation", a))
+            .collect()
     }
 
     /// Attaches a persistent allocation (by id or name) to the session.

@@ -1,6 +1,6 @@
 //! Master <-> agent messages (membership and reservation): wire <-> domain.
 
-use oncilla_model::alloc::{Allocation, Invalid, MAX_REPLICAS};
+use oncilla_model::alloc::{Allocation, Invalid, MAX_BATCH, MAX_REPLICAS};
 use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,
     SessionReport, SetCopies,
@@ -45,6 +45,7 @@ impl TryFrom<pb::RegisterRequest> for Registration {
                 }
                 id => id,
             },
+            more: r.more,
         })
     }
 }
@@ -66,6 +67,7 @@ impl From<Registration> for pb::RegisterRequest {
                 .collect(),
             next_session_seq: r.next_session_seq,
             max_held_id: r.max_held_id,
+            more: r.more,
         }
     }
 }
@@ -129,6 +131,7 @@ impl From<pb::HeartbeatReply> for HeartbeatReply {
             release: h.release,
             peers: h.peers,
             peers_version: h.peers_version,
+            want_full: h.want_full,
         }
     }
 }
@@ -140,6 +143,7 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
             release: h.release,
             peers: h.peers,
             peers_version: h.peers_version,
+            want_full: h.want_full,
         }
     }
 }
@@ -201,6 +205,47 @@ impl From<Reservation> for pb::ReserveRequest {
             gpu: r.gpu,
             copy: r.copy,
             replicas: r.replicas,
+        }
+    }
+}
+
+impl TryFrom<pb::ReserveBatch> for Vec<Reservation> {
+    type Error = WireError;
+    fn try_from(b: pb::ReserveBatch) -> Result<Self, WireError> {
+        let n = b.reservations.len();
+        if n == 0 || n > MAX_BATCH as usize {
+            return Err(Invalid::BatchCount(n as u64).into());
+        }
+        b.reservations.into_iter().map(TryInto::try_into).collect()
+    }
+}
+
+impl From<Vec<Reservation>> for pb::ReserveBatch {
+    fn from(b: Vec<Reservation>) -> Self {
+        Self {
+            reservations: b.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<pb::ReserveBatchReply> for Vec<Reserved> {
+    fn from(r: pb::ReserveBatchReply) -> Self {
+        r.reserved.into_iter().map(Into::into).collect()
+    }
+}
+
+impl From<Vec<Reserved>> for pb::ReserveBatchReply {
+    fn from(r: Vec<Reserved>) -> Self {
+        Self {
+            reserved: r.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<Vec<Allocation>> for pb::AllocationBatch {
+    fn from(all: Vec<Allocation>) -> Self {
+        Self {
+            allocations: all.into_iter().map(Into::into).collect(),
         }
     }
 }

@@ -25,6 +25,12 @@ pub enum WireError {
     Missing(&'static str),
     #[error(transparent)]
     Invalid(#[from] oncilla_model::alloc::Invalid),
+    #[error("{got} {what} where {asked} were asked for")]
+    Count {
+        what: &'static str,
+        asked: usize,
+        got: usize,
+    },
     #[error("queue-pair endpoint: {0}")]
     Endpoint(#[from] rdma::EndpointError),
 }

@@ -12,7 +12,7 @@
 
 use oncilla_model::alloc::{
     program_name, session_id, AllocRef, AllocSpec, Allocation, Extent, Health, Invalid, NodeShare,
-    Owner, Placement, RdmaRegion, KEY_LEN, MAX_ALLOCATION, MAX_ID, MAX_REPLICAS,
+    Owner, Placement, RdmaRegion, KEY_LEN, MAX_ALLOCATION, MAX_BATCH, MAX_ID, MAX_REPLICAS,
 };
 use oncilla_model::cluster::{
     Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,

@@ -288,6 +288,26 @@ proptest! {
         prop_assert_eq!(Reservation::try_from(w), Ok(r));
     }
 
+    /// Batches of reservations and their replies survive the wire, in
+    /// order; an empty batch or one past MAX_BATCH is refused.
+    #[test]
+    fn reservation_batches_round_trip(
+        rs in proptest::collection::vec(reservations(), 1..4),
+        replies in proptest::collection::vec(reserveds(), 0..4),
+    ) {
+        let w = wire(&pb::ReserveBatch::from(rs.clone()));
+        prop_assert_eq!(Vec::<Reservation>::try_from(w.clone()), Ok(rs));
+        let empty = pb::ReserveBatch { reservations: Vec::new() };
+        prop_assert!(Vec::<Reservation>::try_from(empty).is_err());
+        let one = w.reservations[0].clone();
+        let many = pb::ReserveBatch {
+            reservations: vec![one; MAX_BATCH as usize + 1],
+        };
+        prop_assert!(Vec::<Reservation>::try_from(many).is_err());
+        let back = Vec::<Reserved>::from(wire(&pb::ReserveBatchReply::from(replies.clone())));
+        prop_assert_eq!(back, replies);
+    }
+
     /// Copy changes survive the wire; more replicas than an allocation
     /// can have, or an empty address, are refused.
     #[test]

@@ -396,7 +396,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
         vec(allocations(), 0..3),
         vec(session_reports(), 0..3),
         any::<u64>(),
-        0..=MAX_ID,
+        (0..=MAX_ID, any::<bool>()),
     )
         .prop_map(
             |(
@@ -406,7 +406,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
                 held,
                 sessions,
                 next_session_seq,
-                max_held_id,
+                (max_held_id, more),
             )| Registration {
                 node,
                 incarnation,
@@ -415,6 +415,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
                 sessions,
                 next_session_seq,
                 max_held_id,
+                more,
             },
         )
 }
@@ -469,13 +470,17 @@ pub(super) fn heartbeat_replies() -> impl Strategy<Value = HeartbeatReply> {
         vec(1..=MAX_ID, 0..4),
         vec(text(), 0..4),
         any::<u64>(),
+        any::<bool>(),
     )
-        .prop_map(|(known, release, peers, peers_version)| HeartbeatReply {
-            known,
-            release,
-            peers,
-            peers_version,
-        })
+        .prop_map(
+            |(known, release, peers, peers_version, want_full)| HeartbeatReply {
+                known,
+                release,
+                peers,
+                peers_version,
+                want_full,
+            },
+        )
 }
 
 pub(super) fn ranges() -> impl Strategy<Value = Range> {

@@ -12,6 +12,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batches;
 mod descriptors;
 mod least_authority;
 mod users;
