@@ -364,23 +364,9 @@ pub unsafe extern "C" fn ocm_alloc_many(
         let spec = unsafe { spec_from(params)? };
         aligned(out.cast_const(), "out")?;
         let made = session()?.alloc_many(&spec, count)?;
-        let mut handles = Vec::with_capacity(made.len());
-        for a in made {
-            match file(a) {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    // Only when the context went away meanwhile (a
-                    // concurrent `ocm_tini`): give back what was filed.
-                    let _ = with_context(|c| {
-                        for h in &handles {
-                            c.allocs.remove(&(*h as usize));
-                        }
-                        Ok(())
-                    });
-                    return Err(e);
-                }
-            }
-        }
+        // `file` fails only when a concurrent `ocm_tini` ended the context:
+        // what was filed went with it, the rest is freed as it drops.
+        let handles = made.into_iter().map(file).collect::<Result<Vec<_>, _>>()?;
         for (i, h) in handles.into_iter().enumerate() {
             // SAFETY: `out` is aligned (checked) and has room for `count`
             // handles per the caller; `alloc_many` made exactly `count`.

@@ -102,14 +102,16 @@ impl Oncilla {
         let mut made = Vec::with_capacity(records.len());
         let mut records = records.into_iter();
         while let Some(record) = records.next() {
+            let id = record.id;
             match Allocation::open(&self.client, record, fabric) {
                 Ok(a) => made.push(a),
                 Err(e) => {
                     // The handles made so far free theirs as they drop;
-                    // the rest are freed here (a failure to free is the
+                    // this one (unless its half-built handle did) and the
+                    // rest are freed here (a failure to free is the
                     // session's to clean up when it ends).
-                    for r in records {
-                        let _ = self.client.free_id(r.id, false);
+                    for id in std::iter::once(id).chain(records.map(|r| r.id)) {
+                        let _ = self.client.free_id(id, false);
                     }
                     return Err(e);
                 }

@@ -3,9 +3,10 @@
 //! arrive checked (`AllocateRequest`); this module decides, it never
 //! parses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures_util::future::join_all;
+use futures_util::StreamExt;
 use oncilla_model::alloc::{
     AllocSpec, Allocation, Extent, Invalid, KEY_LEN, MAX_BATCH, MAX_EXTENTS, MAX_ID,
 };
@@ -74,15 +75,25 @@ impl<L: AgentLink> Master<L> {
         base.placement = spec.placement.clone();
         base.origin_node = origin_node.clone();
 
-        let mut pending = Vec::with_capacity(count as usize);
+        let mut pending: Vec<Pending> = Vec::with_capacity(count as usize);
         let planned = {
             let mut st = self.lock();
             // Taken once, then kept up to date with what each allocation
             // holds: a batch costs one pass over the nodes, not one each.
-            let mut candidates = self.candidates(&st);
+            let mut room = Room::of(self.candidates(&st));
+            // Every range becomes at least one extent: a batch whose
+            // ranges could not travel in one message stops being planned
+            // as soon as it passes the bound, before any memory is
+            // reserved.
+            let mut ranges = 0;
             (0..count).try_for_each(|_| {
-                pending.push(self.plan(&mut st, &mut candidates, &spec, &base, persistent)?);
-                Ok::<_, CoreError>(())
+                let p = self.plan(&mut st, &mut room, &spec, &base, persistent)?;
+                ranges += p.ranges();
+                pending.push(p);
+                if ranges > MAX_EXTENTS {
+                    return Err(too_many(ranges, count));
+                }
+                Ok(())
             })
         };
         let mut unwind = Unwind {
@@ -93,12 +104,6 @@ impl<L: AgentLink> Master<L> {
         };
         planned?;
         let pending = &mut unwind.pending;
-        // Every range becomes at least one extent: refused before any
-        // memory is reserved when they could not travel in one message.
-        let ranges = pending.iter().map(Pending::ranges).sum::<usize>();
-        if ranges > MAX_EXTENTS {
-            return Err(too_many(ranges, count));
-        }
 
         let pieces = match self.reserve(pending).await {
             Ok(pieces) => pieces,
@@ -149,16 +154,14 @@ impl<L: AgentLink> Master<L> {
             if let Some(who) = &creator {
                 st.attach_session(who.clone(), id);
             }
+            let record = Record {
+                alloc: p.alloc,
+                lost: BTreeMap::new(),
+                adopted: false,
+            };
+            made.push(self.render(&st, &record));
             // Counted against its user when it was planned.
-            st.insert(
-                Record {
-                    alloc: p.alloc,
-                    lost: BTreeMap::new(),
-                    adopted: false,
-                },
-                true,
-            );
-            made.push(self.view(&st, id)?);
+            st.insert(record, true);
         }
         Ok(made)
     }
@@ -169,7 +172,7 @@ impl<L: AgentLink> Master<L> {
     fn plan(
         &self,
         st: &mut State,
-        candidates: &mut [Candidate],
+        room: &mut Room,
         spec: &AllocSpec,
         base: &Allocation,
         persistent: bool,
@@ -185,9 +188,9 @@ impl<L: AgentLink> Master<L> {
                 placement: &spec.placement,
                 origin,
             },
-            candidates,
+            &room.candidates,
         )?;
-        let replicas = placement::replicas(&primary, spec.placement.copies(), candidates)?;
+        let replicas = placement::replicas(&primary, spec.placement.copies(), &room.candidates)?;
         // Every write of a replicated allocation goes through its
         // primary's agent, which copies it on: TCP (the spec refused the
         // other fabrics).
@@ -224,7 +227,7 @@ impl<L: AgentLink> Master<L> {
             quota::check(*uid, st.quotas.of(*uid), &usage, c)?;
         }
         let targets = hold(st, plan)?;
-        took(st, candidates, &targets);
+        room.took(st, &targets);
         if let Some((uid, c)) = &charge {
             st.charge(*uid, c, true);
         }
@@ -338,18 +341,24 @@ impl<L: AgentLink> Master<L> {
     /// too: a reservation that timed out may still have happened. The
     /// table's side is undone by the allocations' [`Unwind`].
     async fn release_all(&self, pending: &[Pending]) {
-        let releases = pending.iter().flat_map(|p| {
-            p.targets
-                .iter()
-                .map(|(_, addr, _)| self.link.release(addr, p.alloc.id))
-        });
-        for r in join_all(releases).await {
+        let mut releases = Vec::new();
+        for p in pending {
+            for (_, addr, _) in &p.targets {
+                releases.push(self.link.release(addr, p.alloc.id));
+            }
+        }
+        // A batch's worth of releases, a bounded number in flight at once.
+        let mut done = futures_util::stream::iter(releases).buffer_unordered(RELEASES_IN_FLIGHT);
+        while let Some(r) = done.next().await {
             if let Err(e) = r {
                 tracing::warn!(error = %e, "release during rollback failed; the node's next heartbeat reconciles it");
             }
         }
     }
 }
+
+/// Releases a rollback sends at once.
+const RELEASES_IN_FLIGHT: usize = 64;
 
 /// The error for `n` extents that no message could carry.
 fn too_many(n: usize, count: u32) -> CoreError {
@@ -572,21 +581,40 @@ fn hold(st: &mut State, plan: Vec<Planned>) -> Result<Vec<Target>, CoreError> {
     Ok(targets)
 }
 
-/// Takes what `targets` hold out of `candidates`' room, as
-/// [`Master::candidates`] would count it from the table now.
-fn took(st: &State, candidates: &mut [Candidate], targets: &[Target]) {
-    for (p, _, _) in targets {
-        let (Some(c), Some(node)) = (
-            candidates.iter_mut().find(|c| c.name == p.node),
-            st.nodes.get(&p.node),
-        ) else {
-            continue;
-        };
-        match p.gpu {
-            None => c.free = c.free.saturating_sub(node.footprint(p.bytes())),
-            Some(g) => {
-                if let Some(room) = c.gpus.iter_mut().find(|r| r.index == g) {
-                    room.free = room.free.saturating_sub(p.bytes());
+/// The candidates a batch is placed on, kept current as it holds room.
+struct Room {
+    candidates: Vec<Candidate>,
+    /// Each candidate's place in `candidates`, by node name.
+    by_name: HashMap<String, usize>,
+}
+
+impl Room {
+    fn of(candidates: Vec<Candidate>) -> Self {
+        let by_name = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
+        Self {
+            candidates,
+            by_name,
+        }
+    }
+
+    /// Takes what `targets` hold out of the candidates' room, as
+    /// [`Master::candidates`] would count it from the table now.
+    fn took(&mut self, st: &State, targets: &[Target]) {
+        for (p, _, _) in targets {
+            let (Some(&i), Some(node)) = (self.by_name.get(&p.node), st.nodes.get(&p.node)) else {
+                continue;
+            };
+            let c = &mut self.candidates[i];
+            match p.gpu {
+                None => c.free = c.free.saturating_sub(node.footprint(p.bytes())),
+                Some(g) => {
+                    if let Some(room) = c.gpus.iter_mut().find(|r| r.index == g) {
+                        room.free = room.free.saturating_sub(p.bytes());
+                    }
                 }
             }
         }

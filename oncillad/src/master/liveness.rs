@@ -19,8 +19,8 @@ impl<L: AgentLink> Master<L> {
     pub fn heard_from(&self, node: &str, incarnation: u64) {
         let mut st = self.lock();
         if let Some(n) = st.nodes.get_mut(node) {
-            if n.incarnation == incarnation {
-                n.seen.heard(&self.liveness);
+            if n.incarnation == incarnation && n.seen.heard(&self.liveness) != NodeState::Up {
+                n.full_due = true;
             }
         }
     }

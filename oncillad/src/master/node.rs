@@ -127,6 +127,10 @@ pub(crate) struct Node {
     pub logged: NodeState,
     /// Its sessions as of its registration, less those ended since.
     pub sessions: SessionsSeen,
+    /// Its next heartbeat should list every id it holds: it was heard
+    /// again (by a session's call) after it had gone quiet, and copies may
+    /// have been dropped meanwhile.
+    pub full_due: bool,
 }
 
 impl Node {

@@ -108,6 +108,24 @@ impl<L: AgentLink> Master<L> {
         if !info.pool_note.is_empty() {
             tracing::warn!(node = %name, "{}", info.pool_note);
         }
+        // A later part of a registration, or the same agent registering
+        // again: what the table already counts on it stays counted (the
+        // last part recounts it whole).
+        let (reserved, pool) = st
+            .nodes
+            .get(&name)
+            .filter(|prev| prev.incarnation == req.incarnation)
+            .map_or(
+                (
+                    0,
+                    PoolUsage {
+                        free: info.capacity,
+                        largest_free: info.capacity,
+                        ..PoolUsage::default()
+                    },
+                ),
+                |prev| (prev.reserved, prev.pool),
+            );
         if let Some(prev) = st.nodes.get(&name) {
             if prev.incarnation != req.incarnation {
                 // Replicated allocations go on with their other copies.
@@ -128,14 +146,10 @@ impl<L: AgentLink> Master<L> {
         st.nodes.insert(
             name.clone(),
             Node {
-                pool: PoolUsage {
-                    free: info.capacity,
-                    largest_free: info.capacity,
-                    ..PoolUsage::default()
-                },
+                pool,
                 info,
                 incarnation: req.incarnation,
-                reserved: 0,
+                reserved,
                 seen: Seen::now(),
                 logged: NodeState::Up,
                 sessions: SessionsSeen {
@@ -146,6 +160,7 @@ impl<L: AgentLink> Master<L> {
                         .map(|s| s.who.session_id.clone())
                         .collect(),
                 },
+                full_due: false,
             },
         );
 
@@ -175,6 +190,7 @@ impl<L: AgentLink> Master<L> {
                     rec.alloc.merge_extents(record);
                     let after = charge_of(&rec.alloc);
                     st.recharge(before, after);
+                    took_room(st, &name, record);
                 } else if rec
                     .alloc
                     .all_extents()
@@ -190,6 +206,7 @@ impl<L: AgentLink> Master<L> {
             let owner_dead = record.owner.as_ref().is_some_and(|o| session_dead(st, o));
             if adopt && !st.freed_adopted.contains(&id) && !owner_dead {
                 adopt_record(st, record.clone());
+                took_room(st, &name, record);
                 adopted += 1;
             } else if !st.reserving.contains(&id) {
                 release.push(id);
@@ -242,7 +259,7 @@ impl<L: AgentLink> Master<L> {
             }
             // Copies may have been dropped while it was silent: its next
             // heartbeat lists everything it holds.
-            let want_full = before != NodeState::Up;
+            let want_full = before != NodeState::Up || std::mem::take(&mut n.full_due);
             n.pool = req.pool.unwrap_or(n.pool);
             for s in &req.ended_sessions {
                 n.sessions.live.remove(s);
@@ -346,29 +363,17 @@ fn adopt_record(st: &mut State, mut alloc: Allocation) {
     );
 }
 
-/// Recomputes what the table places on `node` (its registration reset it).
+/// Recomputes what the table places on `node` (the last part of its
+/// registration settles it).
 fn recount(st: &mut State, node: &str) {
     let Some(page) = st.nodes.get(node).map(|n| n.info.page()) else {
         return;
     };
-    // Per allocation and copy, like placement counted it.
     let reserved = st
         .allocs
         .values()
         .filter(|r| !r.lost.contains_key(node))
-        .map(|r| {
-            // Each copy's ranges on the node were reserved together.
-            let mut per_copy: BTreeMap<u32, u64> = BTreeMap::new();
-            for e in r.alloc.all_extents() {
-                if e.node == node && e.gpu.is_none() {
-                    *per_copy.entry(e.copy).or_default() += e.len;
-                }
-            }
-            per_copy
-                .values()
-                .map(|&len| round_up(len, page))
-                .sum::<u64>()
-        })
+        .map(|r| footprint_on(&r.alloc, node, page))
         .sum();
     if let Some(n) = st.nodes.get_mut(node) {
         n.reserved = reserved;
@@ -376,4 +381,26 @@ fn recount(st: &mut State, node: &str) {
         n.pool.free = n.info.capacity.saturating_sub(reserved);
         n.pool.largest_free = n.pool.free;
     }
+}
+
+/// Counts the room a part of a registration brings back to `node` (the
+/// extents in `record`) at once, so placement never sees the node emptier
+/// than it is while the other parts are on their way.
+fn took_room(st: &mut State, node: &str, record: &Allocation) {
+    if let Some(n) = st.nodes.get_mut(node) {
+        n.reserved += footprint_on(record, node, n.info.page());
+    }
+}
+
+/// What `alloc`'s extents take on `node`: per copy, its ranges there
+/// rounded up to whole pages, as placement counted them.
+fn footprint_on(alloc: &Allocation, node: &str, page: u64) -> u64 {
+    // Each copy's ranges on the node were reserved together.
+    let mut per_copy: BTreeMap<u32, u64> = BTreeMap::new();
+    for e in alloc.all_extents() {
+        if e.node == node && e.gpu.is_none() {
+            *per_copy.entry(e.copy).or_default() += e.len;
+        }
+    }
+    per_copy.values().map(|&len| round_up(len, page)).sum()
 }

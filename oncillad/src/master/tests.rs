@@ -494,6 +494,10 @@ async fn silent_nodes_go_down_and_their_allocations_degrade() {
     assert_eq!(m.nodes()[0].state, NodeState::Down);
     m.heard_from("a", 1);
     assert_eq!(m.nodes()[0].state, NodeState::Up);
+    // Heard again through a session's call: its copies may have been
+    // dropped while it was down, so its next heartbeat lists everything.
+    assert!(m.heartbeat(beat("a", vec![], &[])).await.want_full);
+    assert!(!m.heartbeat(beat("a", vec![], &[])).await.want_full);
     std::thread::sleep(Duration::from_millis(600));
     assert!(m.heartbeat(beat("a", vec![a.id], &[])).await.known);
     assert_eq!(m.nodes()[0].state, NodeState::Up);

@@ -96,7 +96,7 @@ impl<L: AgentLink> Master<L> {
     }
 
     /// `rec` with the processes attached to it and its health.
-    fn render(&self, st: &State, rec: &Record) -> Allocation {
+    pub(super) fn render(&self, st: &State, rec: &Record) -> Allocation {
         let mut a = rec.alloc.clone();
         a.attached = st.attached_to(rec.alloc.id).into_iter().cloned().collect();
         let (health, notes) = self.health(st, rec);
