@@ -7,7 +7,9 @@ use oncilla_ops::{certs, MasterError};
 
 use oncilla_bench::BenchError;
 
-/// What ocmctl reports on failure: one line, then exit status 1.
+/// What ocmctl reports on failure: one line, then exit status 1 (a
+/// program run by `ocmctl run` passes its own status; a closed standard
+/// output ends quietly).
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
@@ -32,4 +34,13 @@ pub enum CliError {
     },
     #[error("{0}")]
     Other(String),
+    /// The program `ocmctl run` ran did not succeed: ocmctl exits with
+    /// `code` (its exit status, or 128 + the signal that killed it), and
+    /// says `why` when the program could not (a signal).
+    #[error("{}", why.as_deref().unwrap_or("the program failed"))]
+    Child { code: u8, why: Option<String> },
+    /// Standard output was closed by its reader (`ocmctl show 4 | head`):
+    /// ocmctl stops printing and ends quietly, as a filter should.
+    #[error("standard output was closed")]
+    Closed,
 }

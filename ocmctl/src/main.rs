@@ -9,6 +9,7 @@
 mod cmd;
 mod error;
 mod render;
+mod stdout;
 
 use std::process::ExitCode;
 
@@ -99,7 +100,13 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match run(cli.cmd) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) | Err(CliError::Closed) => ExitCode::SUCCESS,
+        Err(CliError::Child { code, why }) => {
+            if let Some(why) = why {
+                eprintln!("ocmctl: {why}");
+            }
+            ExitCode::from(code)
+        }
         Err(e) => {
             eprintln!("ocmctl: {e}");
             ExitCode::FAILURE

@@ -2,8 +2,10 @@
 
 /// Prints `v` as pretty JSON on stdout.
 pub fn print(v: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
+    println!("{}", pretty(v));
+}
+
+/// `v` as pretty JSON (what [`print`] prints, without the newline).
+pub fn pretty(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
 }

@@ -242,9 +242,11 @@ pub fn lazy_as(
     ))
 }
 
-/// Wraps a transport failure as "`what` unreachable at `addr`", leaving every
-/// answer the peer itself gave untouched. Servers never answer UNAVAILABLE
-/// themselves, so that code always means the peer could not be reached.
+/// Wraps a transport failure as "`what` unreachable at `addr`", and a call
+/// the peer does not serve (UNIMPLEMENTED, which gRPC sends with no
+/// message) as what it means, leaving every other answer the peer gave
+/// untouched. Servers never answer UNAVAILABLE themselves, so that code
+/// always means the peer could not be reached.
 pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Status {
     match status.code() {
         // Cancelled: the connection broke under a call in flight.
@@ -275,6 +277,17 @@ pub fn unreachable(what: &str, addr: &str, status: tonic::Status) -> tonic::Stat
                 status.message()
             ))
         }
+        // Another service answers there (an agent's port given for the
+        // master's), or an older build without this call: gRPC says only
+        // "unimplemented", with no message.
+        tonic::Code::Unimplemented => tonic::Status::unimplemented(format!(
+            "{addr} does not serve this call as a {what} (another daemon's port, or an older version?){}",
+            if status.message().is_empty() {
+                String::new()
+            } else {
+                format!(": {}", status.message())
+            }
+        )),
         _ => status,
     }
 }

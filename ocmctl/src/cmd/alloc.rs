@@ -56,9 +56,9 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     let spec = alloc_spec(args)?;
     let a = args.conn.connect()?.allocate(spec)?;
     if args.json {
-        oncilla_ops::json::print(&render::allocs::json(&a));
+        crate::stdout::json(&render::allocs::json(&a))?;
     } else {
-        println!("{}", a.id);
+        crate::stdout::print(format_args!("{}\n", a.id))?;
     }
     Ok(())
 }

@@ -11,11 +11,11 @@ use crate::render;
 pub fn run(args: &super::Listing) -> Result<(), CliError> {
     let allocs = args.conn.connect()?.allocations()?;
     if args.json {
-        oncilla_ops::json::print(&serde_json::Value::Array(
+        crate::stdout::json(&serde_json::Value::Array(
             allocs.iter().map(render::allocs::json).collect(),
-        ));
+        ))?;
     } else {
-        print!("{}", render::allocs::table(&allocs, render::now_ms()));
+        crate::stdout::print(render::allocs::table(&allocs, render::now_ms()))?;
     }
     Ok(())
 }

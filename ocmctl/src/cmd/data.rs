@@ -19,7 +19,7 @@ use crate::error::CliError;
 pub struct PutArgs {
     /// Allocation id or name.
     alloc: String,
-    /// File to read.
+    /// File to read (`-`: standard input).
     file: PathBuf,
     /// Byte offset in the allocation.
     #[arg(long, default_value_t = 0)]
@@ -40,7 +40,7 @@ pub struct GetArgs {
     /// Bytes to copy [default: to the end].
     #[arg(long)]
     len: Option<u64>,
-    /// Output file [default: stdout].
+    /// Output file (`-`: stdout) [default: stdout].
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
     #[command(flatten)]
@@ -59,26 +59,49 @@ fn open(conn: &Conn, alloc: &str) -> Result<(Descriptor, Operator), CliError> {
 /// Bytes staged in memory at a time.
 const STAGE: u64 = 64 << 20;
 
-/// Copies the file into the allocation at the offset.
+/// Copies the file (or stdin, for `-`) into the allocation at the offset.
 ///
 /// # Errors
-/// Unknown allocation, a file that does not fit, I/O and data-path errors.
+/// Unknown allocation, a file that does not fit (refused before anything
+/// is written; stdin, whose length is not known, is refused at the first
+/// chunk that would not fit, saying how much was written), I/O and
+/// data-path errors.
 pub fn put(args: &PutArgs) -> Result<(), CliError> {
     let offset = args.offset;
+    let stdin = args.file.as_os_str() == "-";
+    let name = if stdin {
+        "stdin".to_string()
+    } else {
+        args.file.display().to_string()
+    };
     let io_err = |source| CliError::Io {
-        path: args.file.display().to_string(),
+        path: name.clone(),
         source,
     };
     let (desc, data) = open(&args.conn, &args.alloc)?;
-    let mut f = File::open(&args.file).map_err(io_err)?;
-    let total = f.metadata().map_err(io_err)?.len();
-    desc.check_range(offset, total)?;
-    let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
-    let mut progress = Progress::new("put", total);
+    let (mut input, total): (Box<dyn Read>, Option<u64>) = if stdin {
+        (Box::new(std::io::stdin().lock()), None)
+    } else {
+        let f = File::open(&args.file).map_err(io_err)?;
+        let total = f.metadata().map_err(io_err)?.len();
+        desc.check_range(offset, total)?;
+        (Box::new(f), Some(total))
+    };
+    let room = desc.size.saturating_sub(offset);
+    let mut buf = vec![0u8; usize::try_from(total.unwrap_or(STAGE).min(STAGE)).unwrap_or(0)];
+    let mut progress = Progress::new("put", total.unwrap_or(0));
     let mut done = 0u64;
-    while done < total {
-        let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
-        f.read_exact(&mut buf[..n]).map_err(io_err)?;
+    loop {
+        let n = fill(&mut input, &mut buf).map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        if done + n as u64 > room {
+            return Err(CliError::Other(format!(
+                "{name} holds more than the {room} bytes of allocation {} past offset {offset}; {done} bytes were written",
+                args.alloc
+            )));
+        }
         data.write(&desc, offset + done, &buf[..n])?;
         done += n as u64;
         progress.update(done);
@@ -87,24 +110,45 @@ pub fn put(args: &PutArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Reads into `buf` until it is full or the input ends; how much it read.
+fn fill(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// Copies the bytes asked for (default: to the end) from the allocation at
-/// the offset to the output file or stdout.
+/// the offset to the output file or stdout (no `-o`, or `-o -`).
 ///
 /// # Errors
-/// Unknown allocation, a range outside it, I/O and data-path errors.
+/// Unknown allocation, a range outside it, I/O and data-path errors; a
+/// reader of stdout that went away ends it quietly ([`CliError::Closed`]).
 pub fn get(args: &GetArgs) -> Result<(), CliError> {
-    let (offset, output) = (args.offset, args.output.as_deref());
+    let offset = args.offset;
+    let output = args.output.as_deref().filter(|p| p.as_os_str() != "-");
     let (desc, data) = open(&args.conn, &args.alloc)?;
     let total = args.len.unwrap_or_else(|| desc.size.saturating_sub(offset));
     desc.check_range(offset, total)?;
-    let name = output.map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
-    let io_err = |source| CliError::Io {
-        path: name.clone(),
-        source,
-    };
     let mut out: Box<dyn Write> = match output {
-        Some(p) => Box::new(File::create(p).map_err(io_err)?),
+        Some(p) => Box::new(File::create(p).map_err(|source| CliError::Io {
+            path: p.display().to_string(),
+            source,
+        })?),
         None => Box::new(std::io::stdout().lock()),
+    };
+    let written = |source: std::io::Error| match output {
+        Some(p) => CliError::Io {
+            path: p.display().to_string(),
+            source,
+        },
+        None => crate::stdout::written(source),
     };
     let mut buf = vec![0u8; usize::try_from(total.min(STAGE)).unwrap_or(0)];
     let mut progress = Progress::new("get", total);
@@ -112,11 +156,11 @@ pub fn get(args: &GetArgs) -> Result<(), CliError> {
     while done < total {
         let n = usize::try_from((total - done).min(STAGE)).unwrap_or(0);
         data.read(&desc, offset + done, &mut buf[..n])?;
-        out.write_all(&buf[..n]).map_err(io_err)?;
+        out.write_all(&buf[..n]).map_err(written)?;
         done += n as u64;
         progress.update(done);
     }
-    out.flush().map_err(io_err)?;
+    out.flush().map_err(written)?;
     progress.finish();
     Ok(())
 }

@@ -21,6 +21,7 @@ use oncilla_ops::Table;
 
 use crate::error::CliError;
 use crate::render;
+use crate::stdout::print;
 
 /// Options of `ocmctl demo`.
 #[derive(Debug, clap::Args)]
@@ -99,12 +100,12 @@ impl Plan {
         let len =
             usize::try_from(self.size).map_err(|_| CliError::Other("--size too large".into()))?;
         let alloc = ocm.alloc_with(&spec)?;
-        println!(
-            "allocated {} as allocation {} striped over {} agents\n",
+        print(format_args!(
+            "allocated {} as allocation {} striped over {} agents\n\n",
             HumanBytes(self.size),
             alloc.id(),
             alloc.descriptor().extents.len()
-        );
+        ))?;
 
         let src = pattern(len, alloc.id());
         let started = Instant::now();
@@ -136,21 +137,19 @@ impl Plan {
             }
             checked += 1;
         }
-        println!(
-            "verified: {} read back intact ({checked} ranges, every byte compared)\n",
+        print(format_args!(
+            "verified: {} read back intact ({checked} ranges, every byte compared)\n\n",
             HumanBytes(self.size)
-        );
+        ))?;
 
-        println!("nodes:");
-        print!(
-            "{}",
+        print(format_args!(
+            "nodes:\n{}",
             render::nodes::table(&master.node_list()?, render::now_ms())
-        );
-        println!("\nallocations:");
-        print!(
-            "{}",
+        ))?;
+        print(format_args!(
+            "\nallocations:\n{}",
             render::allocs::table(&master.allocations()?, render::now_ms())
-        );
+        ))?;
 
         let mut t = Table::new(&["COPY", "BYTES", "SECONDS", "GiB/s"]);
         for (what, took) in [("write (copy_in)", write), ("read (copy_out)", read)] {
@@ -168,11 +167,11 @@ impl Plan {
             .zip(alloc.fabrics())
             .map(|(e, f)| format!("{} {f}", e.node))
             .collect();
-        println!(
-            "\nbandwidth on loopback, all nodes in parallel ({}):",
-            fabrics.join(", ")
-        );
-        print!("{}", t.render());
+        print(format_args!(
+            "\nbandwidth on loopback, all nodes in parallel ({}):\n{}",
+            fabrics.join(", "),
+            t.render()
+        ))?;
 
         if self.keep {
             return Ok(());
@@ -184,7 +183,9 @@ impl Plan {
                 "allocation {id} still listed after free"
             )));
         }
-        println!("\nfreed allocation {id}; stopping the cluster");
+        print(format_args!(
+            "\nfreed allocation {id}; stopping the cluster\n"
+        ))?;
         Ok(())
     }
 }

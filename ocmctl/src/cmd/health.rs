@@ -53,7 +53,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     for addr in &addrs {
         match oncilla_ops::health::check(addr, service, tls.as_ref()) {
             Ok(status) => {
-                println!("{addr}: {status}");
+                crate::stdout::print(format_args!("{addr}: {status}\n"))?;
                 serving |= status == "SERVING";
             }
             Err(e) => {

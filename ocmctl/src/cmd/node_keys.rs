@@ -35,7 +35,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     }
     let text = oncilla_net::credential::NodeKeys::derive(&conn.token()?, name).to_text();
     let Some(path) = out else {
-        print!("{text}");
+        crate::stdout::print(&text)?;
         return Ok(());
     };
     certs::write_private(path, text.as_bytes()).map_err(|source| CliError::Io {

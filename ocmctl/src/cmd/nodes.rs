@@ -10,9 +10,9 @@ use crate::render;
 pub fn run(args: &super::Listing) -> Result<(), CliError> {
     let nodes = args.conn.connect()?.node_list()?;
     if args.json {
-        oncilla_ops::json::print(&render::nodes::json(&nodes));
+        crate::stdout::json(&render::nodes::json(&nodes))?;
     } else {
-        print!("{}", render::nodes::table(&nodes, render::now_ms()));
+        crate::stdout::print(render::nodes::table(&nodes, render::now_ms()))?;
     }
     Ok(())
 }

@@ -74,9 +74,9 @@ pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
         QuotaCmd::Show { conn, json } => {
             let report = conn.connect()?.quotas()?;
             if *json {
-                oncilla_ops::json::print(&crate::render::quota::json(&report));
+                crate::stdout::json(&crate::render::quota::json(&report))?;
             } else {
-                print!("{}", table(&report));
+                crate::stdout::print(table(&report))?;
                 if !report.persistent {
                     eprintln!(
                         "note: this master keeps no quota file (oncillad --quota-file), so quotas cannot be set"
@@ -130,11 +130,11 @@ pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
                 }
             }
             let report = master.set_quota(subject, Some(limits))?;
-            print!("{}", table(&report));
+            crate::stdout::print(table(&report))?;
         }
         QuotaCmd::Clear { user, conn } => {
             let report = conn.connect()?.set_quota(Subject::User(*user), None)?;
-            print!("{}", table(&report));
+            crate::stdout::print(table(&report))?;
         }
     }
     Ok(())

@@ -29,9 +29,9 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         .connect()?
         .allocation(&super::alloc_ref(&args.alloc))?;
     if args.json {
-        oncilla_ops::json::print(&render::allocs::json(&a));
+        crate::stdout::json(&render::allocs::json(&a))?;
     } else {
-        print!("{}", render::allocs::detail(&a, render::now_ms()));
+        crate::stdout::print(render::allocs::detail(&a, render::now_ms()))?;
     }
     Ok(())
 }

@@ -378,6 +378,12 @@ impl Cluster {
 
     /// Runs ocmctl against this cluster.
     pub fn ocmctl(&self, args: &[&str]) -> Output {
+        self.ocmctl_command(args).output().expect("run ocmctl")
+    }
+
+    /// ocmctl against this cluster, to be started by the caller (piped,
+    /// spawned and signalled...).
+    pub fn ocmctl_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin("ocmctl"));
         cmd.args(args)
             .env("ONCILLA_MASTER", self.masters_arg())
@@ -387,7 +393,7 @@ impl Cluster {
         if let Some(ca) = self.tls_ca() {
             cmd.env("ONCILLA_TLS_CA", ca);
         }
-        cmd.output().expect("run ocmctl")
+        cmd
     }
 
     /// Number of allocations the master lists.

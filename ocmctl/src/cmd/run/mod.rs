@@ -8,12 +8,15 @@
 //! `oncilla_cluster`'s.
 
 use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
 use oncilla_cluster::Config;
 use oncilla_model::size::parse_size;
 
 use crate::error::CliError;
+
+mod forward;
 
 /// Options of `ocmctl run`.
 #[derive(Debug, clap::Args)]
@@ -30,11 +33,14 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-/// Runs the program; its exit status becomes ocmctl's.
+/// Runs the program; its exit status becomes ocmctl's (a program killed
+/// by signal N: 128 + N, as a shell says it). SIGINT, SIGTERM and SIGHUP
+/// sent to ocmctl meanwhile go to the program, and the cluster is torn
+/// down once it has ended: nothing is left running.
 ///
 /// # Errors
 /// Bad options, daemons that fail to start, a program that cannot be
-/// started or does not succeed.
+/// started; [`CliError::Child`] for one that does not succeed.
 pub fn run(args: &Args) -> Result<(), CliError> {
     if !(1..=16).contains(&args.agents) {
         return Err(CliError::Other("--agents must be from 1 to 16".into()));
@@ -44,24 +50,39 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     let command = args.command.clone();
     let capacities = vec![capacity; args.agents];
     let config = Config::new(crate::daemon(), &capacities).dir_prefix("oncilla-demo");
-    oncilla_cluster::run(config, move |h| {
+    let (program, status) = oncilla_cluster::run(config, move |h| {
         let (program, rest) = command
             .split_first()
             .ok_or_else(|| CliError::Other("no program given after --".into()))?;
         // Written (mode 0600) by the cluster when it started.
         let token_file = h.token_file();
-        let status = Command::new(program)
+        let mut child = Command::new(program)
             .args(rest)
             .env("ONCILLA_SOCKET", h.socket(0))
             .env("ONCILLA_TOKEN_FILE", &token_file)
             .env_remove("ONCILLA_TOKEN")
             .env("ONCILLA_MASTER", &h.master_addr)
-            .status()
+            .spawn()
             .map_err(|e| CliError::Other(format!("cannot start {program:?}: {e}")))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(CliError::Other(format!("{program:?} ended with {status}")))
+        let forwarding = forward::Forwarding::to(child.id());
+        let status = child.wait();
+        drop(forwarding);
+        let status =
+            status.map_err(|e| CliError::Other(format!("waiting for {program:?}: {e}")))?;
+        Ok::<_, CliError>((program.clone(), status))
+    })?;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ok(()),
+        (Some(code), _) => Err(CliError::Child {
+            code: u8::try_from(code).unwrap_or(1),
+            why: None,
+        }),
+        (None, signal) => {
+            let n = signal.unwrap_or(0);
+            Err(CliError::Child {
+                code: u8::try_from(128 + n).unwrap_or(1),
+                why: Some(format!("{program:?} was killed by signal {n}")),
+            })
         }
-    })
+    }
 }
