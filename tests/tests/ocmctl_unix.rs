@@ -71,6 +71,17 @@ fn a_dash_is_stdin_and_stdout() {
     );
     assert!(got.stdout == data, "stdout is not what stdin gave");
     assert!(!c.dir.join("-").exists(), "no file named -");
+    // Offsets and lengths take units.
+    let kib = c.ocmctl(&["get", &id, "--offset", "1KiB", "--len", "2k"]);
+    assert!(
+        kib.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kib.stderr)
+    );
+    assert!(
+        kib.stdout == data[1014..1014 + 2048],
+        "1KiB..+2k of the allocation"
+    );
 
     let mut over = c
         .ocmctl_command(&["put", &id, "-", "--offset", "900000"])

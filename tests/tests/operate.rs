@@ -141,4 +141,26 @@ fn ocmctl_top_shows_nodes_and_allocations_frame_after_frame() {
     assert_eq!(v["allocations"][0]["name"], "seen-by-top");
     let bad = c.ocmctl(&["top", "--interval", "10ms"]);
     assert!(!bad.status.success());
+    // A master that cannot be reached is shown, frame after frame.
+    let out = c.ocmctl(&[
+        "top",
+        "--count",
+        "2",
+        "--interval",
+        "0.2s",
+        "--master",
+        "127.0.0.1:1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let frames: Vec<&str> = text.split("--- frame ").skip(1).collect();
+    assert_eq!(frames.len(), 2, "{text}");
+    for f in frames {
+        assert!(f.contains(" UTC\n"), "{f}");
+        assert!(f.contains("master 127.0.0.1:1: master unreachable"), "{f}");
+    }
 }

@@ -21,8 +21,8 @@ pub struct PutArgs {
     alloc: String,
     /// File to read (`-`: standard input).
     file: PathBuf,
-    /// Byte offset in the allocation.
-    #[arg(long, default_value_t = 0)]
+    /// Offset in the allocation: bytes, or with a unit (`1MiB`, `4k`).
+    #[arg(long, default_value = "0", value_parser = size)]
     offset: u64,
     #[command(flatten)]
     conn: Conn,
@@ -34,17 +34,22 @@ pub struct PutArgs {
 pub struct GetArgs {
     /// Allocation id or name.
     alloc: String,
-    /// Byte offset in the allocation.
-    #[arg(long, default_value_t = 0)]
+    /// Offset in the allocation: bytes, or with a unit (`1MiB`, `4k`).
+    #[arg(long, default_value = "0", value_parser = size)]
     offset: u64,
-    /// Bytes to copy [default: to the end].
-    #[arg(long)]
+    /// How much to copy, as `--offset` [default: to the end].
+    #[arg(long, value_parser = size)]
     len: Option<u64>,
     /// Output file (`-`: stdout) [default: stdout].
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
     #[command(flatten)]
     conn: Conn,
+}
+
+/// A byte count as `--offset` and `--len` take it.
+fn size(s: &str) -> Result<u64, String> {
+    oncilla_model::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// The allocation `alloc` names, as a validated descriptor from the master

@@ -9,6 +9,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use oncilla_model::alloc::Allocation;
+use oncilla_model::node::NodeList;
 use oncilla_model::size::HumanBytes;
 use oncilla_ops::Conn;
 
@@ -35,87 +37,69 @@ pub struct Args {
     conn: Conn,
 }
 
+/// Longest interval accepted: a day.
+const MAX_INTERVAL_MS: f64 = 86_400_000.0;
+
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let (num, unit) = match s.strip_suffix("ms") {
-        Some(n) => (n, 1),
-        None => (s.strip_suffix('s').unwrap_or(s), 1000),
+        Some(n) => (n, 1.0),
+        None => (s.strip_suffix('s').unwrap_or(s), 1000.0),
     };
     let ms = num
         .trim()
-        .parse::<u64>()
-        .map_err(|_| format!("{s:?}: give a time such as 2s or 500ms"))?
-        .saturating_mul(unit);
-    if ms < 100 {
+        .parse::<f64>()
+        .ok()
+        .filter(|n| n.is_finite() && *n >= 0.0)
+        .map(|n| n * unit)
+        .ok_or_else(|| format!("{s:?}: give a time such as 2s, 1.5s or 500ms"))?;
+    if ms < 100.0 {
         return Err(format!("{s:?}: at least 100ms"));
     }
-    Ok(Duration::from_millis(ms))
+    if ms > MAX_INTERVAL_MS {
+        return Err(format!("{s:?}: at most a day"));
+    }
+    // Whole milliseconds, within a day: exact in an f64 and a u64.
+    Ok(Duration::from_millis(ms.round() as u64))
 }
 
-/// Runs `ocmctl top`.
+/// Runs `ocmctl top`. A master that cannot be reached (or is restarting)
+/// is shown in the frame, and asked again at the next one.
 ///
 /// # Errors
-/// The master cannot be reached (the first frame), or stdout is gone.
+/// A master address that cannot be used at all, or stdout is gone.
 pub fn run(args: &Args) -> Result<(), CliError> {
     let m = args.conn.connect()?;
     let redraw = std::io::stdout().is_terminal() && !args.json;
     let mut frame = 0u64;
     loop {
         let started = Instant::now();
-        let nodes = m.node_list()?;
-        let mut allocs = m.allocations()?;
-        let text = if args.json {
-            serde_json::json!({
-                "nodes": render::nodes::json(&nodes),
-                "allocations": allocs.iter().map(render::allocs::json).collect::<Vec<_>>(),
-            })
-            .to_string()
-                + "\n"
-        } else {
-            let total: u64 = allocs.iter().map(|a| a.size).sum();
-            let count = allocs.len();
-            // Newest first.
-            allocs.sort_by(|a, b| {
-                b.created_unix_ms
-                    .cmp(&a.created_unix_ms)
-                    .then(b.id.cmp(&a.id))
-            });
-            allocs.truncate(args.allocs);
-            let mut t = format!(
-                "oncilla top: master {}, {} nodes, {count} allocations ({}), every {} ms (Ctrl-C to stop)\n\n",
+        let read = m.node_list().and_then(|n| Ok((n, m.allocations()?)));
+        let text = match read {
+            Ok((nodes, allocs)) => frame_text(args, &nodes, allocs),
+            Err(e) if args.json => serde_json::json!({ "error": e.to_string() }).to_string() + "\n",
+            Err(e) => format!(
+                "oncilla top: master {}: {e}\nasking again every {} ms (Ctrl-C to stop)\n",
                 args.conn.master,
-                nodes.nodes.len(),
-                HumanBytes(total),
                 args.interval.as_millis()
-            );
-            t += &render::nodes::table(&nodes, render::now_ms());
-            t += "\n";
-            t += &render::allocs::table(&allocs, render::now_ms());
-            if count > allocs.len() {
-                t += &format!("... and {} more\n", count - allocs.len());
-            }
-            t
+            ),
         };
         let mut out = std::io::stdout().lock();
         let written = if redraw {
             // Home, clear, then the frame.
             write!(out, "\x1b[H\x1b[2J{text}")
+        } else if args.json {
+            write!(out, "{text}")
         } else {
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            if args.json {
-                write!(out, "{text}")
-            } else {
-                write!(out, "--- frame {} at unix time {secs}\n{text}", frame + 1)
-            }
+            write!(
+                out,
+                "--- frame {} at {}\n{text}",
+                frame + 1,
+                render::utc(render::now_ms())
+            )
         };
         written
             .and_then(|()| out.flush())
-            .map_err(|source| CliError::Io {
-                path: "stdout".into(),
-                source,
-            })?;
+            .map_err(crate::stdout::written)?;
         drop(out);
         frame += 1;
         if args.count.is_some_and(|c| frame >= c) {
@@ -123,6 +107,41 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         }
         std::thread::sleep(args.interval.saturating_sub(started.elapsed()));
     }
+}
+
+/// One frame of a master that answered.
+fn frame_text(args: &Args, nodes: &NodeList, mut allocs: Vec<Allocation>) -> String {
+    if args.json {
+        return serde_json::json!({
+            "nodes": render::nodes::json(nodes),
+            "allocations": allocs.iter().map(render::allocs::json).collect::<Vec<_>>(),
+        })
+        .to_string()
+            + "\n";
+    }
+    let total: u64 = allocs.iter().map(|a| a.size).sum();
+    let count = allocs.len();
+    // Newest first.
+    allocs.sort_by(|a, b| {
+        b.created_unix_ms
+            .cmp(&a.created_unix_ms)
+            .then(b.id.cmp(&a.id))
+    });
+    allocs.truncate(args.allocs);
+    let mut t = format!(
+        "oncilla top: master {}, {} nodes, {count} allocations ({}), every {} ms (Ctrl-C to stop)\n\n",
+        args.conn.master,
+        nodes.nodes.len(),
+        HumanBytes(total),
+        args.interval.as_millis()
+    );
+    t += &render::nodes::table(nodes, render::now_ms());
+    t += "\n";
+    t += &render::allocs::table(&allocs, render::now_ms());
+    if count > allocs.len() {
+        t += &format!("... and {} more\n", count - allocs.len());
+    }
+    t
 }
 
 #[cfg(test)]
@@ -135,6 +154,12 @@ mod tests {
         assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_interval("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_interval("0.25s"), Ok(Duration::from_millis(250)));
+        assert!(parse_interval("-1s").is_err());
+        assert!(parse_interval("NaNs").is_err());
+        assert!(parse_interval("2d").is_err());
+        assert!(parse_interval("100000s").is_err());
         assert!(parse_interval("50ms").is_err());
         assert!(parse_interval("fast").is_err());
     }

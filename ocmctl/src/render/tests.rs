@@ -269,3 +269,11 @@ fn quotas_table() {
 fn quotas_json() {
     insta::assert_snapshot!(pretty(&quota::json(&report())));
 }
+
+#[test]
+fn times_read_as_utc_dates() {
+    assert_eq!(super::utc(0), "1970-01-01 00:00:00 UTC");
+    assert_eq!(super::utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+    assert_eq!(super::utc(1_795_690_571_277), "2026-11-26 10:56:11 UTC");
+    assert_eq!(super::utc(4_102_444_799_000), "2099-12-31 23:59:59 UTC");
+}
