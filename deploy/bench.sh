@@ -50,7 +50,7 @@ ob_start() {
   echo $! >>"$dir/pids"
   for i in $(seq 1 300); do
     if [ "$(ob_ctl "$cns" "$saddr" "$dir" nodes --json 2>/dev/null | grep -c '"up"')" = 2 ] &&
-      ! ob_ctl "$cns" "$saddr" "$dir" nodes 2>/dev/null | grep -q "master recovering"; then
+      ! ob_ctl "$cns" "$saddr" "$dir" nodes 2>&1 >/dev/null | grep -q "master recovering"; then
       return 0
     fi
     sleep 0.1

@@ -88,7 +88,7 @@ up() {
   # Up: every node registered and the master out of its recovery window.
   for _ in $(seq 1 200); do
     if [ "$(run 0 ocmctl nodes --json 2>/dev/null | grep -c '"up"')" = "$n" ] &&
-       ! run 0 ocmctl nodes 2>/dev/null | grep -q "master recovering"; then
+       ! run 0 ocmctl nodes 2>&1 >/dev/null | grep -q "master recovering"; then
       echo "cluster up: $n nodes; master $master"
       echo "  deploy/netns-cluster.sh run 0 ocmctl nodes"
       return 0

@@ -670,11 +670,14 @@ fn without_a_gpu_gpu_kinds_say_no_gpu_and_host_kinds_work() {
         let why = n["gpu_rdma_note"].as_str().unwrap_or_default();
         assert_eq!(why, "no GPU on this node", "{n}");
     }
-    let table = String::from_utf8_lossy(&c.ocmctl(&["nodes"]).stdout).into_owned();
+    // The note is for the person, on stderr; stdout is the table alone.
+    let out = c.ocmctl(&["nodes"]);
+    let notes = String::from_utf8_lossy(&out.stderr);
     assert!(
-        table.contains("node-0: no GPU: no CUDA driver on this node"),
-        "{table}"
+        notes.contains("node-0: no GPU: no CUDA driver on this node"),
+        "{notes}"
     );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("no GPU:"));
 
     let ocm = c.client(0);
     for spec in [

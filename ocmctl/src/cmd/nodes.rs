@@ -12,7 +12,10 @@ pub fn run(args: &super::Listing) -> Result<(), CliError> {
     if args.json {
         crate::stdout::json(&render::nodes::json(&nodes))?;
     } else {
-        crate::stdout::print(render::nodes::table(&nodes, render::now_ms()))?;
+        let (table, notes) = render::nodes::table_and_notes(&nodes, render::now_ms());
+        // The table is the output; the notes about it are for the person.
+        eprint!("{notes}");
+        crate::stdout::print(table)?;
     }
     Ok(())
 }

@@ -6,9 +6,17 @@ use oncilla_model::size::HumanBytes;
 use oncilla_ops::Table;
 use serde_json::{json, Value};
 
-/// Nodes as a table, with a line when the master is still recovering;
-/// how long each has been in its state as of `now_ms`.
+/// Nodes as a table followed by its notes (what `top` and `demo` show).
 pub fn table(list: &NodeList, now_ms: u64) -> String {
+    let (table, notes) = table_and_notes(list, now_ms);
+    table + &notes
+}
+
+/// Nodes as a table (how long each has been in its state as of `now_ms`),
+/// and apart the notes about it, a line each: pools that fell back from
+/// huge pages, missing GPUs or verbs, GPUDirect, a master still
+/// recovering (`ocmctl nodes` prints them on stderr).
+pub fn table_and_notes(list: &NodeList, now_ms: u64) -> (String, String) {
     let nodes = &list.nodes;
     let mut t = Table::new(&[
         "NAME",
@@ -90,7 +98,7 @@ pub fn table(list: &NodeList, now_ms: u64) -> String {
             list.recovering_ms
         ));
     }
-    t.render() + &notes
+    (t.render(), notes)
 }
 
 /// A node's GPUs in one cell: `0:NVIDIA H100 80GB HBM3 79.1 GiB/79.6 GiB`

@@ -267,7 +267,7 @@ impl Cluster {
     /// cannot be reached).
     pub fn master_recovering(&self) -> bool {
         let out = self.ocmctl(&["nodes"]);
-        !out.status.success() || String::from_utf8_lossy(&out.stdout).contains("master recovering")
+        !out.status.success() || String::from_utf8_lossy(&out.stderr).contains("master recovering")
     }
 
     /// A session through agent `i`.
