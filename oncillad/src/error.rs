@@ -93,6 +93,10 @@ pub enum LinkError {
     /// It refused for another reason.
     #[error("{0}")]
     Refused(String),
+    /// It refused who is asking (a credential it does not accept, a name
+    /// another live agent holds): asking again will not change that.
+    #[error("{0}")]
+    Denied(String),
     /// It answered something that cannot be right.
     #[error("{0}")]
     BadReply(String),

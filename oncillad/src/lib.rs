@@ -55,6 +55,8 @@ pub(crate) enum DaemonError {
     Serve(#[from] tonic::transport::Error),
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Refused(#[from] agent::membership::Refused),
 }
 
 /// Runs the daemon with command-line `args` (the first is the program
@@ -179,9 +181,11 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         stop_rx.clone(),
     )?;
     let mut unix = None;
+    let mut membership = None;
     if let Some(started) = agent {
         router = router.add_service(started.service);
         unix = Some((started.socket, started.sessions));
+        membership = Some(started.membership);
     }
     if config.master {
         tracing::info!(listen = %grpc_addr, "master role ready");
@@ -221,6 +225,19 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         tracing::info!("shutting down");
         let _ = on_signal.send(true);
     });
+    // A master that refuses this node for good stops the daemon, which
+    // then exits saying why.
+    let refused = Arc::new(std::sync::Mutex::new(None));
+    if let Some(membership) = membership {
+        let (stop, refused) = (Arc::clone(&stop_tx), Arc::clone(&refused));
+        tokio::spawn(async move {
+            if let Ok(Err(why)) = membership.await {
+                tracing::error!(error = %why, "stopping");
+                *refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                let _ = stop.send(true);
+            }
+        });
+    }
     let mut rx = stop_rx.clone();
     // Connection count, preface deadline, accept backoff and no Nagle:
     // see `listen::incoming`.
@@ -247,6 +264,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
             }
         }
+    }
+    if let Some(why) = refused.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(why.into());
     }
     served.map_err(Into::into)
 }

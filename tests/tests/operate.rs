@@ -164,3 +164,38 @@ fn ocmctl_top_shows_nodes_and_allocations_frame_after_frame() {
         assert!(f.contains("master 127.0.0.1:1: master unreachable"), "{f}");
     }
 }
+
+/// A second agent under a live node's name is refused by the master, and
+/// says so and exits (before, it logged "master unreachable" and retried
+/// for ever); the first keeps serving.
+#[test]
+fn an_agent_whose_name_is_taken_says_so_and_exits() {
+    let c = Cluster::start(2, "16MiB");
+    let socket = c.dir.join("twin.sock");
+    let mut twin = std::process::Command::new(support::bin("oncillad"))
+        .args(["--join", &c.master_addr, "--name", "node-1"])
+        .args(["--capacity", "4MiB", "--listen", "127.0.0.1:0"])
+        .args(["--data-listen", "127.0.0.1:0", "--socket"])
+        .arg(&socket)
+        .arg("--token-file")
+        .arg(c.token_file())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ended = Cluster::eventually(Cluster::EVENT, || twin.try_wait().unwrap().is_some());
+    if !ended {
+        let _ = twin.kill();
+    }
+    let out = twin.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(ended, "the twin still runs: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the master refused this node") && err.contains("cannot take its name"),
+        "{err}"
+    );
+    assert!(!err.contains("master unreachable"), "{err}");
+    c.still_serves();
+    let nodes = c.nodes();
+    assert_eq!(nodes.len(), 2);
+}

@@ -79,13 +79,25 @@ fn backoff(current: Duration, max: Duration) -> Duration {
     (current * 2).clamp(RETRY_MIN, max.max(RETRY_MIN))
 }
 
-/// Registers and heartbeats forever; `ready` says whether the master
-/// knows this node now (registered, and the last exchange went through).
+/// Why this agent gave up on the cluster: the master refused its
+/// registration for who it is (another live agent holds its name, or its
+/// credential is not the cluster's). Retrying cannot help; the daemon
+/// stops with this.
+#[derive(Debug, thiserror::Error)]
+#[error("the master refused this node: {0}")]
+pub struct Refused(pub String);
+
+/// Registers and heartbeats until the daemon stops; `ready` says whether
+/// the master knows this node now (registered, and the last exchange went
+/// through).
+///
+/// # Errors
+/// [`Refused`]: the master will not take this node, whatever it retries.
 pub async fn run(
     agent: Arc<Agent>,
     master: impl MasterPort,
     ready: tokio::sync::watch::Sender<bool>,
-) {
+) -> Result<(), Refused> {
     let mut interval = Duration::from_secs(1);
     let mut registered = false;
     let mut retry = RETRY_MIN;
@@ -123,9 +135,17 @@ pub async fn run(
                     Duration::ZERO
                 }
             }
+            Err(LinkError::Denied(why)) if !registered => {
+                ready.send_replace(false);
+                return Err(Refused(why));
+            }
             Err(e) => {
                 if reachable {
-                    tracing::warn!(error = %e, "master unreachable; retrying");
+                    let what = match e {
+                        LinkError::Unreachable(_) => "master unreachable",
+                        _ => "the master refused",
+                    };
+                    tracing::warn!(error = %e, "{what}; retrying");
                 }
                 reachable = false;
                 retry = backoff(retry, interval);

@@ -70,6 +70,7 @@ pub fn link_error(s: &Status, message: String) -> LinkError {
         (_, Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown) => {
             LinkError::Unreachable(message)
         }
+        (_, Code::PermissionDenied | Code::Unauthenticated) => LinkError::Denied(message),
         _ => LinkError::Refused(message),
     }
 }

@@ -28,6 +28,9 @@ pub(crate) struct Started {
     pub socket: PathBuf,
     /// The session socket's server; ends once `stop` turns.
     pub sessions: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The membership loop: it ends only when the master refuses the
+    /// node for good (then the daemon stops).
+    pub membership: JoinHandle<Result<(), agent::membership::Refused>>,
 }
 
 /// Starts the agent role, where the configuration has one, on `grpc_addr`
@@ -169,7 +172,7 @@ pub(crate) fn start(
 
     let master =
         grpc::links::MasterLink::new(&agent_cfg.join, node_keys.credential(), trust.as_ref())?;
-    tokio::spawn(agent::membership::run(
+    let membership = tokio::spawn(agent::membership::run(
         Arc::clone(&agent),
         master.clone(),
         ready,
@@ -196,6 +199,7 @@ pub(crate) fn start(
         service,
         socket: agent_cfg.socket.clone(),
         sessions,
+        membership,
     }))
 }
 
