@@ -9,6 +9,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The version of this library, major.minor.patch (also `OCM_VERSION_*`).
+#define OCM_VERSION_MAJOR 0
+
+// See [`OCM_VERSION_MAJOR`].
+#define OCM_VERSION_MINOR 1
+
+// See [`OCM_VERSION_MAJOR`].
+#define OCM_VERSION_PATCH 0
+
 // What an allocation's bytes are (values as in the original Oncilla).
 // Calls take them as `int`: any other value is `OCM_E_INVALID`.
 typedef enum ocm_kind_t {
@@ -41,7 +50,8 @@ typedef enum ocm_status_t {
   OCM_E_NO_MEMORY = 5,
   // No such allocation or name in the cluster (freed by someone else).
   OCM_E_NOT_FOUND = 6,
-  // Wrong token or access key.
+  // Not allowed: another session's or user's allocation, a credential
+  // or access key that is not accepted.
   OCM_E_PERMISSION = 7,
   // The local agent, the master or a node cannot be reached, or is down.
   OCM_E_UNREACHABLE = 8,
@@ -55,7 +65,9 @@ typedef enum ocm_status_t {
   OCM_E_NO_GPU = 12,
   // The CUDA driver failed.
   OCM_E_GPU = 13,
-  // No usable cluster token (ONCILLA_TOKEN / ONCILLA_TOKEN_FILE).
+  // A cluster token was given (ONCILLA_TOKEN / ONCILLA_TOKEN_FILE) but
+  // cannot be used (unreadable, weak, readable by others). Applications
+  // need none: the agent admits them by its socket's permissions.
   OCM_E_TOKEN = 14,
   // A bug, an unexpected answer, or a panic caught at the boundary.
   OCM_E_INTERNAL = 15,
@@ -129,9 +141,11 @@ typedef struct ocm_params_t {
 extern "C" {
 #endif // __cplusplus
 
-// Connects this process to its node's agent (`ONCILLA_SOCKET`, token
-// from `ONCILLA_TOKEN` or `ONCILLA_TOKEN_FILE`, as for the Rust API).
-// Calling it again while initialized does nothing.
+// Connects this process to its node's agent (`ONCILLA_SOCKET`). No token
+// is needed: the agent admits the process by its socket's permissions
+// and gives the session a credential of its own (a cluster token in
+// `ONCILLA_TOKEN` or `ONCILLA_TOKEN_FILE`, an operator's, is used when
+// set). Calling it again while initialized does nothing.
 int ocm_init(void);
 
 // Frees every allocation this process still holds (named and persistent
@@ -142,6 +156,11 @@ int ocm_tini(void);
 // `size` bytes of `kind`, placed by the default policy. NULL on failure
 // (see `ocm_last_error`).
 ocm_alloc_t ocm_alloc(uint64_t size, int kind);
+
+// This library's version as "MAJOR.MINOR.PATCH", a static string (never
+// NULL, never to be freed): what a program linked against the header's
+// `OCM_VERSION_*` can compare with the library it runs with.
+const char *ocm_version(void);
 
 // The parameters `ocm_alloc_ex` starts from: the default policy, no
 // nodes, no stripe, no name, not persistent, automatic fabric, any GPU,

@@ -260,9 +260,11 @@ fn flag(v: u8, what: &str) -> Result<bool, Fail> {
     }
 }
 
-/// Connects this process to its node's agent (`ONCILLA_SOCKET`, token
-/// from `ONCILLA_TOKEN` or `ONCILLA_TOKEN_FILE`, as for the Rust API).
-/// Calling it again while initialized does nothing.
+/// Connects this process to its node's agent (`ONCILLA_SOCKET`). No token
+/// is needed: the agent admits the process by its socket's permissions
+/// and gives the session a credential of its own (a cluster token in
+/// `ONCILLA_TOKEN` or `ONCILLA_TOKEN_FILE`, an operator's, is used when
+/// set). Calling it again while initialized does nothing.
 #[no_mangle]
 pub extern "C" fn ocm_init() -> c_int {
     status(|| {
@@ -298,6 +300,22 @@ pub extern "C" fn ocm_alloc(size: u64, kind: c_int) -> ocm_alloc_t {
         let kind = kind_from(kind)?;
         file(session()?.alloc(size, kind)?)
     })
+}
+
+/// The version of this library, major.minor.patch (also `OCM_VERSION_*`).
+pub const OCM_VERSION_MAJOR: u32 = 0;
+/// See [`OCM_VERSION_MAJOR`].
+pub const OCM_VERSION_MINOR: u32 = 1;
+/// See [`OCM_VERSION_MAJOR`].
+pub const OCM_VERSION_PATCH: u32 = 0;
+
+/// This library's version as "MAJOR.MINOR.PATCH", a static string (never
+/// NULL, never to be freed): what a program linked against the header's
+/// `OCM_VERSION_*` can compare with the library it runs with.
+#[no_mangle]
+pub extern "C" fn ocm_version() -> *const c_char {
+    const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+    VERSION.as_ptr().cast()
 }
 
 /// The parameters `ocm_alloc_ex` starts from: the default policy, no
@@ -605,4 +623,26 @@ pub extern "C" fn ocm_last_error() -> c_int {
 #[no_mangle]
 pub extern "C" fn ocm_last_error_message() -> *const c_char {
     liboncilla::ffi::last_message()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header's version constants are this crate's version, and
+    /// `ocm_version()` says the same.
+    #[test]
+    fn the_version_constants_are_the_crates() {
+        let parts: Vec<u32> = env!("CARGO_PKG_VERSION")
+            .split('.')
+            .map(|p| p.parse().unwrap_or(u32::MAX))
+            .collect();
+        assert_eq!(
+            parts,
+            [OCM_VERSION_MAJOR, OCM_VERSION_MINOR, OCM_VERSION_PATCH]
+        );
+        // SAFETY: ocm_version returns a NUL-terminated static string.
+        let v = unsafe { std::ffi::CStr::from_ptr(ocm_version()) };
+        assert_eq!(v.to_str().ok(), Some(env!("CARGO_PKG_VERSION")));
+    }
 }

@@ -35,7 +35,8 @@ pub enum ocm_status_t {
     OCM_E_NO_MEMORY = 5,
     /// No such allocation or name in the cluster (freed by someone else).
     OCM_E_NOT_FOUND = 6,
-    /// Wrong token or access key.
+    /// Not allowed: another session's or user's allocation, a credential
+    /// or access key that is not accepted.
     OCM_E_PERMISSION = 7,
     /// The local agent, the master or a node cannot be reached, or is down.
     OCM_E_UNREACHABLE = 8,
@@ -49,7 +50,9 @@ pub enum ocm_status_t {
     OCM_E_NO_GPU = 12,
     /// The CUDA driver failed.
     OCM_E_GPU = 13,
-    /// No usable cluster token (ONCILLA_TOKEN / ONCILLA_TOKEN_FILE).
+    /// A cluster token was given (ONCILLA_TOKEN / ONCILLA_TOKEN_FILE) but
+    /// cannot be used (unreadable, weak, readable by others). Applications
+    /// need none: the agent admits them by its socket's permissions.
     OCM_E_TOKEN = 14,
     /// A bug, an unexpected answer, or a panic caught at the boundary.
     OCM_E_INTERNAL = 15,

@@ -63,6 +63,15 @@ static ocm_alloc_t make(ocm_kind_t kind) {
 
 static int basic(void) {
   /* Before ocm_init. */
+  {
+    /* The library this runs with is the one the header describes. */
+    char want[32];
+    snprintf(want, sizeof want, "%u.%u.%u", OCM_VERSION_MAJOR, OCM_VERSION_MINOR,
+             OCM_VERSION_PATCH);
+    CHECK(ocm_version() != NULL && strcmp(ocm_version(), want) == 0, "ocm_version() is %s",
+          want);
+    printf("ok version: %s\n", ocm_version());
+  }
   CHECK(ocm_alloc(4096, OCM_LOCAL_HOST) == NULL, "alloc before init");
   CHECK(ocm_last_error() == OCM_E_NOT_INITIALIZED, "not-initialized code");
   CHECK(ocm_init() == OCM_OK, "ocm_init");

@@ -151,6 +151,7 @@ fn c_programs_use_every_call_of_the_abi() {
     }
     assert!(text.contains("ok bad input"), "{text}");
     assert!(text.contains("ok batch"), "{text}");
+    assert!(text.contains("ok version: 0."), "{text}");
     assert!(text.contains("ok free"), "{text}");
 
     let out = run(&c, &exe, &["map"]);
