@@ -10,46 +10,46 @@ __version__: str
 class OncillaError(Exception):
     """Base class of every Oncilla error."""
 
-class AgentUnreachable(OncillaError):
+class AgentUnreachable(OncillaError, ConnectionError):
     """The local agent's socket cannot be reached (is oncillad running? ONCILLA_SOCKET)."""
 
-class Unavailable(OncillaError):
+class Unavailable(OncillaError, ConnectionError):
     """The master or another daemon could not be reached."""
 
-class NotFound(OncillaError):
+class NotFound(OncillaError, LookupError):
     """No such allocation (unknown, or already freed)."""
 
-class CapacityExhausted(OncillaError):
+class CapacityExhausted(OncillaError, MemoryError):
     """Not enough free memory; the message says where what is free."""
 
 class QuotaExceeded(CapacityExhausted):
     """The request would take this user past a quota (the message names it)."""
 
-class PermissionDenied(OncillaError):
+class PermissionDenied(OncillaError, PermissionError):
     """Wrong credential or key, or another session's allocation."""
 
-class InvalidArgument(OncillaError):
+class InvalidArgument(OncillaError, ValueError):
     """A request that is malformed or cannot be met as asked."""
 
-class NodeDown(OncillaError):
+class NodeDown(OncillaError, ConnectionError):
     """A named node is down."""
 
-class AlreadyExists(OncillaError):
+class AlreadyExists(OncillaError, FileExistsError):
     """The name is taken by another allocation."""
 
-class InUse(OncillaError):
+class InUse(OncillaError, RuntimeError):
     """Other processes (or live views) still use it."""
 
-class OutOfBounds(OncillaError):
+class OutOfBounds(OncillaError, IndexError):
     """A copy outside the allocation."""
 
 class MapError(OncillaError):
     """Remote memory cannot be mapped here (userfaultfd not allowed, kernel too old, GPU memory), or its paging failed."""
 
-class NodeUnreachable(OncillaError):
+class NodeUnreachable(OncillaError, ConnectionError):
     """A node holding bytes of the allocation cannot be reached."""
 
-class FabricError(OncillaError):
+class FabricError(OncillaError, ConnectionError):
     """The data path to a node failed."""
 
 class NoGpu(OncillaError):
@@ -61,7 +61,7 @@ class GpuError(OncillaError):
 class TokenError(OncillaError):
     """No usable cluster token."""
 
-class InternalError(OncillaError):
+class InternalError(OncillaError, RuntimeError):
     """A bug or an unexpected answer."""
 
 def connect(socket: Optional[str] = None) -> Session:

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::buffer::{Held, Raw};
-use crate::errors::{to_py, InUse, InvalidArgument, NotFound};
+use crate::errors::{err, to_py, Class};
 use crate::mapping::Mapping;
 use crate::views;
 
@@ -70,19 +70,25 @@ impl Allocation {
         }
         match self.lock().clone() {
             Some(h) => Ok(h),
-            None if self.releasing.load(Ordering::Acquire) => Err(InUse::new_err(format!(
-                "allocation {} is being freed on another thread",
-                self.desc.id
-            ))),
+            None if self.releasing.load(Ordering::Acquire) => Err(err(
+                Class::InUse,
+                format!(
+                    "allocation {} is being freed on another thread",
+                    self.desc.id
+                ),
+            )),
             None => Err(self.gone()),
         }
     }
 
     fn gone(&self) -> PyErr {
-        NotFound::new_err(format!(
-            "no such allocation: {} was freed or detached through this handle",
-            self.desc.id
-        ))
+        err(
+            Class::NotFound,
+            format!(
+                "no such allocation: {} was freed or detached through this handle",
+                self.desc.id
+            ),
+        )
     }
 
     /// Runs `copy` on the open handle and the bytes of `held` with the GIL
@@ -128,7 +134,7 @@ impl Allocation {
     /// were handed out.
     fn release(&self, py: Python<'_>, how: Release) -> PyResult<()> {
         if self.mappings.load(Ordering::Acquire) > 0 {
-            return Err(InUse::new_err(format!(
+            return Err(err(Class::InUse, format!(
                 "allocation {} is mapped (Allocation.map): unmap() the mapping, or let it and its views go, first",
                 self.desc.id
             )));
@@ -138,7 +144,7 @@ impl Allocation {
                 self.closed.store(true, Ordering::Release);
                 return Ok(());
             }
-            return Err(InUse::new_err(format!(
+            return Err(err(Class::InUse, format!(
                 "allocation {} has views (NumPy, memoryview, DLPack or CUDA array interface) that may still be alive; it is released with this object once they are gone, or leave its `with` block",
                 self.desc.id
             )));
@@ -154,7 +160,7 @@ impl Allocation {
             Ok(inner) => inner,
             Err(arc) => {
                 *slot = Some(arc);
-                return Err(InUse::new_err(format!(
+                return Err(err(Class::InUse, format!(
                     "allocation {} is being copied on another thread; free it once that copy returns",
                     self.desc.id
                 )));
@@ -241,7 +247,7 @@ fn refuse_own_memory(h: &liboncilla::Allocation, buf: Raw) -> PyResult<()> {
     };
     let (mine, theirs) = (ptr as usize, buf.ptr as usize);
     if buf.len > 0 && theirs < mine + len && mine < theirs + buf.len {
-        return Err(InvalidArgument::new_err(format!(
+        return Err(err(Class::InvalidArgument, format!(
             "the buffer is memory of allocation {} itself (a view of it); copy within an allocation through a separate buffer",
             h.id()
         )));
@@ -463,7 +469,10 @@ impl Allocation {
         }
         if let Some(t) = timeout {
             let t = std::time::Duration::try_from_secs_f64(t).map_err(|_| {
-                InvalidArgument::new_err(format!("timeout {t} is not a duration in seconds"))
+                err(
+                    Class::InvalidArgument,
+                    format!("timeout {t} is not a duration in seconds"),
+                )
             })?;
             o = o.timeout(t);
         }

@@ -1,170 +1,129 @@
 //! The exceptions Python sees: `OncillaError` and one subclass per
 //! `liboncilla::Error` kind, so callers catch exactly what they handle
-//! (`except oncilla.CapacityExhausted`). The message is liboncilla's,
-//! verbatim. It never decides what failed; it only names it.
+//! (`except oncilla.CapacityExhausted`), and each also a subclass of the
+//! builtin that means the same (`InvalidArgument` is a `ValueError`,
+//! `CapacityExhausted` a `MemoryError`, `PermissionDenied` a
+//! `PermissionError`...), so code that knows nothing of Oncilla still
+//! catches them. The classes are made when the module is imported (a
+//! Rust-declared exception has one base only). The message is
+//! liboncilla's, verbatim. It never decides what failed; it only names it.
 
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
-create_exception!(
-    oncilla,
+/// Every class, in the order of [`CLASSES`].
+#[derive(Debug, Clone, Copy)]
+pub enum Class {
     OncillaError,
-    PyException,
-    "Base class of every Oncilla error."
-);
-create_exception!(
-    oncilla,
     AgentUnreachable,
-    OncillaError,
-    "The local agent's socket cannot be reached (is oncillad running? ONCILLA_SOCKET)."
-);
-create_exception!(
-    oncilla,
     Unavailable,
-    OncillaError,
-    "The master or another daemon could not be reached."
-);
-create_exception!(
-    oncilla,
     NotFound,
-    OncillaError,
-    "No such allocation (unknown, or already freed)."
-);
-create_exception!(
-    oncilla,
     CapacityExhausted,
-    OncillaError,
-    "Not enough free memory; the message says where what is free."
-);
-create_exception!(
-    oncilla,
     QuotaExceeded,
-    CapacityExhausted,
-    "The request would take this user past a quota (the message names it)."
-);
-create_exception!(
-    oncilla,
     PermissionDenied,
-    OncillaError,
-    "Wrong credential or key, or another session's allocation."
-);
-create_exception!(
-    oncilla,
     InvalidArgument,
-    OncillaError,
-    "A request that is malformed or cannot be met as asked."
-);
-create_exception!(oncilla, NodeDown, OncillaError, "A named node is down.");
-create_exception!(
-    oncilla,
+    NodeDown,
     AlreadyExists,
-    OncillaError,
-    "The name is taken by another allocation."
-);
-create_exception!(
-    oncilla,
     InUse,
-    OncillaError,
-    "Other processes are attached; force_free() frees it anyway."
-);
-create_exception!(
-    oncilla,
     OutOfBounds,
-    OncillaError,
-    "A copy outside the allocation."
-);
-create_exception!(
-    oncilla,
     NodeUnreachable,
-    OncillaError,
-    "A node holding bytes of the allocation cannot be reached."
-);
-create_exception!(
-    oncilla,
     FabricError,
-    OncillaError,
-    "The data path to a node failed."
-);
-create_exception!(
-    oncilla,
     NoGpu,
-    OncillaError,
-    "GPU memory was asked for where there is none; the message says why."
-);
-create_exception!(
-    oncilla,
     GpuError,
-    OncillaError,
-    "The CUDA driver failed a copy or an allocation."
-);
-create_exception!(
-    oncilla,
     TokenError,
-    OncillaError,
-    "No usable cluster token."
-);
-create_exception!(
-    oncilla,
     InternalError,
-    OncillaError,
-    "A bug or an unexpected answer."
-);
-
-create_exception!(
-    oncilla,
     MapError,
-    OncillaError,
-    "Remote memory cannot be mapped here (userfaultfd not allowed, kernel too old, GPU memory), or its paging failed."
-);
+}
+
+/// Each class: its name, its Oncilla parent (`None`: the root), the
+/// builtin it also is (`None`: only its Oncilla parent), and its doc.
+const CLASSES: [(&str, Option<Class>, Option<&str>, &str); 19] = [
+    ("OncillaError", None, Some("Exception"), "Base class of every Oncilla error."),
+    ("AgentUnreachable", Some(Class::OncillaError), Some("ConnectionError"), "The local agent's socket cannot be reached (is oncillad running? ONCILLA_SOCKET)."),
+    ("Unavailable", Some(Class::OncillaError), Some("ConnectionError"), "The master or another daemon could not be reached."),
+    ("NotFound", Some(Class::OncillaError), Some("LookupError"), "No such allocation (unknown, or already freed)."),
+    ("CapacityExhausted", Some(Class::OncillaError), Some("MemoryError"), "Not enough free memory; the message says where what is free."),
+    ("QuotaExceeded", Some(Class::CapacityExhausted), None, "The request would take this user past a quota (the message names it)."),
+    ("PermissionDenied", Some(Class::OncillaError), Some("PermissionError"), "Wrong credential or key, or another session's allocation."),
+    ("InvalidArgument", Some(Class::OncillaError), Some("ValueError"), "A request that is malformed or cannot be met as asked."),
+    ("NodeDown", Some(Class::OncillaError), Some("ConnectionError"), "A named node is down."),
+    ("AlreadyExists", Some(Class::OncillaError), Some("FileExistsError"), "The name is taken by another allocation."),
+    ("InUse", Some(Class::OncillaError), Some("RuntimeError"), "Other processes are attached; force_free() frees it anyway."),
+    ("OutOfBounds", Some(Class::OncillaError), Some("IndexError"), "A copy outside the allocation."),
+    ("NodeUnreachable", Some(Class::OncillaError), Some("ConnectionError"), "A node holding bytes of the allocation cannot be reached."),
+    ("FabricError", Some(Class::OncillaError), Some("ConnectionError"), "The data path to a node failed."),
+    ("NoGpu", Some(Class::OncillaError), None, "GPU memory was asked for where there is none; the message says why."),
+    ("GpuError", Some(Class::OncillaError), None, "The CUDA driver failed a copy or an allocation."),
+    ("TokenError", Some(Class::OncillaError), None, "A cluster token was given but cannot be used."),
+    ("InternalError", Some(Class::OncillaError), Some("RuntimeError"), "A bug or an unexpected answer."),
+    ("MapError", Some(Class::OncillaError), None, "Remote memory cannot be mapped here (userfaultfd not allowed, kernel too old, GPU memory), or its paging failed."),
+];
+
+/// The classes, made once at import.
+static TYPES: GILOnceCell<Vec<Py<PyType>>> = GILOnceCell::new();
+
+/// An exception of `class` saying `msg`. Before the module was imported
+/// (which cannot happen from Python), a `RuntimeError`.
+pub fn err(class: Class, msg: impl Into<String>) -> PyErr {
+    let msg = msg.into();
+    Python::with_gil(|py| match TYPES.get(py) {
+        Some(types) => PyErr::from_type(types[class as usize].bind(py).clone(), (msg,)),
+        None => PyRuntimeError::new_err(msg),
+    })
+}
 
 /// `e` as the Python exception of its kind.
 pub fn to_py(e: liboncilla::Error) -> PyErr {
     use liboncilla::Error as E;
-    let msg = e.to_string();
-    match e {
-        E::AgentUnreachable { .. } => AgentUnreachable::new_err(msg),
-        E::Unavailable(_) => Unavailable::new_err(msg),
-        E::NotFound(_) => NotFound::new_err(msg),
-        E::CapacityExhausted(_) => CapacityExhausted::new_err(msg),
-        E::QuotaExceeded(_) => QuotaExceeded::new_err(msg),
-        E::PermissionDenied(_) => PermissionDenied::new_err(msg),
-        E::InvalidArgument(_) => InvalidArgument::new_err(msg),
-        E::NodeDown(_) => NodeDown::new_err(msg),
-        E::AlreadyExists(_) => AlreadyExists::new_err(msg),
-        E::InUse(_) => InUse::new_err(msg),
-        E::OutOfBounds { .. } => OutOfBounds::new_err(msg),
-        E::NodeUnreachable { .. } => NodeUnreachable::new_err(msg),
-        E::Fabric { .. } => FabricError::new_err(msg),
-        E::NoGpu(_) => NoGpu::new_err(msg),
-        E::Gpu(_) => GpuError::new_err(msg),
-        E::Token(_) => TokenError::new_err(msg),
-        E::Map(_) => MapError::new_err(msg),
-        E::Internal(_) => InternalError::new_err(msg),
-    }
+    let class = match &e {
+        E::AgentUnreachable { .. } => Class::AgentUnreachable,
+        E::Unavailable(_) => Class::Unavailable,
+        E::NotFound(_) => Class::NotFound,
+        E::CapacityExhausted(_) => Class::CapacityExhausted,
+        E::QuotaExceeded(_) => Class::QuotaExceeded,
+        E::PermissionDenied(_) => Class::PermissionDenied,
+        E::InvalidArgument(_) => Class::InvalidArgument,
+        E::NodeDown(_) => Class::NodeDown,
+        E::AlreadyExists(_) => Class::AlreadyExists,
+        E::InUse(_) => Class::InUse,
+        E::OutOfBounds { .. } => Class::OutOfBounds,
+        E::NodeUnreachable { .. } => Class::NodeUnreachable,
+        E::Fabric { .. } => Class::FabricError,
+        E::NoGpu(_) => Class::NoGpu,
+        E::Gpu(_) => Class::GpuError,
+        E::Token(_) => Class::TokenError,
+        E::Map(_) => Class::MapError,
+        E::Internal(_) => Class::InternalError,
+    };
+    err(class, e.to_string())
 }
 
-/// Adds every exception class to the module.
+/// Makes every exception class and adds it to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add("OncillaError", py.get_type::<OncillaError>())?;
-    m.add("AgentUnreachable", py.get_type::<AgentUnreachable>())?;
-    m.add("Unavailable", py.get_type::<Unavailable>())?;
-    m.add("NotFound", py.get_type::<NotFound>())?;
-    m.add("CapacityExhausted", py.get_type::<CapacityExhausted>())?;
-    m.add("QuotaExceeded", py.get_type::<QuotaExceeded>())?;
-    m.add("PermissionDenied", py.get_type::<PermissionDenied>())?;
-    m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
-    m.add("NodeDown", py.get_type::<NodeDown>())?;
-    m.add("AlreadyExists", py.get_type::<AlreadyExists>())?;
-    m.add("InUse", py.get_type::<InUse>())?;
-    m.add("OutOfBounds", py.get_type::<OutOfBounds>())?;
-    m.add("NodeUnreachable", py.get_type::<NodeUnreachable>())?;
-    m.add("FabricError", py.get_type::<FabricError>())?;
-    m.add("NoGpu", py.get_type::<NoGpu>())?;
-    m.add("GpuError", py.get_type::<GpuError>())?;
-    m.add("TokenError", py.get_type::<TokenError>())?;
-    m.add("MapError", py.get_type::<MapError>())?;
-    m.add("InternalError", py.get_type::<InternalError>())?;
+    let builtins = py.import("builtins")?;
+    let make = py.get_type::<PyType>();
+    let mut made: Vec<Py<PyType>> = Vec::with_capacity(CLASSES.len());
+    for (name, parent, builtin, doc) in CLASSES {
+        let mut bases: Vec<Bound<'_, PyAny>> = Vec::new();
+        if let Some(p) = parent {
+            bases.push(made[p as usize].bind(py).clone().into_any());
+        }
+        if let Some(b) = builtin {
+            bases.push(builtins.getattr(b)?);
+        }
+        let attrs = PyDict::new(py);
+        attrs.set_item("__doc__", doc)?;
+        attrs.set_item("__module__", "oncilla")?;
+        let class = make
+            .call1((name, PyTuple::new(py, bases)?, attrs))?
+            .downcast_into::<PyType>()?;
+        m.add(name, &class)?;
+        made.push(class.unbind());
+    }
+    // Imported once per interpreter; a second import finds them made.
+    let _ = TYPES.set(py, made);
     Ok(())
 }

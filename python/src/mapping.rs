@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::allocation::Allocation;
-use crate::errors::{to_py, InUse, InvalidArgument, NotFound};
+use crate::errors::{err, to_py, Class};
 
 /// A mapped allocation (`Allocation.map()`).
 #[pyclass(module = "oncilla", name = "Mapping", frozen)]
@@ -86,10 +86,13 @@ impl Mapping {
     }
 
     fn unmapped(&self) -> PyErr {
-        NotFound::new_err(format!(
-            "allocation {} is not mapped any more (unmap() was called)",
-            self.id
-        ))
+        err(
+            Class::NotFound,
+            format!(
+                "allocation {} is not mapped any more (unmap() was called)",
+                self.id
+            ),
+        )
     }
 
     /// `[offset, offset + length)`, `length` defaulting to the rest.
@@ -97,9 +100,10 @@ impl Mapping {
         let size = self.len as u64;
         let len = length.unwrap_or_else(|| size.saturating_sub(offset));
         if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(InvalidArgument::new_err(format!(
-                "{len} bytes at offset {offset} do not fit in a mapping of {size} bytes"
-            )));
+            return Err(err(
+                Class::InvalidArgument,
+                format!("{len} bytes at offset {offset} do not fit in a mapping of {size} bytes"),
+            ));
         }
         Ok((offset, len))
     }
@@ -141,7 +145,7 @@ impl Mapping {
     /// out: the mapping then goes with this object, after its last view.
     fn unmap(&self, py: Python<'_>) -> PyResult<()> {
         if self.exported.load(Ordering::Acquire) {
-            return Err(InUse::new_err(format!(
+            return Err(err(Class::InUse, format!(
                 "the mapping of allocation {} has views (NumPy, memoryview) that may still be alive; it is unmapped with this object once they are gone",
                 self.id
             )));
@@ -152,7 +156,7 @@ impl Mapping {
             Ok(m) => m,
             Err(shared) => {
                 *slot = Some(shared);
-                return Err(InUse::new_err(format!(
+                return Err(err(Class::InUse, format!(
                     "the mapping of allocation {} is being flushed or invalidated on another thread; unmap it once that returns",
                     self.id
                 )));

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::allocation::Allocation;
-use crate::errors::{to_py, InvalidArgument};
+use crate::errors::{err, to_py, Class};
 
 /// DLPack's device types.
 const KDL_CPU: i32 = 1;
@@ -52,7 +52,7 @@ fn locate(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
     let h = a.handle()?;
     if let Some(dev) = h.device_mem() {
         if want == Want::Host {
-            return Err(InvalidArgument::new_err(format!(
+            return Err(err(Class::InvalidArgument, format!(
                 "allocation {} is GPU memory: it has no {what}; use __dlpack__ or __cuda_array_interface__",
                 h.id()
             )));
@@ -66,7 +66,7 @@ fn locate(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
         });
     }
     if want == Want::Device {
-        return Err(InvalidArgument::new_err(format!(
+        return Err(err(Class::InvalidArgument, format!(
             "allocation {} is not local GPU memory: it has no {what}; local host memory has __array_interface__ and view()",
             h.id()
         )));
@@ -91,9 +91,10 @@ fn memory(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
 fn host_only(a: &Allocation, what: &str) -> PyResult<(usize, usize)> {
     match memory(a, Want::Host, what)? {
         Memory::Host { ptr, len } => Ok((ptr, len)),
-        Memory::Device { .. } => Err(InvalidArgument::new_err(format!(
-            "no {what} for GPU memory"
-        ))),
+        Memory::Device { .. } => Err(err(
+            Class::InvalidArgument,
+            format!("no {what} for GPU memory"),
+        )),
     }
 }
 
@@ -149,7 +150,8 @@ pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound
     let py = slf.py();
     let Memory::Device { ptr, len, .. } = memory(slf.get(), Want::Device, "CUDA array interface")?
     else {
-        return Err(InvalidArgument::new_err(
+        return Err(err(
+            Class::InvalidArgument,
             "only a local GPU allocation has a CUDA array interface",
         ));
     };

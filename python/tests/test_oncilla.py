@@ -317,7 +317,30 @@ def test_unmap_beside_a_flush_on_another_thread_never_deadlocks(ocm):
 
 
 def test_errors_are_typed(ocm, cluster):
+    # Each is also the builtin that means the same, for code that knows
+    # nothing of Oncilla.
+    for cls, builtin in [
+        (oncilla.InvalidArgument, ValueError),
+        (oncilla.CapacityExhausted, MemoryError),
+        (oncilla.QuotaExceeded, MemoryError),
+        (oncilla.PermissionDenied, PermissionError),
+        (oncilla.NotFound, LookupError),
+        (oncilla.OutOfBounds, IndexError),
+        (oncilla.AlreadyExists, FileExistsError),
+        (oncilla.AgentUnreachable, ConnectionError),
+        (oncilla.Unavailable, ConnectionError),
+    ]:
+        assert issubclass(cls, builtin) and issubclass(cls, oncilla.OncillaError), cls
+        assert cls.__module__ == "oncilla", cls
+    with pytest.raises(MemoryError):
+        ocm.alloc(1 << 40)
+    with pytest.raises(ValueError, match="node-9"):
+        ocm.alloc(MiB, nodes=["node-9"])
+    with pytest.raises(ConnectionError):
+        oncilla.connect(socket="/nonexistent/oncilla.sock")
     with ocm.alloc(MiB, nodes=["node-1"]) as a:
+        with pytest.raises(IndexError):
+            a.copy_in(MiB - 2, b"abc")
         with pytest.raises(oncilla.OutOfBounds):
             a.copy_in(MiB - 2, b"abc")
         with pytest.raises(oncilla.OutOfBounds):
