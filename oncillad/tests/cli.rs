@@ -252,3 +252,62 @@ fn the_systemd_unit_verifies() {
         "{said}"
     );
 }
+
+/// In a memory cgroup of 200 MiB, an agent asked for 1 GiB of base pages
+/// is refused at once, naming the cgroup's limit (before, it pre-faulted
+/// into an OOM kill, exit 137, with nothing in its log). Skipped, one
+/// line, where no child cgroup can be made here.
+#[test]
+fn a_capacity_past_the_memory_cgroup_is_refused_naming_it() {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    // v1 (a memory hierarchy of its own) or v2 (the unified one).
+    let place = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            Some((format!("/sys/fs/cgroup/memory{path}"), "memory.limit_in_bytes"))
+        } else if controllers.is_empty() {
+            Some((format!("/sys/fs/cgroup{path}"), "memory.max"))
+        } else {
+            None
+        }
+    });
+    let Some((parent, limit_file)) = place else {
+        eprintln!("skipped: no memory cgroup for this process");
+        return;
+    };
+    let dir = std::path::PathBuf::from(format!(
+        "{parent}/oncilla-room-{}",
+        std::process::id()
+    ));
+    let made = std::fs::create_dir(&dir)
+        .and_then(|()| std::fs::write(dir.join(limit_file), (200u64 << 20).to_string()));
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir(&dir);
+        eprintln!("skipped: cannot make a memory cgroup under {parent}: {e}");
+        return;
+    }
+    let sock = std::env::temp_dir().join(format!("oncillad-room-{}.sock", std::process::id()));
+    let args = agent_args("1GiB", &sock);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+        .arg(&dir)
+        .arg(env!("CARGO_BIN_EXE_oncillad"))
+        .args(&args)
+        .args(["--hugepages", "off"])
+        .env_remove("ONCILLA_TOKEN")
+        .env_remove("ONCILLA_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("capacity 1.0 GiB is more than this process may still take")
+            && err.contains("the memory cgroup")
+            && err.contains("limit 200.0 MiB"),
+        "{err}"
+    );
+    assert!(!sock.exists());
+}

@@ -19,6 +19,7 @@ mod file;
 mod free_list;
 mod limits;
 mod refill;
+mod room;
 mod slab;
 
 use std::collections::VecDeque;
@@ -101,6 +102,12 @@ pub enum PoolError {
     TooSmall,
     #[error("capacity {} exceeds this node's physical memory {}; choose a smaller --capacity", HumanBytes(*.requested), HumanBytes(*.physical))]
     AbovePhysical { requested: u64, physical: u64 },
+    #[error("capacity {} is more than this process may still take: {} ({what}); choose a smaller --capacity, free memory, or raise the limit", HumanBytes(*.requested), HumanBytes(*.room))]
+    AboveRoom {
+        requested: u64,
+        room: u64,
+        what: String,
+    },
     #[error("--hugepages on: {reason}; reserve more (`sysctl vm.nr_hugepages={needed}` or more), or use --hugepages auto")]
     HugePages { reason: String, needed: u64 },
     #[error("pool bookkeeping is inconsistent ({0}); this is a bug: the range is kept out of use")]
@@ -363,8 +370,13 @@ impl Pool {
             });
         }
         check_memlock(round_up(spec.capacity, base_page))?;
+        // Ordinary memory only: huge pages are reserved apart.
+        let base_slabs = |spec: PoolSpec| {
+            room::check(round_up(spec.capacity, base_page))?;
+            make_slabs(spec, base_page, false)
+        };
         let (slabs, page, huge, note) = match spec.huge_pages {
-            HugePages::Off => (make_slabs(spec, base_page, false)?, base_page, false, None),
+            HugePages::Off => (base_slabs(spec)?, base_page, false, None),
             HugePages::On => {
                 let hp = huge_page_info();
                 let needed = pages_needed(spec.capacity, hp.size);
@@ -399,12 +411,7 @@ impl Pool {
                             HumanBytes(base_page)
                         );
                         tracing::warn!("{note}");
-                        (
-                            make_slabs(spec, base_page, false)?,
-                            base_page,
-                            false,
-                            Some(note),
-                        )
+                        (base_slabs(spec)?, base_page, false, Some(note))
                     }
                 }
             }
