@@ -137,7 +137,7 @@ pub fn json(a: &Allocation) -> Value {
 /// One allocation in detail, its age as of `now_ms`.
 pub fn detail(a: &Allocation, now_ms: u64) -> String {
     let mut out = format!(
-        "id:        {}\nname:      {}\nsize:      {} ({} bytes)\nkind:      {}\nplacement: {}\nowner:     {}\nattached:  {}\nage:       {}\nhealth:    {}\n{}\n",
+        "id:        {}\nname:      {}\nsize:      {} ({} bytes)\nkind:      {}\nplacement: {}\nowner:     {}\nattached:  {}\ncreated:   {} ({} ago)\nhealth:    {}\n{}\n",
         a.id,
         if a.name.is_empty() { "-" } else { &a.name },
         HumanBytes(a.size),
@@ -146,6 +146,7 @@ pub fn detail(a: &Allocation, now_ms: u64) -> String {
         placement(a),
         owner(a),
         attached(a),
+        super::utc(a.created_unix_ms),
         super::age(a.created_unix_ms, now_ms),
         health(a.health),
         a.health_notes
