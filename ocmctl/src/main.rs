@@ -87,6 +87,9 @@ enum Cmd {
     /// clear them (the master keeps them in its --quota-file).
     #[command(subcommand)]
     Quota(cmd::quota::QuotaCmd),
+    /// Take a node that is down out of the cluster (`node remove NAME`).
+    #[command(subcommand)]
+    Node(cmd::node::NodeCmd),
     /// Measure the cluster (prints tables; see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(Bench),
@@ -131,6 +134,7 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Top(args) => cmd::top::run(&args),
         Cmd::Run(args) => cmd::run::run(&args),
         Cmd::Quota(cmd) => cmd::quota::run(&cmd),
+        Cmd::Node(cmd) => cmd::node::run(&cmd),
         Cmd::Bench(bench) => Ok(oncilla_bench::run(&bench, &daemon())?),
     }
 }

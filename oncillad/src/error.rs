@@ -27,6 +27,9 @@ pub enum CoreError {
     UnknownNode { name: String, known: String },
     #[error("node {0} is down")]
     NodeDown(String),
+    /// An operator removing a node that is not down.
+    #[error("node {0} is {1}, not down: stop its agent (it leaves by itself), or remove it once it is down")]
+    NodeUp(String, &'static str),
     #[error("not enough capacity for {}: {detail}", HumanBytes(*.requested))]
     CapacityExhausted { requested: u64, detail: String },
     #[error("invalid request: {0}")]

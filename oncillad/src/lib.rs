@@ -182,10 +182,12 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     )?;
     let mut unix = None;
     let mut membership = None;
+    let mut leave = None;
     if let Some(started) = agent {
         router = router.add_service(started.service);
         unix = Some((started.socket, started.sessions));
         membership = Some(started.membership);
+        leave = Some(started.leave);
     }
     if config.master {
         tracing::info!(listen = %grpc_addr, "master role ready");
@@ -248,6 +250,14 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         .await;
     // However serving ended: the election gives its lease up.
     let _ = stop_tx.send(true);
+    // A clean stop: the node's pool goes with the process, so the master
+    // hears it now rather than after missed heartbeats (before waiting for
+    // the sessions, which may hold their streams open). Not when the
+    // master refused the node: it is not in the cluster.
+    let refused_now = refused.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    if let (Some(leave), false) = (leave, refused_now) {
+        leave.tell().await;
+    }
     if let Some(election) = election {
         // It gives its lease up on the stop: a standby takes over at once.
         if tokio::time::timeout(std::time::Duration::from_secs(5), election)

@@ -265,7 +265,10 @@ fn a_capacity_past_the_memory_cgroup_is_refused_naming_it() {
         let mut f = l.splitn(3, ':');
         let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
         if controllers.split(',').any(|c| c == "memory") {
-            Some((format!("/sys/fs/cgroup/memory{path}"), "memory.limit_in_bytes"))
+            Some((
+                format!("/sys/fs/cgroup/memory{path}"),
+                "memory.limit_in_bytes",
+            ))
         } else if controllers.is_empty() {
             Some((format!("/sys/fs/cgroup{path}"), "memory.max"))
         } else {
@@ -276,10 +279,7 @@ fn a_capacity_past_the_memory_cgroup_is_refused_naming_it() {
         eprintln!("skipped: no memory cgroup for this process");
         return;
     };
-    let dir = std::path::PathBuf::from(format!(
-        "{parent}/oncilla-room-{}",
-        std::process::id()
-    ));
+    let dir = std::path::PathBuf::from(format!("{parent}/oncilla-room-{}", std::process::id()));
     let made = std::fs::create_dir(&dir)
         .and_then(|()| std::fs::write(dir.join(limit_file), (200u64 << 20).to_string()));
     if let Err(e) = made {

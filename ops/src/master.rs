@@ -274,6 +274,15 @@ impl Master {
     ///
     /// # Errors
     /// The call fails (the master keeps no quota file, among others).
+    /// Removes node `name` from the cluster (it must be down): how many
+    /// allocations lost bytes with it.
+    ///
+    /// # Errors
+    /// The call fails (a node that is up, an unknown node).
+    pub fn remove_node(&self, name: &str) -> Result<u64, MasterError> {
+        self.call(|m| async move { m.remove_node(name).await })
+    }
+
     pub fn set_quota(
         &self,
         who: oncilla_model::quota::Subject,

@@ -345,9 +345,9 @@ fn a_cleanly_restarted_agent_starts_empty_and_mapped_clients_get_an_error() {
     assert!(c
         .log("node-1")
         .contains("agent starting with an empty pool"));
-    assert!(c
-        .log("master")
-        .contains("node restarted with an empty pool"));
+    // A clean stop: the agent said it was leaving, and the master took
+    // its allocations' bytes as lost then, not at its return.
+    assert!(c.log("master").contains("node left the cluster"));
     // Never the old bytes, never someone else's.
     let err = local.copy_out(0, &mut back).unwrap_err();
     assert!(matches!(err, Error::NodeUnreachable { .. }), "{err}");
@@ -420,4 +420,62 @@ fn notes_name(j: &serde_json::Value, what: &str) -> bool {
             .iter()
             .any(|n| n.as_str().is_some_and(|n| n.starts_with(what)))
     })
+}
+
+/// An agent stopped cleanly leaves the cluster at once: it is no longer
+/// listed and what was on it is lost (before, it stayed `up`, then `down`
+/// for ever). A node killed with -9 stays `down` until an operator removes
+/// it with `ocmctl node remove`, which refuses a node that is up.
+#[test]
+fn a_stopped_agent_leaves_and_a_dead_one_can_be_removed() {
+    let mut c = Cluster::start(3, "8MiB");
+    let ocm = c.client(0);
+    let on = |node: &str| {
+        ocm.alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes([node]))
+            .unwrap()
+    };
+    let (a1, a2) = (on("node-1"), on("node-2"));
+
+    let refused = c.ocmctl(&["node", "remove", "node-2"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.contains("node node-2 is up, not down"), "{err}");
+
+    c.stop_agent(1);
+    let gone = |c: &Cluster, name: &str| c.node(name).is_none();
+    assert!(
+        Cluster::eventually(BOUND, || gone(&c, "node-1")),
+        "{:#?}",
+        c.nodes()
+    );
+    assert_eq!(alloc_json(&c, a1.id())["health"], "lost");
+
+    c.kill_agent(2);
+    let down = || c.node("node-2").is_some_and(|n| n["state"] == "down");
+    assert!(
+        Cluster::eventually(Cluster::EVENT, down),
+        "{:#?}",
+        c.nodes()
+    );
+    let out = c.ocmctl(&["node", "remove", "node-2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed node node-2; 1 allocations"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(gone(&c, "node-2"));
+    assert_eq!(alloc_json(&c, a2.id())["health"], "lost");
+    let unknown = c.ocmctl(&["node", "remove", "node-9"]);
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("unknown node \"node-9\""));
+    // What is left still serves, and a stopped node comes back as new.
+    c.start_agent(1);
+    assert!(Cluster::eventually(BOUND, || c
+        .node("node-1")
+        .is_some_and(|n| n["state"] == "up")));
+    c.still_serves();
 }

@@ -9,6 +9,7 @@ pub mod data;
 pub mod demo;
 pub mod free;
 pub mod health;
+pub mod node;
 pub mod node_keys;
 pub mod nodes;
 pub mod quota;

@@ -35,6 +35,11 @@ impl Caller {
         }
     }
 
+    /// A node leaving the cluster: only as itself.
+    pub fn leave(&self, node: &str) -> Result<(), Status> {
+        self.as_node(node, "leave")
+    }
+
     /// Refuses a node acting as `node`, unless it is that node.
     fn as_node(&self, node: &str, what: &str) -> Result<(), Status> {
         match self {

@@ -274,6 +274,25 @@ impl MasterLink {
         .map_err(|(addr, s)| self.wrap(&addr, s))
     }
 
+    /// Tells the master this node is leaving (its agent stops): how many
+    /// allocations lost bytes with it.
+    ///
+    /// # Errors
+    /// The master cannot be reached or refuses.
+    pub async fn leave(&self, name: &str, incarnation: u64) -> Result<u64, LinkError> {
+        let req = pb::LeaveRequest {
+            name: name.to_string(),
+            incarnation,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.leave(req).await }
+        })
+        .await
+        .map(|r| r.lost)
+        .map_err(|(addr, s)| self.failed(&addr, s))
+    }
+
     pub async fn detach(&self, req: pb::DetachRequest) -> Result<(), Status> {
         self.call(|mut c| {
             let req = req.clone();

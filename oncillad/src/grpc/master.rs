@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use oncilla_model::alloc::{AllocSpec, Owner};
+use oncilla_model::alloc::{AllocSpec, Invalid, Owner, MAX_NODE_NAME};
 use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Registration};
+use oncilla_model::echo::echo;
 use oncilla_net::credential::Authenticate;
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
@@ -244,6 +245,34 @@ impl master_server::Master for MasterService {
         Caller::of(&req)?.operator("looking up an allocation")?;
         let target = alloc_ref(req.into_inner().alloc).map_err(invalid)?;
         reply(self.core()?.0.allocation(&target))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %req.get_ref().name))]
+    async fn leave(
+        &self,
+        req: Request<pb::LeaveRequest>,
+    ) -> Result<Response<pb::LeaveReply>, Status> {
+        let caller = Caller::of(&req)?;
+        let r = req.into_inner();
+        if r.name.len() > MAX_NODE_NAME {
+            return Err(invalid(Invalid::NodeNameTooLong(
+                echo(&r.name),
+                r.name.len(),
+            )));
+        }
+        let incarnation = match caller {
+            // A node leaves as itself, naming the start it is.
+            Caller::Node(_) => {
+                caller.leave(&r.name)?;
+                Some(r.incarnation)
+            }
+            Caller::Operator => None,
+        };
+        let (core, tenure) = self.core()?;
+        let out = core.leave(&r.name, incarnation);
+        still(tenure.as_ref())?;
+        let lost = out.map_err(Status::from)?;
+        Ok(Response::new(pb::LeaveReply { lost: lost as u64 }))
     }
 
     async fn list_quotas(

@@ -47,6 +47,7 @@ impl From<CoreError> for Status {
             ) => Status::resource_exhausted(msg),
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
             CoreError::Quota(_) => with_reason(Code::ResourceExhausted, msg, Reason::Quota, ""),
+            CoreError::NodeUp(..) => Status::failed_precondition(msg),
             CoreError::QuotaStore(_) => Status::failed_precondition(msg),
             // The one UNAVAILABLE a server gives itself; the message starts
             // with "master" so callers do not reword it as unreachable.

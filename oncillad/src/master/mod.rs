@@ -21,6 +21,7 @@
 
 mod allocate;
 mod copies;
+mod leave;
 pub mod liveness;
 mod node;
 pub mod placement;

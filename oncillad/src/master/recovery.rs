@@ -126,21 +126,14 @@ impl<L: AgentLink> Master<L> {
                 ),
                 |prev| (prev.reserved, prev.pool),
             );
-        if let Some(prev) = st.nodes.get(&name) {
-            if prev.incarnation != req.incarnation {
-                // Replicated allocations go on with their other copies.
-                Self::drop_copies(st, &name);
-                let now = unix_ms();
-                let mut lost = 0;
-                for rec in st.allocs.values_mut() {
-                    if rec.alloc.held_on(&name) {
-                        rec.lost.entry(name.clone()).or_insert(now);
-                        lost += 1;
-                    }
-                }
-                if lost > 0 {
-                    tracing::warn!(node = %name, allocations = lost, "node restarted with an empty pool: these allocations lost their extents there");
-                }
+        if st
+            .nodes
+            .get(&name)
+            .is_some_and(|prev| prev.incarnation != req.incarnation)
+        {
+            let lost = Self::bytes_gone(st, &name);
+            if lost > 0 {
+                tracing::warn!(node = %name, allocations = lost, "node restarted with an empty pool: these allocations lost their extents there");
             }
         }
         st.nodes.insert(
@@ -307,9 +300,27 @@ impl<L: AgentLink> Master<L> {
     }
 }
 
+impl<L: AgentLink> Master<L> {
+    /// What the table keeps of a node whose pool is gone (it restarted, or
+    /// left): replicated allocations go on with their other copies, the
+    /// others lose their extents there. How many lost bytes.
+    pub(super) fn bytes_gone(st: &mut State, node: &str) -> usize {
+        Self::drop_copies(st, node);
+        let now = unix_ms();
+        let mut lost = 0;
+        for rec in st.allocs.values_mut() {
+            if rec.alloc.held_on(node) {
+                rec.lost.entry(node.to_string()).or_insert(now);
+                lost += 1;
+            }
+        }
+        lost
+    }
+}
+
 /// Every known node's data address (see [`Registered::peers`]), with a
 /// new version when it changed since the last time.
-fn refresh_peers(st: &mut State) -> &(u64, Vec<String>) {
+pub(super) fn refresh_peers(st: &mut State) -> &(u64, Vec<String>) {
     let now: Vec<String> = st
         .nodes
         .values()

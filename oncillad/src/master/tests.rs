@@ -20,6 +20,7 @@ use crate::error::{CoreError, LinkError};
 
 mod batch;
 mod copies;
+mod leave;
 mod parts;
 mod users;
 

@@ -31,6 +31,40 @@ pub(crate) struct Started {
     /// The membership loop: it ends only when the master refuses the
     /// node for good (then the daemon stops).
     pub membership: JoinHandle<Result<(), agent::membership::Refused>>,
+    /// Says to the master that this node leaves, at a clean stop.
+    pub leave: Leave,
+}
+
+/// What a stopping agent tells the master: its pool goes with it.
+pub(crate) struct Leave {
+    master: grpc::links::MasterLink,
+    name: String,
+    incarnation: u64,
+}
+
+/// How long a stopping agent waits for the master to hear it leave.
+const LEAVE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Leave {
+    /// Tells the master, within [`LEAVE_DEADLINE`]; a master that does not
+    /// answer learns it from the missed heartbeats, as from a crash.
+    pub async fn tell(self) {
+        match tokio::time::timeout(
+            LEAVE_DEADLINE,
+            self.master.leave(&self.name, self.incarnation),
+        )
+        .await
+        {
+            Ok(Ok(lost)) => {
+                tracing::info!(node = %self.name, lost_allocations = lost, "left the cluster");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not tell the master this node leaves"),
+            Err(_) => tracing::warn!(
+                "the master did not answer this node's leaving within {} s",
+                LEAVE_DEADLINE.as_secs()
+            ),
+        }
+    }
 }
 
 /// Starts the agent role, where the configuration has one, on `grpc_addr`
@@ -177,6 +211,11 @@ pub(crate) fn start(
         master.clone(),
         ready,
     ));
+    let leave = Leave {
+        master: master.clone(),
+        name: config.name.clone(),
+        incarnation: agent.incarnation(),
+    };
     if agent.rdma().available() {
         tokio::spawn(watch_rdma_ports(Arc::clone(&agent)));
     }
@@ -200,6 +239,7 @@ pub(crate) fn start(
         socket: agent_cfg.socket.clone(),
         sessions,
         membership,
+        leave,
     }))
 }
 

@@ -113,6 +113,19 @@ impl Master {
     ///
     /// # Errors
     /// [`CallError`] (the master keeps no quota file, among others).
+    /// Removes node `name`, which must be down: its allocations lose what
+    /// they had there. How many did.
+    ///
+    /// # Errors
+    /// [`CallError`] (a node that is up is refused).
+    pub async fn remove_node(&self, name: &str) -> Result<u64, CallError> {
+        let req = pb::LeaveRequest {
+            name: name.to_string(),
+            incarnation: 0,
+        };
+        Ok(self.0.clone().leave(req).await?.into_inner().lost)
+    }
+
     pub async fn set_quota(
         &self,
         who: Subject,
