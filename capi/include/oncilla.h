@@ -183,7 +183,7 @@ ocm_alloc_t ocm_alloc_ex(const struct ocm_params_t *params);
 // persistent), made together: one call to the master, all or none. On
 // success `out[0..count]` holds their handles, each freed on its own
 // with `ocm_free`; on failure `out` is left as it was. `count` is 1 to
-// 1,024; otherwise, or for a named or persistent `params`, or a NULL or
+// 256; otherwise, or for a named or persistent `params`, or a NULL or
 // misaligned `out`, `OCM_E_INVALID`. `params` is checked as
 // `ocm_alloc_ex` checks it.
 //

@@ -364,7 +364,7 @@ pub unsafe extern "C" fn ocm_alloc_ex(params: *const ocm_params_t) -> ocm_alloc_
 /// persistent), made together: one call to the master, all or none. On
 /// success `out[0..count]` holds their handles, each freed on its own
 /// with `ocm_free`; on failure `out` is left as it was. `count` is 1 to
-/// 1,024; otherwise, or for a named or persistent `params`, or a NULL or
+/// 256; otherwise, or for a named or persistent `params`, or a NULL or
 /// misaligned `out`, `OCM_E_INVALID`. `params` is checked as
 /// `ocm_alloc_ex` checks it.
 ///

@@ -114,7 +114,7 @@ class Session:
         fabric: Optional[str] = None,
         replicas: Optional[int] = None,
     ) -> List[Allocation]:
-        """Makes ``count`` (1 to 1,024) allocations of ``size`` bytes of
+        """Makes ``count`` (1 to 256) allocations of ``size`` bytes of
         ``kind`` together: one call to the master, all or none. Each is an
         allocation of its own, placed and reached as ``alloc`` says; none is
         named or persistent (those are made one at a time)."""

@@ -114,7 +114,7 @@ impl Session {
     /// Makes `count` allocations of `size` bytes of `kind` together (one
     /// call to the master, all or none), placed and reached as `alloc`
     /// says; returns their handles in a list. Neither named nor
-    /// persistent: those are made one at a time. `count` is 1 to 1,024.
+    /// persistent: those are made one at a time. `count` is 1 to 256.
     #[pyo3(signature = (size, count, kind=None, *, policy=None, nodes=None, weights=None, stripe=None, gpu=None, fabric=None, replicas=None))]
     #[allow(clippy::too_many_arguments)]
     fn alloc_many(

@@ -178,7 +178,7 @@ static int basic(void) {
     }
     ocm_alloc_t untouched[2] = {(ocm_alloc_t)0x11, (ocm_alloc_t)0x22};
     CHECK(ocm_alloc_many(&p, 0, untouched) == OCM_E_INVALID, "count 0");
-    CHECK(ocm_alloc_many(&p, 1025, untouched) == OCM_E_INVALID, "count 1025");
+    CHECK(ocm_alloc_many(&p, 257, untouched) == OCM_E_INVALID, "count 257");
     CHECK(ocm_alloc_many(&p, 2, NULL) == OCM_E_INVALID, "NULL out");
     CHECK(ocm_alloc_many(NULL, 2, untouched) == OCM_E_INVALID, "NULL params");
     ocm_params_t named = p;

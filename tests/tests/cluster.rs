@@ -172,16 +172,16 @@ fn batches_of_allocations_are_whole_distinct_and_all_or_none() {
             "allocation {i} lost its bytes"
         );
     }
-    // 16 MiB, past what the 8 MiB pool has left: refused whole, nothing
+    // 8 MiB, past what the 8 MiB pool has left: refused whole, nothing
     // made.
-    let big = AllocSpec::new(16 << 10, Kind::RemoteHost).on_nodes(["node-1"]);
-    let err = ocm.alloc_many(&big, 1024).unwrap_err();
+    let big = AllocSpec::new(32 << 10, Kind::RemoteHost).on_nodes(["node-1"]);
+    let err = ocm.alloc_many(&big, 256).unwrap_err();
     assert!(matches!(err, Error::CapacityExhausted(_)), "{err}");
     assert_eq!(c.allocation_count(), 256);
     // Refused before anything is asked: no count, too many, a name.
     for (spec, count) in [
         (spec.clone(), 0),
-        (spec.clone(), 1025),
+        (spec.clone(), 257),
         (spec.clone().named("batch"), 2),
         (spec.clone().persistent(), 2),
     ] {
@@ -191,7 +191,9 @@ fn batches_of_allocations_are_whole_distinct_and_all_or_none() {
     // Each is freed on its own, as any allocation.
     drop(made);
     assert_eq!(c.allocation_count(), 0);
-    assert_eq!(ocm.alloc_many(&spec, 1024).unwrap().len(), 1024);
+    // All of it again, in one batch of the most one may hold.
+    let whole = AllocSpec::new(32 << 10, Kind::RemoteHost).on_nodes(["node-1"]);
+    assert_eq!(ocm.alloc_many(&whole, 255).unwrap().len(), 255);
 }
 
 #[test]

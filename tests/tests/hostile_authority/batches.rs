@@ -34,12 +34,12 @@ fn batches_are_bounded_and_act_only_for_their_own_session() {
                 spec,
                 count,
             };
-        // Counts outside 1..=1024, however large, and specs that would
+        // Counts outside 1..=256, however large, and specs that would
         // outlive the caller: refused where they enter, saying why.
         for (count, spec, why) in [
-            (0, Some(spec("", false)), "1 to 1024"),
-            (1025, Some(spec("", false)), "1 to 1024"),
-            (u64::MAX, Some(spec("", false)), "1 to 1024"),
+            (0, Some(spec("", false)), "1 to 256"),
+            (257, Some(spec("", false)), "1 to 256"),
+            (u64::MAX, Some(spec("", false)), "1 to 256"),
             (2, Some(spec("mine", false)), "one at a time"),
             (2, Some(spec("", true)), "one at a time"),
             (2, None, "spec"),
@@ -77,10 +77,10 @@ fn batches_are_bounded_and_act_only_for_their_own_session() {
             .await,
         );
         assert_eq!(code, tonic::Code::PermissionDenied, "{msg}");
-        // Even with the cluster token, a batch past 1,024 reservations
+        // Even with the cluster token, a batch past 256 reservations
         // (or none) is refused before any is made.
         let mut op = client::agent(client::lazy(&agent1, &h.token, None).unwrap());
-        for n in [0, 1025] {
+        for n in [0, 257] {
             let (code, msg) = refused(
                 op.reserve(pb::ReserveBatch {
                     reservations: vec![one.clone(); n],
@@ -88,7 +88,7 @@ fn batches_are_bounded_and_act_only_for_their_own_session() {
                 .await,
             );
             assert_eq!(code, tonic::Code::InvalidArgument, "{n}: {msg}");
-            assert!(msg.contains("1 to 1024"), "{n}: {msg}");
+            assert!(msg.contains("1 to 256"), "{n}: {msg}");
         }
     });
 

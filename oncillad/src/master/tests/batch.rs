@@ -70,16 +70,22 @@ async fn a_batch_that_fails_on_one_agent_leaves_nothing() {
 async fn a_batch_past_the_cluster_is_refused_before_any_reservation() {
     let link = FakeLink::default();
     let m = master(link.clone()).await;
-    // Two nodes of 1 MiB: 512 pages in all, 600 asked.
-    let err = m.allocate_many(batch(4096, &[], 600)).await.unwrap_err();
+    // Two nodes of 1 MiB: 512 pages in all, 3 x 256 asked.
+    let err = m
+        .allocate_many(batch(3 * 4096, &[], 256))
+        .await
+        .unwrap_err();
     assert!(matches!(err, CoreError::CapacityExhausted { .. }), "{err}");
     assert_eq!(link.calls.load(Ordering::SeqCst), 0);
     assert!(m.allocations().is_empty());
     assert!(m.nodes().iter().all(|n| n.used == 0));
     // Nothing was held back: the whole cluster is still there to take.
     assert_eq!(
-        m.allocate_many(batch(4096, &[], 512)).await.unwrap().len(),
-        512
+        m.allocate_many(batch(2 * 4096, &[], 256))
+            .await
+            .unwrap()
+            .len(),
+        256
     );
 }
 
