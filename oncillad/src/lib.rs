@@ -230,6 +230,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     // A master that refuses this node for good stops the daemon, which
     // then exits saying why.
     let refused = Arc::new(std::sync::Mutex::new(None));
+    // Ended before the node says it leaves: it must not register again.
+    let membership_abort = membership
+        .as_ref()
+        .map(tokio::task::JoinHandle::abort_handle);
     if let Some(membership) = membership {
         let (stop, refused) = (Arc::clone(&stop_tx), Arc::clone(&refused));
         tokio::spawn(async move {
@@ -255,6 +259,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     // the sessions, which may hold their streams open). Not when the
     // master refused the node: it is not in the cluster.
     let refused_now = refused.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    if let Some(abort) = membership_abort {
+        abort.abort();
+    }
     if let (Some(leave), false) = (leave, refused_now) {
         leave.tell().await;
     }

@@ -40,6 +40,15 @@ pub enum MasterError {
     Runtime(#[source] std::io::Error),
 }
 
+impl MasterError {
+    /// Whether it may pass by itself (the master unreachable, restarting
+    /// or electing), so asking again later can succeed; a wrong token, a
+    /// wrong address or a refusal cannot.
+    pub fn may_pass(&self) -> bool {
+        matches!(self, MasterError::Rpc(s) if s.code() == tonic::Code::Unavailable)
+    }
+}
+
 /// How to reach the master (flags of `ocmctl` and `ocmctl bench`).
 #[derive(Debug, clap::Args)]
 #[deny(missing_docs)]

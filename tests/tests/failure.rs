@@ -441,6 +441,14 @@ fn a_stopped_agent_leaves_and_a_dead_one_can_be_removed() {
     assert_eq!(refused.status.code(), Some(1), "{err}");
     assert!(err.contains("node node-2 is up, not down"), "{err}");
 
+    // A process on node-1 holds memory on node-0, and its session stays
+    // open while node-1 stops.
+    let on1 = c.client(1);
+    let held_by_1 = on1
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-0"]))
+        .unwrap();
+    let held_id = held_by_1.id();
+    std::mem::forget(held_by_1);
     c.stop_agent(1);
     let gone = |c: &Cluster, name: &str| c.node(name).is_none();
     assert!(
@@ -449,6 +457,19 @@ fn a_stopped_agent_leaves_and_a_dead_one_can_be_removed() {
         c.nodes()
     );
     assert_eq!(alloc_json(&c, a1.id())["health"], "lost");
+    // Its sessions ended with it: what they held elsewhere is freed, and
+    // it did not come back (it registered no more after leaving).
+    let listed = |c: &Cluster| {
+        let all = c.ocmctl_json(&["allocs", "--json"]);
+        all.as_array()
+            .is_some_and(|a| a.iter().any(|x| x["id"] == held_id))
+    };
+    assert!(
+        Cluster::eventually(BOUND, || !listed(&c)),
+        "allocation {held_id} kept"
+    );
+    assert!(gone(&c, "node-1"), "{:#?}", c.nodes());
+    drop(on1);
 
     c.kill_agent(2);
     let down = || c.node("node-2").is_some_and(|n| n["state"] == "down");

@@ -92,8 +92,10 @@ pub fn put(args: &PutArgs) -> Result<(), CliError> {
         desc.check_range(offset, total)?;
         (Box::new(f), Some(total))
     };
+    // The offset itself must be inside it, whatever comes in.
+    desc.check_range(offset, 0)?;
     let room = desc.size.saturating_sub(offset);
-    let mut buf = vec![0u8; usize::try_from(total.unwrap_or(STAGE).min(STAGE)).unwrap_or(0)];
+    let mut buf = vec![0u8; usize::try_from(total.unwrap_or(room).clamp(1, STAGE)).unwrap_or(1)];
     let mut progress = Progress::new("put", total.unwrap_or(0));
     let mut done = 0u64;
     loop {

@@ -76,6 +76,8 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         let read = m.node_list().and_then(|n| Ok((n, m.allocations()?)));
         let text = match read {
             Ok((nodes, allocs)) => frame_text(args, &nodes, allocs),
+            // Asking again cannot help a wrong token or address.
+            Err(e) if !e.may_pass() => return Err(e.into()),
             Err(e) if args.json => serde_json::json!({ "error": e.to_string() }).to_string() + "\n",
             Err(e) => format!(
                 "oncilla top: master {}: {e}\nasking again every {} ms (Ctrl-C to stop)\n",

@@ -103,6 +103,10 @@ pub async fn run(
     let mut retry = RETRY_MIN;
     let mut reachable = true;
     let mut report = HeldReport::default();
+    // Once this process was in the cluster, a refusal is retried like any
+    // other (a master restarted with another configuration, say): only a
+    // first registration refused for who it is ends the daemon.
+    let mut ever_registered = false;
     loop {
         if registered && agent.take_info_changed() {
             tracing::info!("node information changed (an RDMA port went away); registering again");
@@ -119,6 +123,7 @@ pub async fn run(
             register(&agent, &master).await.map(|every| {
                 interval = every;
                 registered = true;
+                ever_registered = true;
             })
         };
         ready.send_replace(outcome.is_ok() && registered);
@@ -135,7 +140,7 @@ pub async fn run(
                     Duration::ZERO
                 }
             }
-            Err(LinkError::Denied(why)) if !registered => {
+            Err(LinkError::Denied(why)) if !registered && !ever_registered => {
                 ready.send_replace(false);
                 return Err(Refused(why));
             }

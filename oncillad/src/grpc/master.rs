@@ -269,7 +269,7 @@ impl master_server::Master for MasterService {
             Caller::Operator => None,
         };
         let (core, tenure) = self.core()?;
-        let out = core.leave(&r.name, incarnation);
+        let out = core.leave(&r.name, incarnation).await;
         still(tenure.as_ref())?;
         let lost = out.map_err(Status::from)?;
         Ok(Response::new(pb::LeaveReply { lost: lost as u64 }))

@@ -5,6 +5,8 @@
 //! the bytes they had there (shown `lost`), and the node is no longer
 //! listed or placed on. It never touches another node.
 
+use std::collections::BTreeSet;
+
 use oncilla_model::node::NodeState;
 
 use super::recovery::refresh_peers;
@@ -21,8 +23,24 @@ impl<L: AgentLink> Master<L> {
     /// [`CoreError::UnknownNode`]; [`CoreError::PermissionDenied`] for
     /// another start of the node; [`CoreError::NodeUp`] for an operator
     /// removing a node that is not down; a master still recovering.
-    pub fn leave(&self, name: &str, incarnation: Option<u64>) -> Result<usize, CoreError> {
+    pub async fn leave(&self, name: &str, incarnation: Option<u64>) -> Result<usize, CoreError> {
         self.check_serving()?;
+        let (lost, sessions) = self.take_out(name, incarnation)?;
+        // Its processes went with it: what their sessions owned elsewhere
+        // is freed, their attachments and charges end.
+        for s in &sessions {
+            self.end_session(s).await;
+        }
+        Ok(lost)
+    }
+
+    /// The table's side of [`Master::leave`]: the node out, its pool's
+    /// bytes lost; the sessions it served, to end.
+    fn take_out(
+        &self,
+        name: &str,
+        incarnation: Option<u64>,
+    ) -> Result<(usize, Vec<String>), CoreError> {
         let mut st = self.lock();
         let Some(n) = st.nodes.get(name) else {
             let known = st.nodes.keys().cloned().collect::<Vec<_>>().join(", ");
@@ -46,6 +64,13 @@ impl<L: AgentLink> Master<L> {
             Some(_) => {}
         }
         let lost = Self::bytes_gone(&mut st, name);
+        let attached = st.sessions.values().map(|s| &s.who);
+        let sessions: BTreeSet<String> = st
+            .owners()
+            .chain(attached)
+            .filter(|who| who.node == name)
+            .map(|who| who.session_id.clone())
+            .collect();
         st.nodes.remove(name);
         refresh_peers(&mut st);
         tracing::warn!(
@@ -54,6 +79,6 @@ impl<L: AgentLink> Master<L> {
             by = if incarnation.is_some() { "its agent" } else { "an operator" },
             "node left the cluster"
         );
-        Ok(lost)
+        Ok((lost, sessions.into_iter().collect()))
     }
 }

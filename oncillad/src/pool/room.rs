@@ -68,7 +68,9 @@ fn mem_available() -> Option<u64> {
 }
 
 /// This process's memory cgroup, its limit and its usage, where it has a
-/// limit.
+/// limit. The usage leaves out the inactive file cache the kernel takes
+/// back before it kills (a build's page cache would otherwise look like
+/// memory in use).
 fn cgroup_limit() -> Option<(String, u64, u64)> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     parse_cgroups(&text)
@@ -76,9 +78,24 @@ fn cgroup_limit() -> Option<(String, u64, u64)> {
         .find_map(|(dir, max, current)| {
             let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
             let limit = read(max).and_then(|s| limit_of(&s))?;
-            let usage = read(current)?.trim().parse().ok()?;
-            Some((dir, limit, usage))
+            let usage: u64 = read(current)?.trim().parse().ok()?;
+            let cache = read("memory.stat").map_or(0, |s| inactive_file(&s));
+            Some((dir, limit, usage.saturating_sub(cache)))
         })
+}
+
+/// Inactive file cache in a `memory.stat` (v1's hierarchical total where
+/// it is there).
+pub(super) fn inactive_file(stat: &str) -> u64 {
+    let field = |name: &str| {
+        stat.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse::<u64>().ok()).flatten()
+        })
+    };
+    field("total_inactive_file")
+        .or_else(|| field("inactive_file"))
+        .unwrap_or(0)
 }
 
 /// Where the memory cgroups of `/proc/self/cgroup` keep their limit and
@@ -159,5 +176,9 @@ mod tests {
         assert_eq!(limit_of("max\n"), None);
         assert_eq!(limit_of("9223372036854771712\n"), None);
         assert_eq!(limit_of("209715200\n"), Some(200 << 20));
+        let v1 = "cache 9\ninactive_file 5\ntotal_inactive_file 7\n";
+        assert_eq!(inactive_file(v1), 7);
+        assert_eq!(inactive_file("anon 1\ninactive_file 4096\n"), 4096);
+        assert_eq!(inactive_file(""), 0);
     }
 }

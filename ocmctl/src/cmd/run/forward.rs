@@ -14,16 +14,28 @@ const FORWARDED: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]
 /// The program's pid while it runs; 0 otherwise (nothing is forwarded).
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
-/// The handler: sends the same signal to the program. Only
-/// async-signal-safe calls: an atomic load and kill(2).
-extern "C" fn forward(sig: nix::libc::c_int) {
+/// The handler: sends the same signal to the program, unless the
+/// terminal sent it (the program, in the same process group, got it
+/// already: a Ctrl-C must arrive once). Only async-signal-safe calls: an
+/// atomic load, kill(2), and errno kept as it was.
+extern "C" fn forward(
+    sig: nix::libc::c_int,
+    info: *mut nix::libc::siginfo_t,
+    _context: *mut nix::libc::c_void,
+) {
+    // SAFETY: the kernel passes a valid siginfo_t for an SA_SIGINFO
+    // handler; it is only read, and a NULL is checked.
+    let from_terminal = !info.is_null() && unsafe { (*info).si_code } == nix::libc::SI_KERNEL;
     let pid = CHILD.load(Ordering::SeqCst);
-    if pid > 0 {
-        // SAFETY: kill(2) is async-signal-safe; `pid` is our own child
-        // (it is reset before the child is reaped, so never a reused pid).
+    if pid > 0 && !from_terminal {
+        let errno = nix::errno::Errno::last_raw();
+        // SAFETY: kill(2) is async-signal-safe; `pid` is our own child,
+        // not yet reaped: `CHILD` is reset after waitid(WNOWAIT) saw it
+        // end and before it is reaped, so it is never a reused pid.
         unsafe {
             nix::libc::kill(pid, sig);
         }
+        nix::errno::Errno::set_raw(errno);
     }
 }
 
@@ -39,8 +51,8 @@ impl Forwarding {
     pub fn to(pid: u32) -> Self {
         CHILD.store(i32::try_from(pid).unwrap_or(0), Ordering::SeqCst);
         let action = SigAction::new(
-            SigHandler::Handler(forward),
-            SaFlags::SA_RESTART,
+            SigHandler::SigAction(forward),
+            SaFlags::SA_RESTART | SaFlags::SA_SIGINFO,
             SigSet::empty(),
         );
         let previous = FORWARDED
@@ -55,6 +67,22 @@ impl Forwarding {
             })
             .collect();
         Self { previous }
+    }
+}
+
+impl Forwarding {
+    /// Waits until the program has ended without reaping it, then stops
+    /// forwarding: the caller reaps it after, so no signal can reach
+    /// another process that took its pid.
+    pub fn until_ended(self) {
+        let pid = nix::unistd::Pid::from_raw(CHILD.load(Ordering::SeqCst));
+        if pid.as_raw() > 0 {
+            use nix::sys::wait::{waitid, Id, WaitPidFlag};
+            let ended = || waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT);
+            // Interrupted by a signal it forwarded: wait on.
+            while let Err(nix::errno::Errno::EINTR) = ended() {}
+        }
+        drop(self);
     }
 }
 
@@ -87,8 +115,8 @@ mod tests {
         let pid = child.id();
         let forwarding = Forwarding::to(pid);
         signal::kill(Pid::this(), Signal::SIGTERM).unwrap();
+        forwarding.until_ended();
         let status = child.wait().unwrap();
-        drop(forwarding);
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(Signal::SIGTERM as i32));
         // Reaped: no such process any more.

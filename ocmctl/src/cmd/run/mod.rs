@@ -64,9 +64,8 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             .env("ONCILLA_MASTER", &h.master_addr)
             .spawn()
             .map_err(|e| CliError::Other(format!("cannot start {program:?}: {e}")))?;
-        let forwarding = forward::Forwarding::to(child.id());
+        forward::Forwarding::to(child.id()).until_ended();
         let status = child.wait();
-        drop(forwarding);
         let status =
             status.map_err(|e| CliError::Other(format!("waiting for {program:?}: {e}")))?;
         Ok::<_, CliError>((program.clone(), status))
