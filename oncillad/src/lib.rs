@@ -244,6 +244,24 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             }
         });
     }
+    // At the stop, at once (serving may wait long for open streams to
+    // end): a node's pool goes with its process, so it stops heartbeating
+    // (it must not register again) and tells the master it leaves; not
+    // when the master refused it (it is not in the cluster).
+    let leaving = {
+        let mut stop = stop_rx.clone();
+        let refused = Arc::clone(&refused);
+        tokio::spawn(async move {
+            let _ = stop.changed().await;
+            if let Some(abort) = membership_abort {
+                abort.abort();
+            }
+            let refused_now = refused.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+            if let (Some(leave), false) = (leave, refused_now) {
+                leave.tell().await;
+            }
+        })
+    };
     let mut rx = stop_rx.clone();
     // Connection count, preface deadline, accept backoff and no Nagle:
     // see `listen::incoming`.
@@ -252,19 +270,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             let _ = rx.changed().await;
         })
         .await;
-    // However serving ended: the election gives its lease up.
+    // However serving ended: the election gives its lease up, and the
+    // node has left (bounded by the leave's own deadline).
     let _ = stop_tx.send(true);
-    // A clean stop: the node's pool goes with the process, so the master
-    // hears it now rather than after missed heartbeats (before waiting for
-    // the sessions, which may hold their streams open). Not when the
-    // master refused the node: it is not in the cluster.
-    let refused_now = refused.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-    if let Some(abort) = membership_abort {
-        abort.abort();
-    }
-    if let (Some(leave), false) = (leave, refused_now) {
-        leave.tell().await;
-    }
+    let _ = leaving.await;
     if let Some(election) = election {
         // It gives its lease up on the stop: a standby takes over at once.
         if tokio::time::timeout(std::time::Duration::from_secs(5), election)
