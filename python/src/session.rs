@@ -84,13 +84,9 @@ impl Session {
         fabric: Option<String>,
         replicas: Option<u32>,
     ) -> PyResult<Allocation> {
-        let kind = match &kind {
-            Some(k) => spec::kind(k)?,
-            None => liboncilla::Kind::RemoteHost,
-        };
         let spec = spec::alloc_spec(
             size,
-            kind,
+            kind.as_ref(),
             Placement {
                 policy,
                 nodes,
@@ -131,13 +127,9 @@ impl Session {
         fabric: Option<String>,
         replicas: Option<u32>,
     ) -> PyResult<Vec<Allocation>> {
-        let kind = match &kind {
-            Some(k) => spec::kind(k)?,
-            None => liboncilla::Kind::RemoteHost,
-        };
         let spec = spec::alloc_spec(
             size,
-            kind,
+            kind.as_ref(),
             Placement {
                 policy,
                 nodes,

@@ -25,7 +25,7 @@ pub fn name_of(arg: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 /// A kind by name or member.
-pub fn kind(v: &Bound<'_, PyAny>) -> PyResult<Kind> {
+fn kind_of(v: &Bound<'_, PyAny>) -> PyResult<Kind> {
     name_of("kind", v)?
         .parse()
         .map_err(|e: oncilla_model::UnknownName| PyValueError::new_err(e.to_string()))
@@ -50,7 +50,13 @@ pub struct Placement<'py> {
 /// # Errors
 /// `ValueError` for an unknown policy or fabric, weights that do not
 /// match the nodes, or a zero weight.
-pub fn alloc_spec(size: u64, kind: Kind, p: Placement<'_>) -> PyResult<AllocSpec> {
+pub fn alloc_spec(
+    size: u64,
+    kind: Option<&Bound<'_, PyAny>>,
+    p: Placement<'_>,
+) -> PyResult<AllocSpec> {
+    // Remote host memory unless asked otherwise.
+    let kind = kind.map_or(Ok(Kind::RemoteHost), kind_of)?;
     let mut spec = AllocSpec::new(size, kind);
     if let Some(policy) = &p.policy {
         let policy: Policy = name_of("policy", policy)?

@@ -8,7 +8,6 @@ mod support;
 
 use std::io::{Read, Write};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use support::Cluster;
 
@@ -133,14 +132,13 @@ fn run_passes_the_status_and_the_signal_on() {
         .unwrap();
     let pid = nix::unistd::Pid::from_raw(i32::try_from(ocmctl.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + Cluster::EVENT;
-    let status = loop {
-        if let Some(s) = ocmctl.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "ocmctl did not end after SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut status = None;
+    let ended = Cluster::eventually(Cluster::EVENT, || {
+        status = ocmctl.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(ended, "ocmctl did not end after SIGINT");
+    let status = status.unwrap();
     let mut err = String::new();
     ocmctl
         .stderr
