@@ -16,7 +16,9 @@
 #
 # Which binaries: in the guest every remote copy under `auto` goes over
 # the provider, so the suites of the data path run there (cluster, verbs,
-# property, copies, sharing, failure) and, of hostile_authority, the
+# property, copies, sharing, failure; drain, whose moving allocations'
+# RDMA keys are revoked while their clients go on over TCP) and, of
+# hostile_authority, the
 # credential tests (ConnectVerbs checks credentials too), of mapping, the
 # tests that page both ways through the pointer and seal a dead node's
 # block. The others test
@@ -57,7 +59,7 @@ filter=${1:-}
 # replicas: replicated allocations are reached over TCP only (never
 # registered for RDMA), so the guest would run them as the host does.
 HOST_ONLY="hostile_data hostile_input hostile_master hostile_memory operate ocmctl ocmctl_unix metrics tls c_abi netns election replicas"
-GUEST="cluster verbs property copies sharing failure hostile_authority mapping"
+GUEST="cluster verbs property copies sharing failure hostile_authority mapping drain"
 # Every suite of tests/ (from cargo's metadata, nothing built) is either run
 # here or named above, so a new one is not left out unnoticed.
 for name in $(cargo metadata --no-deps --format-version 1 | python3 -c '
@@ -143,7 +145,7 @@ for t in "${tests[@]}"; do
     verbs) jobs+=("verbs-again rxe0 $exe --test-threads 1 $(shown verbs) ${alone[*]} $(only verbs-again)") ;;
   esac
 done
-order="cluster failure verbs hostile_authority verbs-again sharing mapping cluster-again copies property"
+order="cluster failure verbs hostile_authority verbs-again sharing mapping cluster-again copies drain property"
 for j in "${jobs[@]}"; do
   case " $order " in
     *" ${j%% *} "*) ;;

@@ -5,7 +5,7 @@
 //! It never chooses a fabric per copy: the routes decided here travel with
 //! every copy ([`crate::route`]). It never frees memory it did not open.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use oncilla_cuda::{DeviceMem, Gpu};
@@ -37,9 +37,13 @@ pub struct Allocation {
     /// A local GPU allocation's device memory, in this process.
     pub(crate) device: Option<Arc<DeviceMem>>,
     /// A replicated allocation's copies as the master last described
-    /// them (`None` for one copy): writes go to the primary, whose agent
-    /// copies them on; reads to the nearest copy.
-    copies: Option<Copies>,
+    /// them: writes go to the primary, whose agent copies them on; reads
+    /// to the nearest copy. Unset for one copy until the allocation is
+    /// found to have moved (its node was drained): from then on it is
+    /// copied where the master last said, as a replicated one is.
+    copies: OnceLock<Copies>,
+    /// The fabric preference it was opened with.
+    fabric: Fabric,
     /// Freed or detached already.
     done: bool,
 }
@@ -61,8 +65,32 @@ struct Copies {
     now: Mutex<Arc<Layout>>,
 }
 
-/// Where a replicated allocation's copies are.
+/// Where a record puts its primary's bytes and whether RDMA reaches
+/// them: a single copy that fails where this did not change, and is not
+/// moving, failed for good.
+type Placed = Vec<(String, u64, u64, bool)>;
+
+fn placed(record: &Record) -> Placed {
+    record
+        .extents
+        .iter()
+        .map(|e| {
+            (
+                e.node.clone(),
+                e.alloc_offset,
+                e.pool_offset,
+                e.rdma.is_empty(),
+            )
+        })
+        .collect()
+}
+
+/// Where a replicated (or moved) allocation's copies are.
 struct Layout {
+    /// The record's primary as [`placed`] says, and whether it has one
+    /// copy and is not moving (then a failure there is the caller's).
+    placed: Placed,
+    settled: bool,
     /// Takes every write.
     primary: Copy,
     /// Every whole copy in the order reads try them: the most bytes on
@@ -70,8 +98,9 @@ struct Layout {
     reads: Vec<Copy>,
 }
 
-/// One copy of a replicated allocation's bytes, reached over TCP
-/// (replicated memory is never mapped).
+/// One copy of a replicated (or moved) allocation's bytes, never through
+/// a mapping: replicated memory is never mapped, and a moved allocation's
+/// new node is reached as another node is.
 struct Copy {
     desc: Arc<Descriptor>,
     routes: Arc<[Route]>,
@@ -85,7 +114,11 @@ impl Copy {
         r.replicas.clear();
         let desc = Descriptor::from_record(r)?;
         let data = &client.data;
-        let routes = route::decide_all(&desc.extents, &client.node, fabric, |e| data.rdma_for(e))?;
+        let routes: Vec<Route> =
+            route::decide_all(&desc.extents, &client.node, fabric, |e| data.rdma_for(e))?
+                .into_iter()
+                .map(|r| if r == Route::Mapped { Route::Tcp } else { r })
+                .collect();
         Ok(Copy {
             desc: Arc::new(desc),
             routes: routes.into(),
@@ -130,7 +163,12 @@ impl Layout {
         }
         // A stable sort: the primary stays first among equals.
         reads.sort_by_cached_key(|c| std::cmp::Reverse(c.bytes_on(&client.node)));
-        Ok(Layout { primary, reads })
+        Ok(Layout {
+            placed: placed(record),
+            settled: record.placement.copies() == 1 && !record.moving,
+            primary,
+            reads,
+        })
     }
 }
 
@@ -157,15 +195,14 @@ impl Allocation {
         // By what was asked, not by the copies there are now: one
         // opened while its lost copies are being re-created is still
         // looked up again through a loss.
-        let copies = if record.placement.copies() == 1 {
-            None
-        } else {
+        let copies = OnceLock::new();
+        if record.placement.copies() > 1 {
             let layout = Layout::of(&record, client, fabric)?;
-            Some(Copies {
+            let _ = copies.set(Copies {
                 fabric,
                 now: Mutex::new(Arc::new(layout)),
-            })
-        };
+            });
+        }
         record.replicas.clear();
         let desc = Descriptor::from_record(record)?;
         let mut alloc = Allocation {
@@ -175,6 +212,7 @@ impl Allocation {
             local: None,
             device: None,
             copies,
+            fabric,
             done: false,
         };
         if alloc.desc.kind == Kind::LocalGpu {
@@ -288,14 +326,17 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.write(offset, src)?);
         }
-        let Some(copies) = &self.copies else {
-            return self.client.data.run([Transfer {
+        if self.copies.get().is_none() {
+            match self.client.data.run([Transfer {
                 target: self.target(),
                 offset,
                 buf: IoBuf::Write(src),
-            }]);
-        };
-        self.through_failover(copies, |layout| {
+            }]) {
+                Err(e) if self.moved(&e) => {}
+                done => return done,
+            }
+        }
+        self.through_failover(|layout| {
             self.client.data.run([Transfer {
                 target: layout.primary.target(),
                 offset,
@@ -318,14 +359,17 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        let Some(copies) = &self.copies else {
-            return self.client.data.run([Transfer {
+        if self.copies.get().is_none() {
+            match self.client.data.run([Transfer {
                 target: self.target(),
                 offset,
-                buf: IoBuf::Read(dst),
-            }]);
-        };
-        self.through_failover(copies, |layout| {
+                buf: IoBuf::Read(&mut *dst),
+            }]) {
+                Err(e) if self.moved(&e) => {}
+                done => return done,
+            }
+        }
+        self.through_failover(|layout| {
             let last = layout.reads.len() - 1;
             for (i, copy) in layout.reads.iter().enumerate() {
                 let read = self.client.data.run([Transfer {
@@ -349,11 +393,13 @@ impl Allocation {
     /// 20 ms, doubling to 500 ms) and retries on what the master says
     /// now, for up to [`FAILOVER_WAIT`]. Writing the same bytes again is
     /// harmless: a failed write was never acknowledged.
-    fn through_failover(
-        &self,
-        copies: &Copies,
-        mut attempt: impl FnMut(&Layout) -> Result<()>,
-    ) -> Result<()> {
+    fn through_failover(&self, mut attempt: impl FnMut(&Layout) -> Result<()>) -> Result<()> {
+        let Some(copies) = self.copies.get() else {
+            return Err(Error::Internal(format!(
+                "allocation {} has no copies to fail over to",
+                self.desc.id
+            )));
+        };
         let deadline = Instant::now() + FAILOVER_WAIT;
         let mut pause = FAILOVER_PAUSE;
         loop {
@@ -368,13 +414,15 @@ impl Allocation {
             tracing::debug!(alloc_id = self.desc.id, error = %error, "a copy failed; looking the allocation up again");
             std::thread::sleep(pause);
             pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
-            let looked_up = self
-                .client
-                .lookup(self.desc.id)
-                .and_then(|record| Layout::of(&record, &self.client, copies.fabric));
+            let looked_up = self.client.lookup(self.desc.id).and_then(|record| {
+                Layout::of(&record, &self.client, fabric_for(&record, copies.fabric))
+            });
             match looked_up {
-                Ok(layout) => {
-                    *copies.now.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(layout);
+                // One copy, not moving, where it failed: nothing to wait
+                // for (a lost allocation, a failed node).
+                Ok(new) if new.settled && new.placed == layout.placed => return Err(error),
+                Ok(new) => {
+                    *copies.now.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
                 }
                 // Freed: the copy's own failure says so.
                 Err(Error::NotFound(_)) => return Err(error),
@@ -385,6 +433,48 @@ impl Allocation {
                 }
             }
         }
+    }
+
+    /// Whether a single-copy allocation's copy failed with `e` because the
+    /// allocation moves or moved (its node is drained): when the master
+    /// says it is moving (from its planning until its new node is told
+    /// it took over; its old node's RDMA keys are revoked, so it is copied
+    /// over TCP meanwhile), or is elsewhere now (or no longer reached over
+    /// RDMA), it is copied through [`Self::through_failover`] from now on.
+    /// Otherwise (a lost allocation, a node that failed with it in place)
+    /// the error is the caller's, at once.
+    fn moved(&self, e: &Error) -> bool {
+        if !matches!(e, Error::NotFound(_)) && !fails_over(e) {
+            return false;
+        }
+        let Ok(record) = self.client.lookup(self.desc.id) else {
+            return false;
+        };
+        let opened: Placed = self
+            .desc
+            .extents
+            .iter()
+            .map(|e| {
+                (
+                    e.node.clone(),
+                    e.alloc_offset,
+                    e.pool_offset,
+                    e.rdma.is_empty(),
+                )
+            })
+            .collect();
+        if !record.moving && placed(&record) == opened {
+            return false;
+        }
+        let Ok(layout) = Layout::of(&record, &self.client, fabric_for(&record, self.fabric)) else {
+            return false;
+        };
+        tracing::debug!(alloc_id = self.desc.id, error = %e, "the allocation moves or moved; copying where the master says it is");
+        let _ = self.copies.set(Copies {
+            fabric: self.fabric,
+            now: Mutex::new(Arc::new(layout)),
+        });
+        true
     }
 
     /// Maps the allocation into this process: its bytes at
@@ -540,6 +630,16 @@ impl Drop for Allocation {
                 tracing::warn!(id = self.desc.id, error = %e, "cannot release allocation on drop")
             }
         }
+    }
+}
+
+/// The fabric to reach `record`'s copies with: TCP while it moves off a
+/// drained node (its agent revoked its RDMA keys), else `asked`.
+fn fabric_for(record: &Record, asked: Fabric) -> Fabric {
+    if record.moving {
+        Fabric::Tcp
+    } else {
+        asked
     }
 }
 

@@ -436,6 +436,9 @@ pub struct Allocation {
     pub user: Option<u32>,
     /// Any user may attach it.
     pub shared: bool,
+    /// Derived by the master when shown: it is moving off a drained node
+    /// (that node's copy is reached over TCP only until it has moved).
+    pub moving: bool,
 }
 
 impl Allocation {
@@ -458,6 +461,7 @@ impl Allocation {
             health_notes: Vec::new(),
             user: None,
             shared: false,
+            moving: false,
         }
     }
 

@@ -34,6 +34,9 @@ pub struct Registration {
     /// More parts of this registration follow: the master settles the
     /// node's accounting and its ended sessions at the last part.
     pub more: bool,
+    /// A master had it drained (as the last heartbeat reply said): the
+    /// master it registers with keeps it so.
+    pub draining: bool,
 }
 
 /// The master's answer to a registration.
@@ -81,6 +84,8 @@ pub struct HeartbeatReply {
     /// The next heartbeat should list every id held (the master has not
     /// heard the node for a while: copies may have been dropped meanwhile).
     pub want_full: bool,
+    /// The node is being drained (it says so when it registers again).
+    pub draining: bool,
 }
 
 /// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.

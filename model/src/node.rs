@@ -131,7 +131,23 @@ pub struct NodeStatus {
     pub pool: PoolUsage,
     pub state_since_unix_ms: u64,
     pub incarnation: u64,
+    /// Set while the node is being drained (`ocmctl drain`).
+    pub drain: Option<Drain>,
 }
+
+/// A node being drained: nothing new is placed on it, and what it holds
+/// moves to other nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Drain {
+    /// Allocations it still holds bytes of (0: it may be stopped with
+    /// nothing lost).
+    pub left: u64,
+    /// Why the last move off it could not be made (empty: none failed).
+    pub note: String,
+}
+
+/// Longest [`Drain::note`] shown (a longer one is cut).
+pub const MAX_DRAIN_NOTE: usize = 1024;
 
 /// Every node the master knows, and how long a master that just started
 /// still waits for agents to re-register before it changes its table.

@@ -87,6 +87,12 @@ enum Cmd {
     /// clear them (the master keeps them in its --quota-file).
     #[command(subcommand)]
     Quota(cmd::quota::QuotaCmd),
+    /// Drain a node: nothing new goes there, and what it holds moves to
+    /// other nodes while applications go on; `--wait` returns once it
+    /// holds nothing (then it may be stopped with nothing lost).
+    Drain(cmd::drain::Args),
+    /// End a node's drain: it takes new allocations again.
+    Undrain(cmd::drain::UndrainArgs),
     /// Take a node that is down out of the cluster (`node remove NAME`).
     #[command(subcommand)]
     Node(cmd::node::NodeCmd),
@@ -134,6 +140,8 @@ fn run(cmd: Cmd) -> Result<(), CliError> {
         Cmd::Top(args) => cmd::top::run(&args),
         Cmd::Run(args) => cmd::run::run(&args),
         Cmd::Quota(cmd) => cmd::quota::run(&cmd),
+        Cmd::Drain(args) => cmd::drain::drain(&args),
+        Cmd::Undrain(args) => cmd::drain::undrain(&args),
         Cmd::Node(cmd) => cmd::node::run(&cmd),
         Cmd::Bench(bench) => Ok(oncilla_bench::run(&bench, &daemon())?),
     }

@@ -27,6 +27,10 @@ pub enum CoreError {
     UnknownNode { name: String, known: String },
     #[error("node {0} is down")]
     NodeDown(String),
+    #[error(
+        "node {0} is being drained: nothing new is placed on it (`ocmctl undrain {0}` ends it)"
+    )]
+    NodeDraining(String),
     /// An operator removing a node that is not down.
     #[error("node {0} is {1}, not down: stop its agent (it leaves by itself), or remove it once it is down")]
     NodeUp(String, &'static str),
@@ -34,6 +38,9 @@ pub enum CoreError {
     CapacityExhausted { requested: u64, detail: String },
     #[error("invalid request: {0}")]
     InvalidArgument(String),
+    /// An allocation that cannot leave its node now (draining it waits).
+    #[error("cannot move it now: {0}")]
+    CannotMove(String),
     /// A request the model refuses (sizes, names, kinds).
     #[error("invalid request: {0}")]
     Invalid(#[from] Invalid),
@@ -93,6 +100,9 @@ pub enum LinkError {
     /// It has no GPU for device memory.
     #[error("{0}")]
     NoGpu(String),
+    /// It refused to let an allocation move now, and changed nothing.
+    #[error("{0}")]
+    CannotMove(String),
     /// It refused for another reason.
     #[error("{0}")]
     Refused(String),

@@ -279,10 +279,6 @@ impl Master {
         self.call(|m| async move { m.list_quotas().await })
     }
 
-    /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
-    ///
-    /// # Errors
-    /// The call fails (the master keeps no quota file, among others).
     /// Removes node `name` from the cluster (it must be down): how many
     /// allocations lost bytes with it.
     ///
@@ -292,6 +288,22 @@ impl Master {
         self.call(|m| async move { m.remove_node(name).await })
     }
 
+    /// Starts (`drain`) or ends draining node `name`; the node after.
+    ///
+    /// # Errors
+    /// The call fails (an unknown node, among others).
+    pub fn drain(
+        &self,
+        name: &str,
+        drain: bool,
+    ) -> Result<oncilla_model::node::NodeStatus, MasterError> {
+        self.call(|m| async move { m.drain(name, drain).await })
+    }
+
+    /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
+    ///
+    /// # Errors
+    /// The call fails (the master keeps no quota file, among others).
     pub fn set_quota(
         &self,
         who: oncilla_model::quota::Subject,

@@ -23,6 +23,8 @@ pub enum Reason {
     Quota,
     /// The master asked is a standby (see [`standby`]).
     Standby,
+    /// An allocation cannot leave its node now; nothing was changed.
+    CannotMove,
 }
 
 impl Reason {
@@ -34,6 +36,7 @@ impl Reason {
             Reason::Recovering => pb::ErrorReason::ErrorRecovering,
             Reason::Quota => pb::ErrorReason::ErrorQuota,
             Reason::Standby => pb::ErrorReason::ErrorStandby,
+            Reason::CannotMove => pb::ErrorReason::ErrorCannotMove,
         }
     }
 }
@@ -107,6 +110,7 @@ pub fn reason(status: &Status) -> Option<(Reason, String)> {
         pb::ErrorReason::ErrorRecovering => Reason::Recovering,
         pb::ErrorReason::ErrorQuota => Reason::Quota,
         pb::ErrorReason::ErrorStandby => Reason::Standby,
+        pb::ErrorReason::ErrorCannotMove => Reason::CannotMove,
     };
     Some((reason, detail.node))
 }

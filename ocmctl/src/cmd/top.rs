@@ -22,7 +22,7 @@ use crate::render;
 #[deny(missing_docs)]
 pub struct Args {
     /// Time between frames: `2s`, `500ms` (at least 100ms).
-    #[arg(long, default_value = "2s", value_parser = parse_interval)]
+    #[arg(long, default_value = "2s", value_parser = super::parse_time)]
     interval: Duration,
     /// Stop after this many frames [default: run until Ctrl-C].
     #[arg(long)]
@@ -35,31 +35,6 @@ pub struct Args {
     json: bool,
     #[command(flatten)]
     conn: Conn,
-}
-
-/// Longest interval accepted: a day.
-const MAX_INTERVAL_MS: f64 = 86_400_000.0;
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let (num, unit) = match s.strip_suffix("ms") {
-        Some(n) => (n, 1.0),
-        None => (s.strip_suffix('s').unwrap_or(s), 1000.0),
-    };
-    let ms = num
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|n| n.is_finite() && *n >= 0.0)
-        .map(|n| n * unit)
-        .ok_or_else(|| format!("{s:?}: give a time such as 2s, 1.5s or 500ms"))?;
-    if ms < 100.0 {
-        return Err(format!("{s:?}: at least 100ms"));
-    }
-    if ms > MAX_INTERVAL_MS {
-        return Err(format!("{s:?}: at most a day"));
-    }
-    // Whole milliseconds, within a day: exact in an f64 and a u64.
-    Ok(Duration::from_millis(ms.round() as u64))
 }
 
 /// Runs `ocmctl top`. A master that cannot be reached (or is restarting)
@@ -144,25 +119,4 @@ fn frame_text(args: &Args, nodes: &NodeList, mut allocs: Vec<Allocation>) -> Str
         t += &format!("... and {} more\n", count - allocs.len());
     }
     t
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_interval;
-    use std::time::Duration;
-
-    #[test]
-    fn intervals_parse_and_are_bounded() {
-        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_interval("3"), Ok(Duration::from_secs(3)));
-        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_interval("0.25s"), Ok(Duration::from_millis(250)));
-        assert!(parse_interval("-1s").is_err());
-        assert!(parse_interval("NaNs").is_err());
-        assert!(parse_interval("2d").is_err());
-        assert!(parse_interval("100000s").is_err());
-        assert!(parse_interval("50ms").is_err());
-        assert!(parse_interval("fast").is_err());
-    }
 }

@@ -125,6 +125,7 @@ pub fn json(a: &Allocation) -> Value {
         "origin_node": (!a.origin_node.is_empty()).then_some(&a.origin_node),
         "health": health(a.health),
         "health_notes": a.health_notes,
+        "moving": a.moving,
         "replicas": a.placement.copies(),
         "extents": a.all_extents().map(|e| json!({
             "node": e.node, "alloc_offset": e.alloc_offset, "len": e.len,

@@ -14,8 +14,9 @@ pub fn table(list: &NodeList, now_ms: u64) -> String {
 
 /// Nodes as a table (how long each has been in its state as of `now_ms`),
 /// and apart the notes about it, a line each: pools that fell back from
-/// huge pages, missing GPUs or verbs, GPUDirect, a master still
-/// recovering (`ocmctl nodes` prints them on stderr).
+/// huge pages, missing GPUs or verbs, GPUDirect, why a drained node's
+/// allocation could not move yet, a master still recovering (`ocmctl
+/// nodes` prints them on stderr).
 pub fn table_and_notes(list: &NodeList, now_ms: u64) -> (String, String) {
     let nodes = &list.nodes;
     let mut t = Table::new(&[
@@ -43,6 +44,9 @@ pub fn table_and_notes(list: &NodeList, now_ms: u64) -> (String, String) {
         if !info.pool_note.is_empty() {
             pages.push_str(" (fallback)");
             notes.push_str(&format!("{}: {}\n", info.name, info.pool_note));
+        }
+        if let Some(d) = n.drain.as_ref().filter(|d| !d.note.is_empty()) {
+            notes.push_str(&format!("{}: draining: {}\n", info.name, d.note));
         }
         let free = free(&info, n);
         let rdma = rdma_cell(&info);
@@ -85,7 +89,7 @@ pub fn table_and_notes(list: &NodeList, now_ms: u64) -> (String, String) {
             HumanBytes(free).to_string(),
             HumanBytes(pool.largest_free).to_string(),
             pages,
-            n.state.name().to_string(),
+            state_cell(n),
             super::age(n.state_since_unix_ms, now_ms),
             info.fabrics.join(","),
             rdma,
@@ -99,6 +103,17 @@ pub fn table_and_notes(list: &NodeList, now_ms: u64) -> (String, String) {
         ));
     }
     (t.render(), notes)
+}
+
+/// A node's state, and how far its drain is: `up`, `up, draining (3
+/// left)`, `up, drained` (it holds nothing: it may be stopped).
+fn state_cell(n: &NodeStatus) -> String {
+    let state = n.state.name();
+    match &n.drain {
+        None => state.to_string(),
+        Some(d) if d.left == 0 => format!("{state}, drained"),
+        Some(d) => format!("{state}, draining ({} left)", d.left),
+    }
 }
 
 /// A node's GPUs in one cell: `0:NVIDIA H100 80GB HBM3 79.1 GiB/79.6 GiB`
@@ -178,6 +193,10 @@ pub fn json(list: &NodeList) -> Value {
                     "pool_note": (!info.pool_note.is_empty()).then_some(&info.pool_note),
                     "state": n.state.name(),
                     "state_since_unix_ms": n.state_since_unix_ms,
+                    "drain": n.drain.as_ref().map(|d| json!({
+                        "left": d.left,
+                        "note": (!d.note.is_empty()).then_some(&d.note),
+                    })),
                     "incarnation": format!("{:016x}", n.incarnation),
                     "fabrics": info.fabrics,
                     "rdma": info.rdma.iter().map(|p| json!({

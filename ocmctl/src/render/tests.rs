@@ -8,7 +8,7 @@
 
 use oncilla_model::alloc::{Allocation, Extent, Health, NodeShare, Owner, Placement};
 use oncilla_model::node::{
-    GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
+    Drain, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
 };
 use oncilla_model::quota::{Limits, Report, Summary, UserReport};
 use oncilla_model::{Fabric, Kind, Policy};
@@ -74,6 +74,11 @@ fn cluster() -> NodeList {
                 },
                 state_since_unix_ms: NOW - 3_723_000,
                 incarnation: 7,
+                drain: Some(Drain {
+                    left: 2,
+                    note: "no node that holds none of allocation 7 has room for 1.0 GiB of it"
+                        .into(),
+                }),
             },
             NodeStatus {
                 info: fell_back,
@@ -88,6 +93,7 @@ fn cluster() -> NodeList {
                 },
                 state_since_unix_ms: NOW - 61_000,
                 incarnation: 2,
+                drain: None,
             },
         ],
         recovering_ms: 1500,

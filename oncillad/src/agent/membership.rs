@@ -211,6 +211,7 @@ async fn heartbeat(
     if reply.known {
         agent.ack_ended(&ended);
         agent.release_all(&reply.release);
+        agent.set_draining(reply.draining);
         let peers = agent.peers();
         if reply.peers_version != peers.version() {
             peers.set(reply.peers_version, reply.peers);

@@ -8,6 +8,7 @@
 //! the agents' reports. It never decides placement and never speaks gRPC
 //! itself (the `grpc` module calls in).
 
+mod copies;
 pub mod cpu;
 mod fresh;
 pub mod membership;
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use oncilla_model::alloc::{mappable_on, Allocation, Extent, RdmaRegion, KEY_LEN};
-use oncilla_model::cluster::{Piece, Registration, Reservation, SessionReport, SetCopies};
+use oncilla_model::cluster::{Piece, Registration, Reservation, SessionReport};
 use oncilla_model::node::{NodeInfo, PoolUsage};
 use oncilla_model::Kind;
 use tokio::sync::Notify;
@@ -50,6 +51,9 @@ pub struct Agent {
     wake: Notify,
     /// The master incarnation this agent last registered with.
     master_incarnation: AtomicU64,
+    /// The master has this node drained (its last heartbeat reply said):
+    /// reported when registering, so a new master keeps it so.
+    draining: AtomicBool,
     /// The largest master term this agent has met (0 while masters are
     /// not elected): anything from an older term is refused.
     term: AtomicU64,
@@ -92,6 +96,7 @@ impl Agent {
             ended: Mutex::new(Vec::new()),
             wake: Notify::new(),
             master_incarnation: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
             term: AtomicU64::new(0),
             info_changed: AtomicBool::new(false),
             peers: Arc::default(),
@@ -263,7 +268,7 @@ impl Agent {
                 extents: Vec::new(),
                 record: Allocation::new(alloc_id, record.size, record.kind),
                 fabric,
-                copying: (record.placement.copies() > 1).then(Arc::default),
+                copying: Arc::default(),
             })
         });
         check_joinable(alloc_id, entry.value(), &key, &ranges)?;
@@ -286,8 +291,8 @@ impl Agent {
         });
         *entry.value_mut() = Arc::clone(&held);
         drop(entry);
-        if let Some(c) = held.copying.as_ref().filter(|_| !replicas.is_empty()) {
-            c.order().copy_to(replicas, &[]);
+        if !replicas.is_empty() {
+            held.copying.order().copy_to(replicas, &[]);
         }
         // A port may have gone while this registered on it: the sweep took
         // it out before walking the table, so one of the two sees the other.
@@ -328,101 +333,6 @@ impl Agent {
             }
         }
         Ok(made)
-    }
-
-    /// A replicated allocation's copies changed: the ranges of `c.promote`
-    /// that this node held as a replica are its primary share from now on,
-    /// its primary share copies to `c.replicas` (a promoted share sends its
-    /// ranges to each of them again first), and each of `c.fill` (a new
-    /// replica) is owed the whole share (`fabric::replicate::fill` sends
-    /// it).
-    ///
-    /// # Errors
-    /// [`CoreError::NoSuchAllocation`]; [`CoreError::InvalidArgument`] for
-    /// an allocation with one copy, or a promoted range this node does not
-    /// hold as a replica.
-    pub fn set_copies(&self, c: SetCopies) -> Result<(), CoreError> {
-        let copying = self
-            .held
-            .get(&c.alloc_id)
-            .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?
-            .copying
-            .clone()
-            .ok_or_else(|| {
-                CoreError::InvalidArgument(format!("allocation {} has one copy", c.alloc_id))
-            })?;
-        let promote: Vec<(u64, u64)> = c.promote.iter().map(|g| (g.alloc_offset, g.len)).collect();
-        // The order lock first (a write may hold it while it copies), then
-        // the replica side's (a copy landing finishes first, and none lands
-        // in a range once it is promoted), then the table's entry, only for
-        // as long as it takes to change it.
-        let mut order = copying.order();
-        let applied = copying.applied();
-        let mut entry = self
-            .held
-            .get_mut(&c.alloc_id)
-            .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
-        let mut cur = Arc::clone(entry.value());
-        if !c.fill.is_empty() && promote.is_empty() && cur.extents.iter().all(|e| e.copy != 0) {
-            return Err(CoreError::InvalidArgument(format!(
-                "this node holds no primary share of allocation {} to fill a replica from",
-                c.alloc_id
-            )));
-        }
-        if !promote.is_empty() {
-            for &(offset, len) in &promote {
-                let held_as_replica = cur
-                    .span_for(offset, len)
-                    .is_some_and(|span| cur.extents[span].iter().all(|e| e.copy != 0));
-                if !held_as_replica {
-                    return Err(CoreError::InvalidArgument(format!(
-                        "bytes {offset}..{} of allocation {} are not a replica held here",
-                        offset.saturating_add(len),
-                        c.alloc_id
-                    )));
-                }
-            }
-            let inside = |e: &HeldExtent| {
-                promote
-                    .iter()
-                    .any(|&(o, l)| e.alloc_offset >= o && e.alloc_offset + e.len <= o + l)
-            };
-            let extents = cur
-                .extents
-                .iter()
-                .map(|e| {
-                    if inside(e) {
-                        Arc::new(e.as_copy(0))
-                    } else {
-                        Arc::clone(e)
-                    }
-                })
-                .collect();
-            let keys = Keys::none();
-            keys.absorb(&cur.keys);
-            cur = Arc::new(Held {
-                keys,
-                key: cur.key,
-                extents,
-                record: cur.record.clone(),
-                fabric: cur.fabric,
-                copying: Some(Arc::clone(&copying)),
-            });
-            *entry.value_mut() = Arc::clone(&cur);
-            // Its replicas must not take this node for an earlier primary.
-            order.new_sender();
-        }
-        drop(entry);
-        drop(applied);
-        order.copy_to(c.replicas, &promote);
-        // A new replica gets the whole primary share (`fill` sends it).
-        for addr in &c.fill {
-            for e in cur.extents.iter().filter(|e| e.copy == 0) {
-                order.miss(addr, e.alloc_offset, e.len);
-            }
-        }
-        tracing::info!(alloc_id = c.alloc_id, promoted = promote.len(), replicas = ?order.replicas, "copies changed");
-        Ok(())
     }
 
     /// Pool memory for `ranges` (sorted, `total` bytes), packed densely,
@@ -517,6 +427,13 @@ impl Agent {
         }
         self.leases.revoke(alloc_id);
         held
+    }
+
+    /// Whether the master has this node drained, as it last said.
+    pub fn set_draining(&self, draining: bool) {
+        if self.draining.swap(draining, Ordering::SeqCst) != draining {
+            tracing::info!(draining, "the master changed this node's drain");
+        }
     }
 
     /// Releases each of `ids` (the master no longer knows them).
@@ -658,6 +575,7 @@ impl Agent {
             next_session_seq,
             // The link cuts it into parts and marks all but the last.
             more: false,
+            draining: self.draining.load(Ordering::SeqCst),
         };
         (req, ended)
     }

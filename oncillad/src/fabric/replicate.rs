@@ -254,7 +254,7 @@ pub fn fill(
             .get(&alloc_id)
             .map(|e| Arc::clone(e.value()))
             .ok_or("the allocation is gone")?;
-        let copying = held.copying.clone().ok_or("the allocation has one copy")?;
+        let copying = Arc::clone(&held.copying);
         let mut order = copying.order();
         if !order.replicas.iter().any(|a| a == addr) {
             return Err(format!("{addr} is no longer a replica of it"));

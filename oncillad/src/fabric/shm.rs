@@ -132,6 +132,38 @@ struct Lease {
     holding: Vec<Arc<Held>>,
 }
 
+impl Lease {
+    /// Registers the connection as a lease on `alloc_id` (once), then
+    /// passes `grant` on unless the allocation is moving (its node is
+    /// being drained: it has a replica now, and every write must go
+    /// through its agent). The move looks for leases under the lock that
+    /// gives it the replica, so one of the two sees the other.
+    fn hold_unless_moving<T>(
+        &mut self,
+        alloc_id: u64,
+        stream: &UnixStream,
+        held: &Held,
+        grant: T,
+    ) -> std::io::Result<Result<T, (Status, String)>> {
+        let fresh = self.registered.is_none();
+        if fresh {
+            let id = self.leases.add(alloc_id, stream)?;
+            self.registered = Some((alloc_id, id));
+        }
+        if held.copying.order().replicas.is_empty() {
+            return Ok(Ok(grant));
+        }
+        if let Some((a, id)) = self.registered.filter(|_| fresh) {
+            self.leases.remove(a, id);
+            self.registered = None;
+        }
+        Ok(Err((
+            Status::Busy,
+            format!("allocation {alloc_id} is moving to another node (its node is drained): it is copied, not mapped, until it has moved"),
+        )))
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some((alloc_id, id)) = self.registered {
@@ -244,15 +276,18 @@ fn serve_one(
             }
             Err(refused) => Err(refused),
         };
+        let grant = match grant {
+            Ok(g) => {
+                let held = Arc::clone(&g.3.held);
+                lease.hold_unless_moving(req.alloc_id, &stream, &held, g)?
+            }
+            Err(refused) => Err(refused),
+        };
         match grant {
             Ok((charge, files, grant, ok)) => {
-                if lease.registered.is_none() {
-                    let id = lease.leases.add(req.alloc_id, &stream)?;
-                    lease.registered = Some((req.alloc_id, id));
-                    // From here the connection lives as long as the
-                    // mapping, outside the budget for newcomers.
-                    drop(ticket.take());
-                }
+                // From here the connection lives as long as the mapping,
+                // outside the budget for newcomers.
+                drop(ticket.take());
                 lease.holding.push(ok.held);
                 let reply = Reply {
                     status: Status::Ok,

@@ -592,11 +592,9 @@ impl Connection {
     }
 
     /// Sends `req`'s range of `held` to its replicas under the order lock
-    /// (nothing to do for an allocation with one copy).
+    /// (none for an allocation with one copy, unless it is moving).
     fn copy(&mut self, req: &Request, held: &Held) -> Result<(), (Status, String)> {
-        let Some(copying) = held.copying.clone() else {
-            return Ok(());
-        };
+        let copying = Arc::clone(&held.copying);
         let mut order = copying.order();
         self.replicator.copy_out(
             &self.replicas,
@@ -626,7 +624,7 @@ impl Connection {
                 .map(|e| Arc::clone(e.value()))
                 .filter(|h| h.key_matches(&req.key))
         };
-        let Some(copying) = lookup(&self.held).and_then(|h| h.copying.clone()) else {
+        let Some(copying) = lookup(&self.held).map(|h| Arc::clone(&h.copying)) else {
             let msg = self.held.not_held(req.alloc_id);
             return self.refuse(req, Status::NoSuchAllocation, &msg);
         };

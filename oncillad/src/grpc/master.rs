@@ -275,6 +275,25 @@ impl master_server::Master for MasterService {
         Ok(Response::new(pb::LeaveReply { lost: lost as u64 }))
     }
 
+    #[tracing::instrument(skip_all, fields(node = %req.get_ref().name, drain = req.get_ref().drain))]
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::NodeStatus>, Status> {
+        Caller::of(&req)?.operator("draining a node")?;
+        let r = req.into_inner();
+        if r.name.len() > MAX_NODE_NAME {
+            return Err(invalid(Invalid::NodeNameTooLong(
+                echo(&r.name),
+                r.name.len(),
+            )));
+        }
+        let (core, tenure) = self.core()?;
+        let out = core.drain(&r.name, r.drain);
+        still(tenure.as_ref())?;
+        reply(out)
+    }
+
     async fn list_quotas(
         &self,
         req: Request<pb::ListQuotasRequest>,

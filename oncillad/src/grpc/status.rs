@@ -47,7 +47,10 @@ impl From<CoreError> for Status {
             ) => Status::resource_exhausted(msg),
             CoreError::PermissionDenied(_) => Status::permission_denied(msg),
             CoreError::Quota(_) => with_reason(Code::ResourceExhausted, msg, Reason::Quota, ""),
-            CoreError::NodeUp(..) => Status::failed_precondition(msg),
+            CoreError::NodeUp(..) | CoreError::NodeDraining(_) => Status::failed_precondition(msg),
+            CoreError::CannotMove(_) => {
+                with_reason(Code::FailedPrecondition, msg, Reason::CannotMove, "")
+            }
             CoreError::QuotaStore(_) => Status::failed_precondition(msg),
             // The one UNAVAILABLE a server gives itself; the message starts
             // with "master" so callers do not reword it as unreachable.
@@ -68,6 +71,7 @@ impl From<CoreError> for Status {
 pub fn link_error(s: &Status, message: String) -> LinkError {
     match (oncilla_proto::status::reason(s), s.code()) {
         (Some((Reason::NoGpu, _)), _) => LinkError::NoGpu(message),
+        (Some((Reason::CannotMove, _)), _) => LinkError::CannotMove(message),
         (_, Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown) => {
             LinkError::Unreachable(message)
         }

@@ -332,7 +332,7 @@ impl<L: AgentLink> Master<L> {
 
     /// Queues every primary share's replicas of `alloc_id` as the record
     /// says, to be sent at the next tick.
-    fn tell_primaries(st: &mut State, alloc_id: u64) {
+    pub(super) fn tell_primaries(st: &mut State, alloc_id: u64) {
         let Some(a) = st.allocs.get(&alloc_id).map(|r| r.alloc.clone()) else {
             return;
         };
@@ -345,11 +345,27 @@ impl<L: AgentLink> Master<L> {
 
 /// Queues a copy change for `primary`'s agent: its replicas from now on,
 /// and ranges it is promoted to (a promotion not yet delivered stays in
-/// the change that replaces it).
-fn queue(st: &mut State, id: u64, primary: &str, promote: Vec<Range>, replicas: Vec<String>) {
+/// the change that replaces it). A copy of its share being made (re-created,
+/// or moved off a drained node) stays among the replicas: it must get
+/// every write until the record lists it or the copy is given up.
+pub(super) fn queue(
+    st: &mut State,
+    id: u64,
+    primary: &str,
+    promote: Vec<Range>,
+    mut replicas: Vec<String>,
+) {
     let Some(agent) = st.nodes.get(primary).map(|n| n.info.agent_addr.clone()) else {
         return;
     };
+    let filling = st
+        .refilling
+        .get(&(id, primary.to_string()))
+        .and_then(|to| st.nodes.get(to))
+        .map(|n| n.info.data_addr.clone());
+    if let Some(addr) = filling.filter(|a| !replicas.contains(a)) {
+        replicas.push(addr);
+    }
     let entry = st
         .copies_due
         .entry((id, primary.to_string()))
@@ -429,7 +445,7 @@ fn shares(a: &Allocation) -> Vec<(String, Vec<(u64, u64)>)> {
 
 /// The data addresses of the nodes that hold a copy of any of `ranges`,
 /// other than `primary`.
-fn replicas_of(a: &Allocation, primary: &str, ranges: &[(u64, u64)]) -> Vec<String> {
+pub(super) fn replicas_of(a: &Allocation, primary: &str, ranges: &[(u64, u64)]) -> Vec<String> {
     let mut out: Vec<String> = a
         .replicas
         .iter()
@@ -449,7 +465,7 @@ fn overlaps(e: &Extent, ranges: &[(u64, u64)]) -> bool {
 }
 
 /// Extents' ranges, adjacent ones merged, in order.
-fn merged<'a>(extents: impl Iterator<Item = &'a Extent>) -> Vec<(u64, u64)> {
+pub(super) fn merged<'a>(extents: impl Iterator<Item = &'a Extent>) -> Vec<(u64, u64)> {
     let mut r: Vec<(u64, u64)> = extents.map(|e| (e.alloc_offset, e.len)).collect();
     r.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::new();

@@ -15,12 +15,15 @@
 //! - `quotas`: showing and setting users' quotas (enforced by `allocate`);
 //! - `recovery`: registration, heartbeats, rebuilding after a restart;
 //! - `liveness`: when a silent node is suspect or down;
+//! - `copies`, `drain`: replicated allocations' lost copies, and moving
+//!   allocations off a node being drained;
 //! - `placement`: which nodes hold which bytes (pure);
 //! - `seat`: whether this daemon leads (which core) or stands by;
 //! - `tenure`: how long an elected master may act.
 
 mod allocate;
 mod copies;
+mod drain;
 mod leave;
 pub mod liveness;
 mod node;

@@ -131,6 +131,11 @@ pub(crate) struct Node {
     /// again (by a session's call) after it had gone quiet, and copies may
     /// have been dropped meanwhile.
     pub full_due: bool,
+    /// Being drained (`ocmctl drain`): nothing new is placed here, and
+    /// what it holds moves to other nodes.
+    pub draining: bool,
+    /// Why the last move off it could not be made (empty: none failed).
+    pub drain_note: String,
 }
 
 impl Node {

@@ -136,6 +136,12 @@ impl<L: AgentLink> Master<L> {
                 tracing::warn!(node = %name, allocations = lost, "node restarted with an empty pool: these allocations lost their extents there");
             }
         }
+        // A drain outlasts the node's restarts (this master's word) and
+        // the master's (a new master takes the agent's).
+        let draining = st
+            .nodes
+            .get(&name)
+            .map_or(req.draining, |prev| prev.draining);
         st.nodes.insert(
             name.clone(),
             Node {
@@ -154,6 +160,8 @@ impl<L: AgentLink> Master<L> {
                         .collect(),
                 },
                 full_due: false,
+                draining,
+                drain_note: String::new(),
             },
         );
 
@@ -166,6 +174,13 @@ impl<L: AgentLink> Master<L> {
         for record in &req.held {
             let id = record.id;
             st.next_id = st.next_id.max(id.saturating_add(1));
+            if unfinished_move(st, &name, record) {
+                // A new copy of an allocation with one copy that a master
+                // was still moving when it stopped: its node still holds
+                // the allocation, and this copy may lack its latest writes.
+                release.push(id);
+                continue;
+            }
             if let Some(rec) = st.allocs.get_mut(&id) {
                 if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
@@ -177,6 +192,15 @@ impl<L: AgentLink> Master<L> {
                     // A copy this master dropped while the node was away:
                     // it may have missed writes, so it is not taken back.
                     release.push(id);
+                } else if !rec.alloc.held_on(&name) && overlaps_primary(&rec.alloc, record) {
+                    // Two nodes report the same bytes as their primary: a
+                    // move off a drained node was taking over when its
+                    // master stopped, and no write went anywhere since (the
+                    // old primary's copies were refused). The first report
+                    // stays, and its agent is told its replicas.
+                    tracing::warn!(alloc_id = id, node = %name, "node reports bytes another node holds as primary (a move cut short); releasing its copy");
+                    release.push(id);
+                    Self::tell_primaries(st, id);
                 } else if !rec.alloc.held_on(&name) {
                     // Counted against its user again with these extents.
                     let before = charge_of(&rec.alloc);
@@ -238,7 +262,7 @@ impl<L: AgentLink> Master<L> {
     /// had not heard for a while). Unknown nodes, and nodes that restarted
     /// without registering, must register.
     pub async fn heartbeat(&self, req: Heartbeat) -> HeartbeatReply {
-        let (peers_version, peers, want_full) = {
+        let (peers_version, peers, want_full, draining) = {
             let mut st = self.lock();
             let Some(n) = st.nodes.get_mut(&req.name) else {
                 return HeartbeatReply::default();
@@ -253,6 +277,7 @@ impl<L: AgentLink> Master<L> {
             // Copies may have been dropped while it was silent: its next
             // heartbeat lists everything it holds.
             let want_full = before != NodeState::Up || std::mem::take(&mut n.full_due);
+            let draining = n.draining;
             n.pool = req.pool.unwrap_or(n.pool);
             for s in &req.ended_sessions {
                 n.sessions.live.remove(s);
@@ -263,10 +288,12 @@ impl<L: AgentLink> Master<L> {
             } else {
                 st.peers.clone()
             };
-            (version, peers, want_full)
+            (version, peers, want_full, draining)
         };
-        // Freed, or a copy the node holds that was dropped while it was
-        // away (it may have missed writes). Checked a chunk of ids at a
+        // Freed, a copy the node holds that was dropped while it was away
+        // (it may have missed writes), or one that moved off it (a drain
+        // whose release did not get through); not one being reserved or
+        // filled there. Checked a chunk of ids at a
         // time, the lock taken for each: a node that holds a million
         // allocations does not stop allocations for the whole list.
         let mut release = Vec::new();
@@ -279,9 +306,10 @@ impl<L: AgentLink> Master<L> {
                     .any(|((rid, _), to)| *rid == id && *to == req.name);
                 !st.reserving.contains(&id)
                     && !refilled_here
-                    && st.allocs.get(&id).is_none_or(|r| {
-                        r.alloc.placement.copies() > 1 && !r.alloc.held_on(&req.name)
-                    })
+                    && st
+                        .allocs
+                        .get(&id)
+                        .is_none_or(|r| !r.alloc.held_on(&req.name))
             }));
         }
         if !release.is_empty() {
@@ -296,6 +324,7 @@ impl<L: AgentLink> Master<L> {
             peers,
             peers_version,
             want_full,
+            draining,
         }
     }
 }
@@ -414,4 +443,27 @@ fn footprint_on(alloc: &Allocation, node: &str, page: u64) -> u64 {
         }
     }
     per_copy.values().map(|&len| round_up(len, page)).sum()
+}
+
+/// Whether `record`, as node `name` reports it, is a new copy of an
+/// allocation with one copy that a move off a drained node had not
+/// finished (a replica's extents; this master is not making it).
+fn unfinished_move(st: &State, name: &str, record: &Allocation) -> bool {
+    let id = record.id;
+    record.placement.copies() == 1
+        && !record.replicas.is_empty()
+        && !st
+            .refilling
+            .iter()
+            .any(|((rid, _), to)| *rid == id && to == name)
+}
+
+/// Whether `record`'s primary extents cover bytes `rec`'s primary
+/// extents already do.
+fn overlaps_primary(rec: &Allocation, record: &Allocation) -> bool {
+    record.extents.iter().any(|r| {
+        rec.extents.iter().any(|e| {
+            e.alloc_offset < r.alloc_offset + r.len && r.alloc_offset < e.alloc_offset + e.len
+        })
+    })
 }

@@ -77,6 +77,10 @@ pub(super) struct State {
     pub refilling: BTreeMap<(u64, String), String>,
     /// Shares whose copy could not be made, not tried again before then.
     pub refill_after: BTreeMap<(u64, String), std::time::Instant>,
+    /// Allocations moving off a drained node (`drain.rs`), and those whose
+    /// move failed, not tried again before then.
+    pub moving: BTreeSet<u64>,
+    pub move_after: BTreeMap<u64, std::time::Instant>,
 }
 
 impl State {

@@ -1,7 +1,7 @@
 //! The master core against a fake agent link: allocation and its
 //! accounting, rollback, sessions, attachments, liveness and recovery.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,96 +9,22 @@ use oncilla_model::alloc::{
     AllocRef, AllocSpec, Allocation, Health, Invalid, NodeShare, Owner, Placement, KEY_LEN, MAX_ID,
 };
 use oncilla_model::cluster::{
-    AllocateRequest, Heartbeat, Piece, Range, Registration, Reservation, Reserved, SessionReport,
-    SetCopies,
+    AllocateRequest, Heartbeat, Range, Registration, SessionReport, SetCopies,
 };
-use oncilla_model::node::{GpuDevice, NodeInfo, NodeState, PoolUsage};
+use oncilla_model::node::{GpuDevice, NodeInfo, NodeState};
 use oncilla_model::{Fabric, Kind};
 
-use super::{AgentLink, Liveness, Master};
-use crate::error::{CoreError, LinkError};
+use super::{Liveness, Master};
+use crate::error::CoreError;
+use fake_link::FakeLink;
 
 mod batch;
 mod copies;
+mod drain;
+mod fake_link;
 mod leave;
 mod parts;
 mod users;
-
-#[derive(Default, Clone)]
-struct FakeLink {
-    /// Reservations made, and the calls that carried them.
-    reserved: Arc<AtomicU64>,
-    calls: Arc<AtomicU64>,
-    released: Arc<AtomicU64>,
-    fail_on: Option<&'static str>,
-    /// An agent whose reservations never answer.
-    hang_on: Option<&'static str>,
-    /// Who answers at an agent address (`identify`); nobody by default.
-    alive: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>>,
-    /// Every `set_copies` asked, in order.
-    copies_set: Arc<std::sync::Mutex<Vec<(String, SetCopies)>>>,
-}
-
-impl FakeLink {
-    /// Two pieces when a range is over a page, as a fragmented pool would.
-    fn reserve_one(&self, req: &Reservation) -> Reserved {
-        self.reserved.fetch_add(1, Ordering::SeqCst);
-        let mut pieces = Vec::new();
-        for r in &req.ranges {
-            let first = r.len.min(4096);
-            pieces.push(Piece {
-                alloc_offset: r.alloc_offset,
-                len: first,
-                pool_offset: 0,
-                rdma: Vec::new(),
-            });
-            if r.len > first {
-                pieces.push(Piece {
-                    alloc_offset: r.alloc_offset + first,
-                    len: r.len - first,
-                    pool_offset: 8192,
-                    rdma: Vec::new(),
-                });
-            }
-        }
-        Reserved { pieces, pool: None }
-    }
-}
-
-impl AgentLink for FakeLink {
-    async fn reserve(
-        &self,
-        addr: &str,
-        reqs: Vec<Reservation>,
-    ) -> Result<Vec<Reserved>, LinkError> {
-        // Let other requests run meanwhile, as a real round trip does.
-        tokio::task::yield_now().await;
-        if Some(addr) == self.fail_on {
-            return Err(LinkError::Refused("pool exhausted".into()));
-        }
-        if Some(addr) == self.hang_on {
-            std::future::pending::<()>().await;
-        }
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        Ok(reqs.iter().map(|r| self.reserve_one(r)).collect())
-    }
-    async fn release(&self, _addr: &str, _id: u64) -> Result<Option<PoolUsage>, LinkError> {
-        self.released.fetch_add(1, Ordering::SeqCst);
-        Ok(None)
-    }
-    async fn set_copies(&self, addr: &str, req: SetCopies) -> Result<(), LinkError> {
-        let mut set = self.copies_set.lock().unwrap_or_else(|e| e.into_inner());
-        set.push((addr.to_string(), req));
-        Ok(())
-    }
-    async fn identify(&self, addr: &str) -> Result<(String, u64), LinkError> {
-        let alive = self.alive.lock().unwrap_or_else(|e| e.into_inner());
-        alive
-            .get(addr)
-            .cloned()
-            .ok_or_else(|| LinkError::Unreachable(format!("nothing at {addr}")))
-    }
-}
 
 fn node(name: &str, cap: u64) -> NodeInfo {
     NodeInfo {
@@ -564,6 +490,7 @@ fn report(
         next_session_seq,
         max_held_id: 0,
         more: false,
+        draining: false,
     }
 }
 

@@ -17,21 +17,10 @@ impl<L: AgentLink> Master<L> {
     /// Every node with its usage and state.
     pub fn nodes(&self) -> Vec<NodeStatus> {
         let st = self.lock();
+        let left = super::drain::drain_left(&st);
         st.nodes
             .values()
-            .map(|n| {
-                let (state, since) = n.seen.state(&self.liveness);
-                NodeStatus {
-                    info: n.info.clone(),
-                    used: n.reserved,
-                    state,
-                    last_heartbeat_ms_ago: u64::try_from(n.seen.last.elapsed().as_millis())
-                        .unwrap_or(u64::MAX),
-                    pool: n.pool,
-                    state_since_unix_ms: since,
-                    incarnation: n.incarnation,
-                }
-            })
+            .map(|n| self.node_status(n, &left))
             .collect()
     }
 
@@ -99,7 +88,19 @@ impl<L: AgentLink> Master<L> {
     pub(super) fn render(&self, st: &State, rec: &Record) -> Allocation {
         let mut a = rec.alloc.clone();
         a.attached = st.attached_to(rec.alloc.id).into_iter().cloned().collect();
-        let (health, notes) = self.health(st, rec);
+        let (health, mut notes) = self.health(st, rec);
+        // Moving, or moved with its new primary not yet told: clients
+        // wait it out (and reach it over TCP meanwhile).
+        let id = rec.alloc.id;
+        let told = st
+            .copies_due
+            .range((id, String::new())..)
+            .next()
+            .is_none_or(|((due, _), _)| *due != id);
+        a.moving = st.moving.contains(&id) || !told && rec.alloc.placement.copies() == 1;
+        if st.moving.contains(&id) {
+            notes.push("moving off a drained node".to_string());
+        }
         a.health = health;
         a.health_notes = notes;
         a
@@ -202,6 +203,7 @@ impl<L: AgentLink> Master<L> {
                 name: n.info.name.clone(),
                 free: n.info.capacity.saturating_sub(n.reserved),
                 up: n.seen.state(&self.liveness).0 == NodeState::Up,
+                draining: n.draining,
                 page: n.info.page(),
                 gpus: n
                     .info

@@ -73,6 +73,15 @@ impl HeldExtent {
         }
     }
 
+    /// The same memory, no longer reached over RDMA (its keys were
+    /// revoked: the allocation is moving off a drained node).
+    pub fn without_rdma(&self) -> Self {
+        Self {
+            rdma: Vec::new(),
+            ..self.as_copy(self.copy)
+        }
+    }
+
     /// The pool memory behind the extent; `None` for GPU memory.
     pub fn pool(&self) -> Option<&Arc<PoolExtent>> {
         match &self.memory {
@@ -111,9 +120,9 @@ pub struct Held {
     pub record: Allocation,
     /// The fabric its creator uses for this node.
     pub fabric: Fabric,
-    /// A replicated allocation's copying (`None`: one copy): where writes
-    /// to its primary ranges here go, in one order.
-    pub copying: Option<Arc<Copying>>,
+    /// Its copying: where writes to its primary ranges here go (nowhere
+    /// for one copy, until a drain moves it), in one order.
+    pub copying: Arc<Copying>,
 }
 
 impl Held {
@@ -245,7 +254,7 @@ mod tests {
             ],
             record: Allocation::new(0, 400, oncilla_model::Kind::RemoteHost),
             fabric: Fabric::Auto,
-            copying: None,
+            copying: Arc::default(),
         };
         assert_eq!(held.span_for(0, 100), Some(0..1));
         assert_eq!(held.span_for(350, 50), Some(1..2));

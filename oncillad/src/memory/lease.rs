@@ -48,6 +48,11 @@ impl Leases {
             .remove_if(&alloc_id, |_, list| list.is_empty());
     }
 
+    /// Whether a process maps `alloc_id`.
+    pub fn holds(&self, alloc_id: u64) -> bool {
+        self.by_alloc.contains_key(&alloc_id)
+    }
+
     /// Tells every process mapping `alloc_id` that it was released.
     pub fn revoke(&self, alloc_id: u64) {
         let Some((_, list)) = self.by_alloc.remove(&alloc_id) else {

@@ -149,10 +149,19 @@ pub(crate) fn start(
     every_heartbeat(seated.clone(), heartbeat, |core| async move {
         core.tick().await
     });
-    // Lost copies are made again in a loop of their own: a fill may take
-    // many ticks, which must go on meanwhile.
-    every_heartbeat(seated.clone(), heartbeat, |core| async move {
+    // Lost copies are made again, and drained nodes' allocations moved,
+    // in a loop of their own: a fill may take many ticks, which must go
+    // on meanwhile.
+    every_heartbeat(seated.clone(), heartbeat, move |core| async move {
         core.refill().await;
+        // Moves for about a heartbeat, so re-creating lost copies (which
+        // protect bytes) waits for no more than one move.
+        let started = std::time::Instant::now();
+        for _ in 0..MOVES_PER_ROUND {
+            if started.elapsed() > heartbeat || !core.move_one().await {
+                break;
+            }
+        }
     });
     Ok(Started {
         service: grpc::master::MasterService::new(seated)
@@ -160,6 +169,9 @@ pub(crate) fn start(
         election,
     })
 }
+
+/// Most allocations moved off drained nodes per heartbeat.
+const MOVES_PER_ROUND: usize = 64;
 
 /// Runs `work` on the leading core every `heartbeat`, for as long as the
 /// process lives (nothing while this master stands by).

@@ -2,7 +2,7 @@
 //! allocations, persistent allocations and quotas in domain values.
 
 use oncilla_model::alloc::{AllocRef, AllocSpec, Allocation};
-use oncilla_model::node::NodeList;
+use oncilla_model::node::{NodeList, NodeStatus};
 use oncilla_model::quota::{Limits, Report, Subject};
 
 use super::{read, CallError};
@@ -109,10 +109,6 @@ impl Master {
         Ok(q.into_inner().into())
     }
 
-    /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
-    ///
-    /// # Errors
-    /// [`CallError`] (the master keeps no quota file, among others).
     /// Removes node `name`, which must be down: its allocations lose what
     /// they had there. How many did.
     ///
@@ -126,6 +122,23 @@ impl Master {
         Ok(self.0.clone().leave(req).await?.into_inner().lost)
     }
 
+    /// Starts (`drain`) or ends draining node `name`; the node after.
+    ///
+    /// # Errors
+    /// [`CallError`] (an unknown node, among others).
+    pub async fn drain(&self, name: &str, drain: bool) -> Result<NodeStatus, CallError> {
+        let req = pb::DrainRequest {
+            name: name.to_string(),
+            drain,
+        };
+        let node = self.0.clone().drain(req).await?;
+        read(PEER, "node", node.into_inner())
+    }
+
+    /// Sets `who`'s limits (`None`: drops a user's own); the quotas after.
+    ///
+    /// # Errors
+    /// [`CallError`] (the master keeps no quota file, among others).
     pub async fn set_quota(
         &self,
         who: Subject,

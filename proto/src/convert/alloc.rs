@@ -259,6 +259,7 @@ impl TryFrom<pb::Allocation> for Allocation {
             health_notes: a.health_notes,
             user: a.user,
             shared: a.shared,
+            moving: a.moving,
         })
     }
 }
@@ -282,6 +283,7 @@ impl From<Allocation> for pb::Allocation {
             health_notes: a.health_notes,
             user: a.user,
             shared: a.shared,
+            moving: a.moving,
         }
     }
 }

@@ -46,6 +46,7 @@ impl TryFrom<pb::RegisterRequest> for Registration {
                 id => id,
             },
             more: r.more,
+            draining: r.draining,
         })
     }
 }
@@ -68,6 +69,7 @@ impl From<Registration> for pb::RegisterRequest {
             next_session_seq: r.next_session_seq,
             max_held_id: r.max_held_id,
             more: r.more,
+            draining: r.draining,
         }
     }
 }
@@ -132,6 +134,7 @@ impl From<pb::HeartbeatReply> for HeartbeatReply {
             peers: h.peers,
             peers_version: h.peers_version,
             want_full: h.want_full,
+            draining: h.draining,
         }
     }
 }
@@ -144,6 +147,7 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
             peers: h.peers,
             peers_version: h.peers_version,
             want_full: h.want_full,
+            draining: h.draining,
         }
     }
 }

@@ -31,6 +31,8 @@ pub enum WireError {
         asked: usize,
         got: usize,
     },
+    #[error("{0} of {1} bytes, longer than the {2} allowed")]
+    TooLong(&'static str, usize, usize),
     #[error("queue-pair endpoint: {0}")]
     Endpoint(#[from] rdma::EndpointError),
 }

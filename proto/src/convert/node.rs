@@ -1,7 +1,8 @@
 //! Nodes, their pools and states: wire <-> domain.
 
 use oncilla_model::node::{
-    AgentStatus, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
+    AgentStatus, Drain, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
+    MAX_DRAIN_NOTE,
 };
 
 use super::WireError;
@@ -196,8 +197,17 @@ impl TryFrom<pb::NodeStatus> for NodeStatus {
             pool: n.pool.map(Into::into).unwrap_or_default(),
             state_since_unix_ms: n.state_since_unix_ms,
             incarnation: n.incarnation,
+            drain: drain(n.draining, n.drain_left, n.drain_note)?,
         })
     }
+}
+
+/// A node's drain from its wire fields: none unless `draining`.
+fn drain(draining: bool, left: u64, note: String) -> Result<Option<Drain>, WireError> {
+    if note.len() > MAX_DRAIN_NOTE {
+        return Err(WireError::TooLong("drain note", note.len(), MAX_DRAIN_NOTE));
+    }
+    Ok(draining.then_some(Drain { left, note }))
 }
 
 impl TryFrom<pb::NodeList> for NodeList {
@@ -233,6 +243,9 @@ impl From<NodeStatus> for pb::NodeStatus {
             pool: Some(n.pool.into()),
             state_since_unix_ms: n.state_since_unix_ms,
             incarnation: n.incarnation,
+            draining: n.drain.is_some(),
+            drain_left: n.drain.as_ref().map_or(0, |d| d.left),
+            drain_note: n.drain.map(|d| d.note).unwrap_or_default(),
         }
     }
 }
@@ -266,6 +279,10 @@ mod tests {
                 },
                 state_since_unix_ms: 9,
                 incarnation: 11,
+                drain: Some(Drain {
+                    left: 2,
+                    note: "no room".into(),
+                }),
             }],
             recovering_ms: 5,
         };

@@ -19,7 +19,7 @@ use oncilla_model::cluster::{
     SessionReport, SetCopies,
 };
 use oncilla_model::node::{
-    AgentStatus, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
+    AgentStatus, Drain, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,
 };
 use oncilla_model::quota::{Limits, Report, Subject, Summary, UserReport};
 use oncilla_model::{Fabric, Kind, Policy, PAGE};

@@ -393,8 +393,11 @@ proptest! {
         prop_assert_eq!(NodeStatus::try_from(bare), Ok(expected));
         let bad = pb::NodeStatus { info: None, ..w.clone() };
         prop_assert_eq!(NodeStatus::try_from(bad), Err(WireError::Missing("node info")));
-        let bad = pb::NodeStatus { state: v, ..w };
+        let bad = pb::NodeStatus { state: v, ..w.clone() };
         prop_assert_eq!(NodeStatus::try_from(bad).err(), unknown("node state", v));
+        let long = "x".repeat(oncilla_model::node::MAX_DRAIN_NOTE + 1);
+        let bad = pb::NodeStatus { draining: true, drain_note: long, ..w };
+        prop_assert!(matches!(NodeStatus::try_from(bad), Err(WireError::TooLong("drain note", ..))));
     }
 
     /// Node lists survive the wire; one node without its info spoils the

@@ -192,7 +192,7 @@ pub(super) fn allocations() -> impl Strategy<Value = Allocation> {
         vec(owners(), 0..3),
         placements(),
         node_names(),
-        (healths(), vec(text(), 0..3)),
+        (healths(), vec(text(), 0..3), any::<bool>()),
         option::of(any::<u32>()),
         any::<bool>(),
     )
@@ -207,7 +207,7 @@ pub(super) fn allocations() -> impl Strategy<Value = Allocation> {
                 attached,
                 placement,
                 origin_node,
-                (health, health_notes),
+                (health, health_notes, moving),
                 user,
                 shared,
             )| {
@@ -231,6 +231,7 @@ pub(super) fn allocations() -> impl Strategy<Value = Allocation> {
                 a.health_notes = health_notes;
                 a.user = user;
                 a.shared = shared;
+                a.moving = moving;
                 a
             },
         )
@@ -361,9 +362,19 @@ pub(super) fn node_statuses() -> impl Strategy<Value = NodeStatus> {
         pool_usages(),
         any::<u64>(),
         any::<u64>(),
+        option::of((any::<u64>(), ".{0,40}")),
     )
         .prop_map(
-            |(info, used, state, last_heartbeat_ms_ago, pool, state_since_unix_ms, incarnation)| {
+            |(
+                info,
+                used,
+                state,
+                last_heartbeat_ms_ago,
+                pool,
+                state_since_unix_ms,
+                incarnation,
+                drain,
+            )| {
                 NodeStatus {
                     info,
                     used,
@@ -372,6 +383,7 @@ pub(super) fn node_statuses() -> impl Strategy<Value = NodeStatus> {
                     pool,
                     state_since_unix_ms,
                     incarnation,
+                    drain: drain.map(|(left, note)| Drain { left, note }),
                 }
             },
         )
@@ -396,7 +408,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
         vec(allocations(), 0..3),
         vec(session_reports(), 0..3),
         any::<u64>(),
-        (0..=MAX_ID, any::<bool>()),
+        (0..=MAX_ID, any::<bool>(), any::<bool>()),
     )
         .prop_map(
             |(
@@ -406,7 +418,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
                 held,
                 sessions,
                 next_session_seq,
-                (max_held_id, more),
+                (max_held_id, more, draining),
             )| Registration {
                 node,
                 incarnation,
@@ -416,6 +428,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
                 next_session_seq,
                 max_held_id,
                 more,
+                draining,
             },
         )
 }
@@ -471,14 +484,16 @@ pub(super) fn heartbeat_replies() -> impl Strategy<Value = HeartbeatReply> {
         vec(text(), 0..4),
         any::<u64>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(known, release, peers, peers_version, want_full)| HeartbeatReply {
+            |(known, release, peers, peers_version, want_full, draining)| HeartbeatReply {
                 known,
                 release,
                 peers,
                 peers_version,
                 want_full,
+                draining,
             },
         )
 }

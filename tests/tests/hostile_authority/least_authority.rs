@@ -296,6 +296,19 @@ fn a_node_credential_acts_only_as_its_node() {
             ),
             "allocate as an operator",
         );
+        // Nor drain a node (its own or another): an operator's call.
+        for node in ["node-0", "node-1"] {
+            denied(
+                refused(
+                    m.drain(pb::DrainRequest {
+                        name: node.into(),
+                        drain: true,
+                    })
+                    .await,
+                ),
+                "drain a node",
+            );
+        }
         // Another agent: the node credential is not the token.
         let mut a = client::agent(client::lazy_as(&agent0, &cred, None).unwrap());
         let (code, msg) = refused(

@@ -24,6 +24,8 @@ pub struct Candidate {
     pub name: String,
     pub free: u64,
     pub up: bool,
+    /// Being drained: nothing new goes there.
+    pub draining: bool,
     /// The node's pool page size: its share takes whole pages.
     pub page: u64,
     /// The node's GPUs with the device memory placement may still give.
@@ -49,6 +51,20 @@ impl Candidate {
     }
 
     /// The most whole pages' worth this node can take.
+    /// Whether new memory may go here: up, and not being drained.
+    fn placeable(&self) -> bool {
+        self.up && !self.draining
+    }
+
+    /// How it is shown beside its room when placement fails.
+    fn condition(&self) -> &'static str {
+        match (self.up, self.draining) {
+            (false, _) => " (down)",
+            (true, true) => " (draining)",
+            (true, false) => "",
+        }
+    }
+
     fn room(&self) -> u64 {
         self.free / self.page.max(1) * self.page.max(1)
     }
@@ -145,7 +161,7 @@ pub fn plan(req: &Request<'_>, nodes: &[Candidate]) -> Result<Vec<Planned>, Core
         }
         Kind::RemoteHost if !p.nodes.is_empty() => named(p, nodes)?,
         Kind::RemoteHost => {
-            let up: Vec<&Candidate> = nodes.iter().filter(|n| n.up).collect();
+            let up: Vec<&Candidate> = nodes.iter().filter(|n| n.placeable()).collect();
             if up.is_empty() {
                 return Err(CoreError::CapacityExhausted {
                     requested: req.size,
@@ -231,7 +247,7 @@ fn gpu(req: &Request<'_>, nodes: &[Candidate]) -> Result<Planned, CoreError> {
         }
         return Ok(on_gpu(n, dev.index, req.size));
     }
-    let up: Vec<&Candidate> = nodes.iter().filter(|n| n.up).collect();
+    let up: Vec<&Candidate> = nodes.iter().filter(|n| n.placeable()).collect();
     if up.iter().all(|n| n.gpus.is_empty()) {
         let why: Vec<String> = nodes
             .iter()
@@ -315,7 +331,7 @@ fn gpu_exhausted(size: u64, nodes: &[Candidate]) -> CoreError {
         .iter()
         .flat_map(|n| {
             n.gpus.iter().map(move |g| {
-                let down = if n.up { "" } else { " (down)" };
+                let down = n.condition();
                 format!("{} GPU {} {}{down}", n.name, g.index, HumanBytes(g.free))
             })
         })
@@ -502,6 +518,9 @@ fn lookup<'n>(nodes: &'n [Candidate], name: &str) -> Result<&'n Candidate, CoreE
     if !node.up {
         return Err(CoreError::NodeDown(name.to_string()));
     }
+    if node.draining {
+        return Err(CoreError::NodeDraining(name.to_string()));
+    }
     Ok(node)
 }
 
@@ -509,11 +528,11 @@ fn exhausted(size: u64, nodes: &[Candidate]) -> CoreError {
     let detail = if nodes.is_empty() {
         "no node has joined".to_string()
     } else {
-        let total: u64 = nodes.iter().filter(|n| n.up).map(|n| n.free).sum();
+        let total: u64 = nodes.iter().filter(|n| n.placeable()).map(|n| n.free).sum();
         let per: Vec<String> = nodes
             .iter()
             .map(|n| {
-                let down = if n.up { "" } else { " (down)" };
+                let down = n.condition();
                 format!("{} {}{down}", n.name, HumanBytes(n.free))
             })
             .collect();

@@ -48,7 +48,9 @@ fn choose<'a>(
     let room = |n: &Candidate| free.get(n.name.as_str()).copied().unwrap_or(0);
     nodes
         .iter()
-        .filter(|n| n.up && !held.contains(&n.name.as_str()) && !taken.contains(&n.name.as_str()))
+        .filter(|n| {
+            n.placeable() && !held.contains(&n.name.as_str()) && !taken.contains(&n.name.as_str())
+        })
         .filter(|n| round_up(bytes, n.page.max(1)) <= room(n))
         .max_by(|a, b| {
             new_zone(a)
@@ -115,7 +117,7 @@ fn no_room(
         .iter()
         .filter(|n| !held.contains(&n.name.as_str()))
         .map(|n| {
-            let down = if n.up { "" } else { " (down)" };
+            let down = n.condition();
             format!("{} {}{down}", n.name, HumanBytes(free[n.name.as_str()]))
         })
         .collect();
@@ -144,6 +146,7 @@ mod tests {
             name: name.into(),
             free,
             up: true,
+            draining: false,
             page: 4096,
             gpus: Vec::new(),
             gpu_note: String::new(),

@@ -10,6 +10,7 @@ fn node(name: &str, pages: u64, up: bool) -> Candidate {
         name: name.into(),
         free: pages * P,
         up,
+        draining: false,
         page: P,
         gpus: Vec::new(),
         gpu_note: "no CUDA driver on this node".into(),

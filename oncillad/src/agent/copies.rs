@@ -1,0 +1,165 @@
+//! The agent's side of a copy change (`Agent.SetCopies`): a replica
+//! promoted to primary, the replicas a primary share copies its writes
+//! to, and a new replica it fills, including the first replica of an
+//! allocation with one copy that moves off a drained node. The master
+//! decides every change; this only applies it to the allocation's
+//! `Held` and `Copying`.
+
+use std::sync::Arc;
+
+use oncilla_model::cluster::SetCopies;
+
+use super::Agent;
+use crate::error::CoreError;
+use crate::memory::copying::Order;
+use crate::memory::held::{Held, HeldExtent};
+use crate::memory::keys::Keys;
+
+impl Agent {
+    /// A replicated allocation's copies changed: the ranges of `c.promote`
+    /// that this node held as a replica are its primary share from now on,
+    /// its primary share copies to `c.replicas` (a promoted share sends its
+    /// ranges to each of them again first), and each of `c.fill` (a new
+    /// replica) is owed the whole share (`fabric::replicate::fill` sends
+    /// it).
+    ///
+    /// # Errors
+    /// [`CoreError::NoSuchAllocation`]; [`CoreError::InvalidArgument`] for
+    /// a promoted range this node does not hold as a replica, or a fill
+    /// where it holds no primary share; [`CoreError::CannotMove`] for a
+    /// new replica of a single-copy allocation that is GPU memory or that
+    /// a process here maps.
+    pub fn set_copies(&self, c: SetCopies) -> Result<(), CoreError> {
+        let copying = self
+            .held
+            .get(&c.alloc_id)
+            .map(|e| Arc::clone(&e.value().copying))
+            .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
+        let promote: Vec<(u64, u64)> = c.promote.iter().map(|g| (g.alloc_offset, g.len)).collect();
+        // The order lock first (a write may hold it while it copies), then
+        // the replica side's (a copy landing finishes first, and none lands
+        // in a range once it is promoted), then the table's entry, only for
+        // as long as it takes to change it.
+        let mut order = copying.order();
+        if !c.fill.is_empty() {
+            self.may_gain_replica(c.alloc_id, &order)?;
+        }
+        let applied = copying.applied();
+        let mut entry = self
+            .held
+            .get_mut(&c.alloc_id)
+            .ok_or(CoreError::NoSuchAllocation(c.alloc_id))?;
+        let mut cur = Arc::clone(entry.value());
+        if !c.fill.is_empty() && promote.is_empty() && cur.extents.iter().all(|e| e.copy != 0) {
+            return Err(CoreError::InvalidArgument(format!(
+                "this node holds no primary share of allocation {} to fill a replica from",
+                c.alloc_id
+            )));
+        }
+        if !promote.is_empty() {
+            for &(offset, len) in &promote {
+                let held_as_replica = cur
+                    .span_for(offset, len)
+                    .is_some_and(|span| cur.extents[span].iter().all(|e| e.copy != 0));
+                if !held_as_replica {
+                    return Err(CoreError::InvalidArgument(format!(
+                        "bytes {offset}..{} of allocation {} are not a replica held here",
+                        offset.saturating_add(len),
+                        c.alloc_id
+                    )));
+                }
+            }
+            let inside = |e: &HeldExtent| {
+                promote
+                    .iter()
+                    .any(|&(o, l)| e.alloc_offset >= o && e.alloc_offset + e.len <= o + l)
+            };
+            let extents = cur
+                .extents
+                .iter()
+                .map(|e| {
+                    if inside(e) {
+                        Arc::new(e.as_copy(0))
+                    } else {
+                        Arc::clone(e)
+                    }
+                })
+                .collect();
+            let keys = Keys::none();
+            keys.absorb(&cur.keys);
+            cur = Arc::new(Held {
+                keys,
+                key: cur.key,
+                extents,
+                record: cur.record.clone(),
+                fabric: cur.fabric,
+                copying: Arc::clone(&copying),
+            });
+            *entry.value_mut() = Arc::clone(&cur);
+            // Its replicas must not take this node for an earlier primary.
+            order.new_sender();
+        }
+        drop(entry);
+        drop(applied);
+        order.copy_to(c.replicas, &promote);
+        // A new replica gets the whole primary share (`fill` sends it).
+        for addr in &c.fill {
+            for e in cur.extents.iter().filter(|e| e.copy == 0) {
+                order.miss(addr, e.alloc_offset, e.len);
+            }
+        }
+        tracing::info!(alloc_id = c.alloc_id, promoted = promote.len(), replicas = ?order.replicas, "copies changed");
+        Ok(())
+    }
+
+    /// Whether allocation `alloc_id` may take a replica to fill (`order`
+    /// is its order lock, held). One asked for with a single copy is
+    /// moving (its node is being drained): every write to it must come
+    /// through this agent from now on, so it is refused while a process
+    /// here maps it, and its RDMA keys are revoked (a one-sided write
+    /// would bypass the copying). The map server looks for replicas after
+    /// it registers a lease, and this looks for leases under the lock
+    /// that sets them, so one of the two sees the other.
+    fn may_gain_replica(&self, alloc_id: u64, order: &Order) -> Result<(), CoreError> {
+        let held = self
+            .held
+            .get(&alloc_id)
+            .map(|e| Arc::clone(e.value()))
+            .ok_or(CoreError::NoSuchAllocation(alloc_id))?;
+        if held.record.placement.copies() > 1 || !order.replicas.is_empty() {
+            return Ok(());
+        }
+        if held.extents.iter().any(|e| e.pool().is_none()) {
+            return Err(CoreError::CannotMove(format!(
+                "allocation {alloc_id} is GPU memory; only host memory moves to another node"
+            )));
+        }
+        if self.leases.holds(alloc_id) {
+            return Err(CoreError::CannotMove(format!(
+                "allocation {alloc_id} is mapped by a process on this node; it moves once that process unmaps it"
+            )));
+        }
+        held.keys.revoke();
+        // Its reports no longer name the regions (a master that starts
+        // now gives clients none).
+        if let Some(mut entry) = self.held.get_mut(&alloc_id) {
+            let cur = entry.value();
+            let keys = Keys::none();
+            keys.absorb(&cur.keys);
+            let revoked = Held {
+                keys,
+                key: cur.key,
+                extents: cur
+                    .extents
+                    .iter()
+                    .map(|e| Arc::new(e.without_rdma()))
+                    .collect(),
+                record: cur.record.clone(),
+                fabric: cur.fabric,
+                copying: Arc::clone(&cur.copying),
+            };
+            *entry.value_mut() = Arc::new(revoked);
+        }
+        Ok(())
+    }
+}
