@@ -5,8 +5,7 @@
 //! It never chooses a fabric per copy: the routes decided here travel with
 //! every copy ([`crate::route`]). It never frees memory it did not open.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use oncilla_cuda::{DeviceMem, Gpu};
 use oncilla_model::alloc::Allocation as Record;
@@ -17,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
+use crate::failover::Failover;
 use crate::map::{MapOptions, Mapped};
 use crate::route::{self, Route};
 use crate::spec::Fabric;
@@ -36,140 +36,10 @@ pub struct Allocation {
     pub(crate) local: Option<Arc<Mapping>>,
     /// A local GPU allocation's device memory, in this process.
     pub(crate) device: Option<Arc<DeviceMem>>,
-    /// A replicated allocation's copies as the master last described
-    /// them: writes go to the primary, whose agent copies them on; reads
-    /// to the nearest copy. Unset for one copy until the allocation is
-    /// found to have moved (its node was drained): from then on it is
-    /// copied where the master last said, as a replicated one is.
-    copies: OnceLock<Copies>,
-    /// The fabric preference it was opened with.
-    fabric: Fabric,
+    /// Its way through a lost node or a move (shared with its batches).
+    pub(crate) failover: Arc<Failover>,
     /// Freed or detached already.
     done: bool,
-}
-
-/// How long a copy to or from a replicated allocation waits for the
-/// cluster to get over a lost node (the master's failure detection, five
-/// heartbeats, then a replica promoted or the lost copy dropped) before it
-/// returns the failure to the caller.
-const FAILOVER_WAIT: Duration = Duration::from_secs(30);
-/// The first pause between looking the allocation up again; it doubles up
-/// to [`FAILOVER_PAUSE_MAX`].
-const FAILOVER_PAUSE: Duration = Duration::from_millis(20);
-const FAILOVER_PAUSE_MAX: Duration = Duration::from_millis(500);
-
-/// A replicated allocation's copies, swapped for the master's newer
-/// description when a copy fails.
-struct Copies {
-    fabric: Fabric,
-    now: Mutex<Arc<Layout>>,
-}
-
-/// Where a record puts its primary's bytes and whether RDMA reaches
-/// them: a single copy that fails where this did not change, and is not
-/// moving, failed for good.
-type Placed = Vec<(String, u64, u64, bool)>;
-
-fn placed(record: &Record) -> Placed {
-    record
-        .extents
-        .iter()
-        .map(|e| {
-            (
-                e.node.clone(),
-                e.alloc_offset,
-                e.pool_offset,
-                e.rdma.is_empty(),
-            )
-        })
-        .collect()
-}
-
-/// Where a replicated (or moved) allocation's copies are.
-struct Layout {
-    /// The record's primary as [`placed`] says, and whether it has one
-    /// copy and is not moving (then a failure there is the caller's).
-    placed: Placed,
-    settled: bool,
-    /// Takes every write.
-    primary: Copy,
-    /// Every whole copy in the order reads try them: the most bytes on
-    /// this node first, the primary first among equals.
-    reads: Vec<Copy>,
-}
-
-/// One copy of a replicated (or moved) allocation's bytes, never through
-/// a mapping: replicated memory is never mapped, and a moved allocation's
-/// new node is reached as another node is.
-struct Copy {
-    desc: Arc<Descriptor>,
-    routes: Arc<[Route]>,
-}
-
-impl Copy {
-    /// Copy `copy` of `record` (0: the primary), routed for `fabric`.
-    fn of(record: &Record, copy: u32, client: &Client, fabric: Fabric) -> Result<Self> {
-        let mut r = record.clone();
-        r.extents = record.copy_extents(copy).cloned().collect();
-        r.replicas.clear();
-        let desc = Descriptor::from_record(r)?;
-        let data = &client.data;
-        let routes: Vec<Route> =
-            route::decide_all(&desc.extents, &client.node, fabric, |e| data.rdma_for(e))?
-                .into_iter()
-                .map(|r| if r == Route::Mapped { Route::Tcp } else { r })
-                .collect();
-        Ok(Copy {
-            desc: Arc::new(desc),
-            routes: routes.into(),
-        })
-    }
-
-    fn target(&self) -> Target<'_> {
-        Target {
-            desc: &self.desc,
-            routes: &self.routes,
-            local: None,
-        }
-    }
-
-    /// Its bytes on node `me`.
-    fn bytes_on(&self, me: &str) -> u64 {
-        self.desc
-            .extents
-            .iter()
-            .filter(|e| e.node == me)
-            .map(|e| e.len)
-            .sum()
-    }
-}
-
-impl Layout {
-    /// The copies `record` describes. A replica still being re-created
-    /// (not yet whole) is left out of the reads.
-    fn of(record: &Record, client: &Client, fabric: Fabric) -> Result<Self> {
-        let primary = Copy::of(record, 0, client, fabric)?;
-        let mut reads = vec![Copy {
-            desc: Arc::clone(&primary.desc),
-            routes: Arc::clone(&primary.routes),
-        }];
-        for copy in record.replica_copies() {
-            match Copy::of(record, copy, client, fabric) {
-                Ok(c) => reads.push(c),
-                Err(e) => {
-                    tracing::debug!(alloc_id = record.id, copy, error = %e, "a copy is not whole: not read from")
-                }
-            }
-        }
-        // A stable sort: the primary stays first among equals.
-        reads.sort_by_cached_key(|c| std::cmp::Reverse(c.bytes_on(&client.node)));
-        Ok(Layout {
-            placed: placed(record),
-            settled: record.placement.copies() == 1 && !record.moving,
-            primary,
-            reads,
-        })
-    }
 }
 
 impl std::fmt::Debug for Allocation {
@@ -195,14 +65,7 @@ impl Allocation {
         // By what was asked, not by the copies there are now: one
         // opened while its lost copies are being re-created is still
         // looked up again through a loss.
-        let copies = OnceLock::new();
-        if record.placement.copies() > 1 {
-            let layout = Layout::of(&record, client, fabric)?;
-            let _ = copies.set(Copies {
-                fabric,
-                now: Mutex::new(Arc::new(layout)),
-            });
-        }
+        let failover = Arc::new(Failover::open(client, &record, fabric)?);
         record.replicas.clear();
         let desc = Descriptor::from_record(record)?;
         let mut alloc = Allocation {
@@ -211,8 +74,7 @@ impl Allocation {
             desc: Arc::new(desc),
             local: None,
             device: None,
-            copies,
-            fabric,
+            failover,
             done: false,
         };
         if alloc.desc.kind == Kind::LocalGpu {
@@ -326,19 +188,9 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.write(offset, src)?);
         }
-        if self.copies.get().is_none() {
-            match self.client.data.run([Transfer {
-                target: self.target(),
-                offset,
-                buf: IoBuf::Write(src),
-            }]) {
-                Err(e) if self.moved(&e) => {}
-                done => return done,
-            }
-        }
-        self.through_failover(|layout| {
+        self.failover.write(offset, src, |src| {
             self.client.data.run([Transfer {
-                target: layout.primary.target(),
+                target: self.target(),
                 offset,
                 buf: IoBuf::Write(src),
             }])
@@ -359,122 +211,13 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        if self.copies.get().is_none() {
-            match self.client.data.run([Transfer {
+        self.failover.read(offset, dst, |dst| {
+            self.client.data.run([Transfer {
                 target: self.target(),
                 offset,
-                buf: IoBuf::Read(&mut *dst),
-            }]) {
-                Err(e) if self.moved(&e) => {}
-                done => return done,
-            }
-        }
-        self.through_failover(|layout| {
-            let last = layout.reads.len() - 1;
-            for (i, copy) in layout.reads.iter().enumerate() {
-                let read = self.client.data.run([Transfer {
-                    target: copy.target(),
-                    offset,
-                    buf: IoBuf::Read(&mut *dst),
-                }]);
-                match read {
-                    Err(e) if i < last && fails_over(&e) => {
-                        tracing::debug!(alloc_id = self.desc.id, error = %e, "read failed on one copy; reading another");
-                    }
-                    done => return done,
-                }
-            }
-            Ok(())
+                buf: IoBuf::Read(dst),
+            }])
         })
-    }
-
-    /// Runs `attempt` on the copies as last described; while it fails as a
-    /// lost node makes it fail, looks the allocation up again (pausing
-    /// 20 ms, doubling to 500 ms) and retries on what the master says
-    /// now, for up to [`FAILOVER_WAIT`]. Writing the same bytes again is
-    /// harmless: a failed write was never acknowledged.
-    fn through_failover(&self, mut attempt: impl FnMut(&Layout) -> Result<()>) -> Result<()> {
-        let Some(copies) = self.copies.get() else {
-            return Err(Error::Internal(format!(
-                "allocation {} has no copies to fail over to",
-                self.desc.id
-            )));
-        };
-        let deadline = Instant::now() + FAILOVER_WAIT;
-        let mut pause = FAILOVER_PAUSE;
-        loop {
-            let layout = Arc::clone(&copies.now.lock().unwrap_or_else(PoisonError::into_inner));
-            let error = match attempt(&layout) {
-                Err(e) if fails_over(&e) || matches!(e, Error::NotFound(_)) => e,
-                done => return done,
-            };
-            if Instant::now() + pause > deadline {
-                return Err(error);
-            }
-            tracing::debug!(alloc_id = self.desc.id, error = %error, "a copy failed; looking the allocation up again");
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
-            let looked_up = self.client.lookup(self.desc.id).and_then(|record| {
-                Layout::of(&record, &self.client, fabric_for(&record, copies.fabric))
-            });
-            match looked_up {
-                // One copy, not moving, where it failed: nothing to wait
-                // for (a lost allocation, a failed node).
-                Ok(new) if new.settled && new.placed == layout.placed => return Err(error),
-                Ok(new) => {
-                    *copies.now.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
-                }
-                // Freed: the copy's own failure says so.
-                Err(Error::NotFound(_)) => return Err(error),
-                // The master out of reach, or a share with no whole copy
-                // yet: the next round asks again.
-                Err(e) => {
-                    tracing::debug!(alloc_id = self.desc.id, error = %e, "no usable description of the allocation yet; retrying as it was")
-                }
-            }
-        }
-    }
-
-    /// Whether a single-copy allocation's copy failed with `e` because the
-    /// allocation moves or moved (its node is drained): when the master
-    /// says it is moving (from its planning until its new node is told
-    /// it took over; its old node's RDMA keys are revoked, so it is copied
-    /// over TCP meanwhile), or is elsewhere now (or no longer reached over
-    /// RDMA), it is copied through [`Self::through_failover`] from now on.
-    /// Otherwise (a lost allocation, a node that failed with it in place)
-    /// the error is the caller's, at once.
-    fn moved(&self, e: &Error) -> bool {
-        if !matches!(e, Error::NotFound(_)) && !fails_over(e) {
-            return false;
-        }
-        let Ok(record) = self.client.lookup(self.desc.id) else {
-            return false;
-        };
-        let opened: Placed = self
-            .desc
-            .extents
-            .iter()
-            .map(|e| {
-                (
-                    e.node.clone(),
-                    e.alloc_offset,
-                    e.pool_offset,
-                    e.rdma.is_empty(),
-                )
-            })
-            .collect();
-        if !record.moving && placed(&record) == opened {
-            return false;
-        }
-        let Ok(layout) = Layout::of(&record, &self.client, fabric_for(&record, self.fabric)) else {
-            return false;
-        };
-        tracing::debug!(alloc_id = self.desc.id, error = %e, "the allocation moves or moved; copying where the master says it is");
-        let _ = self.copies.set(Copies {
-            fabric: self.fabric,
-            now: Mutex::new(Arc::new(layout)),
-        });
-        true
     }
 
     /// Maps the allocation into this process: its bytes at
@@ -631,27 +374,4 @@ impl Drop for Allocation {
             }
         }
     }
-}
-
-/// The fabric to reach `record`'s copies with: TCP while it moves off a
-/// drained node (its agent revoked its RDMA keys), else `asked`.
-fn fabric_for(record: &Record, asked: Fabric) -> Fabric {
-    if record.moving {
-        Fabric::Tcp
-    } else {
-        asked
-    }
-}
-
-/// Whether a read that failed so may succeed from another copy: the node
-/// could not be reached or failed, not the request itself.
-fn fails_over(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::NodeUnreachable { .. }
-            | Error::Fabric { .. }
-            | Error::NodeDown(_)
-            | Error::Unavailable(_)
-            | Error::Internal(_)
-    )
 }

@@ -2,7 +2,10 @@
 //! order among them ([`crate::Oncilla::submit`]). Each copy owns its buffer and
 //! keeps its allocation's descriptor, routes and mapping alive until the
 //! batch ends. Copies into device memory of this process run here; the
-//! rest go to the data path in one run.
+//! rest go to the data path in one run. When that run fails as a lost node
+//! or a move makes it fail, each copy is made again on its own through its
+//! allocation's [`Failover`], as `copy_in` and `copy_out` would (every copy
+//! of a batch may be repeated: a failed write was never acknowledged).
 
 use std::sync::Arc;
 
@@ -15,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
+use crate::failover::{may_succeed_later, Failover};
 use crate::route::Route;
 
 /// Copies to run together in the background ([`crate::Oncilla::submit`]). Each
@@ -30,9 +34,56 @@ struct BatchOp {
     routes: Arc<[Route]>,
     local: Option<Arc<Mapping>>,
     device: Option<Arc<DeviceMem>>,
+    failover: Arc<Failover>,
     offset: u64,
     write: bool,
     buf: Vec<u8>,
+}
+
+impl BatchOp {
+    /// The copy as its allocation was opened.
+    fn transfer(&mut self) -> Transfer<'_> {
+        Transfer {
+            target: Target {
+                desc: &self.desc,
+                routes: &self.routes,
+                local: self.local.as_deref(),
+            },
+            offset: self.offset,
+            buf: if self.write {
+                IoBuf::Write(&self.buf)
+            } else {
+                IoBuf::Read(&mut self.buf)
+            },
+        }
+    }
+
+    /// The copy again, alone, through its allocation's failover.
+    fn again(&mut self, data: &crate::fabric::DataPath) -> Result<()> {
+        let target = Target {
+            desc: &self.desc,
+            routes: &self.routes,
+            local: self.local.as_deref(),
+        };
+        let offset = self.offset;
+        if self.write {
+            self.failover.write(offset, &self.buf, |src| {
+                data.run([Transfer {
+                    target,
+                    offset,
+                    buf: IoBuf::Write(src),
+                }])
+            })
+        } else {
+            self.failover.read(offset, &mut self.buf, |dst| {
+                data.run([Transfer {
+                    target,
+                    offset,
+                    buf: IoBuf::Read(dst),
+                }])
+            })
+        }
+    }
 }
 
 impl Batch {
@@ -56,6 +107,7 @@ impl Batch {
             routes: Arc::clone(&alloc.routes),
             local: alloc.local.clone(),
             device: alloc.device.clone(),
+            failover: Arc::clone(&alloc.failover),
             offset,
             write,
             buf,
@@ -94,24 +146,20 @@ pub(crate) fn submit(client: &Arc<Client>, batch: Batch) -> Pending {
                 first_error.get_or_insert(e.into());
             }
         }
-        let outcome =
-            data.run(
+        let outcome = data.run(
+            ops.iter_mut()
+                .filter(|op| op.device.is_none())
+                .map(BatchOp::transfer),
+        );
+        let outcome = match outcome {
+            Err(e) if may_succeed_later(&e) => {
+                tracing::debug!(error = %e, "a batch failed as a lost node or a move makes it fail; its copies go again one at a time");
                 ops.iter_mut()
                     .filter(|op| op.device.is_none())
-                    .map(|op| Transfer {
-                        target: Target {
-                            desc: &op.desc,
-                            routes: &op.routes,
-                            local: op.local.as_deref(),
-                        },
-                        offset: op.offset,
-                        buf: if op.write {
-                            IoBuf::Write(&op.buf)
-                        } else {
-                            IoBuf::Read(&mut op.buf)
-                        },
-                    }),
-            );
+                    .try_for_each(|op| op.again(&data))
+            }
+            done => done,
+        };
         let outcome = match first_error {
             Some(e) => Err(e),
             None => outcome,

@@ -50,6 +50,7 @@ mod descriptor;
 mod device;
 mod error;
 mod fabric;
+mod failover;
 pub mod ffi;
 mod map;
 mod operator;

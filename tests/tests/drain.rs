@@ -12,7 +12,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use liboncilla::{AllocSpec, Allocation, Kind};
+use liboncilla::{AllocSpec, Allocation, Batch, Kind, Oncilla};
 use support::Cluster;
 
 const MIB: usize = 1 << 20;
@@ -28,9 +28,15 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 }
 
 /// Writes a new pattern into one slot after another and reads each back
-/// until `stop` (or [`MAX_ROUNDS`], or `limit`): every failed call or
-/// wrong byte, and the seed each slot holds last.
-fn load(a: &Allocation, stop: &AtomicBool, limit: Duration) -> (Vec<String>, [u32; SLOTS], u32) {
+/// until `stop` (or [`MAX_ROUNDS`], or `limit`), every other round as a
+/// batch of two copies through `ocm` (batches fail over too): every
+/// failed call or wrong byte, and the seed each slot holds last.
+fn load(
+    ocm: &Oncilla,
+    a: &Allocation,
+    stop: &AtomicBool,
+    limit: Duration,
+) -> (Vec<String>, [u32; SLOTS], u32) {
     let mut failures = Vec::new();
     let mut last = [0u32; SLOTS];
     let started = Instant::now();
@@ -42,6 +48,22 @@ fn load(a: &Allocation, stop: &AtomicBool, limit: Duration) -> (Vec<String>, [u3
         let seed = round + 1000;
         let offset = (slot * MIB) as u64;
         let bytes = pattern(MIB, seed);
+        if round % 2 == 0 {
+            // The slot's write, and the read of the slot written last.
+            let before = (round as usize - 1) % SLOTS;
+            let mut batch = Batch::new();
+            batch
+                .write(a, offset, bytes.clone())
+                .read(a, (before * MIB) as u64, vec![0u8; MIB]);
+            match ocm.submit(batch).wait() {
+                Err(e) => failures.push(format!("round {round}: batch: {e}")),
+                Ok(bufs) if bufs[1] != pattern(MIB, last[before]) => {
+                    failures.push(format!("round {round}: batch read other bytes"))
+                }
+                Ok(_) => last[slot] = seed,
+            }
+            continue;
+        }
         if let Err(e) = a.copy_in(offset, &bytes) {
             failures.push(format!("round {round}: write: {e}"));
             continue;
@@ -99,8 +121,8 @@ fn a_drained_node_empties_under_load_with_no_failed_call() {
 
     let stop = AtomicBool::new(false);
     let ((f1, last1, rounds1), (f2, last2, rounds2)) = std::thread::scope(|s| {
-        let t1 = s.spawn(|| load(&single, &stop, Cluster::EVENT * 4));
-        let t2 = s.spawn(|| load(&twice, &stop, Cluster::EVENT * 4));
+        let t1 = s.spawn(|| load(&writer, &single, &stop, Cluster::EVENT * 4));
+        let t2 = s.spawn(|| load(&other, &twice, &stop, Cluster::EVENT * 4));
         let said = c.ocmctl_ok(&["drain", "node-1"]);
         assert!(said.contains("draining node node-1"), "{said}");
         // Nothing new goes there, and the refusal says why.
@@ -156,10 +178,24 @@ fn a_drained_node_empties_under_load_with_no_failed_call() {
     let id = c.ocmctl_ok(&["alloc", "1MiB", "--node", "node-1"]);
     c.ocmctl_ok(&["free", &id]);
 
-    // Nothing was left there: with node-1 killed, every byte is read.
+    // Nothing was left there: with node-1 killed, every byte is read, and
+    // a batch made with the handles (their routes as opened name node-1)
+    // goes through too.
     c.kill_agent(1);
-    check(&single, &merge(&start, &last1));
-    check(&twice, &merge(&start, &last2));
+    let mut last1 = merge(&start, &last1);
+    let mut last2 = merge(&start, &last2);
+    check(&single, &last1);
+    check(&twice, &last2);
+    for (ocm, a, last) in [(&writer, &single, &mut last1), (&other, &twice, &mut last2)] {
+        let mut batch = Batch::new();
+        batch
+            .write(a, 0, pattern(MIB, 99))
+            .read(a, MIB as u64, vec![0u8; MIB]);
+        let bufs = ocm.submit(batch).wait().unwrap();
+        assert!(bufs[1] == pattern(MIB, last[1]), "a batch read other bytes");
+        last[0] = 99;
+        check(a, last);
+    }
     let reader = c.client(0);
     let mut back = vec![0u8; MIB];
     reader
