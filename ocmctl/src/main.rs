@@ -112,12 +112,12 @@ fn main() -> ExitCode {
         Ok(()) | Err(CliError::Closed) => ExitCode::SUCCESS,
         Err(CliError::Child { code, why }) => {
             if let Some(why) = why {
-                eprintln!("ocmctl: {why}");
+                crate::stdout::sayln!("ocmctl: {why}");
             }
             ExitCode::from(code)
         }
         Err(e) => {
-            eprintln!("ocmctl: {e}");
+            crate::stdout::sayln!("ocmctl: {e}");
             ExitCode::FAILURE
         }
     }

@@ -1,8 +1,9 @@
-//! ocmctl's standard output. Everything a subcommand prints goes through
-//! [`print`], so a reader that goes away early (`ocmctl show 4 | head -3`)
-//! ends ocmctl quietly ([`CliError::Closed`]) instead of the panic Rust's
-//! `print!` gives on a closed pipe. Errors and progress go to stderr,
-//! never here.
+//! ocmctl's standard output and error. Everything a subcommand prints goes
+//! through [`print`], so a reader that goes away early (`ocmctl show 4 |
+//! head -3`) ends ocmctl quietly ([`CliError::Closed`]) instead of the
+//! panic Rust's `print!` gives on a closed pipe. Errors, notes and
+//! progress go to stderr through [`say!`] and [`sayln!`], which never
+//! panic: a closed stderr loses them, nothing else.
 
 use std::io::{ErrorKind, Write};
 
@@ -19,6 +20,30 @@ pub fn print(text: impl std::fmt::Display) -> Result<(), CliError> {
         .and_then(|()| out.flush())
         .map_err(written)
 }
+
+/// Writes `text` to stderr; a stderr that is closed or full loses it.
+pub fn note(text: impl std::fmt::Display) {
+    let _ = write!(std::io::stderr().lock(), "{text}");
+}
+
+/// `eprint!` that never panics (see [`note`]).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::stdout::note(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics (see [`note`]).
+macro_rules! sayln {
+    () => {
+        $crate::stdout::note("\n")
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::note(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {say, sayln};
 
 /// A failed write to stdout, as ocmctl reports it.
 pub fn written(e: std::io::Error) -> CliError {

@@ -13,7 +13,8 @@ use support::Cluster;
 
 /// `ocmctl show` of an allocation with 3,072 extents (some 300 kB of
 /// text) and `ocmctl get` of 12 MiB, each read for one line or one block
-/// and then closed: ocmctl ends quietly with success, no panic.
+/// and then closed: ocmctl ends quietly with success, no panic; nor does
+/// a closed stderr make it panic.
 #[test]
 fn a_reader_that_closes_early_ends_ocmctl_quietly() {
     let c = Cluster::start(2, "32MiB");
@@ -40,6 +41,26 @@ fn a_reader_that_closes_early_ends_ocmctl_quietly() {
         assert!(err.is_empty(), "{args:?}: {err}");
     }
     c.ocmctl_ok(&["free", &id]);
+
+    // A closed stderr loses ocmctl's notes and errors, nothing else: the
+    // node table (whose notes go to stderr) still comes out, and an error
+    // still exits 1, without a panic.
+    for (args, ok) in [(vec!["nodes"], true), (vec!["show", "no-such-name"], false)] {
+        let mut child = c
+            .ocmctl_command(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stderr.take());
+        let mut table = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut table).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(i32::from(!ok)), "{args:?}: {status:?}");
+        if ok {
+            assert!(table.contains("node-1"), "{table}");
+        }
+    }
 }
 
 /// `put ID -` reads stdin, `get ID -o -` writes stdout; stdin longer than

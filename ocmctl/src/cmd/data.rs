@@ -195,7 +195,7 @@ impl Progress {
     fn update(&mut self, done: u64) {
         if self.shown {
             let secs = self.started.elapsed().as_secs_f64().max(1e-9);
-            eprint!(
+            crate::stdout::say!(
                 "\r{} {} / {} ({:.0} MiB/s)   ",
                 self.what,
                 HumanBytes(done),
@@ -207,7 +207,7 @@ impl Progress {
 
     fn finish(&self) {
         if self.shown {
-            eprintln!();
+            crate::stdout::sayln!();
         }
     }
 }

@@ -92,19 +92,19 @@ fn wait_drained(master: &Master, name: &str, timeout: Duration) -> Result<(), Cl
         };
         if d.left == 0 {
             if shown {
-                eprint!("\r\x1b[K");
+                crate::stdout::say!("\r\x1b[K");
             }
             return Ok(());
         }
         if !d.note.is_empty() && d.note != said {
             if shown {
-                eprint!("\r\x1b[K");
+                crate::stdout::say!("\r\x1b[K");
             }
-            eprintln!("ocmctl: {name}: {}", d.note);
+            crate::stdout::sayln!("ocmctl: {name}: {}", d.note);
             said = d.note;
         }
         if shown {
-            eprint!(
+            crate::stdout::say!(
                 "\r{name}: {} allocations left ({:.0} s)   ",
                 d.left,
                 started.elapsed().as_secs_f64()
@@ -112,7 +112,7 @@ fn wait_drained(master: &Master, name: &str, timeout: Duration) -> Result<(), Cl
         }
         if started.elapsed() >= timeout {
             if shown {
-                eprintln!();
+                crate::stdout::sayln!();
             }
             return Err(CliError::Other(format!(
                 "node {name} still holds {} allocations after {} s; it goes on draining (`ocmctl nodes` shows it)",

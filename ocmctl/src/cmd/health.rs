@@ -58,7 +58,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             }
             Err(e) => {
                 if addrs.len() > 1 {
-                    eprintln!("{addr}: {e}");
+                    crate::stdout::sayln!("{addr}: {e}");
                 }
                 last = Some(e.to_string());
             }

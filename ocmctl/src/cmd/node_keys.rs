@@ -42,6 +42,6 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         path: path.display().to_string(),
         source,
     })?;
-    eprintln!("wrote the keys of node {name} to {}", path.display());
+    crate::stdout::sayln!("wrote the keys of node {name} to {}", path.display());
     Ok(())
 }

@@ -14,7 +14,7 @@ pub fn run(args: &super::Listing) -> Result<(), CliError> {
     } else {
         let (table, notes) = render::nodes::table_and_notes(&nodes, render::now_ms());
         // The table is the output; the notes about it are for the person.
-        eprint!("{notes}");
+        crate::stdout::say!("{notes}");
         crate::stdout::print(table)?;
     }
     Ok(())

@@ -78,7 +78,7 @@ pub fn run(cmd: &QuotaCmd) -> Result<(), CliError> {
             } else {
                 crate::stdout::print(table(&report))?;
                 if !report.persistent {
-                    eprintln!(
+                    crate::stdout::sayln!(
                         "note: this master keeps no quota file (oncillad --quota-file), so quotas cannot be set"
                     );
                 }

@@ -42,7 +42,7 @@ pub struct CertArgs {
 pub fn ca(args: &CaArgs) -> Result<(), CliError> {
     let out = &args.out;
     let ca = certs::make_ca(out)?;
-    eprintln!(
+    crate::stdout::sayln!(
         "wrote the cluster CA to {} (trust it with --tls-ca) and its key to {}",
         ca.display(),
         out.join(certs::CA_KEY).display()
@@ -58,7 +58,7 @@ pub fn cert(args: &CertArgs) -> Result<(), CliError> {
     let name = &args.name;
     let out = args.out.as_deref().unwrap_or(&args.ca);
     let files = certs::make_cert(&args.ca, name, &args.hosts, out)?;
-    eprintln!(
+    crate::stdout::sayln!(
         "wrote {name}'s certificate to {} and its key to {}",
         files.cert.display(),
         files.key.display()
