@@ -3,11 +3,14 @@
 //! detach, the context manager, placement (`kind`, `nodes`, `extents`,
 //! `repr`) and the zero-copy views ([`crate::views`]).
 //!
-//! Lifetimes: every view keeps this object alive, and this object keeps
-//! the memory. Once any view was handed out, leaving a `with` block only
-//! closes the handle and the memory is released with the object (when the
-//! last view goes); an explicit `free()` is then refused rather than pull
-//! memory from under a view. It never frees what it did not open.
+//! Lifetimes: every view keeps this object alive (through a
+//! [`views::ViewLease`]), and this object keeps the memory. While a view
+//! may be alive, leaving a `with` block only closes the handle and the
+//! memory is released with the object (when the last view goes), and an
+//! explicit `free()` is refused rather than pull memory from under a view;
+//! once the views are gone, `free()` works again. A CUDA array interface
+//! cannot be followed (its consumers hold this object itself), so after
+//! one only closing is left. It never frees what it did not open.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,8 +34,11 @@ pub struct Allocation {
     session: Oncilla,
     /// Where the bytes are (kept for `repr` and `extents` after a free).
     desc: Descriptor,
-    /// A view of the memory was handed out.
-    exported: AtomicBool,
+    /// Views of the memory that may be alive ([`views::ViewLease`]s).
+    views: AtomicUsize,
+    /// A view whose end cannot be seen was handed out (the CUDA array
+    /// interface): the memory lives as long as this object.
+    pinned: AtomicBool,
     /// Freed, detached or closed through this object.
     closed: AtomicBool,
     /// A free or detach is running (the GIL released, the handle taken).
@@ -47,7 +53,8 @@ impl Allocation {
             desc: inner.descriptor().clone(),
             slot: Mutex::new(Some(Arc::new(inner))),
             session,
-            exported: AtomicBool::new(false),
+            views: AtomicUsize::new(0),
+            pinned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             mappings: AtomicUsize::new(0),
@@ -114,10 +121,21 @@ impl Allocation {
         &self.session
     }
 
-    /// Marks the memory as seen by a view: from now on it lives as long
-    /// as this object.
-    pub fn export(&self) {
-        self.exported.store(true, Ordering::Release);
+    /// A view of the memory is about to be handed out: counted before its
+    /// address is read, so nothing frees the memory under it.
+    pub fn view_opened(&self) {
+        self.views.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A view's lease ended.
+    pub fn view_closed(&self) {
+        self.views.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A view whose end cannot be seen is about to be handed out: from
+    /// now on the memory lives as long as this object.
+    pub fn pin(&self) {
+        self.pinned.store(true, Ordering::Release);
     }
 
     /// A `Mapping` of it was made: it is not freed until that is gone.
@@ -139,13 +157,13 @@ impl Allocation {
                 self.desc.id
             )));
         }
-        if self.exported.load(Ordering::Acquire) {
+        if self.views.load(Ordering::Acquire) > 0 || self.pinned.load(Ordering::Acquire) {
             if how == Release::Close {
                 self.closed.store(true, Ordering::Release);
                 return Ok(());
             }
             return Err(err(Class::InUse, format!(
-                "allocation {} has views (NumPy, memoryview, DLPack or CUDA array interface) that may still be alive; it is released with this object once they are gone, or leave its `with` block",
+                "allocation {} has views (NumPy, memoryview, DLPack) that are still alive, or handed out a CUDA array interface; free it once they are gone, or leave its `with` block (it is then released with this object)",
                 self.desc.id
             )));
         }
@@ -501,11 +519,15 @@ impl Allocation {
         let _ = view;
     }
 
-    /// NumPy's array interface: `numpy.asarray(alloc)` is a view of a local
-    /// host allocation's memory (uint8), no copy.
-    #[getter]
-    fn __array_interface__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        views::array_interface(slf)
+    /// NumPy: `numpy.asarray(alloc)` is a view of a local host
+    /// allocation's memory (uint8), no copy (`copy=True` copies).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        views::numpy_array(slf, dtype, copy)
     }
 
     /// DLPack: `torch.from_dlpack(alloc)` (GPU memory of this process) or

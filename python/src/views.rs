@@ -3,12 +3,15 @@
 //! agent's pool, mapped here), DLPack for both (`kDLCPU` / `kDLCUDA`), and
 //! the CUDA array interface for local GPU memory.
 //!
-//! Every view holds a strong reference to the Python `Allocation` (the
-//! memoryview through the ctypes array it wraps, NumPy and CUDA consumers
-//! through the object they were given, DLPack through the capsule's
-//! context), and the allocation is marked exported before its address is
-//! read, so it never releases the memory while a view may remain
-//! ([`Allocation::export`]). It never copies.
+//! Every view holds a [`ViewLease`], which holds the Python `Allocation`
+//! (the memoryview through the ctypes array it wraps, NumPy arrays as
+//! their base, DLPack through the capsule's context) and counts in it
+//! from before the view's address is read until the lease is collected:
+//! the allocation never releases the memory while a view remains, and
+//! may again once they are gone. The CUDA array interface is read off the
+//! allocation itself by its consumers, so it pins the memory for the
+//! object's life instead ([`Allocation::pin`]). It never copies (but for
+//! `numpy.asarray(alloc, copy=True)`).
 
 use std::ffi::{c_void, CStr};
 
@@ -78,20 +81,75 @@ fn locate(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
     })
 }
 
-/// [`locate`], for a view about to be handed out: once every check has
-/// passed, `a` is marked exported (nothing frees the memory under a view
-/// from then on), and the address read after that. The GIL is held from
-/// here until the view is returned.
-fn memory(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
-    locate(a, want, what)?;
-    a.export();
-    locate(a, want, what)
+/// What a view holds instead of the allocation itself: the allocation
+/// (alive as long as the view), counted in it as a view while this lives
+/// (see the module docs), and the memory's place, which NumPy reads
+/// through its array interface.
+#[pyclass(module = "oncilla", name = "_ViewLease", frozen)]
+pub struct ViewLease {
+    alloc: Py<Allocation>,
+    ptr: usize,
+    len: usize,
 }
 
-fn host_only(a: &Allocation, what: &str) -> PyResult<(usize, usize)> {
-    match memory(a, Want::Host, what)? {
-        Memory::Host { ptr, len } => Ok((ptr, len)),
-        Memory::Device { .. } => Err(err(
+#[pymethods]
+impl ViewLease {
+    /// NumPy's array interface (version 3) of the memory, uint8.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        interface(py, self.ptr as u64, self.len)
+    }
+}
+
+impl Drop for ViewLease {
+    fn drop(&mut self) {
+        self.alloc.get().view_closed();
+    }
+}
+
+/// [`locate`], for a view about to be handed out: once every check has
+/// passed, the view is counted in `slf` (nothing frees the memory under
+/// it from then on), and the address read after that. The GIL is held
+/// from here until the view is returned. The lease ends the count when
+/// it is collected.
+fn leased<'py>(
+    slf: &Bound<'py, Allocation>,
+    want: Want,
+    what: &str,
+) -> PyResult<(Bound<'py, ViewLease>, Memory)> {
+    let a = slf.get();
+    locate(a, want, what)?;
+    a.view_opened();
+    let memory = match locate(a, want, what) {
+        Ok(m) => m,
+        Err(e) => {
+            a.view_closed();
+            return Err(e);
+        }
+    };
+    let (ptr, len) = match memory {
+        Memory::Host { ptr, len } => (ptr, len),
+        Memory::Device { ptr, len, .. } => (usize::try_from(ptr).unwrap_or(usize::MAX), len),
+    };
+    // A lease that cannot be made is dropped, ending the count.
+    let lease = Bound::new(
+        slf.py(),
+        ViewLease {
+            alloc: slf.clone().unbind(),
+            ptr,
+            len,
+        },
+    )?;
+    Ok((lease, memory))
+}
+
+fn host_only<'py>(
+    slf: &Bound<'py, Allocation>,
+    what: &str,
+) -> PyResult<(Bound<'py, ViewLease>, usize, usize)> {
+    match leased(slf, Want::Host, what)? {
+        (lease, Memory::Host { ptr, len }) => Ok((lease, ptr, len)),
+        (_, Memory::Device { .. }) => Err(err(
             Class::InvalidArgument,
             format!("no {what} for GPU memory"),
         )),
@@ -99,10 +157,10 @@ fn host_only(a: &Allocation, what: &str) -> PyResult<(usize, usize)> {
 }
 
 /// A writable `memoryview` over local host memory: a ctypes array at the
-/// mapping's address that holds the allocation.
+/// mapping's address that holds a lease on the allocation.
 pub fn memoryview<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyAny>> {
-    let (ptr, len) = host_only(slf.get(), "memoryview")?;
-    memoryview_of(slf.as_any(), ptr, len)
+    let (lease, ptr, len) = host_only(slf, "memoryview")?;
+    memoryview_of(lease.as_any(), ptr, len)
 }
 
 /// A writable `memoryview` of the `len` bytes at `ptr`, which live as long
@@ -126,10 +184,22 @@ pub fn memoryview_of<'py>(
         .call_method1("cast", ("B",))
 }
 
-/// NumPy's array interface (version 3) over local host memory.
-pub fn array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
-    let (ptr, len) = host_only(slf.get(), "NumPy array interface")?;
-    interface(slf.py(), ptr as u64, len)
+/// `numpy.asarray(alloc)`: an array over local host memory whose base is
+/// a lease on the allocation (or, `copy=True`, a copy of it).
+pub fn numpy_array<'py>(
+    slf: &Bound<'py, Allocation>,
+    dtype: Option<Bound<'py, PyAny>>,
+    copy: Option<bool>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (lease, _, _) = host_only(slf, "NumPy array")?;
+    let numpy = slf.py().import("numpy")?;
+    let kwargs = PyDict::new(slf.py());
+    kwargs.set_item("dtype", dtype)?;
+    if copy == Some(true) {
+        kwargs.set_item("copy", true)?;
+        return numpy.call_method("array", (lease,), Some(&kwargs));
+    }
+    numpy.call_method("asarray", (lease,), Some(&kwargs))
 }
 
 /// The array interface (NumPy's, and the CUDA one's common part; version
@@ -148,8 +218,10 @@ pub fn interface(py: Python<'_>, ptr: u64, len: usize) -> PyResult<Bound<'_, PyD
 /// into it are synchronous, so no stream needs waiting on.
 pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
     let py = slf.py();
-    let Memory::Device { ptr, len, .. } = memory(slf.get(), Want::Device, "CUDA array interface")?
-    else {
+    let a = slf.get();
+    locate(a, Want::Device, "CUDA array interface")?;
+    a.pin();
+    let Memory::Device { ptr, len, .. } = locate(a, Want::Device, "CUDA array interface")? else {
         return Err(err(
             Class::InvalidArgument,
             "only a local GPU allocation has a CUDA array interface",
@@ -203,7 +275,7 @@ struct DLManagedTensor {
 struct Managed {
     tensor: DLManagedTensor,
     shape: [i64; 1],
-    owner: Option<Py<Allocation>>,
+    owner: Option<Py<ViewLease>>,
 }
 
 const DLTENSOR: &CStr = c"dltensor";
@@ -232,7 +304,7 @@ pub fn dlpack<'py>(
             )));
         }
     }
-    let memory = memory(slf.get(), Want::Either, "DLPack tensor")?;
+    let (lease, memory) = leased(slf, Want::Either, "DLPack tensor")?;
     let (data, len) = match memory {
         Memory::Host { ptr, len } => (ptr as *mut c_void, len),
         // A device address, carried as a pointer as DLPack does.
@@ -261,7 +333,7 @@ pub fn dlpack<'py>(
             deleter: Some(delete_managed),
         },
         shape: [i64::try_from(len).unwrap_or(i64::MAX)],
-        owner: Some(slf.clone().unbind()),
+        owner: Some(lease.unbind()),
     });
     // The box's contents never move: these point into it.
     managed.tensor.dl_tensor.shape = managed.shape.as_mut_ptr();

@@ -150,8 +150,8 @@ def test_numpy_view_is_the_memory_itself(ocm):
     with ocm.alloc(MiB, "local-host") as a:
         v = np.asarray(a)
         assert v.dtype == np.uint8 and v.shape == (MiB,)
-        ptr = a.__array_interface__["data"][0]
-        assert v.__array_interface__["data"][0] == ptr
+        ptr = v.__array_interface__["data"][0]
+        assert np.asarray(a).__array_interface__["data"][0] == ptr
         v[:5] = np.frombuffer(b"hello", np.uint8)
         assert a.copy_out(0, 5) == b"hello"  # written through the view
         a.copy_in(100, b"world")
@@ -199,6 +199,26 @@ def test_a_view_keeps_its_allocation_alive(ocm, cluster):
         a.copy_out(0, 4)
     del a, v, m
     assert_freed(cluster, ident, "the last view's end did not free it")
+
+
+def test_free_works_again_once_the_views_are_gone(ocm, cluster):
+    a = ocm.alloc(MiB, "local-host")
+    ident = a.id
+    a.copy_in(0, b"seen")
+    v, m, d = np.asarray(a), a.view(), np.from_dlpack(a)
+    assert bytes(v[:4]) == b"seen" and bytes(m[:4]) == b"seen"
+    with pytest.raises(oncilla.InUse, match="views"):
+        a.free()
+    del v, m
+    gc.collect()
+    with pytest.raises(oncilla.InUse, match="views"):
+        a.free()  # the DLPack tensor is still alive
+    del d
+    gc.collect()
+    a.free()
+    assert_freed(cluster, ident, "free() after its views were gone did not free it")
+    c = np.array(ocm.alloc(MiB, "local-host"), copy=True)
+    assert c.shape == (MiB,)  # a copy holds no view
 
 
 def test_dlpack_keeps_its_allocation_and_queries_mark_nothing(ocm, cluster):
