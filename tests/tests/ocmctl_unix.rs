@@ -54,7 +54,12 @@ fn a_reader_that_closes_early_ends_ocmctl_quietly() {
             .unwrap();
         drop(child.stderr.take());
         let mut table = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut table).unwrap();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut table)
+            .unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.code(), Some(i32::from(!ok)), "{args:?}: {status:?}");
         if ok {

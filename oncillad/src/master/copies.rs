@@ -237,11 +237,6 @@ impl<L: AgentLink> Master<L> {
                 else {
                     continue;
                 };
-                let mut record = a.clone();
-                record.extents.clear();
-                record.replicas.clear();
-                record.access_key.clear();
-                record.attached.clear();
                 let mut replicas = replicas_of(a, &primary, &ranges);
                 replicas.push(t.info.data_addr.clone());
                 found = Some(Refill {
@@ -254,19 +249,7 @@ impl<L: AgentLink> Master<L> {
                         t.info.agent_addr.clone(),
                         t.info.data_addr.clone(),
                     ),
-                    reservation: Reservation {
-                        alloc_id: *id,
-                        access_key: a.access_key.clone(),
-                        ranges: ranges
-                            .iter()
-                            .map(|&(alloc_offset, len)| Range { alloc_offset, len })
-                            .collect(),
-                        record,
-                        fabric: Fabric::Tcp,
-                        gpu: None,
-                        copy,
-                        replicas: Vec::new(),
-                    },
+                    reservation: copy_reservation(a, &ranges, copy, Fabric::Tcp),
                     share,
                 });
                 break 'all;
@@ -457,8 +440,38 @@ pub(super) fn replicas_of(a: &Allocation, primary: &str, ranges: &[(u64, u64)]) 
     out
 }
 
+/// The reservation of `ranges` of `a` as copy `copy` (a replica: it
+/// takes writes only from its primary) on a node that holds none of it
+/// yet, reached as `fabric` says; the record it carries is `a` without
+/// extents, key or attachments, as agents keep it.
+pub(super) fn copy_reservation(
+    a: &Allocation,
+    ranges: &[(u64, u64)],
+    copy: u32,
+    fabric: Fabric,
+) -> Reservation {
+    let mut record = a.clone();
+    record.extents.clear();
+    record.replicas.clear();
+    record.access_key.clear();
+    record.attached.clear();
+    Reservation {
+        alloc_id: a.id,
+        access_key: a.access_key.clone(),
+        ranges: ranges
+            .iter()
+            .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+            .collect(),
+        record,
+        fabric,
+        gpu: None,
+        copy,
+        replicas: Vec::new(),
+    }
+}
+
 /// Whether extent `e` holds any byte of `ranges`.
-fn overlaps(e: &Extent, ranges: &[(u64, u64)]) -> bool {
+pub(super) fn overlaps(e: &Extent, ranges: &[(u64, u64)]) -> bool {
     ranges
         .iter()
         .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)

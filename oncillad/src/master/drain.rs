@@ -31,7 +31,7 @@ use oncilla_model::size::HumanBytes;
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
-use super::copies::{merged, replicas_of};
+use super::copies::{copy_reservation, merged, overlaps, replicas_of};
 use super::placement::{self, Candidate, Planned};
 use super::state::{charge_of, State};
 use super::{AgentLink, Master};
@@ -561,11 +561,7 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             let mut of: Vec<&str> = a
                 .extents
                 .iter()
-                .filter(|e| {
-                    ranges
-                        .iter()
-                        .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
-                })
+                .filter(|e| overlaps(e, &ranges))
                 .map(|e| e.node.as_str())
                 .collect();
             of.dedup();
@@ -601,11 +597,6 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             ));
         };
         held.push(to.name.clone());
-        let mut record = a.clone();
-        record.extents.clear();
-        record.replicas.clear();
-        record.access_key.clear();
-        record.attached.clear();
         let mut replicas = replicas_of(a, &primary, &ranges);
         replicas.push(t.info.data_addr.clone());
         let fabric = extents.first().map_or(Fabric::Tcp, |e| e.fabric);
@@ -621,21 +612,9 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
                 t.info.data_addr.clone(),
             ),
             incarnation: t.incarnation,
-            reservation: Reservation {
-                alloc_id: id,
-                access_key: a.access_key.clone(),
-                ranges: ranges
-                    .iter()
-                    .map(|&(alloc_offset, len)| Range { alloc_offset, len })
-                    .collect(),
-                record,
-                fabric,
-                gpu: None,
-                // A replica until the switch: a primary share's new node
-                // is promoted then (any copy number but 0 will do).
-                copy: copy.max(1),
-                replicas: Vec::new(),
-            },
+            // A replica until the switch: a primary share's new node is
+            // promoted then (any copy number but 0 will do).
+            reservation: copy_reservation(a, &ranges, copy.max(1), fabric),
             ranges,
             pieces: Vec::new(),
         });
@@ -686,11 +665,7 @@ fn kept(a: &Allocation, s: &Share, from: &str) -> bool {
     s.copy == 0
         || a.extents
             .iter()
-            .filter(|e| {
-                s.ranges
-                    .iter()
-                    .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
-            })
+            .filter(|e| overlaps(e, &s.ranges))
             .all(|e| e.node == s.primary)
 }
 
