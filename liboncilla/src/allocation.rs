@@ -358,7 +358,8 @@ impl Drop for Allocation {
     fn drop(&mut self) {
         self.local = None;
         self.device = None;
-        if self.done {
+        // A closed session's end released it already.
+        if self.done || self.client.is_closed() {
             return;
         }
         let outcome = if self.desc.owner.is_none() {

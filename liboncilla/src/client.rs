@@ -7,7 +7,8 @@
 //! and it never moves a byte of an allocation.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use oncilla_model::alloc::{AllocRef, Allocation as Record, Invalid, MAX_BATCH};
 use oncilla_net::credential::{AttachCredential, Credential, Renewable};
@@ -40,6 +41,10 @@ pub(crate) struct Client {
     pub(crate) data: Arc<DataPath>,
     /// Page-locked staging rings for device copies, one per GPU.
     pub(crate) staging: Staging,
+    /// The task that holds the session's stream open (its end is the
+    /// session's end), until [`Client::close`].
+    holder: Mutex<Option<tokio::task::AbortHandle>>,
+    closed: AtomicBool,
 }
 
 impl Client {
@@ -60,7 +65,7 @@ impl Client {
             path: socket.display().to_string(),
             reason,
         };
-        let (session, session_id, node, credential, tls) = rt.block_on(async {
+        let (session, session_id, node, credential, tls, holder) = rt.block_on(async {
             let channel = oncilla_proto::client::unix(&opts.socket)
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
@@ -87,7 +92,7 @@ impl Client {
             // the agent learns that this process is gone. Later events
             // bring fresh credentials (each good for a while only).
             let renewed = credential.clone();
-            tokio::spawn(async move {
+            let holder = tokio::spawn(async move {
                 while let Some(event) = stream.next().await {
                     match event {
                         Ok(e) if !e.credential.is_empty() => {
@@ -117,7 +122,14 @@ impl Client {
                     |e| Error::Internal(format!("the agent's TLS settings are unusable: {e}")),
                 )?)
             };
-            Ok::<_, Error>((session, first.session_id, first.node, credential, tls))
+            Ok::<_, Error>((
+                session,
+                first.session_id,
+                first.node,
+                credential,
+                tls,
+                holder.abort_handle(),
+            ))
         })?;
         tracing::debug!(session = %session_id, node = %node, "session opened");
         Ok(Self {
@@ -130,7 +142,31 @@ impl Client {
             node,
             data: Arc::new(DataPath::new(credential, tls, opts.streams, &opts.rdma)),
             staging: Staging::new(opts.gpu_staging),
+            holder: Mutex::new(Some(holder)),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// Ends the session now, as the process's exit would: its stream is
+    /// dropped, the agent ends the session (what it owns is freed, its
+    /// attachments end), and later calls are refused. Closing again does
+    /// nothing.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let holder = self
+            .holder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = holder {
+            h.abort();
+            tracing::debug!(session = %self.session_id, "session closed");
+        }
+    }
+
+    /// Whether [`Client::close`] ended the session.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Runs a session call; while the master is in its recovery window
@@ -140,6 +176,12 @@ impl Client {
     where
         Fut: std::future::Future<Output = std::result::Result<T, CallError>>,
     {
+        if self.is_closed() {
+            return Err(Error::InvalidArgument(format!(
+                "session {} was closed; connect again",
+                self.session_id
+            )));
+        }
         let waiting = |left: std::time::Duration, why| match why {
             oncilla_proto::client::Waiting::Recovery => tracing::info!(
                 wait_ms = left.as_millis(),

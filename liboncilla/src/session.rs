@@ -60,6 +60,15 @@ impl Oncilla {
         &self.client.session_id
     }
 
+    /// Ends the session now, as this process's exit would: the agent
+    /// ends it, so the allocations it owns (not persistent ones) are freed
+    /// and its attachments end; later calls through it, and copies through
+    /// handles it made, fail. Closing again does nothing. Dropping the
+    /// last clone of the session (and every handle) ends it too.
+    pub fn close(&self) {
+        self.client.close();
+    }
+
     /// Allocates `size` bytes of `kind`, placed by the master.
     ///
     /// # Errors

@@ -52,6 +52,25 @@ impl Session {
         self.inner.session_id().to_string()
     }
 
+    /// Ends the session now, as the process's exit would: the
+    /// allocations it owns (not persistent ones) are freed, its
+    /// attachments end, and later calls through it or its allocations
+    /// fail. Closing again does nothing.
+    fn close(&self, py: Python<'_>) {
+        py.allow_threads(|| self.inner.close());
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving a `with` block closes the session.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Session(node={:?}, id={:?})",

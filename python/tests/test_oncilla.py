@@ -201,6 +201,24 @@ def test_a_view_keeps_its_allocation_alive(ocm, cluster):
     assert_freed(cluster, ident, "the last view's end did not free it")
 
 
+def test_a_closed_session_ends_what_it_owned(cluster):
+    s = oncilla.connect()
+    a = s.alloc(MiB, "local-host")
+    ident = a.id
+    a.copy_in(0, b"gone")
+    s.close()
+    assert_freed(cluster, ident, "closing the session did not free what it owned")
+    with pytest.raises(oncilla.InvalidArgument, match="closed"):
+        s.alloc(MiB)
+    s.close()  # again: nothing
+    del a  # its session's end released it: dropping it says nothing
+    with oncilla.connect() as t:
+        b = t.alloc(MiB)
+        ident = b.id
+        assert ident in allocation_ids(cluster)
+    assert_freed(cluster, ident, "leaving the session's with block did not free it")
+
+
 def test_free_works_again_once_the_views_are_gone(ocm, cluster):
     a = ocm.alloc(MiB, "local-host")
     ident = a.id
