@@ -12,8 +12,7 @@ use oncilla_model::cluster::SetCopies;
 use super::Agent;
 use crate::error::CoreError;
 use crate::memory::copying::Order;
-use crate::memory::held::{Held, HeldExtent};
-use crate::memory::keys::Keys;
+use crate::memory::held::HeldExtent;
 
 impl Agent {
     /// A replicated allocation's copies changed: the ranges of `c.promote`
@@ -85,16 +84,7 @@ impl Agent {
                     }
                 })
                 .collect();
-            let keys = Keys::none();
-            keys.absorb(&cur.keys);
-            cur = Arc::new(Held {
-                keys,
-                key: cur.key,
-                extents,
-                record: cur.record.clone(),
-                fabric: cur.fabric,
-                copying: Arc::clone(&copying),
-            });
+            cur = Arc::new(cur.with_extents(extents));
             *entry.value_mut() = Arc::clone(&cur);
             // Its replicas must not take this node for an earlier primary.
             order.new_sender();
@@ -144,21 +134,12 @@ impl Agent {
         // now gives clients none).
         if let Some(mut entry) = self.held.get_mut(&alloc_id) {
             let cur = entry.value();
-            let keys = Keys::none();
-            keys.absorb(&cur.keys);
-            let revoked = Held {
-                keys,
-                key: cur.key,
-                extents: cur
-                    .extents
-                    .iter()
-                    .map(|e| Arc::new(e.without_rdma()))
-                    .collect(),
-                record: cur.record.clone(),
-                fabric: cur.fabric,
-                copying: Arc::clone(&cur.copying),
-            };
-            *entry.value_mut() = Arc::new(revoked);
+            let extents = cur
+                .extents
+                .iter()
+                .map(|e| Arc::new(e.without_rdma()))
+                .collect();
+            *entry.value_mut() = Arc::new(cur.with_extents(extents));
         }
         Ok(())
     }

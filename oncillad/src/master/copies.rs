@@ -203,7 +203,7 @@ impl<L: AgentLink> Master<L> {
             let copies = a.placement.copies();
             // A change not yet delivered comes first: the agents must
             // agree with the record before a copy is filled from it.
-            let pending = st.copies_due.keys().any(|(due, _)| due == id);
+            let pending = st.copies_due_for(*id);
             if copies <= 1 || !rec.lost.is_empty() || pending {
                 continue;
             }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use oncilla_model::alloc::{Allocation, Extent};
 use oncilla_model::cluster::{Piece, Range, Reservation, SetCopies};
-use oncilla_model::node::{Drain, NodeStatus, MAX_DRAIN_NOTE};
+use oncilla_model::node::{Drain, NodeState, NodeStatus, MAX_DRAIN_NOTE};
 use oncilla_model::size::HumanBytes;
 use oncilla_model::Fabric;
 
@@ -135,7 +135,7 @@ impl<L: AgentLink> Master<L> {
             // Ended first: the primaries are told the record's replicas,
             // no longer the copies in flight (`copies::queue`).
             end_move(&mut st, &mv);
-            let dropped = Self::switch(&mut st, &mv);
+            let dropped = self.switch(&mut st, &mv);
             if let Some(n) = st.nodes.get_mut(&mv.from) {
                 n.drain_note.clear();
             }
@@ -184,13 +184,9 @@ impl<L: AgentLink> Master<L> {
                 if !rec.alloc.held_on(&from)
                     || st.move_after.contains_key(id)
                     || st.reserving.contains(id)
-                    || due(&st, *id)
+                    || st.copies_due_for(*id)
                     || st.moving.contains(id)
-                    || st
-                        .refilling
-                        .range((*id, String::new())..)
-                        .next()
-                        .is_some_and(|((r, _), _)| r == id)
+                    || st.filling(*id).next().is_some()
                 {
                     continue;
                 }
@@ -289,20 +285,14 @@ impl<L: AgentLink> Master<L> {
         let Some(rec) = st.allocs.get(&mv.alloc_id) else {
             return Err(format!("allocation {} was freed as it moved", mv.alloc_id));
         };
-        if layout(&rec.alloc) != mv.layout || due(&st, mv.alloc_id) {
+        if layout(&rec.alloc) != mv.layout || st.copies_due_for(mv.alloc_id) {
             return Err(format!(
                 "allocation {}'s copies changed as it moved (a node went down or came back)",
                 mv.alloc_id
             ));
         }
-        let candidates = self.candidates(&st);
         for s in &mv.shares {
-            let up = candidates.iter().any(|c| c.name == s.target.0 && c.up);
-            let same = st
-                .nodes
-                .get(&s.target.0)
-                .is_some_and(|n| n.incarnation == s.incarnation);
-            if !up || !same {
+            if self.target_state(&st, s) != Some(NodeState::Up) {
                 return Err(format!(
                     "{}, the new node for allocation {}, went down as it moved",
                     s.target.0, mv.alloc_id
@@ -373,9 +363,10 @@ impl<L: AgentLink> Master<L> {
     /// replica share's while its primary is the one that filled it. The
     /// others, returned to be released, leave their bytes under-replicated
     /// (re-created by `refill`) or, for a primary share whose replica was
-    /// promoted meanwhile, with that replica. A kept copy whose node is
-    /// down now goes as any down node's copies.
-    fn switch(st: &mut State, mv: &Move) -> Vec<(String, String)> {
+    /// promoted meanwhile, with that replica. A kept copy whose node
+    /// restarted since it was reserved goes as a restarted node's copies
+    /// (one that goes down later, as any down node's).
+    fn switch(&self, st: &mut State, mv: &Move) -> Vec<(String, String)> {
         let mut dropped = Vec::new();
         let Some(rec) = st.allocs.get_mut(&mv.alloc_id) else {
             for s in &mv.shares {
@@ -432,15 +423,21 @@ impl<L: AgentLink> Master<L> {
         }
         Self::tell_primaries(st, mv.alloc_id);
         for (s, _) in mv.shares.iter().zip(&kept).filter(|(_, k)| **k) {
-            let up = st
-                .nodes
-                .get(&s.target.0)
-                .is_some_and(|n| n.incarnation == s.incarnation);
-            if !up {
+            // Restarted (or gone) since it was reserved: its copy is gone.
+            if self.target_state(st, s).is_none() {
                 Self::drop_copies(st, &s.target.0);
             }
         }
         dropped
+    }
+
+    /// The state of share `s`'s new node in the start it was reserved on
+    /// (`None`: it restarted since, or left).
+    fn target_state(&self, st: &State, s: &Share) -> Option<NodeState> {
+        st.nodes
+            .get(&s.target.0)
+            .filter(|n| n.incarnation == s.incarnation)
+            .map(|n| n.seen.state(&self.liveness).0)
     }
 
     /// Undoes a move that failed before the drained node let go: the
@@ -644,14 +641,6 @@ fn layout(a: &Allocation) -> Vec<(String, u64, u64, u32, u64)> {
     a.all_extents()
         .map(|e| (e.node.clone(), e.alloc_offset, e.len, e.copy, e.pool_offset))
         .collect()
-}
-
-/// Whether a copy change of allocation `id` is still to be told.
-fn due(st: &State, id: u64) -> bool {
-    st.copies_due
-        .range((id, String::new())..)
-        .next()
-        .is_some_and(|((due, _), _)| *due == id)
 }
 
 /// Whether share `s`'s new copy got every acknowledged write (see

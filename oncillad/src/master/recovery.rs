@@ -300,10 +300,7 @@ impl<L: AgentLink> Master<L> {
         for chunk in req.held.chunks(HELD_PER_LOCK) {
             let st = self.lock();
             release.extend(chunk.iter().copied().filter(|&id| {
-                let refilled_here = st
-                    .refilling
-                    .iter()
-                    .any(|((rid, _), to)| *rid == id && *to == req.name);
+                let refilled_here = st.filling(id).any(|to| to == req.name);
                 !st.reserving.contains(&id)
                     && !refilled_here
                     && st
@@ -452,10 +449,7 @@ fn unfinished_move(st: &State, name: &str, record: &Allocation) -> bool {
     let id = record.id;
     record.placement.copies() == 1
         && !record.replicas.is_empty()
-        && !st
-            .refilling
-            .iter()
-            .any(|((rid, _), to)| *rid == id && to == name)
+        && !st.filling(id).any(|to| to == name)
 }
 
 /// Whether `record`'s primary extents cover bytes `rec`'s primary

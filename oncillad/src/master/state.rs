@@ -84,6 +84,17 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Whether a copy change of allocation `id` is still to be told.
+    pub fn copies_due_for(&self, id: u64) -> bool {
+        of_alloc(&self.copies_due, id).next().is_some()
+    }
+
+    /// The nodes a copy of allocation `id` is being made on (re-created,
+    /// or moved off a drained node).
+    pub fn filling(&self, id: u64) -> impl Iterator<Item = &str> {
+        of_alloc(&self.refilling, id).map(String::as_str)
+    }
+
     pub fn new() -> Self {
         Self {
             next_id: id_floor(
@@ -346,6 +357,13 @@ pub fn id_floor(now_ms: u64) -> u64 {
     now_ms
         .saturating_mul(1024)
         .clamp(1, oncilla_model::alloc::MAX_ID - (1 << 40))
+}
+
+/// The values of `map` (keyed by allocation and node) for allocation `id`.
+fn of_alloc<V>(map: &BTreeMap<(u64, String), V>, id: u64) -> impl Iterator<Item = &V> {
+    map.range((id, String::new())..)
+        .take_while(move |((of, _), _)| *of == id)
+        .map(|(_, v)| v)
 }
 
 #[cfg(test)]

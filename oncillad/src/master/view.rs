@@ -92,12 +92,8 @@ impl<L: AgentLink> Master<L> {
         // Moving, or moved with its new primary not yet told: clients
         // wait it out (and reach it over TCP meanwhile).
         let id = rec.alloc.id;
-        let told = st
-            .copies_due
-            .range((id, String::new())..)
-            .next()
-            .is_none_or(|((due, _), _)| *due != id);
-        a.moving = st.moving.contains(&id) || !told && rec.alloc.placement.copies() == 1;
+        a.moving =
+            st.moving.contains(&id) || st.copies_due_for(id) && rec.alloc.placement.copies() == 1;
         if st.moving.contains(&id) {
             notes.push("moving off a drained node".to_string());
         }

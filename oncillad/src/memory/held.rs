@@ -126,6 +126,21 @@ pub struct Held {
 }
 
 impl Held {
+    /// The same allocation with `extents` in place of its own: the keys
+    /// move over (still revoked before the memory goes), the rest is kept.
+    pub fn with_extents(&self, extents: Vec<Arc<HeldExtent>>) -> Held {
+        let keys = Keys::none();
+        keys.absorb(&self.keys);
+        Held {
+            keys,
+            key: self.key,
+            extents,
+            record: self.record.clone(),
+            fabric: self.fabric,
+            copying: Arc::clone(&self.copying),
+        }
+    }
+
     /// Index of the extent that contains all of `[offset, offset + len)`, if
     /// one does (a binary search: striped allocations have many extents).
     pub fn extent_for(&self, offset: u64, len: u64) -> Option<usize> {
