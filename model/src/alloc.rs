@@ -119,6 +119,18 @@ pub fn program_name(raw: &str) -> String {
     out
 }
 
+/// Checks the length of a node's name as a request names it: at most
+/// [`MAX_NODE_NAME`] bytes.
+///
+/// # Errors
+/// [`Invalid::NodeNameTooLong`] (quoting a bounded prefix).
+pub fn check_node_name(node: &str) -> Result<(), Invalid> {
+    if node.len() > MAX_NODE_NAME {
+        return Err(Invalid::NodeNameTooLong(echo(node), node.len()));
+    }
+    Ok(())
+}
+
 /// Checks an allocation name: it starts with a letter and holds letters,
 /// digits, '.', '_' and '-' (never only digits, so a name is never
 /// mistaken for an id), at most [`MAX_NAME`] bytes.
@@ -208,12 +220,8 @@ impl AllocSpec {
         if placement.nodes.len() > MAX_SPEC_NODES {
             return Err(Invalid::TooManyNodes(placement.nodes.len()));
         }
-        if let Some(n) = placement
-            .nodes
-            .iter()
-            .find(|n| n.node.len() > MAX_NODE_NAME)
-        {
-            return Err(Invalid::NodeNameTooLong(echo(&n.node), n.node.len()));
+        for n in &placement.nodes {
+            check_node_name(&n.node)?;
         }
         if placement.replicas > MAX_REPLICAS {
             return Err(Invalid::Replicas(placement.replicas));

@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use oncilla_model::alloc::{AllocSpec, Invalid, Owner, MAX_NODE_NAME};
+use oncilla_model::alloc::{check_node_name, AllocSpec, Owner};
 use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Registration};
-use oncilla_model::echo::echo;
 use oncilla_net::credential::Authenticate;
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
@@ -254,12 +253,7 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::LeaveReply>, Status> {
         let caller = Caller::of(&req)?;
         let r = req.into_inner();
-        if r.name.len() > MAX_NODE_NAME {
-            return Err(invalid(Invalid::NodeNameTooLong(
-                echo(&r.name),
-                r.name.len(),
-            )));
-        }
+        check_node_name(&r.name).map_err(invalid)?;
         let incarnation = match caller {
             // A node leaves as itself, naming the start it is.
             Caller::Node(_) => {
@@ -282,12 +276,7 @@ impl master_server::Master for MasterService {
     ) -> Result<Response<pb::NodeStatus>, Status> {
         Caller::of(&req)?.operator("draining a node")?;
         let r = req.into_inner();
-        if r.name.len() > MAX_NODE_NAME {
-            return Err(invalid(Invalid::NodeNameTooLong(
-                echo(&r.name),
-                r.name.len(),
-            )));
-        }
+        check_node_name(&r.name).map_err(invalid)?;
         let (core, tenure) = self.core()?;
         let out = core.drain(&r.name, r.drain);
         still(tenure.as_ref())?;
