@@ -453,11 +453,17 @@ fn unfinished_move(st: &State, name: &str, record: &Allocation) -> bool {
 }
 
 /// Whether `record`'s primary extents cover bytes `rec`'s primary
-/// extents already do.
+/// extents already do. A primary's extents are sorted by offset and never
+/// overlap, so each reported extent is checked against the one extent of
+/// `rec` that starts last before its end (a binary search: a striped
+/// allocation reports tens of thousands of extents per node).
 fn overlaps_primary(rec: &Allocation, record: &Allocation) -> bool {
     record.extents.iter().any(|r| {
-        rec.extents.iter().any(|e| {
-            e.alloc_offset < r.alloc_offset + r.len && r.alloc_offset < e.alloc_offset + e.len
-        })
+        let end = r.alloc_offset + r.len;
+        let before = rec.extents.partition_point(|e| e.alloc_offset < end);
+        before > 0 && {
+            let e = &rec.extents[before - 1];
+            e.alloc_offset + e.len > r.alloc_offset
+        }
     })
 }
