@@ -90,11 +90,7 @@ impl<L: AgentLink> Master<L> {
     pub fn drain(&self, name: &str, on: bool) -> Result<NodeStatus, CoreError> {
         let mut st = self.lock();
         let Some(n) = st.nodes.get_mut(name) else {
-            let known = st.nodes.keys().cloned().collect::<Vec<_>>().join(", ");
-            return Err(CoreError::UnknownNode {
-                name: name.to_string(),
-                known,
-            });
+            return Err(st.unknown_node(name));
         };
         if n.draining != on {
             tracing::warn!(node = %name, draining = on, "drain changed by an operator");

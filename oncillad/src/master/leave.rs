@@ -43,11 +43,7 @@ impl<L: AgentLink> Master<L> {
     ) -> Result<(usize, Vec<String>), CoreError> {
         let mut st = self.lock();
         let Some(n) = st.nodes.get(name) else {
-            let known = st.nodes.keys().cloned().collect::<Vec<_>>().join(", ");
-            return Err(CoreError::UnknownNode {
-                name: name.to_string(),
-                known,
-            });
+            return Err(st.unknown_node(name));
         };
         match incarnation {
             Some(i) if i != n.incarnation => {

@@ -84,6 +84,15 @@ pub(super) struct State {
 }
 
 impl State {
+    /// The refusal of a request naming a node this master does not know,
+    /// with those it knows.
+    pub fn unknown_node(&self, name: &str) -> CoreError {
+        CoreError::UnknownNode {
+            name: name.to_string(),
+            known: self.nodes.keys().cloned().collect::<Vec<_>>().join(", "),
+        }
+    }
+
     /// Whether a copy change of allocation `id` is still to be told.
     pub fn copies_due_for(&self, id: u64) -> bool {
         of_alloc(&self.copies_due, id).next().is_some()
