@@ -51,6 +51,14 @@ pub struct AllocArgs {
     /// Samples per size.
     #[arg(long, default_value_t = 100)]
     iterations: usize,
+    /// An untimed pause before every sample, once the pools have settled,
+    /// the same at every size (`0ms` to `10s`): a large free is followed by
+    /// its scrub, during which the cluster's other threads idle, so without
+    /// a pause a large size's samples start from an idler machine than a
+    /// small size's. Comparing sizes at the same pause tells an
+    /// allocation's own cost from that.
+    #[arg(long, default_value = "0ms", value_parser = pause)]
+    pause: Duration,
     /// Sizes to measure, repeatable [default: 64B 4KiB 1MiB 64MiB 1GiB 4GiB].
     #[arg(long = "size", value_name = "SIZE")]
     sizes: Vec<String>,
@@ -88,7 +96,11 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
     if sizes.contains(&0) {
         return Err(BenchError::Usage("--size must be at least 1 byte".into()));
     }
-    let (iterations, json) = (args.iterations, args.json);
+    let how = How {
+        iterations: args.iterations,
+        pause: args.pause,
+        json: args.json,
+    };
     match &args.socket {
         Some(socket) => {
             let t = Target {
@@ -97,7 +109,7 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
                 tls: args.conn.tls().map_err(MasterError::from)?,
                 socket: socket.clone(),
             };
-            measure(&t, &sizes, iterations, json)
+            measure(&t, &sizes, &how)
         }
         None => {
             crate::report::within("--agents", args.agents, 1..=15)?;
@@ -112,14 +124,14 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
                 for i in 0..c.agents {
                     if let Some(line) = pool_ready_line(&c.log(&node_name(i))) {
                         let line = format!("{}: {line}", node_name(i));
-                        if json {
+                        if how.json {
                             eprintln!("{line}");
                         } else {
                             println!("{line}");
                         }
                     }
                 }
-                if !json {
+                if !how.json {
                     println!();
                 }
                 let t = Target {
@@ -128,10 +140,26 @@ pub fn run(args: &AllocArgs, daemon: &Daemon) -> Result<(), BenchError> {
                     tls: c.tls.clone(),
                     socket: c.socket(0),
                 };
-                measure(&t, &sizes, iterations, json)
+                measure(&t, &sizes, &how)
             })
         }
     }
+}
+
+/// How to sample.
+struct How {
+    iterations: usize,
+    pause: Duration,
+    json: bool,
+}
+
+/// `--pause`: a time of at most ten seconds.
+fn pause(s: &str) -> Result<Duration, String> {
+    let d = oncilla_ops::time::parse_time(s, Duration::ZERO)?;
+    if d > Duration::from_secs(10) {
+        return Err(format!("{s:?}: at most 10s"));
+    }
+    Ok(d)
 }
 
 /// One size's samples, in microseconds.
@@ -143,7 +171,8 @@ struct Row {
     extents: usize,
 }
 
-fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(), BenchError> {
+fn measure(t: &Target, sizes: &[u64], how: &How) -> Result<(), BenchError> {
+    let (iterations, json) = (how.iterations, how.json);
     let master = Master::connect(&t.master, &t.token, t.tls.as_ref())?;
     let ocm = Oncilla::connect_with(Options::new(t.socket.clone(), t.token.clone()))?;
     let nodes = master.nodes()?;
@@ -178,6 +207,9 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
             extents: 0,
         };
         for i in 0..WARMUP + iterations {
+            if !how.pause.is_zero() {
+                std::thread::sleep(how.pause);
+            }
             let started = Instant::now();
             let spec = AllocSpec::new(size, Kind::RemoteHost).on_nodes([target.as_str()]);
             let a = ocm.alloc_with(&spec)?;
@@ -202,6 +234,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         oncilla_ops::json::print(&json!({
             "machine": machine,
             "iterations": iterations,
+            "pause_ms": how.pause.as_millis(),
             "rows": rows.iter().map(|r| json!({
                 "size": r.size,
                 "extents": r.extents,
@@ -215,7 +248,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
         return Ok(());
     }
     println!("{machine}");
-    print!("{}", table(&rows, iterations));
+    print!("{}", table(&rows, how));
     for s in skipped {
         println!(
             "skipped {}: above the capacity of {target} ({})",
@@ -238,7 +271,7 @@ fn measure(t: &Target, sizes: &[u64], iterations: usize, json: bool) -> Result<(
     Ok(())
 }
 
-fn table(rows: &[Row], iterations: usize) -> String {
+fn table(rows: &[Row], how: &How) -> String {
     let mut t = Table::new(&[
         "SIZE",
         "EXTENTS",
@@ -263,8 +296,14 @@ fn table(rows: &[Row], iterations: usize) -> String {
             paper(&PAPER_ALLOC_EXTOLL, r.size).map_or("-".into(), |v| format!("{v} ms")),
         ]);
     }
+    let pause = if how.pause.is_zero() {
+        String::new()
+    } else {
+        format!(", each after an untimed {} ms pause", how.pause.as_millis())
+    };
     format!(
-        "remote alloc/free latency, {iterations} samples per size (SCRUB: zeroing after free, off the request path):\n{}",
+        "remote alloc/free latency, {} samples per size{pause} (SCRUB: zeroing after free, off the request path):\n{}",
+        how.iterations,
         t.render()
     )
 }
