@@ -179,9 +179,8 @@ class Allocation:
     def __buffer__(self, flags: int) -> memoryview:
         """PEP 688: ``memoryview(alloc)`` on CPython 3.12 and later."""
     def __release_buffer__(self, view: memoryview) -> None: ...
-    @property
-    def __array_interface__(self) -> Dict[str, Any]:
-        """NumPy's array interface of local host memory (uint8)."""
+    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> Any:
+        """``numpy.asarray(alloc)``: local host memory as a uint8 array, no copy (``copy=True`` copies)."""
     def __dlpack__(
         self,
         *,
@@ -193,9 +192,21 @@ class Allocation:
         """A DLPack capsule of the memory in this process (uint8), no copy."""
     def __dlpack_device__(self) -> Tuple[int, int]:
         """``(1, 0)`` for host memory, ``(2, gpu)`` for GPU memory."""
+    def cuda_view(self) -> _ViewLease:
+        """Local GPU memory for CUDA consumers (CuPy, Numba, ``torch.as_tensor``), no copy;
+        the allocation can be freed once the view and what was made from it are gone."""
     @property
     def __cuda_array_interface__(self) -> Dict[str, Any]:
-        """The CUDA array interface of local GPU memory (uint8)."""
+        """The CUDA array interface of local GPU memory (uint8); keeps the memory as long as
+        this object (``cuda_view()`` gives a view that ends)."""
+
+class _ViewLease:
+    """A view's hold on an allocation's memory (what ``Allocation.cuda_view()`` returns, and
+    the base of NumPy views): the memory is not freed while it lives."""
+    @property
+    def __array_interface__(self) -> Dict[str, Any]: ...
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]: ...
 
 class Mapping:
     """A mapped allocation (``Allocation.map()``): ``numpy.asarray(m)``,

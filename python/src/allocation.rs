@@ -163,7 +163,7 @@ impl Allocation {
                 return Ok(());
             }
             return Err(err(Class::InUse, format!(
-                "allocation {} has views (NumPy, memoryview, DLPack) that are still alive, or handed out a CUDA array interface; free it once they are gone, or leave its `with` block (it is then released with this object)",
+                "allocation {} has views (NumPy, memoryview, DLPack, cuda_view) that are still alive, or handed out its own __cuda_array_interface__ (cuda_view() gives one that ends); free it once they are gone, or leave its `with` block (it is then released with this object)",
                 self.desc.id
             )));
         }
@@ -549,8 +549,18 @@ impl Allocation {
         views::dlpack_device(slf)
     }
 
+    /// A view of a local GPU allocation's memory for CUDA consumers (CuPy,
+    /// Numba, `torch.as_tensor`): an object with the CUDA array interface
+    /// (uint8, no copy) that those consumers keep. The allocation can be
+    /// freed once the view and what was made from it are gone.
+    fn cuda_view<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, views::ViewLease>> {
+        views::cuda_view(slf)
+    }
+
     /// The CUDA array interface of a local GPU allocation (CuPy, Numba,
-    /// PyTorch): its device memory as uint8, no copy.
+    /// PyTorch): its device memory as uint8, no copy. Nothing says when
+    /// its consumers are done, so the memory is then kept as long as this
+    /// object; `cuda_view()` gives a view that ends.
     #[getter]
     fn __cuda_array_interface__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
         views::cuda_array_interface(slf)

@@ -8,9 +8,12 @@
 //! their base, DLPack through the capsule's context) and counts in it
 //! from before the view's address is read until the lease is collected:
 //! the allocation never releases the memory while a view remains, and
-//! may again once they are gone. The CUDA array interface is read off the
-//! allocation itself by its consumers, so it pins the memory for the
-//! object's life instead ([`Allocation::pin`]). It never copies (but for
+//! may again once they are gone. `alloc.cuda_view()` is such a lease with
+//! the CUDA array interface: its consumers (CuPy, Numba, PyTorch) keep the
+//! object they read the interface from. The allocation's own
+//! `__cuda_array_interface__` is read off the allocation itself, whose
+//! consumers' lives it cannot see, so it pins the memory for the object's
+//! life instead ([`Allocation::pin`]). It never copies (but for
 //! `numpy.asarray(alloc, copy=True)`).
 
 use std::ffi::{c_void, CStr};
@@ -84,20 +87,43 @@ fn locate(a: &Allocation, want: Want, what: &str) -> PyResult<Memory> {
 /// What a view holds instead of the allocation itself: the allocation
 /// (alive as long as the view), counted in it as a view while this lives
 /// (see the module docs), and the memory's place, which NumPy reads
-/// through its array interface.
+/// through its array interface (host memory) and CUDA consumers through
+/// theirs (GPU memory).
 #[pyclass(module = "oncilla", name = "_ViewLease", frozen)]
 pub struct ViewLease {
     alloc: Py<Allocation>,
     ptr: usize,
     len: usize,
+    device: bool,
 }
 
 #[pymethods]
 impl ViewLease {
-    /// NumPy's array interface (version 3) of the memory, uint8.
+    /// NumPy's array interface (version 3) of host memory, uint8.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.device {
+            return Err(err(
+                Class::InvalidArgument,
+                "a view of GPU memory has no __array_interface__; use __cuda_array_interface__",
+            ));
+        }
         interface(py, self.ptr as u64, self.len)
+    }
+
+    /// The CUDA array interface (version 3) of GPU memory, uint8. Copies
+    /// into it are synchronous, so no stream needs waiting on.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if !self.device {
+            return Err(err(
+                Class::InvalidArgument,
+                "a view of host memory has no __cuda_array_interface__; use __array_interface__",
+            ));
+        }
+        let d = interface(py, self.ptr as u64, self.len)?;
+        d.set_item("stream", py.None())?;
+        Ok(d)
     }
 }
 
@@ -127,9 +153,9 @@ fn leased<'py>(
             return Err(e);
         }
     };
-    let (ptr, len) = match memory {
-        Memory::Host { ptr, len } => (ptr, len),
-        Memory::Device { ptr, len, .. } => (usize::try_from(ptr).unwrap_or(usize::MAX), len),
+    let (ptr, len, device) = match memory {
+        Memory::Host { ptr, len } => (ptr, len, false),
+        Memory::Device { ptr, len, .. } => (usize::try_from(ptr).unwrap_or(usize::MAX), len, true),
     };
     // A lease that cannot be made is dropped, ending the count.
     let lease = Bound::new(
@@ -138,6 +164,7 @@ fn leased<'py>(
             alloc: slf.clone().unbind(),
             ptr,
             len,
+            device,
         },
     )?;
     Ok((lease, memory))
@@ -214,8 +241,15 @@ pub fn interface(py: Python<'_>, ptr: u64, len: usize) -> PyResult<Bound<'_, PyD
     Ok(d)
 }
 
-/// The CUDA array interface (version 3) over local GPU memory. Copies
-/// into it are synchronous, so no stream needs waiting on.
+/// `alloc.cuda_view()`: a lease on local GPU memory that carries the CUDA
+/// array interface; the allocation may be freed once it is collected.
+pub fn cuda_view<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, ViewLease>> {
+    Ok(leased(slf, Want::Device, "CUDA array interface")?.0)
+}
+
+/// The CUDA array interface (version 3) over local GPU memory, read off
+/// the allocation itself: it pins the memory for the object's life.
+/// Copies into it are synchronous, so no stream needs waiting on.
 pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
     let py = slf.py();
     let a = slf.get();

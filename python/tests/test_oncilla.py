@@ -146,6 +146,32 @@ def test_gpu_kind_pairs(ocm):
     assert gpu.copy_out(0, 4) == bytes([1, 2, 3, 4])
 
 
+def test_gpu_memory_frees_once_its_cuda_views_are_gone(ocm):
+    gpu_or_skip(ocm)
+    a = ocm.alloc(MiB, "local-gpu")
+    a.copy_in(0, b"oncilla")
+    v = a.cuda_view()
+    cai = v.__cuda_array_interface__
+    assert cai["shape"] == (MiB,) and cai["data"][0] != 0 and cai["stream"] is None
+    with pytest.raises(oncilla.InvalidArgument, match="GPU memory"):
+        v.__array_interface__
+    with pytest.raises(oncilla.InUse, match="cuda_view"):
+        a.free()
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    t = torch.as_tensor(v, device="cuda")  # keeps the view as its owner
+    assert t.data_ptr() == cai["data"][0]
+    assert bytes(t[:7].cpu().numpy()) == b"oncilla"
+    del v
+    gc.collect()
+    with pytest.raises(oncilla.InUse):
+        a.free()  # the tensor still holds the view
+    del t
+    gc.collect()
+    a.free()
+    with pytest.raises(oncilla.NotFound):
+        a.copy_out(0, 1)
+
+
 def test_numpy_view_is_the_memory_itself(ocm):
     with ocm.alloc(MiB, "local-host") as a:
         v = np.asarray(a)
@@ -278,6 +304,11 @@ def test_views_of_remote_memory_are_refused(ocm):
         np.asarray(a)
     with pytest.raises(oncilla.InvalidArgument, match="CUDA array interface"):
         a.__cuda_array_interface__
+    with pytest.raises(oncilla.InvalidArgument, match="CUDA array interface"):
+        a.cuda_view()
+    with ocm.alloc(MiB, "local-host") as host:
+        with pytest.raises(oncilla.InvalidArgument, match="not local GPU memory"):
+            host.cuda_view()
     # A refused view marks nothing: the allocation still frees at once.
     a.free()
 
