@@ -6,7 +6,7 @@
 # given a BEFORE revision, `bench gpu` and `bench copy` of that build in the same run), and last a
 # summary that states each goal of the GPU work as met or not (summary.py). Also: a program written for
 # the original runtime's API (tests/c/oncillamem.c against liboncillamem), every kind including the GPU
-# ones; `bench alloc` after and before; and `bench map` (remote memory through a pointer, where the
+# ones; `bench alloc` after and before, and at one pause for every size; and `bench map` (remote memory through a pointer, where the
 # machine allows userfaultfd).
 #
 # Every step is bounded, and all of them together by CHECK_BUDGET seconds (default 540, so the whole
@@ -64,6 +64,14 @@ for who in after before; do
   bin=$(ocmctl_of $who); [ -n "$bin" ] || continue
   bounded 90 "$bin" bench alloc --iterations 50 --json > "$L/bench-alloc-$who.json" 2> "$L/bench-alloc-$who.err"
   echo "$who rc=$?"
+done
+
+step "bench alloc, every size after the same untimed pause (0 and 100 ms)"
+# Does an allocation's cost grow with its size, or with the idle time the
+# scrub of a large free leaves before the next sample? (issue 38)
+for pause in 0ms 100ms; do
+  bounded 120 ./ocmctl bench alloc --iterations 30 --pause $pause --size 64B --size 64MiB --size 1GiB --size 4GiB > "$L/bench-alloc-pause-$pause.txt" 2>&1
+  echo "pause $pause rc=$?"; grep -A6 "^SIZE" "$L/bench-alloc-pause-$pause.txt"; tail -1 "$L/bench-alloc-pause-$pause.txt"
 done
 
 step "bench copy (host pairs), after and before alternating"
