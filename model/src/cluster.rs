@@ -37,6 +37,9 @@ pub struct Registration {
     /// A master had it drained (as the last heartbeat reply said): the
     /// master it registers with keeps it so.
     pub draining: bool,
+    /// The latest [`SetCopies::generation`] it applied, in every part: the
+    /// master decides every later change above it.
+    pub copies_generation: u64,
 }
 
 /// The master's answer to a registration.
@@ -125,6 +128,10 @@ pub struct SetCopies {
     /// New replicas among them, to be sent the whole primary share before
     /// the agent answers (a copy re-created elsewhere).
     pub fill: Vec<String>,
+    /// When the master decided it: larger for every later decision, also
+    /// across master restarts. The agent keeps the replicas of the latest
+    /// change it applied, whatever order changes arrive in.
+    pub generation: u64,
 }
 
 /// Where an agent put part of a reserved range.

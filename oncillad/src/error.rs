@@ -41,6 +41,9 @@ pub enum CoreError {
     /// An allocation that cannot leave its node now (draining it waits).
     #[error("cannot move it now: {0}")]
     CannotMove(String),
+    /// A copy change that a later one, applied first, overrides.
+    #[error("superseded: {0}")]
+    Superseded(String),
     /// A request the model refuses (sizes, names, kinds).
     #[error("invalid request: {0}")]
     Invalid(#[from] Invalid),

@@ -3,7 +3,8 @@
 //! to, and a new replica it fills, including the first replica of an
 //! allocation with one copy that moves off a drained node. The master
 //! decides every change; this only applies it to the allocation's
-//! `Held` and `Copying`.
+//! `Held` and `Copying`, the latest decided last whatever order changes
+//! arrive in (their generation).
 
 use std::sync::Arc;
 
@@ -22,12 +23,22 @@ impl Agent {
     /// replica) is owed the whole share (`fabric::replicate::fill` sends
     /// it).
     ///
+    /// The master may send two changes of one allocation at once (a queued
+    /// one and a re-created copy's), and they may arrive in either order:
+    /// the replicas of a change decided before one already applied are
+    /// not taken (the later one knew of it). Its promotions are, as each
+    /// range is promoted once (a range already this node's primary is
+    /// left as it is), and its fill is, if the replicas in force list the
+    /// new one.
+    ///
     /// # Errors
     /// [`CoreError::NoSuchAllocation`]; [`CoreError::InvalidArgument`] for
-    /// a promoted range this node does not hold as a replica, or a fill
-    /// where it holds no primary share; [`CoreError::CannotMove`] for a
-    /// new replica of a single-copy allocation that is GPU memory or that
-    /// a process here maps.
+    /// a promoted range this node holds neither as a replica nor as its
+    /// primary, or a fill where it holds no primary share;
+    /// [`CoreError::CannotMove`] for a new replica of a single-copy
+    /// allocation that is GPU memory or that a process here maps;
+    /// [`CoreError::Superseded`] for a fill of a replica that a later
+    /// change left out.
     pub fn set_copies(&self, c: SetCopies) -> Result<(), CoreError> {
         let copying = self
             .held
@@ -40,6 +51,17 @@ impl Agent {
         // in a range once it is promoted), then the table's entry, only for
         // as long as it takes to change it.
         let mut order = copying.order();
+        let latest = c.generation >= order.generation;
+        if let Some(addr) = c
+            .fill
+            .iter()
+            .find(|a| !latest && !order.replicas.contains(a))
+        {
+            return Err(CoreError::Superseded(format!(
+                "a later change of allocation {}'s copies left out replica {addr}; ask again with the copies as they are now",
+                c.alloc_id
+            )));
+        }
         if !c.fill.is_empty() {
             self.may_gain_replica(c.alloc_id, &order)?;
         }
@@ -55,19 +77,27 @@ impl Agent {
                 c.alloc_id
             )));
         }
-        if !promote.is_empty() {
-            for &(offset, len) in &promote {
-                let held_as_replica = cur
-                    .span_for(offset, len)
-                    .is_some_and(|span| cur.extents[span].iter().all(|e| e.copy != 0));
-                if !held_as_replica {
-                    return Err(CoreError::InvalidArgument(format!(
-                        "bytes {offset}..{} of allocation {} are not a replica held here",
-                        offset.saturating_add(len),
-                        c.alloc_id
-                    )));
-                }
+        // Ranges promoted by this change: a range already this node's
+        // primary was promoted by a change sent again, or carried by a later
+        // one too.
+        let mut promoted = Vec::with_capacity(promote.len());
+        for &(offset, len) in &promote {
+            let held_as = |primary: bool| {
+                cur.span_for(offset, len)
+                    .is_some_and(|span| cur.extents[span].iter().all(|e| (e.copy == 0) == primary))
+            };
+            if held_as(false) {
+                promoted.push((offset, len));
+            } else if !held_as(true) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "bytes {offset}..{} of allocation {} are not a replica held here",
+                    offset.saturating_add(len),
+                    c.alloc_id
+                )));
             }
+        }
+        let promote = promoted;
+        if !promote.is_empty() {
             let inside = |e: &HeldExtent| {
                 promote
                     .iter()
@@ -91,7 +121,21 @@ impl Agent {
         }
         drop(entry);
         drop(applied);
-        order.copy_to(c.replicas, &promote);
+        let replicas = if latest {
+            order.generation = c.generation;
+            self.copies_generation
+                .fetch_max(c.generation, std::sync::atomic::Ordering::SeqCst);
+            c.replicas
+        } else {
+            tracing::debug!(
+                alloc_id = c.alloc_id,
+                generation = c.generation,
+                applied = order.generation,
+                "a copy change decided before the one in force: its replicas are not taken"
+            );
+            order.replicas.clone()
+        };
+        order.copy_to(replicas, &promote);
         // A new replica gets the whole primary share (`fill` sends it).
         for addr in &c.fill {
             for e in cur.extents.iter().filter(|e| e.copy == 0) {

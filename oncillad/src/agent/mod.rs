@@ -54,6 +54,9 @@ pub struct Agent {
     /// The master has this node drained (its last heartbeat reply said):
     /// reported when registering, so a new master keeps it so.
     draining: AtomicBool,
+    /// The latest copy change's generation applied here: reported when
+    /// registering, so a new master decides every later change above it.
+    copies_generation: AtomicU64,
     /// The largest master term this agent has met (0 while masters are
     /// not elected): anything from an older term is refused.
     term: AtomicU64,
@@ -97,6 +100,7 @@ impl Agent {
             wake: Notify::new(),
             master_incarnation: AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            copies_generation: AtomicU64::new(0),
             term: AtomicU64::new(0),
             info_changed: AtomicBool::new(false),
             peers: Arc::default(),
@@ -292,7 +296,11 @@ impl Agent {
         *entry.value_mut() = Arc::clone(&held);
         drop(entry);
         if !replicas.is_empty() {
-            held.copying.order().copy_to(replicas, &[]);
+            // Unless a copy change came first: it was decided later.
+            let mut order = held.copying.order();
+            if order.generation == 0 {
+                order.copy_to(replicas, &[]);
+            }
         }
         // A port may have gone while this registered on it: the sweep took
         // it out before walking the table, so one of the two sees the other.
@@ -576,6 +584,7 @@ impl Agent {
             // The link cuts it into parts and marks all but the last.
             more: false,
             draining: self.draining.load(Ordering::SeqCst),
+            copies_generation: self.copies_generation.load(Ordering::SeqCst),
         };
         (req, ended)
     }

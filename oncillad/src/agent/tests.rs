@@ -4,7 +4,7 @@
 use super::*;
 use crate::pool::{HugePages, PoolSpec};
 use oncilla_model::alloc::Owner;
-use oncilla_model::cluster::Range;
+use oncilla_model::cluster::{Range, SetCopies};
 use oncilla_model::Fabric;
 
 fn agent() -> Agent {
@@ -243,4 +243,63 @@ fn sessions_and_reports() {
     assert!(a.ended_sessions().is_empty());
     a.release_all(&[42, 43]);
     assert_eq!(a.allocations(), 0);
+}
+
+/// Two copy changes of one allocation may arrive in either order (a
+/// queued one and a re-created copy's): the one decided later keeps its
+/// replicas; an earlier one's promotion still takes effect, once, and its
+/// fill of a replica that the later one dropped is refused, not made.
+#[test]
+fn a_copy_change_decided_earlier_never_undoes_a_later_one() {
+    let a = agent();
+    let mut record = rec();
+    record.placement.replicas = 2;
+    let mut primary = res(1, &[1; KEY_LEN], &[(0, 4096)], record.clone(), Fabric::Tcp);
+    primary.replicas = vec!["r1:1".into()];
+    a.reserve(primary).unwrap();
+    let mut replica = res(1, &[1; KEY_LEN], &[(4096, 4096)], record, Fabric::Tcp);
+    replica.copy = 1;
+    a.reserve(replica).unwrap();
+    let replicas = || a.held.get(&1).unwrap().copying.order().replicas.clone();
+    assert_eq!(replicas(), ["r1:1"], "the reservation's replicas");
+    let change = |generation, replicas: &[&str], fill: &[&str], promote: &[(u64, u64)]| SetCopies {
+        alloc_id: 1,
+        promote: promote
+            .iter()
+            .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+            .collect(),
+        replicas: replicas.iter().map(ToString::to_string).collect(),
+        fill: fill.iter().map(ToString::to_string).collect(),
+        generation,
+    };
+    // The later decision arrives first...
+    a.set_copies(change(7, &["r2:1"], &["r2:1"], &[])).unwrap();
+    assert_eq!(replicas(), ["r2:1"]);
+    // ...then the earlier one: its replicas are not taken, its promotion
+    // is, and its fill of a replica no longer listed is refused.
+    a.set_copies(change(5, &["r1:1"], &[], &[(4096, 4096)]))
+        .unwrap();
+    assert_eq!(replicas(), ["r2:1"]);
+    let copies = || {
+        let h = a.held.get(&1).unwrap();
+        h.extents
+            .iter()
+            .map(|e| (e.alloc_offset, e.copy))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(copies(), [(0, 0), (4096, 0)], "promoted");
+    let err = a
+        .set_copies(change(6, &["r1:1"], &["r1:1"], &[]))
+        .unwrap_err();
+    assert!(matches!(err, CoreError::Superseded(_)), "{err}");
+    assert_eq!(replicas(), ["r2:1"]);
+    // The same promotion again (a change sent twice) changes nothing, and
+    // the agent reports the latest generation it applied.
+    a.set_copies(change(7, &["r2:1"], &[], &[(4096, 4096)]))
+        .unwrap();
+    assert_eq!(copies(), [(0, 0), (4096, 0)]);
+    assert_eq!(a.registration().0.copies_generation, 7);
+    a.set_copies(change(9, &[], &[], &[])).unwrap();
+    assert!(replicas().is_empty());
+    assert_eq!(a.registration().0.copies_generation, 9);
 }

@@ -20,7 +20,7 @@ impl From<CoreError> for Status {
             | CoreError::NoSuchName(_)
             | CoreError::NoSuchSession(_) => Status::not_found(msg),
             CoreError::NameTaken(..) => Status::already_exists(msg),
-            CoreError::InUse { .. } => Status::aborted(msg),
+            CoreError::InUse { .. } | CoreError::Superseded(_) => Status::aborted(msg),
             CoreError::UnknownNode { name, .. } => {
                 with_reason(Code::InvalidArgument, msg, Reason::NodeDown, clip(&name))
             }

@@ -41,6 +41,8 @@ struct Refill {
     /// The node receiving it: name, agent and data addresses.
     target: (String, String, String),
     reservation: Reservation,
+    /// When its copy change was decided (with the job).
+    generation: u64,
 }
 
 impl<L: AgentLink> Master<L> {
@@ -159,6 +161,7 @@ impl<L: AgentLink> Master<L> {
             promote: Vec::new(),
             replicas: job.replicas.clone(),
             fill: vec![job.target.2.clone()],
+            generation: job.generation,
         };
         if let Err(e) = self.link.set_copies(&job.primary_agent, change).await {
             tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not fill a new copy; trying again later");
@@ -251,11 +254,13 @@ impl<L: AgentLink> Master<L> {
                     ),
                     reservation: copy_reservation(a, &ranges, copy, Fabric::Tcp),
                     share,
+                    generation: 0,
                 });
                 break 'all;
             }
         }
-        let job = found?;
+        let mut job = found?;
+        job.generation = st.next_copies_generation();
         let node = st.nodes.get_mut(&job.target.0)?;
         node.reserved += node.footprint(job.share.bytes());
         st.refilling
@@ -349,21 +354,21 @@ pub(super) fn queue(
     if let Some(addr) = filling.filter(|a| !replicas.contains(a)) {
         replicas.push(addr);
     }
+    let generation = st.next_copies_generation();
     let entry = st
         .copies_due
         .entry((id, primary.to_string()))
         .or_insert_with(|| (agent.clone(), SetCopies::default()));
     let mut all = std::mem::take(&mut entry.1.promote);
     all.extend(promote);
-    *entry = (
-        agent,
-        SetCopies {
-            alloc_id: id,
-            promote: all,
-            replicas,
-            fill: Vec::new(),
-        },
-    );
+    let change = SetCopies {
+        alloc_id: id,
+        promote: all,
+        replicas,
+        fill: Vec::new(),
+        generation,
+    };
+    *entry = (agent, change);
 }
 
 /// Replaces the primary extents on `node` with the replica extents of the

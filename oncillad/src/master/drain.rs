@@ -80,6 +80,9 @@ struct Share {
     reservation: Reservation,
     /// Where the new node put it (once reserved).
     pieces: Vec<Piece>,
+    /// When the change that has its primary fill it was decided (with
+    /// the move).
+    generation: u64,
 }
 
 impl<L: AgentLink> Master<L> {
@@ -211,7 +214,10 @@ impl<L: AgentLink> Master<L> {
             for (id, why) in refused {
                 pause(&mut st, id, &from, why);
             }
-            let Some(mv) = found else { continue };
+            let Some(mut mv) = found else { continue };
+            for s in &mut mv.shares {
+                s.generation = st.next_copies_generation();
+            }
             st.moving.insert(mv.alloc_id);
             for s in &mv.shares {
                 if let Some(n) = st.nodes.get_mut(&s.target.0) {
@@ -257,6 +263,7 @@ impl<L: AgentLink> Master<L> {
                 promote: Vec::new(),
                 replicas: s.replicas.clone(),
                 fill: vec![s.target.2.clone()],
+                generation: s.generation,
             };
             // A single copy's agent revokes its RDMA keys as it takes
             // the new replica, unless it refuses the move outright.
@@ -319,6 +326,7 @@ impl<L: AgentLink> Master<L> {
                     .collect(),
                 replicas: others,
                 fill: Vec::new(),
+                generation: self.lock().next_copies_generation(),
             };
             self.link
                 .set_copies(&s.target.1, change)
@@ -610,6 +618,7 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             reservation: copy_reservation(a, &ranges, copy.max(1), fabric),
             ranges,
             pieces: Vec::new(),
+            generation: 0,
         });
     }
     Ok(shares)

@@ -169,6 +169,8 @@ impl<L: AgentLink> Master<L> {
         let adopt = req.master_incarnation != 0 && req.master_incarnation != self.incarnation;
         // Also the ids of parts of this registration still on their way.
         st.next_id = st.next_id.max(req.max_held_id.saturating_add(1));
+        // Copy changes decided from now on come after those it applied.
+        st.copies_generation = st.copies_generation.max(req.copies_generation);
         let mut release = Vec::new();
         let mut adopted = 0usize;
         for record in &req.held {

@@ -72,6 +72,10 @@ pub(super) struct State {
     /// per (allocation, primary node): the agent's address and the change
     /// (see `copies.rs`).
     pub copies_due: BTreeMap<(u64, String), (String, SetCopies)>,
+    /// The last copy change's generation: every change is decided under
+    /// the lock with the next one, above any an agent reported applying
+    /// (`SetCopies::generation`).
+    pub copies_generation: u64,
     /// Copies being re-created, per (allocation, primary node): the node
     /// that receives it (it holds the id before the record lists it).
     pub refilling: BTreeMap<(u64, String), String>,
@@ -84,6 +88,12 @@ pub(super) struct State {
 }
 
 impl State {
+    /// The generation of a copy change decided now.
+    pub fn next_copies_generation(&mut self) -> u64 {
+        self.copies_generation += 1;
+        self.copies_generation
+    }
+
     /// The refusal of a request naming a node this master does not know,
     /// with those it knows.
     pub fn unknown_node(&self, name: &str) -> CoreError {

@@ -491,6 +491,7 @@ fn report(
         max_held_id: 0,
         more: false,
         draining: false,
+        copies_generation: 0,
     }
 }
 

@@ -106,6 +106,9 @@ pub struct Order {
     pub sender: u64,
     /// The last copy's sequence number under `sender`.
     pub seq: u64,
+    /// The generation of the latest copy change applied (0: none yet, the
+    /// replicas are those the reservation brought).
+    pub generation: u64,
 }
 
 impl Order {

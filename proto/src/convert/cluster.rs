@@ -47,6 +47,7 @@ impl TryFrom<pb::RegisterRequest> for Registration {
             },
             more: r.more,
             draining: r.draining,
+            copies_generation: r.copies_generation,
         })
     }
 }
@@ -70,6 +71,7 @@ impl From<Registration> for pb::RegisterRequest {
             max_held_id: r.max_held_id,
             more: r.more,
             draining: r.draining,
+            copies_generation: r.copies_generation,
         }
     }
 }
@@ -323,6 +325,7 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
                 .collect(),
             replicas: r.replicas,
             fill: r.fill,
+            generation: r.generation,
         })
     }
 }
@@ -341,6 +344,7 @@ impl From<SetCopies> for pb::SetCopiesRequest {
                 .collect(),
             replicas: s.replicas,
             fill: s.fill,
+            generation: s.generation,
         }
     }
 }

@@ -408,7 +408,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
         vec(allocations(), 0..3),
         vec(session_reports(), 0..3),
         any::<u64>(),
-        (0..=MAX_ID, any::<bool>(), any::<bool>()),
+        (0..=MAX_ID, any::<bool>(), any::<bool>(), any::<u64>()),
     )
         .prop_map(
             |(
@@ -418,7 +418,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
                 held,
                 sessions,
                 next_session_seq,
-                (max_held_id, more, draining),
+                (max_held_id, more, draining, copies_generation),
             )| Registration {
                 node,
                 incarnation,
@@ -429,6 +429,7 @@ pub(super) fn registrations() -> impl Strategy<Value = Registration> {
                 max_held_id,
                 more,
                 draining,
+                copies_generation,
             },
         )
 }
@@ -621,11 +622,13 @@ pub(super) fn set_copies() -> impl Strategy<Value = SetCopies> {
         0..=MAX_ID,
         vec(ranges(), 0..3),
         vec(node_names(), 0..MAX_REPLICAS as usize),
+        any::<u64>(),
     )
-        .prop_map(|(alloc_id, promote, replicas)| SetCopies {
+        .prop_map(|(alloc_id, promote, replicas, generation)| SetCopies {
             alloc_id,
             promote,
             fill: replicas.iter().take(1).cloned().collect(),
             replicas,
+            generation,
         })
 }

@@ -76,6 +76,34 @@ async fn a_lost_replica_leaves_the_record_and_the_primary_copies_to_the_rest() {
     }
 }
 
+/// Every copy change is decided with a larger generation than the one
+/// before, and than any an agent reported applying: agents keep the
+/// latest decided whatever order changes arrive in, and a master that
+/// starts again never decides below what they applied.
+#[tokio::test]
+async fn copy_changes_come_in_generations_above_what_agents_applied() {
+    let link = FakeLink::default();
+    let (m, a) = replicated(link.clone()).await;
+    let mut seen_later = join("d", 1 << 20);
+    seen_later.copies_generation = 1_000;
+    m.register(seen_later).await.unwrap();
+    let replica = a.replicas[0].node.clone();
+    let mut fresh = join(&replica, 1 << 20);
+    fresh.incarnation = 2;
+    m.register(fresh).await.unwrap();
+    m.tick().await;
+    m.refill().await;
+    m.tick().await;
+    let told = link.copies_set.lock().unwrap().clone();
+    assert_eq!(told.len(), 3, "{told:?}");
+    let generations: Vec<u64> = told.iter().map(|(_, c)| c.generation).collect();
+    assert!(generations[0] > 1_000, "{generations:?}");
+    assert!(
+        generations.windows(2).all(|w| w[0] < w[1]),
+        "in the order decided: {generations:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_lost_primary_gives_way_to_its_replica() {
     let link = FakeLink::default();
