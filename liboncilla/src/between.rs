@@ -15,6 +15,15 @@
 //! It never decides routes: a side is mapped exactly when its extent's
 //! route says so ([`Reach::Mapped`]). Overlapping ranges of one allocation
 //! are refused: segments run in parallel, so no order could be promised.
+//!
+//! The plan follows each handle's description as opened. Where a side's
+//! primary is elsewhere now (a promoted replica, a move), or the planned
+//! copy fails as a lost node or a move makes it fail, the copy goes
+//! through a buffer here instead, each side through its handle's
+//! [`crate::failover`], which waits out the loss or the move: the
+//! application sees no failure a copy of its own would not show. (Copying
+//! the same bytes again is harmless: the failed copy was never
+//! acknowledged.)
 
 use oncilla_net::wire::{Source, MAX_ADDR};
 
@@ -23,6 +32,7 @@ use crate::descriptor::Extent;
 use crate::error::{Error, Result};
 use crate::fabric::tcp::{IoBuf, Pull};
 use crate::fabric::{check_lease, DataPath, Reach, Resolved, Transfer};
+use crate::failover::may_succeed_later;
 use crate::route::Route;
 
 /// Bytes of a segment that must go through this process, moved per step.
@@ -73,6 +83,27 @@ pub(crate) fn copy(
     }
     check_lease(&dst.desc, dst.local.as_deref())?;
     check_lease(&src.desc, src.local.as_deref())?;
+    if dst.failover.rerouted() || src.failover.rerouted() {
+        return bounce(dst, dst_offset, src, src_offset, len);
+    }
+    match planned(data, dst, dst_offset, src, src_offset, len) {
+        Err(e) if may_succeed_later(&e) => {
+            tracing::debug!(dst = dst.desc.id, src = src.desc.id, error = %e, "a copy between allocations failed as a loss or a move makes it fail; copying through the handles");
+            bounce(dst, dst_offset, src, src_offset, len)
+        }
+        done => done,
+    }
+}
+
+/// The copy as planned from both handles' descriptions.
+fn planned(
+    data: &DataPath,
+    dst: &Allocation,
+    dst_offset: u64,
+    src: &Allocation,
+    src_offset: u64,
+    len: u64,
+) -> Result<()> {
     let segments = segments(data, dst, dst_offset, src, src_offset, len)?;
     let mut transfers = Vec::with_capacity(segments.len());
     let mut bounced = Vec::new();
@@ -180,8 +211,9 @@ fn segments<'a>(
     Ok(out)
 }
 
-/// Moves one segment through a buffer here, a step at a time: where the
-/// destination's agent cannot be asked to pull it.
+/// Moves `len` bytes through a buffer here, a step at a time, each side
+/// through its handle (and so its failover): where the destination's agent
+/// cannot be asked to pull them, or the plan no longer holds.
 fn bounce(
     dst: &Allocation,
     dst_offset: u64,

@@ -169,6 +169,15 @@ impl Failover {
         }
     }
 
+    /// Whether the master has described the allocation's primary elsewhere
+    /// than where it was when opened (a promoted replica, a move): copies
+    /// planned from the opening's description would miss it.
+    pub(crate) fn rerouted(&self) -> bool {
+        self.copies.get().is_some_and(|c| {
+            c.now.lock().unwrap_or_else(PoisonError::into_inner).placed != self.opened
+        })
+    }
+
     /// Whether a single-copy allocation's copy failed with `e` because the
     /// allocation moves or moved (its node is drained): when the master
     /// says it is moving (from its planning until its new node is told

@@ -111,6 +111,10 @@ fn a_drained_node_empties_under_load_with_no_failed_call() {
     let on_node = c.client(1);
     let mapped = on_node.attach_id(mapped_rec.id).unwrap();
     mapped.copy_in(0, &pattern(MIB, 7)).unwrap();
+    // A handle of it on another node, opened before the move and first
+    // used after it, in a copy between allocations.
+    let reader = c.client(0);
+    let stale = reader.attach_id(mapped_rec.id).unwrap();
     let mut start = [0u32; SLOTS];
     for (slot, seed) in start.iter_mut().enumerate() {
         *seed = slot as u32;
@@ -196,7 +200,6 @@ fn a_drained_node_empties_under_load_with_no_failed_call() {
         last[0] = 99;
         check(a, last);
     }
-    let reader = c.client(0);
     let mut back = vec![0u8; MIB];
     reader
         .attach_id(mapped_rec.id)
@@ -206,6 +209,17 @@ fn a_drained_node_empties_under_load_with_no_failed_call() {
     assert!(
         back == pattern(MIB, 7),
         "the mapped allocation's bytes moved too"
+    );
+    // The handle opened before the move still names node-1: a copy from it
+    // to another allocation finds where it went.
+    let to = reader
+        .alloc_with(&AllocSpec::new(MIB as u64, Kind::RemoteHost).on_nodes(["node-2"]))
+        .unwrap();
+    reader.copy(&to, 0, &stale, 0, MIB as u64).unwrap();
+    to.copy_out(0, &mut back).unwrap();
+    assert!(
+        back == pattern(MIB, 7),
+        "copied from a handle opened before the move"
     );
 }
 

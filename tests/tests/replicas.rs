@@ -92,6 +92,14 @@ fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() 
     });
     let reader = c.client(reader_node);
     let r = reader.attach("replicated-table").unwrap();
+    // One copy, on the node that holds neither copy of the table: copies
+    // between it and the table must get through the primary's loss too.
+    let plain = owner
+        .alloc_with(
+            &AllocSpec::new(size as u64, Kind::RemoteHost)
+                .on_nodes([format!("node-{reader_node}").as_str()]),
+        )
+        .unwrap();
     let mut primary = vec![0u8; size];
     r.copy_out(0, &mut primary).unwrap();
     // Bytes only one writer touched are its last round's.
@@ -108,10 +116,27 @@ fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() 
         "the replica differs from the primary at byte {:?}",
         from_replica.iter().zip(&primary).position(|(x, y)| x != y)
     );
-    // And for the sessions that wrote.
+    // A copy from the table by a handle that has not met the loss yet
+    // (planned from the dead primary, then through its failover).
+    owner.copy(&plain, 0, &a, 0, size as u64).unwrap();
+    let mut copied = vec![0u8; size];
+    plain.copy_out(0, &mut copied).unwrap();
+    assert!(copied == primary, "copied from the table after its loss");
+    // And into it, by the other writer's handle, which has not met it
+    // either.
+    let fresh = pattern(MIB, 77);
+    plain.copy_in(0, &fresh).unwrap();
+    other.copy(&b, 0, &plain, 0, MIB as u64).unwrap();
     let mut again = vec![0u8; size];
     b.copy_out(0, &mut again).unwrap();
-    assert!(again == primary);
+    assert!(
+        again[..MIB] == fresh[..],
+        "copied into the table after its loss"
+    );
+    assert!(again[MIB..] == primary[MIB..]);
+    let mut via_a = vec![0u8; size];
+    a.copy_out(0, &mut via_a).unwrap();
+    assert!(via_a == again, "every handle sees the same bytes");
 }
 
 #[test]
