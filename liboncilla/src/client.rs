@@ -6,6 +6,7 @@
 //! Allocations, device copies and batches hold it; it knows none of them,
 //! and it never moves a byte of an allocation.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -45,6 +46,11 @@ pub(crate) struct Client {
     /// session's end), until [`Client::close`].
     holder: Mutex<Option<tokio::task::AbortHandle>>,
     closed: AtomicBool,
+    /// Open handles per attached allocation: the master keeps one
+    /// attachment per session, so the session detaches when the last of
+    /// its handles goes, not the first. Held across the attach and detach
+    /// calls, so one never overtakes the other.
+    attached: Mutex<HashMap<u64, usize>>,
 }
 
 impl Client {
@@ -144,6 +150,7 @@ impl Client {
             staging: Staging::new(opts.gpu_staging),
             holder: Mutex::new(Some(holder)),
             closed: AtomicBool::new(false),
+            attached: Mutex::default(),
         })
     }
 
@@ -200,7 +207,14 @@ impl Client {
     /// Asks the master (through the agent) for an allocation as `spec` says.
     pub(crate) fn alloc(&self, spec: &AllocSpec) -> Result<Record> {
         let spec = spec.to_model(self.fabric)?;
-        self.call(|s| s.alloc(&self.session_id, &spec))
+        if !spec.outlives_session() {
+            return self.call(|s| s.alloc(&self.session_id, &spec));
+        }
+        // The master attaches the session that makes a persistent one.
+        let mut attached = self.attached.lock().unwrap_or_else(PoisonError::into_inner);
+        let record = self.call(|s| s.alloc(&self.session_id, &spec))?;
+        *attached.entry(record.id).or_default() += 1;
+        Ok(record)
     }
 
     /// Asks for `count` allocations as `spec` says, made together (all or
@@ -217,9 +231,13 @@ impl Client {
         self.call(|s| s.alloc_many(&self.session_id, &spec, n))
     }
 
-    /// Attaches a persistent allocation by id or name.
+    /// Attaches a persistent allocation by id or name, for one more
+    /// handle.
     pub(crate) fn attach(&self, alloc: AllocRef) -> Result<Record> {
-        self.call(|s| s.attach(&self.session_id, &alloc))
+        let mut attached = self.attached.lock().unwrap_or_else(PoisonError::into_inner);
+        let record = self.call(|s| s.attach(&self.session_id, &alloc))?;
+        *attached.entry(record.id).or_default() += 1;
+        Ok(record)
     }
 
     /// Allocation `id` as the master describes it now.
@@ -232,7 +250,21 @@ impl Client {
         self.call(|s| s.free(&self.session_id, &alloc, force))
     }
 
+    /// One handle of attached allocation `id` is done: the session
+    /// detaches once it was the last.
     pub(crate) fn detach_id(&self, id: u64) -> Result<()> {
+        let mut attached = self.attached.lock().unwrap_or_else(PoisonError::into_inner);
+        match attached.get_mut(&id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                return Ok(());
+            }
+            Some(_) => {
+                attached.remove(&id);
+            }
+            // Not counted (nothing here attached it): as asked.
+            None => {}
+        }
         self.call(|s| s.detach(&self.session_id, id))
     }
 }

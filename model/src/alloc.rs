@@ -199,6 +199,12 @@ pub struct AllocSpec {
 }
 
 impl AllocSpec {
+    /// Whether what it makes outlives the session that asks (persistent,
+    /// or named: a name makes it persistent). Its maker is attached to it.
+    pub fn outlives_session(&self) -> bool {
+        self.persistent || !self.name.is_empty()
+    }
+
     /// A checked request.
     ///
     /// # Errors

@@ -186,7 +186,7 @@ impl AllocateRequest {
     /// Whether it outlives its creator: named allocations and everything
     /// an operator makes do.
     pub fn persistent(&self) -> bool {
-        self.spec.persistent || !self.spec.name.is_empty() || self.requester.is_none()
+        self.spec.outlives_session() || self.requester.is_none()
     }
 }
 

@@ -191,6 +191,46 @@ fn freeing_an_attached_allocation_needs_force_and_tells_the_holder() {
     assert_eq!(c.allocation_count(), 0);
 }
 
+/// The master keeps one attachment per session: a session with two
+/// handles of one persistent allocation stays attached until the last
+/// goes, so another session cannot free it under the handle left, and
+/// that handle can still ask where it is.
+#[test]
+fn a_session_stays_attached_until_its_last_handle_goes() {
+    let c = Cluster::start(2, "16MiB");
+    let maker = c.client(1);
+    let made = maker
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).named("two-handles"))
+        .unwrap();
+    let user = c.client(0);
+    let first = user.attach("two-handles").unwrap();
+    let second = user.attach_id(first.id()).unwrap();
+    // The maker's own second handle, and the first of the other session's,
+    // go.
+    drop(maker.attach_id(made.id()).unwrap());
+    drop(first);
+    let attached = |c: &Cluster| -> usize {
+        let v: serde_json::Value =
+            serde_json::from_slice(&c.ocmctl(&["show", "two-handles", "--json"]).stdout).unwrap();
+        v["attached"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(attached(&c), 2, "both sessions still hold a handle");
+    let out = c.ocmctl(&["free", "two-handles"]);
+    assert!(!out.status.success(), "freed under a live handle");
+    second.copy_in(0, b"still mine").unwrap();
+    let mut back = [0u8; 10];
+    made.copy_out(0, &mut back).unwrap();
+    assert_eq!(&back, b"still mine");
+    drop(second);
+    drop(made);
+    assert!(
+        Cluster::eventually(Duration::from_secs(15), || attached(&c) == 0),
+        "the last handles' drops detach both sessions"
+    );
+    c.ocmctl_ok(&["free", "two-handles"]);
+    assert_eq!(c.allocation_count(), 0);
+}
+
 #[test]
 fn writes_through_localbuf_are_seen_from_another_node() {
     let c = Cluster::start(2, "8MiB");
