@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
-use crate::failover::Failover;
+use crate::failover::{Failover, FAILOVER_WAIT};
 use crate::map::{MapOptions, Mapped};
 use crate::route::{self, Route};
 use crate::spec::Fabric;
@@ -188,7 +188,7 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.write(offset, src)?);
         }
-        self.failover.write(offset, src, |src| {
+        self.failover.write(offset, src, FAILOVER_WAIT, |src| {
             self.client.data.run([Transfer {
                 target: self.target(),
                 offset,
@@ -211,7 +211,7 @@ impl Allocation {
             // Bounds checked there: the device memory is the allocation's size.
             return Ok(mem.read(offset, dst)?);
         }
-        self.failover.read(offset, dst, |dst| {
+        self.failover.read(offset, dst, FAILOVER_WAIT, |dst| {
             self.client.data.run([Transfer {
                 target: self.target(),
                 offset,

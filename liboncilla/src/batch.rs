@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
-use crate::failover::{may_succeed_later, Failover};
+use crate::failover::{may_succeed_later, Failover, FAILOVER_WAIT};
 use crate::route::Route;
 
 /// Copies to run together in the background ([`crate::Oncilla::submit`]). Each
@@ -67,21 +67,23 @@ impl BatchOp {
         };
         let offset = self.offset;
         if self.write {
-            self.failover.write(offset, &self.buf, |src| {
-                data.run([Transfer {
-                    target,
-                    offset,
-                    buf: IoBuf::Write(src),
-                }])
-            })
+            self.failover
+                .write(offset, &self.buf, FAILOVER_WAIT, |src| {
+                    data.run([Transfer {
+                        target,
+                        offset,
+                        buf: IoBuf::Write(src),
+                    }])
+                })
         } else {
-            self.failover.read(offset, &mut self.buf, |dst| {
-                data.run([Transfer {
-                    target,
-                    offset,
-                    buf: IoBuf::Read(dst),
-                }])
-            })
+            self.failover
+                .read(offset, &mut self.buf, FAILOVER_WAIT, |dst| {
+                    data.run([Transfer {
+                        target,
+                        offset,
+                        buf: IoBuf::Read(dst),
+                    }])
+                })
         }
     }
 }

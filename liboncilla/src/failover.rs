@@ -66,11 +66,13 @@ impl Failover {
 
     /// Writes `src` at `offset`: by `direct` (the route the handle was
     /// opened with) while the allocation has one copy where it was, else
-    /// through its primary, waiting out a loss or a move.
+    /// through its primary, waiting out a loss or a move for up to `wait`
+    /// ([`FAILOVER_WAIT`] but where the caller has a bound of its own).
     pub(crate) fn write(
         &self,
         offset: u64,
         src: &[u8],
+        wait: Duration,
         direct: impl FnOnce(&[u8]) -> Result<()>,
     ) -> Result<()> {
         if self.copies.get().is_none() {
@@ -79,7 +81,7 @@ impl Failover {
                 done => return done,
             }
         }
-        self.through_failover(|layout| {
+        self.through_failover(wait, |layout| {
             self.client.data.run([Transfer {
                 target: layout.primary.target(),
                 offset,
@@ -95,6 +97,7 @@ impl Failover {
         &self,
         offset: u64,
         dst: &mut [u8],
+        wait: Duration,
         direct: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<()> {
         if self.copies.get().is_none() {
@@ -103,7 +106,7 @@ impl Failover {
                 done => return done,
             }
         }
-        self.through_failover(|layout| {
+        self.through_failover(wait, |layout| {
             let last = layout.reads.len() - 1;
             for (i, copy) in layout.reads.iter().enumerate() {
                 let read = self.client.data.run([Transfer {
@@ -125,16 +128,20 @@ impl Failover {
     /// Runs `attempt` on the copies as last described; while it fails as a
     /// lost node makes it fail, looks the allocation up again (pausing
     /// 20 ms, doubling to 500 ms) and retries on what the master says
-    /// now, for up to [`FAILOVER_WAIT`]. Writing the same bytes again is
-    /// harmless: a failed write was never acknowledged.
-    fn through_failover(&self, mut attempt: impl FnMut(&Layout) -> Result<()>) -> Result<()> {
+    /// now, for up to `wait`. Writing the same bytes again is harmless: a
+    /// failed write was never acknowledged.
+    fn through_failover(
+        &self,
+        wait: Duration,
+        mut attempt: impl FnMut(&Layout) -> Result<()>,
+    ) -> Result<()> {
         let Some(copies) = self.copies.get() else {
             return Err(Error::Internal(format!(
                 "allocation {} has no copies to fail over to",
                 self.id
             )));
         };
-        let deadline = Instant::now() + FAILOVER_WAIT;
+        let deadline = Instant::now() + wait;
         let mut pause = FAILOVER_PAUSE;
         loop {
             let layout = Arc::clone(&copies.now.lock().unwrap_or_else(PoisonError::into_inner));
@@ -212,7 +219,7 @@ impl Failover {
 /// cluster to get over a lost node (the master's failure detection, five
 /// heartbeats, then a replica promoted or the lost copy dropped) before it
 /// returns the failure to the caller.
-const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 /// The first pause between looking the allocation up again; it doubles up
 /// to [`FAILOVER_PAUSE_MAX`].
 const FAILOVER_PAUSE: Duration = Duration::from_millis(20);

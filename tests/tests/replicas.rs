@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use liboncilla::{AllocSpec, Error, Kind};
+use liboncilla::{AllocSpec, Error, Kind, MapOptions};
 use oncilla_model::alloc::{Allocation, KEY_LEN};
 use oncilla_net::wire::{Op, Request, Status};
 use support::Cluster;
@@ -92,6 +92,10 @@ fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() 
     });
     let reader = c.client(reader_node);
     let r = reader.attach("replicated-table").unwrap();
+    // A mapping of it made before the loss, nothing touched yet.
+    let mapper = reader.attach("replicated-table").unwrap();
+    let m = mapper.map(MapOptions::default()).unwrap();
+    assert!(m.is_paged());
     // One copy, on the node that holds neither copy of the table: copies
     // between it and the table must get through the primary's loss too.
     let plain = owner
@@ -116,6 +120,27 @@ fn two_writers_leave_every_copy_identical_and_reads_survive_the_primarys_loss() 
         "the replica differs from the primary at byte {:?}",
         from_replica.iter().zip(&primary).position(|(x, y)| x != y)
     );
+    // The mapping fetches from the copies there are now, and writes back
+    // to them.
+    let mut via_map = vec![0u8; size];
+    // SAFETY: `size` bytes at the mapping's start, which lives for the call.
+    unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), via_map.as_mut_ptr(), size) };
+    assert!(
+        via_map == primary,
+        "read through a mapping made before the loss"
+    );
+    let stamp = pattern(4096, 5);
+    // SAFETY: 4 KiB inside the mapping.
+    unsafe { std::ptr::copy_nonoverlapping(stamp.as_ptr(), m.as_ptr().add(2 * MIB), 4096) };
+    m.flush(2 * MIB as u64, 4096).unwrap();
+    let mut stamped = vec![0u8; 4096];
+    r.copy_out(2 * MIB as u64, &mut stamped).unwrap();
+    assert!(
+        stamped == stamp,
+        "written back through the mapping after the loss"
+    );
+    primary[2 * MIB..2 * MIB + 4096].copy_from_slice(&stamp);
+    drop(m);
     // A copy from the table by a handle that has not met the loss yet
     // (planned from the dead primary, then through its failover).
     owner.copy(&plain, 0, &a, 0, size as u64).unwrap();

@@ -34,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::fabric::shm::Mapping;
 use crate::fabric::tcp::IoBuf;
 use crate::fabric::{Target, Transfer};
+use crate::failover::Failover;
 use crate::route::Route;
 use crate::spec::Kind;
 use pager::{Backing, Pager, Plan};
@@ -321,6 +322,8 @@ pub(crate) fn map<'a>(
         desc: Arc::clone(&alloc.desc),
         routes: Arc::clone(&alloc.routes),
         local: alloc.local.clone(),
+        failover: Arc::clone(&alloc.failover),
+        wait: plan.timeout,
     });
     let pager = Pager::start(plan, faults, region, backing)?;
     debug_assert_eq!(pager.base(), ptr);
@@ -333,12 +336,19 @@ pub(crate) fn map<'a>(
 }
 
 /// What a pager copies through: the allocation's descriptor, routes and
-/// same-node mapping, kept alive with the session for as long as it pages.
+/// same-node mapping, kept alive with the session for as long as it pages,
+/// and its way through a loss or a move (the handle's [`Failover`]: a
+/// replicated allocation's fetches go to the copies the master describes
+/// now, as `copy_out` does).
 struct Owned {
     client: Arc<Client>,
     desc: Arc<Descriptor>,
     routes: Arc<[Route]>,
     local: Option<Arc<Mapping>>,
+    failover: Arc<Failover>,
+    /// The mapping's timeout: no fetch or write-back waits out a loss for
+    /// longer.
+    wait: Duration,
 }
 
 impl Owned {
@@ -353,18 +363,22 @@ impl Owned {
 
 impl Backing for Owned {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.client.data.run([Transfer {
-            target: self.target(),
-            offset,
-            buf: IoBuf::Read(buf),
-        }])
+        self.failover.read(offset, buf, self.wait, |buf| {
+            self.client.data.run([Transfer {
+                target: self.target(),
+                offset,
+                buf: IoBuf::Read(buf),
+            }])
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.client.data.run([Transfer {
-            target: self.target(),
-            offset,
-            buf: IoBuf::Write(data),
-        }])
+        self.failover.write(offset, data, self.wait, |data| {
+            self.client.data.run([Transfer {
+                target: self.target(),
+                offset,
+                buf: IoBuf::Write(data),
+            }])
+        })
     }
 }
