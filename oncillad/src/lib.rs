@@ -140,7 +140,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
-    let metrics = metrics::Metrics::new();
+    let metrics = metrics::Metrics::new(&config.name);
     // Bound before any role starts, so once a node is seen up its metrics
     // port accepts; it is served once every family is registered (below).
     let metrics_listener = match config.metrics.clone() {

@@ -25,10 +25,11 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
 /// Bytes the agents' TCP data servers counted for `op`, summed over all.
 fn moved(c: &Cluster, op: &str) -> u64 {
     let token = std::fs::read_to_string(c.metrics_token_file()).unwrap();
-    let series = format!(r#"oncilla_data_bytes_total{{fabric="tcp",op="{op}"}}"#);
     AGENTS
         .iter()
         .map(|n| {
+            let series =
+                format!(r#"oncilla_data_bytes_total{{fabric="tcp",op="{op}",node="{n}"}}"#);
             let addr = c.metrics_addr(n).unwrap();
             let (code, text) = get(&addr, "/metrics", Some(&token));
             assert_eq!(code, 200, "{n}: {text}");

@@ -42,7 +42,8 @@ fn every_daemon_serves_metrics_that_promtool_accepts_and_that_move() {
     }
     let node1 = c.metrics_addr("node-1").unwrap();
     let master = c.metrics_addr("master").unwrap();
-    let written = r#"oncilla_data_bytes_total{fabric="tcp",op="write"}"#;
+    // Every series about a daemon names its node.
+    let written = r#"oncilla_data_bytes_total{fabric="tcp",op="write",node="node-1"}"#;
     let before = sample(&get(&node1, "/metrics", Some(&t)).1, written).unwrap_or(0.0);
 
     let ocm = c.client(0);
@@ -62,8 +63,30 @@ fn every_daemon_serves_metrics_that_promtool_accepts_and_that_move() {
         after - before >= f64::from(3 << 20),
         "bytes written went {before} -> {after}"
     );
-    assert!(sample(&text, r#"oncilla_pool_bytes{state="used"}"#).unwrap() >= f64::from(3 << 20));
-    assert_eq!(sample(&text, "oncilla_pool_allocations"), Some(1.0));
+    assert!(
+        sample(&text, r#"oncilla_pool_bytes{state="used",node="node-1"}"#).unwrap()
+            >= f64::from(3 << 20)
+    );
+    assert_eq!(
+        sample(&text, r#"oncilla_pool_allocations{node="node-1"}"#),
+        Some(1.0)
+    );
+    // The pool's states sum to its capacity.
+    let states: f64 = ["used", "free", "refilling"]
+        .iter()
+        .map(|s| {
+            sample(
+                &text,
+                &format!(r#"oncilla_pool_bytes{{state="{s}",node="node-1"}}"#),
+            )
+            .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        Some(states),
+        sample(&text, r#"oncilla_pool_capacity_bytes{node="node-1"}"#)
+    );
+    assert!(sample(&text, r#"process_resident_memory_bytes{node="node-1"}"#).unwrap() > 0.0);
     let m = get(&master, "/metrics", Some(&t)).1;
     assert_eq!(
         sample(
@@ -74,6 +97,26 @@ fn every_daemon_serves_metrics_that_promtool_accepts_and_that_move() {
         "{m}"
     );
     assert_eq!(sample(&m, r#"oncilla_master_nodes{state="up"}"#), Some(2.0));
+    assert_eq!(
+        sample(&m, "oncilla_master_allocations_made_total"),
+        Some(1.0),
+        "{m}"
+    );
+    // A request no node has room for is counted by its reason.
+    let refused = ocm.alloc_with(&AllocSpec::new(1 << 40, Kind::RemoteHost));
+    assert!(
+        matches!(refused, Err(liboncilla::Error::CapacityExhausted(_))),
+        "{refused:?}"
+    );
+    let m = get(&master, "/metrics", Some(&t)).1;
+    assert_eq!(
+        sample(
+            &m,
+            r#"oncilla_master_allocation_failures_total{reason="capacity"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
     // Same-node memory is granted by the map socket (fabric shm).
     let local = ocm.alloc(1 << 20, Kind::LocalHost).unwrap();
     local.copy_in(0, &[3u8; 4096]).unwrap();
@@ -83,7 +126,7 @@ fn every_daemon_serves_metrics_that_promtool_accepts_and_that_move() {
     let text = get(&node0, "/metrics", Some(&t)).1;
     let maps = sample(
         &text,
-        r#"oncilla_data_requests_total{fabric="shm",op="map"}"#,
+        r#"oncilla_data_requests_total{fabric="shm",op="map",node="node-0"}"#,
     );
     assert!(
         maps.is_some_and(|n| n >= 1.0),
@@ -202,9 +245,57 @@ fn query(addr: &str, q: &str) -> Option<f64> {
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }
 
+/// The alert rules the project ships.
+fn alert_rules() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/oncilla-alerts.yml")
+}
+
+/// The series `q` answers (each one's labels), or nothing.
+fn series(addr: &str, q: &str) -> Vec<serde_json::Value> {
+    let (code, body) = get(addr, &format!("/api/v1/query?query={}", encode(q)), None);
+    if code != 200 {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["data"]["result"]
+        .as_array()
+        .map(|r| r.iter().map(|s| s["metric"].clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The shipped alert rules pass `promtool check rules` and their unit tests
+/// (`deploy/prometheus/oncilla-alerts.test.yml`: each alert fires when it
+/// should and stays quiet when it should not).
+#[test]
+fn the_alert_rules_check_and_pass_their_unit_tests() {
+    let promtool = Path::new("/usr/bin/promtool");
+    if !promtool.exists() {
+        eprintln!("skipped the_alert_rules_check_and_pass_their_unit_tests: no promtool (Debian package prometheus)");
+        return;
+    }
+    let dir = alert_rules().parent().unwrap().to_path_buf();
+    for args in [
+        ["check", "rules", "oncilla-alerts.yml"],
+        ["test", "rules", "oncilla-alerts.test.yml"],
+    ] {
+        let out = Command::new(promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// A Prometheus server scraping `daemons` of `c` every second with the
-/// metrics token (`job` adds lines to the job, indented four spaces), and
-/// the address of its HTTP API.
+/// metrics token (`job` adds lines to the job, indented four spaces) and
+/// the shipped alert rules loaded, and the address of its HTTP API.
 fn prometheus(bin: &Path, c: &Cluster, daemons: &[&str], job: &str) -> (Prometheus, String) {
     let targets: Vec<String> = daemons
         .iter()
@@ -214,7 +305,8 @@ fn prometheus(bin: &Path, c: &Cluster, daemons: &[&str], job: &str) -> (Promethe
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: oncilla\n    authorization:\n      credentials_file: {}\n{job}    static_configs:\n      - targets: [{}]\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n  - job_name: oncilla\n    authorization:\n      credentials_file: {}\n{job}    static_configs:\n      - targets: [{}]\n",
+            alert_rules().display(),
             c.metrics_token_file().display(),
             targets.join(", ")
         ),
@@ -278,6 +370,49 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
     eprintln!("PromQL {q} = {seen:?}");
     let allocs = r#"sum(oncilla_master_allocations{kind="remote_host"})"#;
     assert!(Cluster::eventually(BOUND, || query(&listen, allocs) == Some(1.0)));
+    let made = "sum(oncilla_master_allocations_made_total)";
+    assert!(Cluster::eventually(BOUND, || query(&listen, made) >= Some(1.0)));
+
+    // The alert rules are loaded and evaluate, and their joins meet on the
+    // labels the daemons serve: every node's pool, each under its `node`,
+    // and every node the leading master hears.
+    let (code, body) = get(&listen, "/api/v1/rules", None);
+    assert_eq!(code, 200, "{body}");
+    let rules: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let group = &rules["data"]["groups"][0];
+    assert_eq!(group["name"], "oncilla", "{body}");
+    assert_eq!(group["rules"].as_array().map(Vec::len), Some(6), "{body}");
+    let evaluated = || {
+        let (_, body) = get(&listen, "/api/v1/rules", None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        v["data"]["groups"][0]["rules"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|r| r["health"] == "ok"))
+    };
+    assert!(
+        Cluster::eventually(BOUND, evaluated),
+        "a rule does not evaluate: {body}"
+    );
+    let used = r#"sum by (node) (oncilla_pool_bytes{state="used"}) / sum by (node) (oncilla_pool_capacity_bytes)"#;
+    let pools = || {
+        let mut nodes: Vec<String> = series(&listen, used)
+            .iter()
+            .filter_map(|s| s["node"].as_str().map(String::from))
+            .collect();
+        nodes.sort();
+        nodes == ["node-0", "node-1"]
+    };
+    assert!(
+        Cluster::eventually(BOUND, pools),
+        "{used}: {:?}",
+        series(&listen, used)
+    );
+    let heard = "max by (node) (oncilla_master_node_heartbeat_age_seconds * on (instance) group_left oncilla_master_leading)";
+    assert!(
+        Cluster::eventually(BOUND, || series(&listen, heard).len() == 2),
+        "{heard}: {:?}",
+        series(&listen, heard)
+    );
 
     // Every query of the Grafana dashboard is valid PromQL here and
     // names only metrics the daemons serve.
@@ -287,6 +422,8 @@ fn a_real_prometheus_scrapes_the_cluster_and_answers_promql() {
         .map(|d| get(&c.metrics_addr(d).unwrap(), "/metrics", Some(&t)).1)
         .collect();
     for expr in dashboard_queries() {
+        // As Grafana sends it with "All" chosen for every variable.
+        let expr = expr.replace("$job", ".*").replace("$cluster", ".*");
         let (code, body) = get(
             &listen,
             &format!("/api/v1/query?query={}", encode(&expr)),

@@ -51,8 +51,21 @@ impl<L: AgentLink> Master<L> {
     }
 
     /// Makes `count` allocations of `req`'s spec (see
-    /// [`Master::allocate_many`]).
+    /// [`Master::allocate_many`]), and counts what it came to.
     async fn make(&self, req: AllocateRequest, count: u32) -> Result<Vec<Allocation>, CoreError> {
+        let made = self.make_uncounted(req, count).await;
+        match &made {
+            Ok(list) => self.refusals.made(list.len() as u64),
+            Err(e) => self.refusals.refused(e),
+        }
+        made
+    }
+
+    async fn make_uncounted(
+        &self,
+        req: AllocateRequest,
+        count: u32,
+    ) -> Result<Vec<Allocation>, CoreError> {
         self.check_serving()?;
         let persistent = req.persistent();
         let AllocateRequest {

@@ -30,6 +30,7 @@ mod node;
 pub mod placement;
 mod quotas;
 mod recovery;
+pub mod refusals;
 pub mod seat;
 mod sessions;
 mod state;
@@ -95,6 +96,8 @@ pub struct Master<L> {
     state: Mutex<State>,
     /// Where quotas are kept; held while one is changed.
     quota_store: Option<Mutex<Box<dyn QuotaStore>>>,
+    /// What allocation requests came to, for the metrics.
+    refusals: refusals::Refusals,
 }
 
 impl<L: AgentLink> Master<L> {
@@ -111,7 +114,13 @@ impl<L: AgentLink> Master<L> {
             recovery: liveness.recovery(),
             state: Mutex::new(State::new()),
             quota_store: None,
+            refusals: refusals::Refusals::default(),
         }
+    }
+
+    /// What its allocation requests came to so far.
+    pub fn refusals(&self) -> &refusals::Refusals {
+        &self.refusals
     }
 
     pub fn liveness(&self) -> &Liveness {

@@ -1,13 +1,21 @@
-//! The daemon's Prometheus metrics: one registry, the families in it, and
-//! the samplers that read state at scrape time (pool, sessions, listeners,
-//! the master's table). Counters and histograms on the data path are
+//! The daemon's Prometheus metrics: the families, and the samplers that
+//! read state at scrape time (pool, sessions, listeners, the master's
+//! table, the process). Counters and histograms on the data path are
 //! recorded by the servers themselves through [`data::Transfers`], before
 //! the reply that completes a request and outside any lock. The endpoint that serves them is
 //! [`serve`].
 //!
+//! Conventions (Prometheus'): one unit per family, named in it; a label
+//! splits a family only into parts that sum to a whole; counters end in
+//! `_total`. Every family about this daemon (its pool, data path, process
+//! and build) carries `node`, the daemon's node name; the master's
+//! families are about the cluster, and `node` there is the node a series
+//! describes.
+//!
 //! It only observes: nothing here changes a pool, a table or a connection.
 
 pub mod data;
+mod process;
 pub mod serve;
 
 use std::sync::{Arc, Mutex};
@@ -18,6 +26,7 @@ use oncilla_model::Kind;
 use prometheus::{Encoder, Gauge, GaugeVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::agent::Agent;
+use crate::master::refusals::Refusal;
 use crate::master::seat::Seat;
 use crate::master::AgentLink;
 
@@ -47,7 +56,10 @@ impl Mirror {
 
 /// Every metric family of this daemon.
 pub struct Metrics {
+    /// This daemon's own families: each series carries its `node`.
     registry: Registry,
+    /// The master's families, about the cluster's nodes.
+    cluster: Registry,
     samplers: Mutex<Vec<Sampler>>,
     /// The TCP data server's counters (registered with the agent role).
     pub data: Arc<data::Transfers>,
@@ -108,12 +120,19 @@ fn i64_of(v: u64) -> i64 {
 }
 
 impl Metrics {
-    pub fn new() -> Arc<Self> {
-        let registry = Registry::new();
+    /// The families of the daemon of node `node`.
+    pub fn new(node: &str) -> Arc<Self> {
+        let labels = std::collections::HashMap::from([("node".to_string(), node.to_string())]);
+        let registry = Registry::new_custom(None, Some(labels)).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "metrics without a node label");
+            Registry::new()
+        });
         let data = Arc::new(data::Transfers::new(&registry));
+        let process = process::watch(&registry);
         Arc::new(Self {
             registry,
-            samplers: Mutex::new(Vec::new()),
+            cluster: Registry::new(),
+            samplers: Mutex::new(vec![process]),
             data,
         })
     }
@@ -131,8 +150,18 @@ impl Metrics {
         let pool = gauge_vec(
             r,
             "oncilla_pool_bytes",
-            "Bytes of this agent's pool, by state: capacity, used (held by allocations), free, refilling (freed, being zeroed or backed anew), largest_free (the largest hole).",
+            "Bytes of this agent's pool, by state (they sum to its capacity): used (held by allocations), free, refilling (freed, being zeroed or backed anew).",
             &["state"],
+        );
+        let capacity = gauge(
+            r,
+            "oncilla_pool_capacity_bytes",
+            "Bytes this agent's pool exports.",
+        );
+        let largest_free = gauge(
+            r,
+            "oncilla_pool_largest_free_bytes",
+            "The largest free run of this agent's pool: the largest allocation it can take in one piece now.",
         );
         let page = gauge(
             r,
@@ -182,22 +211,25 @@ impl Metrics {
             Mirror::new(reg_failures.with_label_values(&["host"])),
             Mirror::new(reg_failures.with_label_values(&["gpu"])),
         ];
-        let gpu = gauge_vec(
+        let gpu_bytes = gauge(
             r,
-            "oncilla_gpu_held",
-            "Device memory held on this node for REMOTE_GPU allocations: extents and bytes.",
-            &["what"],
+            "oncilla_gpu_held_bytes",
+            "Device memory held on this node for REMOTE_GPU allocations.",
+        );
+        let gpu_extents = gauge(
+            r,
+            "oncilla_gpu_held_extents",
+            "Extents of device memory held on this node for REMOTE_GPU allocations.",
         );
         let agent = Arc::clone(agent);
         self.sample(Box::new(move || {
             let u = agent.usage();
-            let capacity = agent.pool().capacity();
+            capacity.set(i64_of(agent.pool().capacity()));
+            largest_free.set(i64_of(u.largest_free));
             for (state, v) in [
-                ("capacity", capacity),
                 ("used", u.used),
                 ("free", u.free),
                 ("refilling", u.scrubbing),
-                ("largest_free", u.largest_free),
             ] {
                 pool.with_label_values(&[state]).set(i64_of(v));
             }
@@ -219,8 +251,8 @@ impl Metrics {
             }
             gpu_regs.follow(load(&c.gpu));
             let (extents, bytes) = agent.gpu_held();
-            gpu.with_label_values(&["extents"]).set(i64_of(extents));
-            gpu.with_label_values(&["bytes"]).set(i64_of(bytes));
+            gpu_extents.set(i64_of(extents));
+            gpu_bytes.set(i64_of(bytes));
         }));
     }
 
@@ -231,7 +263,7 @@ impl Metrics {
         &self,
         seat: tokio::sync::watch::Receiver<Seat<L>>,
     ) {
-        let r = &self.registry;
+        let r = &self.cluster;
         let leading = gauge(
             r,
             "oncilla_master_leading",
@@ -254,12 +286,33 @@ impl Metrics {
             "Time since the master last heard from each node.",
             &["node"],
         );
-        let node_bytes = gauge_vec(
+        let node_capacity = gauge_vec(
             r,
-            "oncilla_master_node_bytes",
-            "Each node's memory as the master accounts it: capacity, and reserved by allocations.",
-            &["node", "state"],
+            "oncilla_master_node_capacity_bytes",
+            "Each node's memory as the master accounts it.",
+            &["node"],
         );
+        let node_reserved = gauge_vec(
+            r,
+            "oncilla_master_node_reserved_bytes",
+            "Each node's memory reserved by allocations, as the master accounts it.",
+            &["node"],
+        );
+        let made = Mirror::new(counter(
+            r,
+            "oncilla_master_allocations_made_total",
+            "Allocations this master made (a batch counts each of its allocations).",
+        ));
+        let failures = counter_vec(
+            r,
+            "oncilla_master_allocation_failures_total",
+            "Allocation requests this master refused, by reason: capacity, quota, invalid, unavailable (a node needed was down, draining or failed), not_serving (recovering, standing by), denied, other.",
+            &["reason"],
+        );
+        let refused: Vec<(Refusal, Mirror)> = Refusal::ALL
+            .iter()
+            .map(|r| (*r, Mirror::new(failures.with_label_values(&[r.label()]))))
+            .collect();
         let allocs = gauge_vec(
             r,
             "oncilla_master_allocations",
@@ -288,7 +341,8 @@ impl Metrics {
             term.set(core.as_ref().map_or(0, |c| i64_of(c.term())));
             // Nodes come and go: labels are rebuilt each scrape.
             age.reset();
-            node_bytes.reset();
+            node_capacity.reset();
+            node_reserved.reset();
             allocs.reset();
             alloc_bytes.reset();
             let Some(master) = core else {
@@ -310,12 +364,10 @@ impl Metrics {
                 let name = n.info.name.as_str();
                 age.with_label_values(&[name])
                     .set(n.last_heartbeat_ms_ago as f64 / 1000.0);
-                node_bytes
-                    .with_label_values(&[name, "capacity"])
+                node_capacity
+                    .with_label_values(&[name])
                     .set(i64_of(n.info.capacity));
-                node_bytes
-                    .with_label_values(&[name, "reserved"])
-                    .set(i64_of(n.used));
+                node_reserved.with_label_values(&[name]).set(i64_of(n.used));
             }
             for (state, n) in ["up", "suspect", "down"].iter().zip(by_state) {
                 nodes.with_label_values(&[state]).set(n);
@@ -324,6 +376,10 @@ impl Metrics {
                 let labels = [kind_label(kind), health_label(health)];
                 allocs.with_label_values(&labels).set(i64_of(count));
                 alloc_bytes.with_label_values(&labels).set(i64_of(bytes));
+            }
+            made.follow(master.refusals().made_total());
+            for (r, m) in &refused {
+                m.follow(master.refusals().refused_total(*r));
             }
             let d = master.recovering();
             recovering.set(i64::from(!d.is_zero()));
@@ -343,7 +399,9 @@ impl Metrics {
         }
         self.data.sample();
         let mut out = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+        let mut families = self.registry.gather();
+        families.extend(self.cluster.gather());
+        if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
             tracing::error!(error = %e, "metrics could not be encoded");
         }
         out
@@ -373,23 +431,40 @@ mod tests {
 
     #[test]
     fn every_family_renders_and_names_follow_the_conventions() {
-        let m = Metrics::new();
+        let m = Metrics::new("n1");
         m.data.read.served(4096);
         m.data.read.took(std::time::Duration::from_micros(30));
         m.data.refused(oncilla_net::wire::Status::OutOfBounds);
         let text = String::from_utf8(m.render()).unwrap();
+        // This daemon's families carry its node.
         assert!(
-            text.contains("oncilla_data_requests_total{fabric=\"tcp\",op=\"read\"} 1"),
+            text.contains("oncilla_data_requests_total{fabric=\"tcp\",op=\"read\",node=\"n1\"} 1"),
             "{text}"
         );
         assert!(
-            text.contains("oncilla_data_bytes_total{fabric=\"tcp\",op=\"read\"} 4096"),
+            text.contains("oncilla_data_bytes_total{fabric=\"tcp\",op=\"read\",node=\"n1\"} 4096"),
             "{text}"
         );
+        let build = format!(
+            "oncilla_build_info{{version=\"{}\",node=\"n1\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build), "{text}");
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(text.contains(&format!("{family}{{node=\"n1\"}}")), "{text}");
+        }
         for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
             let mut f = line.split_whitespace().skip(2);
             let (name, kind) = (f.next().unwrap(), f.next().unwrap());
-            assert!(name.starts_with("oncilla_"), "{name}");
+            assert!(
+                name.starts_with("oncilla_") || name.starts_with("process_"),
+                "{name}"
+            );
             match kind {
                 "counter" => assert!(name.ends_with("_total"), "{name}"),
                 "histogram" => assert!(name.ends_with("_seconds"), "{name}"),

@@ -512,7 +512,8 @@ pub fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     parse_http(&String::from_utf8_lossy(&reply))
 }
 
-/// An HTTP/1.1 reply's status code and body (code 0: no status line).
+/// An HTTP/1.1 reply's status code and body (code 0: no status line); a
+/// chunked body (Prometheus' larger answers) is joined.
 pub fn parse_http(reply: &str) -> (u16, String) {
     let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((reply, ""));
     let code = head
@@ -520,7 +521,23 @@ pub fn parse_http(reply: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (code, body.to_string())
+    let chunked = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    if !chunked {
+        return (code, body.to_string());
+    }
+    let (mut out, mut rest) = (String::new(), body);
+    // Each chunk: its length in hex, CRLF, the bytes, CRLF; 0 ends it.
+    while let Some((len, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].strip_prefix("\r\n").unwrap_or(&tail[n..]);
+    }
+    (code, out)
 }
 
 /// Whether the other end has closed `s` (end-of-file or reset), looking
