@@ -3,6 +3,10 @@
 #   liboncilla (oncilla.h; liboncilla.so and liboncilla.a; oncilla.pc)
 #   liboncillamem, the original runtime's API (oncillamem.h;
 #     liboncillamem.so; oncillamem.pc)
+# Each shared library is installed as lib*.so.VERSION, with its SONAME
+# (lib*.so.ABI: the major version, or 0.MINOR before 1.0; see capi/build.rs)
+# and lib*.so linking to it, as distributions lay libraries out: programs
+# record the ABI they were linked against and run only with that one.
 # so that
 #   cc app.c $(pkg-config --cflags --libs oncilla)
 #   cc old_app.c $(pkg-config --cflags --libs oncillamem)
@@ -25,9 +29,16 @@ for f in liboncilla.so liboncilla.a liboncillamem.so; do
   }
 done
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
+major=${version%%.*}
+abi=$major
+[ "$major" = 0 ] && abi=0.$(echo "$version" | cut -d. -f2)
 install -d "$prefix/include" "$prefix/lib/pkgconfig"
 install -m 644 "$root/capi/include/oncilla.h" "$root/oncillamem/include/oncillamem.h" "$prefix/include/"
-install -m 755 "$from/liboncilla.so" "$from/liboncillamem.so" "$prefix/lib/"
+for lib in liboncilla liboncillamem; do
+  install -m 755 "$from/$lib.so" "$prefix/lib/$lib.so.$version"
+  ln -sfn "$lib.so.$version" "$prefix/lib/$lib.so.$abi"
+  ln -sfn "$lib.so.$abi" "$prefix/lib/$lib.so"
+done
 install -m 644 "$from/liboncilla.a" "$prefix/lib/"
 # pc NAME LIB DESCRIPTION: the pkg-config file of one library.
 pc() {
@@ -46,4 +57,4 @@ PC
 }
 pc oncilla oncilla "Oncilla managed global address space: allocate cluster memory and copy to and from it"
 pc oncillamem oncillamem "The original Oncilla runtime's API (oncillamem.h) over an Oncilla cluster"
-echo "installed oncilla.h, oncillamem.h, liboncilla.so/.a, liboncillamem.so, oncilla.pc and oncillamem.pc under $prefix"
+echo "installed oncilla.h, oncillamem.h, liboncilla.so.$version (.so.$abi, .so) and .a, liboncillamem.so.$version (.so.$abi, .so), oncilla.pc and oncillamem.pc under $prefix"

@@ -25,9 +25,11 @@ newest() { ls -t "$R"/deps/"$1"-* | grep -vE '\.(d|rlib|rmeta|so)$' | head -1; }
 cp "$(newest cluster)" "$(newest oncilla_cuda)" .gpu/release/deps/
 # A program written for the original runtime's API, linked as its users link it; it finds the library
 # beside itself.
-cp "$R/liboncillamem.so" .gpu/release/
 cc -std=c11 -O2 -Wall -Werror -I oncillamem/include tests/c/oncillamem.c -L "$R" -loncillamem \
   -Wl,-rpath,'$ORIGIN' -o .gpu/release/oncillamem-c
+# Under the name the program asks for (the library's SONAME, see oncillamem/build.rs).
+soname=$(readelf -d "$R/liboncillamem.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+cp "$R/liboncillamem.so" ".gpu/release/${soname:-liboncillamem.so}"
 strip .gpu/release/* .gpu/release/deps/* 2>/dev/null || true
 python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
 cp target/wheels/*.whl .gpu/wheel/

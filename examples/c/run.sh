@@ -5,9 +5,8 @@
 #   examples/c/run.sh bfs [--vertices 1M] [--reps 3] ...
 #   examples/c/run.sh relational [--tuples 4M,16M,64M] ...
 #
-# The example is compiled the way any C program links liboncilla: the
-# header from capi/include, the shared library cargo built. After
-# deploy/install-c.sh the same source builds with
+# The example is compiled the way any C program links liboncilla: installed
+# by deploy/install-c.sh (into target/c-prefix here) and found with
 #   cc -O2 -pthread relational.c $(pkg-config --cflags --libs oncilla)
 # AGENTS and CAPACITY (memory per agent) size the cluster.
 set -euo pipefail
@@ -23,12 +22,14 @@ case "$prog" in
 esac
 
 cd "$root"
-cargo build --release -p ocmctl -p oncillad -p oncilla-capi
+cargo build --release -p ocmctl -p oncillad -p oncilla-capi -p oncillamem
+prefix=$root/target/c-prefix
+deploy/install-c.sh "$prefix" >/dev/null
 out=target/release/c-examples
 mkdir -p "$out"
 "${CC:-cc}" -std=c11 -O2 -pthread -Wall -Wextra -Werror -pedantic \
-  -I capi/include -I examples/c \
-  -o "$out/$prog" "examples/c/$prog.c" \
-  -L target/release -loncilla -Wl,-rpath,"$root/target/release"
+  -I examples/c -o "$out/$prog" "examples/c/$prog.c" \
+  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs oncilla) \
+  -Wl,-rpath,"$prefix/lib"
 exec target/release/ocmctl run --agents "${AGENTS:-3}" --capacity "${CAPACITY:-640MiB}" \
   -- "$out/$prog" "$@"

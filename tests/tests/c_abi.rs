@@ -140,10 +140,40 @@ fn run(c: &Cluster, exe: &Path, args: &[&str]) -> Output {
     out
 }
 
+/// What `readelf -d` says of `file`'s dynamic section.
+fn dynamic_section(file: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run readelf: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn c_programs_use_every_call_of_the_abi() {
     let c = Cluster::start(2, "32MiB");
     let exe = compile(&c.dir, "tests/c/abi.c", Lib::Oncilla);
+    // The library names its ABI (0.MINOR before 1.0), the program records
+    // that name, and the installed file answers to it (the program runs).
+    let abi = match env!("CARGO_PKG_VERSION_MAJOR") {
+        "0" => format!("0.{}", env!("CARGO_PKG_VERSION_MINOR")),
+        major => major.to_string(),
+    };
+    let soname = format!("liboncilla.so.{abi}");
+    let lib = installed().join("lib/liboncilla.so");
+    assert!(
+        dynamic_section(&lib).contains(&format!("Library soname: [{soname}]")),
+        "{}",
+        dynamic_section(&lib)
+    );
+    assert!(
+        dynamic_section(&exe).contains(&format!("Shared library: [{soname}]")),
+        "{}",
+        dynamic_section(&exe)
+    );
+    let file = installed().join(format!("lib/liboncilla.so.{}", env!("CARGO_PKG_VERSION")));
+    assert!(file.is_file(), "{file:?}");
     let out = run(&c, &exe, &["basic"]);
     let text = String::from_utf8_lossy(&out.stdout);
     for kind in ["local-host", "remote-host"] {
