@@ -108,7 +108,17 @@ typedef struct ocm_allocation *ocm_alloc_t;
 
 // Everything `ocm_alloc_ex` can ask for. Start from
 // `ocm_params_default(size, kind)` and change what you need.
+//
+// The struct grows at its end in later versions. `struct_size` says how
+// much of it the program knows (`ocm_params_default` sets it to the
+// `sizeof` of the header it was compiled with): a library reads that
+// much, and gives fields past it their defaults; a newer program's
+// fields this library does not know must be zero (`OCM_E_INVALID`
+// otherwise: it cannot do what they ask).
 typedef struct ocm_params_t {
+  // `sizeof(ocm_params_t)` as the program knows it; set by
+  // `ocm_params_default`.
+  size_t struct_size;
   uint64_t size;
   // An `ocm_kind_t` value.
   int kind;
@@ -162,11 +172,18 @@ ocm_alloc_t ocm_alloc(uint64_t size, int kind);
 // `OCM_VERSION_*` can compare with the library it runs with.
 const char *ocm_version(void);
 
-// The parameters `ocm_alloc_ex` starts from: the default policy, no
-// nodes, no stripe, no name, not persistent, automatic fabric, any GPU,
-// one copy.
-// `kind` is kept as given (`ocm_alloc_ex` checks it).
-struct ocm_params_t ocm_params_default(uint64_t size, int kind);
+// Fills the `struct_size` bytes at `params` (the program's
+// `sizeof(ocm_params_t)`) with the parameters `ocm_alloc_ex` starts from:
+// the default policy, no nodes, no stripe, no name, not persistent,
+// automatic fabric, any GPU, one copy; `kind` kept as given (`ocm_alloc_ex`
+// checks it), and `struct_size` set. Bytes of a newer program's struct
+// past this library's are zeroed. The header's `ocm_params_default` calls
+// it. `OCM_E_INVALID` for a NULL or misaligned `params`, or a
+// `struct_size` smaller than this version's struct or over 4,096.
+//
+// # Safety
+// `params` is NULL, misaligned, or has `struct_size` writable bytes.
+int ocm_params_init(struct ocm_params_t *params, size_t struct_size, uint64_t size, int kind);
 
 // An allocation as `params` describes it. NULL on failure; a NULL or
 // misaligned `params`, `nodes` or `weights`, more than 65,536
@@ -286,3 +303,14 @@ int ocm_invalidate(ocm_alloc_t a, uint64_t offset, uint64_t len);
 #endif  // __cplusplus
 
 #endif  /* ONCILLA_H */
+
+#ifndef ONCILLA_PARAMS_DEFAULT
+#define ONCILLA_PARAMS_DEFAULT
+// The parameters `ocm_alloc_ex` starts from (`ocm_params_init`), for
+// this header's `ocm_params_t`; change what you need.
+static inline struct ocm_params_t ocm_params_default(uint64_t size, int kind) {
+  struct ocm_params_t p;
+  ocm_params_init(&p, sizeof p, size, kind);
+  return p;
+}
+#endif

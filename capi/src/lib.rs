@@ -90,9 +90,19 @@ pub type ocm_alloc_t = *mut ocm_allocation;
 
 /// Everything `ocm_alloc_ex` can ask for. Start from
 /// `ocm_params_default(size, kind)` and change what you need.
+///
+/// The struct grows at its end in later versions. `struct_size` says how
+/// much of it the program knows (`ocm_params_default` sets it to the
+/// `sizeof` of the header it was compiled with): a library reads that
+/// much, and gives fields past it their defaults; a newer program's
+/// fields this library does not know must be zero (`OCM_E_INVALID`
+/// otherwise: it cannot do what they ask).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ocm_params_t {
+    /// `sizeof(ocm_params_t)` as the program knows it; set by
+    /// `ocm_params_default`.
+    pub struct_size: usize,
     pub size: u64,
     /// An `ocm_kind_t` value.
     pub kind: c_int,
@@ -320,11 +330,13 @@ pub extern "C" fn ocm_version() -> *const c_char {
 
 /// The parameters `ocm_alloc_ex` starts from: the default policy, no
 /// nodes, no stripe, no name, not persistent, automatic fabric, any GPU,
-/// one copy.
-/// `kind` is kept as given (`ocm_alloc_ex` checks it).
-#[no_mangle]
-pub extern "C" fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
-    let params = ocm_params_t {
+/// one copy. `kind` is kept as given (`ocm_alloc_ex` checks it). For Rust
+/// callers of this ABI; C and C++ programs call the header's inline
+/// `ocm_params_default`, which passes their `sizeof(ocm_params_t)` to
+/// [`ocm_params_init`].
+pub fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
+    ocm_params_t {
+        struct_size: std::mem::size_of::<ocm_params_t>(),
         size,
         kind,
         policy: ocm_policy_t::OCM_POLICY_LOCAL_FIRST as c_int,
@@ -337,9 +349,59 @@ pub extern "C" fn ocm_params_default(size: u64, kind: c_int) -> ocm_params_t {
         fabric: ocm_fabric_t::OCM_FABRIC_AUTO as c_int,
         gpu: -1,
         replicas: 1,
-    };
-    // Nothing above can fail; the guard keeps the promise of every entry.
-    guard(params, || Ok(params))
+    }
+}
+
+/// Fills the `struct_size` bytes at `params` (the program's
+/// `sizeof(ocm_params_t)`) with the parameters `ocm_alloc_ex` starts from:
+/// the default policy, no nodes, no stripe, no name, not persistent,
+/// automatic fabric, any GPU, one copy; `kind` kept as given (`ocm_alloc_ex`
+/// checks it), and `struct_size` set. Bytes of a newer program's struct
+/// past this library's are zeroed. The header's `ocm_params_default` calls
+/// it. `OCM_E_INVALID` for a NULL or misaligned `params`, or a
+/// `struct_size` smaller than this version's struct or over 4,096.
+///
+/// # Safety
+/// `params` is NULL, misaligned, or has `struct_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ocm_params_init(
+    params: *mut ocm_params_t,
+    struct_size: usize,
+    size: u64,
+    kind: c_int,
+) -> c_int {
+    status(|| {
+        aligned(params.cast_const(), "params")?;
+        let known = struct_size_checked(struct_size)?;
+        // SAFETY: aligned (checked) and `struct_size >= known` writable
+        // bytes per the caller.
+        unsafe {
+            params.write(ocm_params_t {
+                struct_size,
+                ..ocm_params_default(size, kind)
+            });
+            std::ptr::write_bytes(params.cast::<u8>().add(known), 0, struct_size - known);
+        }
+        Ok(())
+    })
+}
+
+/// This library's `sizeof(ocm_params_t)`, once `declared` (a program's)
+/// is one it can take: not smaller (only this version exists yet), at
+/// most [`PARAMS_MAX`].
+fn struct_size_checked(declared: usize) -> Result<usize, Fail> {
+    let known = std::mem::size_of::<ocm_params_t>();
+    if declared < known {
+        return Err(invalid(format!(
+            "params.struct_size is {declared}, less than this library's ocm_params_t ({known} bytes): start from ocm_params_default(), which sets it"
+        )));
+    }
+    if declared > PARAMS_MAX {
+        return Err(invalid(format!(
+            "params.struct_size is {declared}: more than {PARAMS_MAX} bytes is no ocm_params_t"
+        )));
+    }
+    Ok(known)
 }
 
 /// An allocation as `params` describes it. NULL on failure; a NULL or
@@ -399,9 +461,9 @@ pub unsafe extern "C" fn ocm_alloc_many(
 /// # Safety
 /// As for `ocm_alloc_ex`'s `params`.
 unsafe fn spec_from(params: *const ocm_params_t) -> Result<AllocSpec, Fail> {
-    aligned(params, "params")?;
-    // SAFETY: not NULL and aligned (checked), and readable per the caller.
-    let p = unsafe { &*params };
+    // SAFETY: as the caller promises.
+    let p = unsafe { params_from(params)? };
+    let p = &p;
     let mut spec = AllocSpec::new(p.size, kind_from(p.kind)?);
     spec = spec.policy(policy_from(p.policy)?);
     let persistent = flag(p.persistent, "persistent")?;
@@ -449,6 +511,36 @@ unsafe fn spec_from(params: *const ocm_params_t) -> Result<AllocSpec, Fail> {
     }
     spec = spec.replicas(p.replicas);
     Ok(spec)
+}
+
+/// The most of a newer program's `ocm_params_t` read: a page.
+const PARAMS_MAX: usize = 4096;
+
+/// `*params`, as much of it as its `struct_size` says the program knows
+/// (only this version's fields exist yet: a smaller struct is refused),
+/// after checking that what a newer program added is zero.
+///
+/// # Safety
+/// As for `ocm_alloc_ex`'s `params`: `struct_size` bytes readable at it.
+unsafe fn params_from(params: *const ocm_params_t) -> Result<ocm_params_t, Fail> {
+    aligned(params, "params")?;
+    // SAFETY: not NULL and aligned (checked); `struct_size` is the first
+    // field of every version, readable per the caller.
+    let declared = unsafe { std::ptr::addr_of!((*params).struct_size).read() };
+    let known = struct_size_checked(declared)?;
+    // SAFETY: `declared` bytes are readable at `params` per the caller,
+    // and `known <= declared`.
+    let newer =
+        unsafe { std::slice::from_raw_parts(params.cast::<u8>().add(known), declared - known) };
+    if let Some(at) = newer.iter().position(|b| *b != 0) {
+        return Err(invalid(format!(
+            "params sets byte {} of a newer ocm_params_t ({declared} bytes) that this library ({}) does not know; it cannot do what that field asks",
+            known + at,
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+    // SAFETY: aligned, and `known` bytes readable (checked above).
+    Ok(unsafe { params.read() })
 }
 
 /// The named allocation `name`, made by any process on any node. NULL on

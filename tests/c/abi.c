@@ -150,6 +150,13 @@ static int basic(void) {
     bad.persistent = 2;
     CHECK(ocm_alloc_ex(&bad) == NULL && ocm_last_error() == OCM_E_INVALID, "persistent 2");
     CHECK(strstr(ocm_last_error_message(), "persistent is 2") != NULL, "message names it");
+    /* The struct's size, as the program knows it, travels with it. */
+    CHECK(bad.struct_size == sizeof(ocm_params_t), "struct_size set by ocm_params_default");
+    bad.struct_size = 0; /* as a struct filled by hand would have it */
+    CHECK(ocm_alloc_ex(&bad) == NULL && ocm_last_error() == OCM_E_INVALID, "struct_size 0");
+    CHECK(strstr(ocm_last_error_message(), "ocm_params_default") != NULL, "message says how");
+    CHECK(ocm_params_init(&bad, 8, 4096, OCM_REMOTE_HOST) == OCM_E_INVALID, "init for 8 bytes");
+    CHECK(ocm_params_init(NULL, sizeof bad, 4096, OCM_REMOTE_HOST) == OCM_E_INVALID, "init NULL");
   }
   CHECK(ocm_attach("no-such-name-here") == NULL && ocm_last_error() == OCM_E_NOT_FOUND,
         "attach unknown name");

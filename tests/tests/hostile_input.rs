@@ -168,7 +168,49 @@ fn abi_child() {
     };
     // SAFETY: refused for its alignment before any read through `nodes`.
     assert!(unsafe { capi::ocm_alloc_ex(&misaligned_nodes) }.is_null());
+
     assert_invalid("misaligned nodes", "nodes (");
+    // struct_size: a struct made by hand (0), one smaller than this
+    // version's, a size no struct has, and a newer program's struct
+    // asking for a field this library does not know.
+    let known = std::mem::size_of::<ocm_params_t>();
+    for (size, needle) in [
+        (0, "start from ocm_params_default()"),
+        (known - 8, "less than this library's ocm_params_t"),
+        (1 << 20, "is no ocm_params_t"),
+    ] {
+        let p = ocm_params_t {
+            struct_size: size,
+            ..good
+        };
+        // SAFETY: refused on `struct_size` before reading past the struct.
+        assert!(unsafe { capi::ocm_alloc_ex(&p) }.is_null());
+        assert_invalid("struct_size", needle);
+    }
+    // ocm_params_init writes only sizes it can take: a megabyte is refused
+    // before any byte is written.
+    let mut target = good;
+    // SAFETY: refused on its size before writing.
+    let status = unsafe { capi::ocm_params_init(&mut target, 1 << 20, 4096, 1) };
+    assert_eq!(status, ocm_status_t::OCM_E_INVALID as c_int);
+    assert_invalid("ocm_params_init of a megabyte", "is no ocm_params_t");
+    // A newer program's struct: this version's fields, then 16 bytes more.
+    let mut newer = vec![0u64; known / 8 + 2];
+    let with = |tail: u64, newer: &mut Vec<u64>| {
+        let p = ocm_params_t {
+            struct_size: known + 16,
+            ..capi::ocm_params_default(4096, 1)
+        };
+        // SAFETY: `newer` holds `known + 16` bytes, aligned for u64 (the
+        // struct's alignment), and `p` fits at its start.
+        unsafe { newer.as_mut_ptr().cast::<ocm_params_t>().write(p) };
+        newer[known / 8 + 1] = tail;
+        newer.as_ptr().cast::<ocm_params_t>()
+    };
+    let asks = with(7, &mut newer);
+    // SAFETY: `known + 16` readable bytes at `asks`.
+    assert!(unsafe { capi::ocm_alloc_ex(asks) }.is_null());
+    assert_invalid("a newer field set", "does not know");
     let misaligned_weights = ocm_params_t {
         n_nodes: 1,
         nodes: nodes.as_ptr(),
@@ -207,6 +249,12 @@ fn abi_child() {
     // SAFETY: `nodes` holds one NUL-terminated string for the call.
     let remote = unsafe { capi::ocm_alloc_ex(&remote_params) };
     assert!(!remote.is_null(), "{:?}", last());
+    // A newer program's struct whose new fields are zero: their defaults.
+    let zero_tail = with(0, &mut newer);
+    // SAFETY: `known + 16` readable bytes at `zero_tail`.
+    let fits = unsafe { capi::ocm_alloc_ex(zero_tail) };
+    assert!(!fits.is_null(), "{:?}", last());
+    assert_eq!(capi::ocm_free(fits), 0);
     // Buffers the header says are checked: NULL with a length, and a
     // length no memory can hold.
     // SAFETY: refused before any read.
