@@ -6,6 +6,7 @@
 /// Where the thread that posts and polls for one device runs (after Lu et
 /// al.'s communication-thread affinity on OpenPOWER): off by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Affinity {
     /// Wherever the scheduler puts it.
     #[default]
@@ -56,6 +57,7 @@ impl Affinity {
 
 /// Why the progress thread cannot be placed as asked.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AffinityError {
     /// Not `none`, `hca-socket` or `core:N`.
     #[error("unknown RDMA affinity {0:?}; use none, hca-socket or core:N")]

@@ -13,6 +13,7 @@ pub use oncilla_model::Kind;
 
 /// One extent: bytes `[alloc_offset, alloc_offset + len)` live on `node`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Extent {
     pub node: String,
     pub alloc_offset: u64,
@@ -50,6 +51,7 @@ impl Extent {
 
 /// Everything needed to copy to and from an allocation.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Descriptor {
     pub id: u64,
     pub size: u64,

@@ -5,6 +5,7 @@ use oncilla_net::auth::TokenError;
 
 /// Everything that can go wrong in liboncilla.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The local agent's Unix socket cannot be reached.
     #[error("cannot reach the local oncillad at {path}: {reason} (is the agent running? set ONCILLA_SOCKET to its --socket)")]

@@ -25,6 +25,7 @@ pub const RDMA_IDLE_DEFAULT: Duration = Duration::from_secs(60);
 /// A setting whose value is not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{var}: {value:?} is not {expected}")]
+#[non_exhaustive]
 pub struct OptionError {
     pub var: &'static str,
     pub value: String,
@@ -33,6 +34,7 @@ pub struct OptionError {
 
 /// How to reach the local agent, and how to move bytes.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Options {
     /// The agent's Unix socket.
     pub socket: PathBuf,
@@ -56,6 +58,7 @@ pub struct Options {
 /// Settings of the verbs fabric (`ONCILLA_RDMA_*`). Bad values do not fail
 /// the session: the fabric is then unavailable, with them as the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RdmaOptions {
     /// Ports to open (`ONCILLA_RDMA_DEVICE`, `NAME[:PORT]` comma-separated;
     /// empty: every active port).

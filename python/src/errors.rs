@@ -96,6 +96,9 @@ pub fn to_py(e: liboncilla::Error) -> PyErr {
         E::Token(_) => Class::TokenError,
         E::Map(_) => Class::MapError,
         E::Internal(_) => Class::InternalError,
+        // The enum is non-exhaustive (it may grow without a major
+        // version): a kind this list does not name yet is internal.
+        _ => Class::InternalError,
     };
     err(class, e.to_string())
 }

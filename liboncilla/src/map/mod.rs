@@ -44,6 +44,7 @@ pub const MAX_BLOCK: u64 = 64 << 20;
 
 /// How a remote allocation is mapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MapOptions {
     /// Bytes fetched per fault: a multiple of the page size, up to
     /// [`MAX_BLOCK`] (default 64 KiB).
