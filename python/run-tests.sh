@@ -24,7 +24,7 @@ rm -rf target/wheels
 # Niced: in deploy/check.sh the Rust tests run beside it.
 MATURIN_PEP517_ARGS="--profile dev" \
   nice -n 10 python3 -m pip wheel --quiet --no-build-isolation --no-deps -w target/wheels ./python
-wheel=$(ls target/wheels/oncilla-*-abi3-*.whl)
+wheel=$(ls target/wheels/oncilla_gas-*-abi3-*.whl)
 run() {
   local py=$1 site=target/python-site-$2
   shift 2

@@ -5,6 +5,14 @@
 # kubernetes-validate is missing it prints one line and passes.
 set -euo pipefail
 cd "$(dirname "$0")"
+# Every Oncilla image is this release's, by version (never :latest), and
+# the Dockerfile's default is the same version.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' ../../Cargo.toml | head -1)
+wrong=$(grep -hn 'image: ghcr.io/oncilla/' ./*.yaml ./ha/*.yaml | grep -v "oncilla/oncilla:$version\$" || true)
+if [ -n "$wrong" ] || ! grep -qx "ARG VERSION=$version" Dockerfile; then
+  echo "manifests or Dockerfile not at version $version:${wrong:+ $wrong}" >&2
+  exit 1
+fi
 # The module, so that a pip install outside PATH still counts.
 if ! python3 -m kubernetes_validate --version >/dev/null 2>&1; then
   echo "skipped: kubernetes-validate not installed (pip install kubernetes-validate)"
