@@ -111,8 +111,7 @@ impl ViewLease {
         interface(py, self.ptr as u64, self.len)
     }
 
-    /// The CUDA array interface (version 3) of GPU memory, uint8. Copies
-    /// into it are synchronous, so no stream needs waiting on.
+    /// The CUDA array interface (version 3) of GPU memory, uint8.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         if !self.device {
@@ -121,9 +120,7 @@ impl ViewLease {
                 "a view of host memory has no __cuda_array_interface__; use __array_interface__",
             ));
         }
-        let d = interface(py, self.ptr as u64, self.len)?;
-        d.set_item("stream", py.None())?;
-        Ok(d)
+        cuda_interface(py, self.ptr as u64, self.len)
     }
 }
 
@@ -241,6 +238,14 @@ pub fn interface(py: Python<'_>, ptr: u64, len: usize) -> PyResult<Bound<'_, PyD
     Ok(d)
 }
 
+/// The CUDA array interface (version 3) of `len` bytes of device memory
+/// at `ptr`. Copies into it are synchronous, so no stream needs waiting on.
+fn cuda_interface(py: Python<'_>, ptr: u64, len: usize) -> PyResult<Bound<'_, PyDict>> {
+    let d = interface(py, ptr, len)?;
+    d.set_item("stream", py.None())?;
+    Ok(d)
+}
+
 /// `alloc.cuda_view()`: a lease on local GPU memory that carries the CUDA
 /// array interface; the allocation may be freed once it is collected.
 pub fn cuda_view<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, ViewLease>> {
@@ -249,9 +254,7 @@ pub fn cuda_view<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, ViewL
 
 /// The CUDA array interface (version 3) over local GPU memory, read off
 /// the allocation itself: it pins the memory for the object's life.
-/// Copies into it are synchronous, so no stream needs waiting on.
 pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound<'py, PyDict>> {
-    let py = slf.py();
     let a = slf.get();
     locate(a, Want::Device, "CUDA array interface")?;
     a.pin();
@@ -261,9 +264,7 @@ pub fn cuda_array_interface<'py>(slf: &Bound<'py, Allocation>) -> PyResult<Bound
             "only a local GPU allocation has a CUDA array interface",
         ));
     };
-    let d = interface(py, ptr, len)?;
-    d.set_item("stream", py.None())?;
-    Ok(d)
+    cuda_interface(slf.py(), ptr, len)
 }
 
 /// `__dlpack_device__`.
