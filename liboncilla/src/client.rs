@@ -211,10 +211,7 @@ impl Client {
             return self.call(|s| s.alloc(&self.session_id, &spec));
         }
         // The master attaches the session that makes a persistent one.
-        let mut attached = self.attached.lock().unwrap_or_else(PoisonError::into_inner);
-        let record = self.call(|s| s.alloc(&self.session_id, &spec))?;
-        *attached.entry(record.id).or_default() += 1;
-        Ok(record)
+        self.counted(|| self.call(|s| s.alloc(&self.session_id, &spec)))
     }
 
     /// Asks for `count` allocations as `spec` says, made together (all or
@@ -234,8 +231,15 @@ impl Client {
     /// Attaches a persistent allocation by id or name, for one more
     /// handle.
     pub(crate) fn attach(&self, alloc: AllocRef) -> Result<Record> {
+        self.counted(|| self.call(|s| s.attach(&self.session_id, &alloc)))
+    }
+
+    /// Runs `attach`, a call that attaches this session to the allocation
+    /// it returns, and counts one more handle of it: under the count's
+    /// lock, so no detach of the same allocation overtakes it.
+    fn counted(&self, attach: impl FnOnce() -> Result<Record>) -> Result<Record> {
         let mut attached = self.attached.lock().unwrap_or_else(PoisonError::into_inner);
-        let record = self.call(|s| s.attach(&self.session_id, &alloc))?;
+        let record = attach()?;
         *attached.entry(record.id).or_default() += 1;
         Ok(record)
     }
