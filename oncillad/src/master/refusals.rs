@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::CoreError;
 
-/// Why an allocation request was refused, as the metrics label it.
+/// Why an allocation request was refused, as the metrics label it. Its
+/// discriminant is its slot in [`Refusals`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// No node had room, or an agent's pool was exhausted.
@@ -28,7 +29,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Every reason, in the order of [`Refusal::label`]'s table.
+    /// Every reason, in discriminant order.
     pub const ALL: [Refusal; 7] = [
         Refusal::Capacity,
         Refusal::Quota,
@@ -80,7 +81,7 @@ impl Refusal {
 #[derive(Debug, Default)]
 pub struct Refusals {
     made: AtomicU64,
-    refused: [AtomicU64; 7],
+    refused: [AtomicU64; Refusal::ALL.len()],
 }
 
 impl Refusals {
@@ -91,11 +92,7 @@ impl Refusals {
 
     /// A request was refused with `e`.
     pub fn refused(&self, e: &CoreError) {
-        let i = Refusal::ALL
-            .iter()
-            .position(|r| *r == Refusal::of(e))
-            .unwrap_or(Refusal::ALL.len() - 1);
-        self.refused[i].fetch_add(1, Ordering::Relaxed);
+        self.refused[Refusal::of(e) as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Allocations made so far.
@@ -105,8 +102,7 @@ impl Refusals {
 
     /// Requests refused so far for `r`.
     pub fn refused_total(&self, r: Refusal) -> u64 {
-        let i = Refusal::ALL.iter().position(|x| *x == r).unwrap_or(0);
-        self.refused[i].load(Ordering::Relaxed)
+        self.refused[r as usize].load(Ordering::Relaxed)
     }
 }
 
@@ -129,5 +125,9 @@ mod tests {
         assert_eq!(r.refused_total(Refusal::NotServing), 1);
         assert_eq!(r.refused_total(Refusal::Other), 1);
         assert_eq!(r.refused_total(Refusal::Quota), 0);
+        // Every reason has its own slot.
+        for (i, r) in Refusal::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{r:?}");
+        }
     }
 }
