@@ -17,7 +17,9 @@
 # callers treat it as a skip).
 #
 # Environment: GUEST_MEM (default 6G), GUEST_CPUS (2), GUEST_TIMEOUT
-# (seconds, 1500), GUEST_ENV (names of variables to pass in, space
+# (seconds, 1500, for each boot), GUEST_BOOT_TIMEOUT (seconds from a
+# boot's start to the command's, 300: a boot that takes longer is stopped
+# and the guest booted again), GUEST_BOOTS (boots at most, 2), GUEST_ENV (names of variables to pass in, space
 # separated), RW_DIRS (directories shared read-write at the same path, for
 # results), VERBOSE=1 (setup log and console tail even on success).
 #
@@ -32,6 +34,8 @@ CMD=$1
 MEM=${GUEST_MEM:-6G}
 CPUS=${GUEST_CPUS:-2}
 TMO=${GUEST_TIMEOUT:-1500}
+BOOT_TMO=${GUEST_BOOT_TIMEOUT:-300}
+BOOTS=${GUEST_BOOTS:-2}
 CACHE=${SOFTROCE_CACHE:-/tmp/oncilla-softroce}
 
 skip() { echo "skipped: Soft-RoCE guest: $*"; exit 77; }
@@ -166,6 +170,7 @@ done
 set +x
 . /run/job/env
 cd "\$(cat /run/job/cwd)" 2>/dev/null || cd /
+: > /run/job/started
 bash -c "\$(cat /run/job/cmd)" </dev/null >\$OUT 2>&1
 echo \$? > /run/job/rc
 sync
@@ -179,31 +184,60 @@ EOF
 # The guest's output travels over a virtio-serial port into a FIFO: a
 # "stdio" chardev with stdin closed counts as disconnected and the guest's
 # writes block forever.
-mkfifo "$JOB/out.fifo"
-cat "$JOB/out.fifo" &
-CATPID=$!
-timeout -k 5 "$TMO" qemu-system-x86_64 \
-  -machine q35,accel=tcg -cpu max -smp "$CPUS" -m "$MEM" \
-  -nodefaults -no-user-config -display none -no-reboot \
-  -kernel "/boot/vmlinuz-$KVER" -initrd "$INITRD" \
-  -append "console=ttyS0 loglevel=4 panic=-1 rdinit=/init" \
-  -serial "file:$JOB/console.log" \
-  -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
-  -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
-  -fsdev "local,id=job,path=$JOB,security_model=none,multidevs=remap" \
-  -device virtio-9p-pci,fsdev=job,mount_tag=job \
-  "${QRW[@]}" \
-  -device virtio-rng-pci \
-  -device virtio-serial-pci \
-  -chardev "file,id=out,path=$JOB/out.fifo" -device virtserialport,chardev=out,name=out \
-  </dev/null >"$JOB/qemu.err" 2>&1 &
-QPID=$!
+#
+# A boot can hang before the command starts: once in CI (stop 50) the
+# guest's kernel stalled in early boot (RCU stalls, "timer wakeup didn't
+# happen", no line of stage2) until the whole bound ran out, 45 minutes.
+# Nothing has run then, so booting again loses nothing: a boot that has
+# not started the command within BOOT_TMO seconds is stopped and the
+# guest booted afresh, BOOTS times at most. Only the boot is retried:
+# once the command starts, its status is the answer.
+boot() {
+  local n=$1 t0=$SECONDS
+  rm -f "$JOB/started" "$JOB/setup.log" "$JOB/console.log" "$JOB/qemu.err" "$JOB/out.fifo"
+  mkfifo "$JOB/out.fifo"
+  cat "$JOB/out.fifo" &
+  CATPID=$!
+  timeout -k 5 "$TMO" qemu-system-x86_64 \
+    -machine q35,accel=tcg -cpu max -smp "$CPUS" -m "$MEM" \
+    -nodefaults -no-user-config -display none -no-reboot \
+    -kernel "/boot/vmlinuz-$KVER" -initrd "$INITRD" \
+    -append "console=ttyS0 loglevel=4 panic=-1 rdinit=/init" \
+    -serial "file:$JOB/console.log" \
+    -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
+    -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
+    -fsdev "local,id=job,path=$JOB,security_model=none,multidevs=remap" \
+    -device virtio-9p-pci,fsdev=job,mount_tag=job \
+    "${QRW[@]}" \
+    -device virtio-rng-pci \
+    -device virtio-serial-pci \
+    -chardev "file,id=out,path=$JOB/out.fifo" -device virtserialport,chardev=out,name=out \
+    </dev/null >"$JOB/qemu.err" 2>&1 &
+  QPID=$!
+  # The watchdog: a second at a time, BOOT_TMO of them at most, until the
+  # guest says the command started or qemu ends.
+  local hung=''
+  while [ ! -e "$JOB/started" ] && kill -0 "$QPID" 2>/dev/null; do
+    if [ $((SECONDS - t0)) -ge "$BOOT_TMO" ]; then hung=1; break; fi
+    sleep 1
+  done
+  if [ -n "$hung" ]; then
+    echo "guest.sh: boot $n of $BOOTS did not start the command within $BOOT_TMO s; the console's tail:" >&2
+    tail -n 20 "$JOB/console.log" >&2 2>/dev/null || true
+    kill "$QPID" 2>/dev/null || true
+  fi
+  wait "$QPID"; qrc=$?
+  QPID=''
+  # qemu died before opening the FIFO: cat still waits in open(); release it.
+  kill -0 "$CATPID" 2>/dev/null && timeout 1 bash -c ": > '$JOB/out.fifo'" 2>/dev/null
+  wait "$CATPID"; CATPID=''
+  [ -z "$hung" ] || qrc="stopped, the boot hung"
+  [ -z "$hung" ]
+}
 set +e
-wait "$QPID"; qrc=$?
-QPID=''
-# qemu died before opening the FIFO: cat still waits in open(); release it.
-kill -0 "$CATPID" 2>/dev/null && timeout 1 bash -c ": > '$JOB/out.fifo'" 2>/dev/null
-wait "$CATPID"; CATPID=''
+for ((b = 1; b <= BOOTS; b++)); do
+  boot "$b" && break
+done
 set -e
 
 if [ -s "$JOB/rc" ]; then
