@@ -115,6 +115,37 @@ pub struct Reservation {
     pub replicas: Vec<String>,
 }
 
+/// One replica of the bytes a node holds as primary: its data address and
+/// which of those bytes it holds. A node that took over another's bytes
+/// (a promoted replica) copies each write only to the replicas holding
+/// its range, so its replicas need not hold all it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplicaShare {
+    pub data_addr: String,
+    /// In order, never overlapping.
+    pub ranges: Vec<Range>,
+}
+
+impl ReplicaShare {
+    /// A replica of every byte of `ranges`.
+    pub fn of(data_addr: impl Into<String>, ranges: &[Range]) -> Self {
+        Self {
+            data_addr: data_addr.into(),
+            ranges: ranges.to_vec(),
+        }
+    }
+
+    /// The parts of `[offset, offset + len)` this replica holds, in order.
+    pub fn part_of(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let end = offset.saturating_add(len);
+        self.ranges.iter().filter_map(move |r| {
+            let from = offset.max(r.alloc_offset);
+            let until = end.min(r.alloc_offset.saturating_add(r.len));
+            (from < until).then(|| (from, until - from))
+        })
+    }
+}
+
 /// A replicated allocation's new copies on one agent, after a copy's
 /// node was lost.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -122,11 +153,11 @@ pub struct SetCopies {
     pub alloc_id: u64,
     /// Ranges the agent held as a replica that are its primary share now.
     pub promote: Vec<Range>,
-    /// The replicas of its primary share (data addresses), replacing the
-    /// ones it had.
-    pub replicas: Vec<String>,
-    /// New replicas among them, to be sent the whole primary share before
-    /// the agent answers (a copy re-created elsewhere).
+    /// The replicas of the bytes it holds as primary, each with the bytes
+    /// it holds, replacing the ones it had.
+    pub replicas: Vec<ReplicaShare>,
+    /// New replicas among them (data addresses), to be sent every byte
+    /// they hold before the agent answers (a copy re-created elsewhere).
     pub fill: Vec<String>,
     /// When the master decided it: larger for every later decision, also
     /// across master restarts. The agent keeps the replicas of the latest

@@ -626,3 +626,91 @@ fn a_replica_takes_writes_only_from_its_primary() {
     );
     c.still_serves();
 }
+
+/// Striped over three of five nodes with two copies, some node holds a
+/// primary share and the replica of another's (three replica shares, two
+/// nodes without a primary share). Killing the other's node makes it
+/// take over those bytes beside its own (each write then goes to the
+/// replica holding its bytes): no write fails, no byte is lost. Once the
+/// killed node is back empty and the copy was made again, killing the
+/// node that took over sends its own bytes and those it took over to
+/// different nodes, and again no write fails and no byte is lost.
+#[test]
+fn a_node_holding_a_primary_share_takes_over_another_and_gives_both_up() {
+    let mut c = Cluster::start(5, "32MiB");
+    let size = 12 * MIB;
+    let writer = c.client(4);
+    let a = writer
+        .alloc_with(
+            &AllocSpec::new(size as u64, Kind::RemoteHost)
+                .on_nodes(["node-0", "node-1", "node-2"])
+                .replicas(2),
+        )
+        .unwrap();
+    let id = a.id();
+    let rec = record(&c, id);
+    let primaries = holders(&rec, 0);
+    assert_eq!(primaries.len(), 3, "{rec:?}");
+    let whole = |rec: &Allocation, copy: u32| rec.copy_extents(copy).map(|e| e.len).sum::<u64>();
+    assert_eq!(whole(&rec, 1), size as u64);
+    // p's replica is on x, which holds a primary share too.
+    let (p, x) = primaries
+        .iter()
+        .find_map(|p| {
+            let on = rec
+                .copy_extents(1)
+                .find(|e| {
+                    rec.extents
+                        .iter()
+                        .any(|o| o.node == *p && o.alloc_offset == e.alloc_offset)
+                })?
+                .node
+                .clone();
+            primaries.contains(&on).then(|| (p.clone(), on))
+        })
+        .expect("three replica shares, two nodes without a primary one");
+    let check = |seed: u32, what: &str| {
+        let mut back = vec![0u8; size];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(
+            back == pattern(size, seed),
+            "{what}: differs at byte {:?}",
+            back.iter()
+                .zip(pattern(size, seed))
+                .position(|(x, y)| *x != y)
+        );
+    };
+    a.copy_in(0, &pattern(size, 1)).unwrap();
+
+    c.kill_agent(index_of(&p));
+    a.copy_in(0, &pattern(size, 2))
+        .unwrap_or_else(|e| panic!("a write of every byte after {p} was killed: {e}"));
+    check(2, "after the first kill");
+    let rec = record(&c, id);
+    assert!(!rec.held_on(&p), "{rec:?}");
+    assert_eq!(whole(&rec, 0), size as u64, "every byte has a primary");
+    assert_eq!(holders(&rec, 0).iter().filter(|n| **n == x).count(), 1);
+
+    // p comes back empty: the bytes x took over get a replica again,
+    // while the writes go on.
+    c.start_agent(index_of(&p));
+    let mut seed = 2;
+    let healthy = Cluster::eventually(BOUND, || {
+        seed += 1;
+        a.copy_in(0, &pattern(size, seed)).unwrap();
+        c.ocmctl_json(&["show", &id.to_string(), "--json"])["health"] == "healthy"
+    });
+    assert!(healthy, "no copy was made again: {:?}", record(&c, id));
+    assert_eq!(whole(&record(&c, id), 1), size as u64);
+
+    // x dies: its own bytes and those it took over go to the nodes
+    // holding their replicas.
+    c.kill_agent(index_of(&x));
+    a.copy_in(0, &pattern(size, seed + 1))
+        .unwrap_or_else(|e| panic!("a write of every byte after {x} was killed: {e}"));
+    check(seed + 1, "after the second kill");
+    let rec = record(&c, id);
+    assert!(!rec.held_on(&x), "{rec:?}");
+    assert_eq!(whole(&rec, 0), size as u64, "{rec:?}");
+    accounts_agree(&c);
+}

@@ -17,11 +17,12 @@ use crate::memory::held::HeldExtent;
 
 impl Agent {
     /// A replicated allocation's copies changed: the ranges of `c.promote`
-    /// that this node held as a replica are its primary share from now on,
-    /// its primary share copies to `c.replicas` (a promoted share sends its
-    /// ranges to each of them again first), and each of `c.fill` (a new
-    /// replica) is owed the whole share (`fabric::replicate::fill` sends
-    /// it).
+    /// that this node held as a replica are its primary's from now on
+    /// (also beside a primary share it held already), each write to its
+    /// primary ranges goes to the `c.replicas` holding its bytes (a
+    /// promoted range is sent to them again first), and each of `c.fill`
+    /// (a new replica) is owed all it holds (`fabric::replicate::fill`
+    /// sends it).
     ///
     /// The master may send two changes of one allocation at once (a queued
     /// one and a re-created copy's), and they may arrive in either order:
@@ -55,7 +56,7 @@ impl Agent {
         if let Some(addr) = c
             .fill
             .iter()
-            .find(|a| !latest && !order.replicas.contains(a))
+            .find(|a| !latest && order.replica(a).is_none())
         {
             return Err(CoreError::Superseded(format!(
                 "a later change of allocation {}'s copies left out replica {addr}; ask again with the copies as they are now",
@@ -136,13 +137,33 @@ impl Agent {
             order.replicas.clone()
         };
         order.copy_to(replicas, &promote);
-        // A new replica gets the whole primary share (`fill` sends it).
+        // A new replica gets every byte of this node's primary ranges it
+        // holds (`fill` sends them).
         for addr in &c.fill {
-            for e in cur.extents.iter().filter(|e| e.copy == 0) {
-                order.miss(addr, e.alloc_offset, e.len);
+            let Some(owed) = order.replica(addr).map(|r| {
+                cur.extents
+                    .iter()
+                    .filter(|e| e.copy == 0)
+                    .flat_map(|e| r.part_of(e.alloc_offset, e.len).collect::<Vec<_>>())
+                    .collect::<Vec<_>>()
+            }) else {
+                continue;
+            };
+            for (offset, len) in owed {
+                order.miss(addr, offset, len);
             }
         }
-        tracing::info!(alloc_id = c.alloc_id, promoted = promote.len(), replicas = ?order.replicas, "copies changed");
+        let replicas: Vec<&str> = order
+            .replicas
+            .iter()
+            .map(|r| r.data_addr.as_str())
+            .collect();
+        tracing::info!(
+            alloc_id = c.alloc_id,
+            promoted = promote.len(),
+            ?replicas,
+            "copies changed"
+        );
         Ok(())
     }
 

@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use oncilla_model::alloc::{mappable_on, Allocation, Extent, RdmaRegion, KEY_LEN};
-use oncilla_model::cluster::{Piece, Registration, Reservation, SessionReport};
+use oncilla_model::cluster::{
+    Piece, Range, Registration, ReplicaShare, Reservation, SessionReport,
+};
 use oncilla_model::node::{NodeInfo, PoolUsage};
 use oncilla_model::Kind;
 use tokio::sync::Notify;
@@ -299,6 +301,14 @@ impl Agent {
             // Unless a copy change came first: it was decided later.
             let mut order = held.copying.order();
             if order.generation == 0 {
+                let of: Vec<Range> = ranges
+                    .iter()
+                    .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                    .collect();
+                let replicas = replicas
+                    .into_iter()
+                    .map(|a| ReplicaShare::of(a, &of))
+                    .collect();
                 order.copy_to(replicas, &[]);
             }
         }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::pool::{HugePages, PoolSpec};
 use oncilla_model::alloc::Owner;
-use oncilla_model::cluster::{Range, SetCopies};
+use oncilla_model::cluster::{Range, ReplicaShare, SetCopies};
 use oncilla_model::Fabric;
 
 fn agent() -> Agent {
@@ -260,7 +260,15 @@ fn a_copy_change_decided_earlier_never_undoes_a_later_one() {
     let mut replica = res(1, &[1; KEY_LEN], &[(4096, 4096)], record, Fabric::Tcp);
     replica.copy = 1;
     a.reserve(replica).unwrap();
-    let replicas = || a.held.get(&1).unwrap().copying.order().replicas.clone();
+    let replicas = || {
+        let h = a.held.get(&1).unwrap();
+        let order = h.copying.order();
+        order
+            .replicas
+            .iter()
+            .map(|r| r.data_addr.clone())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(replicas(), ["r1:1"], "the reservation's replicas");
     let change = |generation, replicas: &[&str], fill: &[&str], promote: &[(u64, u64)]| SetCopies {
         alloc_id: 1,
@@ -268,7 +276,18 @@ fn a_copy_change_decided_earlier_never_undoes_a_later_one() {
             .iter()
             .map(|&(alloc_offset, len)| Range { alloc_offset, len })
             .collect(),
-        replicas: replicas.iter().map(ToString::to_string).collect(),
+        replicas: replicas
+            .iter()
+            .map(|addr| {
+                ReplicaShare::of(
+                    *addr,
+                    &[Range {
+                        alloc_offset: 0,
+                        len: 8192,
+                    }],
+                )
+            })
+            .collect(),
         fill: fill.iter().map(ToString::to_string).collect(),
         generation,
     };

@@ -72,8 +72,8 @@ struct Outbound {
 
 impl Replicator {
     /// Copies `[offset, offset + len)` of `held` (this node's primary
-    /// ranges in it) to each of `order`'s replicas, after the ranges it
-    /// missed. Call it with the order lock held (`order`); with no replica
+    /// ranges in it) to each of `order`'s replicas, the part each holds,
+    /// after the ranges it missed. Call it with the order lock held (`order`); with no replica
     /// left it has nothing to do.
     ///
     /// # Errors
@@ -88,9 +88,13 @@ impl Replicator {
         len: u64,
     ) -> Result<(), (Status, String)> {
         let mut failed = Vec::new();
-        for addr in &order.replicas.clone() {
+        for replica in &order.replicas.clone() {
+            let addr = &replica.data_addr;
             let mut pending = order.take_missed(addr, MISSED_PER_WRITE);
-            pending.push((offset, len));
+            pending.extend(replica.part_of(offset, len));
+            if pending.is_empty() {
+                continue;
+            }
             let to = To {
                 replicas,
                 sender: order.sender,
@@ -231,8 +235,7 @@ impl Replicator {
 }
 
 /// Brings the replica at `addr` up to this primary's bytes of allocation
-/// `alloc_id`: sends every range it missed (a new replica: the whole
-/// share), [`FILL_PIECE`] at a time under the order lock, so client writes
+/// `alloc_id`: sends every range it missed (a new replica: all it holds), [`FILL_PIECE`] at a time under the order lock, so client writes
 /// go on between pieces and each piece is of the memory at sending time.
 /// Returns the bytes sent.
 ///
@@ -256,7 +259,7 @@ pub fn fill(
             .ok_or("the allocation is gone")?;
         let copying = Arc::clone(&held.copying);
         let mut order = copying.order();
-        if !order.replicas.iter().any(|a| a == addr) {
+        if order.replica(addr).is_none() {
             return Err(format!("{addr} is no longer a replica of it"));
         }
         let piece = order.take_missed(addr, FILL_PIECE);

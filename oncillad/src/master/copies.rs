@@ -13,16 +13,16 @@
 //! whole share (agent to agent, never through a client), and only then
 //! lists it, so no reader sees a copy that is still filling.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use oncilla_model::alloc::{Allocation, Extent};
-use oncilla_model::cluster::{Piece, Range, Reservation, SetCopies};
+use oncilla_model::cluster::{Piece, Range, ReplicaShare, Reservation, SetCopies};
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
 use super::placement::{self, Planned};
-use super::state::{charge_of, State};
+use super::state::{charge_of, Filling, State};
 use super::{AgentLink, LinkError, Master};
 
 /// How long a share whose copy could not be made waits before another try.
@@ -32,12 +32,11 @@ const REFILL_PAUSE: Duration = Duration::from_secs(5);
 struct Refill {
     alloc_id: u64,
     copy: u32,
-    /// The primary share: its node and ranges.
+    /// The primary's node and the bytes of it the copy gets.
     share: Planned,
-    /// The primary's agent, and its replicas' data addresses with the new
-    /// one.
+    /// The primary's agent, and its replicas with the new one.
     primary_agent: String,
-    replicas: Vec<String>,
+    replicas: Vec<ReplicaShare>,
     /// The node receiving it: name, agent and data addresses.
     target: (String, String, String),
     reservation: Reservation,
@@ -73,18 +72,15 @@ impl<L: AgentLink> Master<L> {
             }
             let after = charge_of(a);
             charges.push((before, after));
-            tracing::warn!(alloc_id = id, %node, promoted = promoted.is_some(), "a copy's node is lost: its copies leave the allocation");
-            for (primary, ranges) in shares(a) {
-                let promote = match &promoted {
-                    Some((to, r)) if *to == primary => r.clone(),
-                    _ => Vec::new(),
-                };
-                due.push((
-                    *id,
-                    primary.clone(),
-                    promote,
-                    replicas_of(a, &primary, &ranges),
-                ));
+            tracing::warn!(alloc_id = id, %node, promoted = promoted.len(), "a copy's node is lost: its copies leave the allocation");
+            for primary in primaries(a) {
+                let promote = promoted
+                    .iter()
+                    .filter(|(to, _)| *to == primary)
+                    .flat_map(|(_, r)| r.iter().copied())
+                    .collect();
+                let replicas = replicas_of(a, &primary);
+                due.push((*id, primary, promote, replicas));
             }
         }
         for (before, after) in charges {
@@ -210,7 +206,7 @@ impl<L: AgentLink> Master<L> {
             if copies <= 1 || !rec.lost.is_empty() || pending {
                 continue;
             }
-            for (primary, ranges) in shares(a) {
+            for primary in primaries(a) {
                 let key = (*id, primary.clone());
                 if st.refilling.contains_key(&key)
                     || st.refill_after.contains_key(&key)
@@ -218,10 +214,14 @@ impl<L: AgentLink> Master<L> {
                 {
                     continue;
                 }
-                let of_it: Vec<&Extent> =
-                    a.replicas.iter().filter(|e| overlaps(e, &ranges)).collect();
-                let have: BTreeSet<u32> = of_it.iter().map(|e| e.copy).collect();
-                let Some(copy) = (1..copies).find(|c| !have.contains(c)) else {
+                // The primary's bytes that some copy has no node for (a
+                // promoted node's bytes may be held by different nodes per
+                // copy, so this is per byte, not per node).
+                let ranges = merged(a.extents.iter().filter(|e| e.node == primary));
+                let Some((copy, missing)) = (1..copies).find_map(|c| {
+                    let missing = subtract(&ranges, &merged(a.copy_extents(c)));
+                    (!missing.is_empty()).then_some((c, missing))
+                }) else {
                     continue;
                 };
                 // Never a node that holds any of it: a failed fill releases
@@ -230,7 +230,7 @@ impl<L: AgentLink> Master<L> {
                 let taken: Vec<&str> = a.copy_extents(copy).map(|e| e.node.as_str()).collect();
                 let share = Planned {
                     node: primary.clone(),
-                    ranges: ranges.clone(),
+                    ranges: missing,
                     gpu: None,
                 };
                 let Some(target) = placement::refill(&share, &held, &taken, &candidates) else {
@@ -240,8 +240,8 @@ impl<L: AgentLink> Master<L> {
                 else {
                     continue;
                 };
-                let mut replicas = replicas_of(a, &primary, &ranges);
-                replicas.push(t.info.data_addr.clone());
+                let mut replicas = replicas_of(a, &primary);
+                replicas.push(replica_share(&t.info.data_addr, &share.ranges));
                 found = Some(Refill {
                     alloc_id: *id,
                     copy,
@@ -252,7 +252,7 @@ impl<L: AgentLink> Master<L> {
                         t.info.agent_addr.clone(),
                         t.info.data_addr.clone(),
                     ),
-                    reservation: copy_reservation(a, &ranges, copy, Fabric::Tcp),
+                    reservation: copy_reservation(a, &share.ranges, copy, Fabric::Tcp),
                     share,
                     generation: 0,
                 });
@@ -264,18 +264,30 @@ impl<L: AgentLink> Master<L> {
         let node = st.nodes.get_mut(&job.target.0)?;
         node.reserved += node.footprint(job.share.bytes());
         st.refilling
-            .insert((job.alloc_id, job.share.node.clone()), job.target.0.clone());
+            .entry((job.alloc_id, job.share.node.clone()))
+            .or_default()
+            .push(Filling {
+                node: job.target.0.clone(),
+                data_addr: job.target.2.clone(),
+                ranges: job.share.ranges.clone(),
+            });
         tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.share.bytes(), "re-creating a lost copy");
         Some(job)
     }
 
-    /// Lists the filled copy in the record, if the allocation and its
-    /// primary share are still there; whether it did.
+    /// Lists the filled copy in the record, if the allocation is still
+    /// there and its primary still holds those bytes; whether it did.
     fn list_refill(&self, st: &mut State, job: &Refill, pieces: Vec<Piece>) -> bool {
         let Some(rec) = st.allocs.get_mut(&job.alloc_id) else {
             return false;
         };
-        if !rec.alloc.extents.iter().any(|e| e.node == job.share.node) {
+        let primary = merged(
+            rec.alloc
+                .extents
+                .iter()
+                .filter(|e| e.node == job.share.node),
+        );
+        if !subtract(&job.share.ranges, &primary).is_empty() {
             return false;
         }
         let before = charge_of(&rec.alloc);
@@ -324,8 +336,8 @@ impl<L: AgentLink> Master<L> {
         let Some(a) = st.allocs.get(&alloc_id).map(|r| r.alloc.clone()) else {
             return;
         };
-        for (primary, ranges) in shares(&a) {
-            let replicas = replicas_of(&a, &primary, &ranges);
+        for primary in primaries(&a) {
+            let replicas = replicas_of(&a, &primary);
             queue(st, alloc_id, &primary, Vec::new(), replicas);
         }
     }
@@ -341,18 +353,20 @@ pub(super) fn queue(
     id: u64,
     primary: &str,
     promote: Vec<Range>,
-    mut replicas: Vec<String>,
+    mut replicas: Vec<ReplicaShare>,
 ) {
     let Some(agent) = st.nodes.get(primary).map(|n| n.info.agent_addr.clone()) else {
         return;
     };
-    let filling = st
+    for f in st
         .refilling
         .get(&(id, primary.to_string()))
-        .and_then(|to| st.nodes.get(to))
-        .map(|n| n.info.data_addr.clone());
-    if let Some(addr) = filling.filter(|a| !replicas.contains(a)) {
-        replicas.push(addr);
+        .into_iter()
+        .flatten()
+    {
+        if !replicas.iter().any(|r| r.data_addr == f.data_addr) {
+            replicas.push(replica_share(&f.data_addr, &f.ranges));
+        }
     }
     let generation = st.next_copies_generation();
     let entry = st
@@ -371,78 +385,102 @@ pub(super) fn queue(
     *entry = (agent, change);
 }
 
-/// Replaces the primary extents on `node` with the replica extents of the
-/// lowest copy that holds exactly those bytes, as copy 0; returns the node
-/// promoted and its ranges, or `None` (nothing on `node`, or no copy left).
-fn promote(a: &mut Allocation, node: &str) -> Option<(String, Vec<Range>)> {
+/// Replaces the primary extents on `node` with replica extents holding
+/// the same bytes, as copy 0: the lowest copy's first, each byte once, so
+/// the bytes may go to several nodes, also to nodes that hold primary
+/// bytes already (each copies a write only to the replicas holding its
+/// bytes). Returns each promoted node with its new ranges; none when the
+/// copies left do not hold all of the node's bytes (they stay with it,
+/// degraded or lost as with one copy).
+fn promote(a: &mut Allocation, node: &str) -> Vec<(String, Vec<Range>)> {
     let lost: Vec<(u64, u64)> = merged(a.extents.iter().filter(|e| e.node == node));
     if lost.is_empty() {
-        return None;
+        return Vec::new();
     }
     let inside = |e: &Extent| {
         lost.iter()
             .any(|&(o, l)| e.alloc_offset >= o && e.alloc_offset + e.len <= o + l)
     };
-    // Never a node that holds a primary share already: an agent copies
-    // its one primary share to one set of replicas.
-    let primaries: Vec<&str> = a
-        .extents
-        .iter()
-        .filter(|e| e.node != node)
-        .map(|e| e.node.as_str())
-        .collect();
-    let copy = a.replica_copies().into_iter().find(|&c| {
-        let held: Vec<&Extent> = a.copy_extents(c).filter(|e| inside(e)).collect();
-        let one_node = held.windows(2).all(|w| w[0].node == w[1].node);
-        let free = held
-            .first()
-            .is_some_and(|e| !primaries.contains(&e.node.as_str()));
-        one_node && free && merged(held.into_iter()) == lost
-    })?;
-    let (mut up, rest): (Vec<Extent>, Vec<Extent>) = std::mem::take(&mut a.replicas)
-        .into_iter()
-        .partition(|e| e.copy == copy && inside(e));
-    a.replicas = rest;
-    for e in &mut up {
-        e.copy = 0;
+    let mut up: Vec<usize> = Vec::new();
+    let mut covered: Vec<(u64, u64)> = Vec::new();
+    for c in a.replica_copies() {
+        for (i, e) in a.replicas.iter().enumerate() {
+            let span = [(e.alloc_offset, e.len)];
+            if e.copy == c && inside(e) && subtract(&span, &covered) == span {
+                up.push(i);
+                covered.push((e.alloc_offset, e.len));
+                covered.sort_unstable();
+            }
+        }
     }
-    let to = up.first().map(|e| e.node.clone())?;
-    a.extents.retain(|e| e.node != node);
-    a.extents.extend(up);
-    a.extents.sort_by_key(|e| e.alloc_offset);
-    let ranges = lost
+    if !subtract(&lost, &covered).is_empty() {
+        return Vec::new();
+    }
+    let mut taken = Vec::with_capacity(up.len());
+    let mut rest = Vec::with_capacity(a.replicas.len());
+    for (i, e) in std::mem::take(&mut a.replicas).into_iter().enumerate() {
+        if up.contains(&i) {
+            taken.push(Extent { copy: 0, ..e });
+        } else {
+            rest.push(e);
+        }
+    }
+    a.replicas = rest;
+    let mut to: Vec<String> = taken.iter().map(|e| e.node.clone()).collect();
+    to.sort();
+    to.dedup();
+    let promoted = to
         .into_iter()
-        .map(|(alloc_offset, len)| Range { alloc_offset, len })
+        .map(|n| {
+            let ranges = merged(taken.iter().filter(|e| e.node == n))
+                .into_iter()
+                .map(|(alloc_offset, len)| Range { alloc_offset, len })
+                .collect();
+            (n, ranges)
+        })
         .collect();
-    Some((to, ranges))
+    a.extents.retain(|e| e.node != node);
+    a.extents.extend(taken);
+    a.extents.sort_by_key(|e| e.alloc_offset);
+    promoted
 }
 
-/// Each primary node with its ranges (merged).
-fn shares(a: &Allocation) -> Vec<(String, Vec<(u64, u64)>)> {
+/// The nodes holding primary bytes of `a`, in order.
+fn primaries(a: &Allocation) -> Vec<String> {
     let mut nodes: Vec<String> = a.extents.iter().map(|e| e.node.clone()).collect();
     nodes.sort();
     nodes.dedup();
     nodes
+}
+
+/// The replicas of the bytes `primary` holds as primary: per other node
+/// holding a copy of some of them, which.
+pub(super) fn replicas_of(a: &Allocation, primary: &str) -> Vec<ReplicaShare> {
+    let ranges = merged(a.extents.iter().filter(|e| e.node == primary));
+    let mut nodes: Vec<(&str, &str)> = a
+        .replicas
+        .iter()
+        .filter(|e| e.node != primary && overlaps(e, &ranges))
+        .map(|e| (e.node.as_str(), e.data_addr.as_str()))
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
         .into_iter()
-        .map(|n| {
-            let ranges = merged(a.extents.iter().filter(|e| e.node == n));
-            (n, ranges)
+        .map(|(node, addr)| {
+            let held = merged(a.replicas.iter().filter(|e| e.node == node));
+            replica_share(addr, &intersect(&held, &ranges))
         })
         .collect()
 }
 
-/// The data addresses of the nodes that hold a copy of any of `ranges`,
-/// other than `primary`.
-pub(super) fn replicas_of(a: &Allocation, primary: &str, ranges: &[(u64, u64)]) -> Vec<String> {
-    let mut out: Vec<String> = a
-        .replicas
+/// A replica at `addr` of `ranges`.
+pub(super) fn replica_share(addr: &str, ranges: &[(u64, u64)]) -> ReplicaShare {
+    let ranges: Vec<Range> = ranges
         .iter()
-        .filter(|e| e.node != primary && overlaps(e, ranges))
-        .map(|e| e.data_addr.clone())
+        .map(|&(alloc_offset, len)| Range { alloc_offset, len })
         .collect();
-    out.sort();
-    out.dedup();
-    out
+    ReplicaShare::of(addr, &ranges)
 }
 
 /// The reservation of `ranges` of `a` as copy `copy` (a replica: it
@@ -494,4 +532,61 @@ pub(super) fn merged<'a>(extents: impl Iterator<Item = &'a Extent>) -> Vec<(u64,
         }
     }
     out
+}
+
+/// The bytes of `ranges` outside `minus` (both in order, never
+/// overlapping), in order.
+pub(super) fn subtract(ranges: &[(u64, u64)], minus: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(offset, len) in ranges {
+        let (mut at, end) = (offset, offset + len);
+        for &(o, l) in minus {
+            if o >= end || o + l <= at {
+                continue;
+            }
+            if o > at {
+                out.push((at, o - at));
+            }
+            at = at.max(o + l);
+        }
+        if at < end {
+            out.push((at, end - at));
+        }
+    }
+    out
+}
+
+/// The bytes in both `a` and `b` (both in order, never overlapping), in
+/// order.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(o, l) in a {
+        for &(p, m) in b {
+            let (from, until) = (o.max(p), (o + l).min(p + m));
+            if from < until {
+                out.push((from, until - from));
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::{intersect, subtract};
+
+    #[test]
+    fn ranges_subtract_and_intersect() {
+        let a = [(0, 100), (200, 100)];
+        assert_eq!(subtract(&a, &[(50, 200)]), [(0, 50), (250, 50)]);
+        assert_eq!(
+            subtract(&a, &[(0, 10), (20, 10), (200, 100)]),
+            [(10, 10), (30, 70)]
+        );
+        assert_eq!(subtract(&a, &[]), a);
+        assert!(subtract(&a, &[(0, 300)]).is_empty());
+        assert_eq!(intersect(&a, &[(50, 200)]), [(50, 50), (200, 50)]);
+        assert!(intersect(&a, &[(100, 100)]).is_empty());
+    }
 }

@@ -25,15 +25,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use oncilla_model::alloc::{Allocation, Extent};
-use oncilla_model::cluster::{Piece, Range, Reservation, SetCopies};
+use oncilla_model::cluster::{Piece, Range, ReplicaShare, Reservation, SetCopies};
 use oncilla_model::node::{Drain, NodeState, NodeStatus, MAX_DRAIN_NOTE};
 use oncilla_model::size::HumanBytes;
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
-use super::copies::{copy_reservation, merged, overlaps, replicas_of};
+use super::copies::{copy_reservation, merged, overlaps, replica_share, replicas_of};
 use super::placement::{self, Candidate, Planned};
-use super::state::{charge_of, State};
+use super::state::{charge_of, Filling, State};
 use super::{AgentLink, Master};
 use crate::error::{CoreError, LinkError};
 
@@ -72,7 +72,7 @@ struct Share {
     primary: String,
     primary_agent: String,
     /// The primary's replicas, the new node's among them.
-    replicas: Vec<String>,
+    replicas: Vec<ReplicaShare>,
     /// The new node: name, agent and data addresses, and the start of
     /// its agent it was reserved on.
     target: (String, String, String),
@@ -224,7 +224,13 @@ impl<L: AgentLink> Master<L> {
                     n.reserved += n.footprint(s.bytes());
                 }
                 st.refilling
-                    .insert((mv.alloc_id, s.primary.clone()), s.target.0.clone());
+                    .entry((mv.alloc_id, s.primary.clone()))
+                    .or_default()
+                    .push(Filling {
+                        node: s.target.0.clone(),
+                        data_addr: s.target.2.clone(),
+                        ranges: s.ranges.clone(),
+                    });
             }
             tracing::info!(alloc_id = mv.alloc_id, from = %mv.from, shares = mv.shares.len(), "moving an allocation off a drained node");
             return Some(mv);
@@ -311,10 +317,10 @@ impl<L: AgentLink> Master<L> {
     /// that the new primary lacks; its clients wait out the rest.
     async fn promote_targets(&self, mv: &Move) -> Result<(), String> {
         for s in mv.shares.iter().filter(|s| s.copy == 0) {
-            let others: Vec<String> = s
+            let others: Vec<ReplicaShare> = s
                 .replicas
                 .iter()
-                .filter(|a| **a != s.target.2)
+                .filter(|r| r.data_addr != s.target.2)
                 .cloned()
                 .collect();
             let change = SetCopies {
@@ -598,8 +604,8 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             ));
         };
         held.push(to.name.clone());
-        let mut replicas = replicas_of(a, &primary, &ranges);
-        replicas.push(t.info.data_addr.clone());
+        let mut replicas = replicas_of(a, &primary);
+        replicas.push(replica_share(&t.info.data_addr, &ranges));
         let fabric = extents.first().map_or(Fabric::Tcp, |e| e.fabric);
         shares.push(Share {
             copy,

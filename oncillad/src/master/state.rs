@@ -76,15 +76,26 @@ pub(super) struct State {
     /// the lock with the next one, above any an agent reported applying
     /// (`SetCopies::generation`).
     pub copies_generation: u64,
-    /// Copies being re-created, per (allocation, primary node): the node
-    /// that receives it (it holds the id before the record lists it).
-    pub refilling: BTreeMap<(u64, String), String>,
+    /// Copies being made, per (allocation, primary node): re-created, or
+    /// moved off a drained node (the nodes receiving them hold the id
+    /// before the record lists them).
+    pub refilling: BTreeMap<(u64, String), Vec<Filling>>,
     /// Shares whose copy could not be made, not tried again before then.
     pub refill_after: BTreeMap<(u64, String), std::time::Instant>,
     /// Allocations moving off a drained node (`drain.rs`), and those whose
     /// move failed, not tried again before then.
     pub moving: BTreeSet<u64>,
     pub move_after: BTreeMap<u64, std::time::Instant>,
+}
+
+/// A copy being made of some of a primary's bytes.
+#[derive(Debug, Clone)]
+pub struct Filling {
+    /// The node receiving it, and its data address.
+    pub node: String,
+    pub data_addr: String,
+    /// Which of the primary's bytes it gets (merged, in order).
+    pub ranges: Vec<(u64, u64)>,
 }
 
 impl State {
@@ -111,7 +122,9 @@ impl State {
     /// The nodes a copy of allocation `id` is being made on (re-created,
     /// or moved off a drained node).
     pub fn filling(&self, id: u64) -> impl Iterator<Item = &str> {
-        of_alloc(&self.refilling, id).map(String::as_str)
+        of_alloc(&self.refilling, id)
+            .flatten()
+            .map(|f| f.node.as_str())
     }
 
     pub fn new() -> Self {

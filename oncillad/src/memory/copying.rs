@@ -23,6 +23,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
+use oncilla_model::cluster::ReplicaShare;
+
 /// Most missed ranges remembered per replica; past it they merge into
 /// one range that covers them all (sent again whole).
 pub const MAX_MISSED: usize = 64;
@@ -94,10 +96,12 @@ impl Applied {
 /// What the lock guards.
 #[derive(Debug, Default)]
 pub struct Order {
-    /// The data addresses of the replicas of this node's primary ranges
-    /// (empty: this node holds only replica ranges, or every replica was
-    /// lost).
-    pub replicas: Vec<String>,
+    /// The replicas of this node's primary ranges, each with the ranges it
+    /// holds (empty: this node holds only replica ranges, or every replica
+    /// was lost). A write goes to each replica holding some of its bytes:
+    /// a node promoted in place of another holds two primary shares, whose
+    /// replicas may be on different nodes.
+    pub replicas: Vec<ReplicaShare>,
     /// Per replica address: `(offset, len)` ranges it has not taken.
     pub missed: BTreeMap<String, Vec<(u64, u64)>>,
     /// Who this primary share is to its replicas (the wire's `Stamp`
@@ -157,17 +161,35 @@ impl Order {
     }
 
     /// Copies go to `replicas` from now on; ranges missed by replicas no
-    /// longer in the list are forgotten, and each of `resend` is sent to
-    /// every replica before the next write (a promoted primary's ranges:
-    /// the old primary may have reached some replicas and not others).
-    pub fn copy_to(&mut self, replicas: Vec<String>, resend: &[(u64, u64)]) {
-        self.missed.retain(|addr, _| replicas.contains(addr));
-        for addr in &replicas {
+    /// longer in the list, or no longer held by them, are forgotten, and
+    /// each of `resend` is sent to every replica holding some of it before
+    /// the next write (a promoted primary's ranges: the old primary may
+    /// have reached some replicas and not others).
+    pub fn copy_to(&mut self, replicas: Vec<ReplicaShare>, resend: &[(u64, u64)]) {
+        let missed = std::mem::take(&mut self.missed);
+        for (addr, ranges) in missed {
+            let Some(r) = replicas.iter().find(|r| r.data_addr == addr) else {
+                continue;
+            };
+            for (offset, len) in ranges {
+                for (o, l) in r.part_of(offset, len) {
+                    self.miss(&addr, o, l);
+                }
+            }
+        }
+        for r in &replicas {
             for &(offset, len) in resend {
-                self.miss(addr, offset, len);
+                for (o, l) in r.part_of(offset, len) {
+                    self.miss(&r.data_addr, o, l);
+                }
             }
         }
         self.replicas = replicas;
+    }
+
+    /// The replica at data address `addr`, if it is one.
+    pub fn replica(&self, addr: &str) -> Option<&ReplicaShare> {
+        self.replicas.iter().find(|r| r.data_addr == addr)
     }
 }
 
@@ -192,12 +214,24 @@ impl Copying {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oncilla_model::cluster::Range;
+
+    /// A replica at `addr` of `[0, 1 GiB)`.
+    fn all(addr: &str) -> ReplicaShare {
+        ReplicaShare::of(
+            addr,
+            &[Range {
+                alloc_offset: 0,
+                len: 1 << 30,
+            }],
+        )
+    }
 
     #[test]
     fn missed_ranges_merge_past_the_bound() {
         let c = Copying::default();
         let mut o = c.order();
-        o.copy_to(vec!["a:1".into()], &[]);
+        o.copy_to(vec![all("a:1")], &[]);
         for i in 0..MAX_MISSED as u64 {
             o.miss("a:1", i * 10, 5);
         }
@@ -226,7 +260,7 @@ mod tests {
     fn missed_ranges_are_taken_a_budget_at_a_time() {
         let c = Copying::default();
         let mut o = c.order();
-        o.copy_to(vec!["a:1".into()], &[(0, 100), (200, 50)]);
+        o.copy_to(vec![all("a:1")], &[(0, 100), (200, 50)]);
         assert_eq!(o.take_missed("a:1", 60), [(0, 60)]);
         assert_eq!(o.take_missed("a:1", 60), [(60, 40), (200, 20)]);
         assert_eq!(o.take_missed("a:1", 60), [(220, 30)]);
@@ -238,11 +272,30 @@ mod tests {
     fn new_replicas_forget_the_old_ones_and_take_what_is_resent() {
         let c = Copying::default();
         let mut o = c.order();
-        o.copy_to(vec!["a:1".into(), "b:1".into()], &[]);
+        o.copy_to(vec![all("a:1"), all("b:1")], &[]);
         o.miss("a:1", 0, 10);
-        o.copy_to(vec!["b:1".into()], &[(100, 50)]);
-        assert_eq!(o.replicas, ["b:1"]);
+        o.copy_to(vec![all("b:1")], &[(100, 50)]);
+        assert_eq!(o.replicas, [all("b:1")]);
         assert!(!o.missed.contains_key("a:1"));
         assert_eq!(o.missed["b:1"], [(100, 50)]);
+    }
+
+    #[test]
+    fn each_replica_is_owed_only_the_bytes_it_holds() {
+        let c = Copying::default();
+        let mut o = c.order();
+        let range = |alloc_offset, len| Range { alloc_offset, len };
+        // b holds this node's own share, d the share it took over.
+        let b = ReplicaShare::of("b:1", &[range(0, 100), range(200, 100)]);
+        let d = ReplicaShare::of("d:1", &[range(100, 100)]);
+        o.copy_to(vec![b.clone(), d.clone()], &[(50, 200)]);
+        assert_eq!(o.missed["b:1"], [(50, 50), (200, 50)]);
+        assert_eq!(o.missed["d:1"], [(100, 100)]);
+        // b no longer holds [200, 300): what it missed there is forgotten.
+        let b = ReplicaShare::of("b:1", &[range(0, 100)]);
+        o.copy_to(vec![b, d], &[]);
+        assert_eq!(o.missed["b:1"], [(50, 50)]);
+        assert_eq!(o.replica("d:1").map(|r| r.ranges.len()), Some(1));
+        assert!(o.replica("c:1").is_none());
     }
 }

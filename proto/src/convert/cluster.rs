@@ -2,8 +2,8 @@
 
 use oncilla_model::alloc::{Allocation, Invalid, MAX_BATCH, MAX_REPLICAS};
 use oncilla_model::cluster::{
-    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Reservation, Reserved,
-    SessionReport, SetCopies,
+    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, ReplicaShare, Reservation,
+    Reserved, SessionReport, SetCopies,
 };
 
 use super::{fabric, fabric_wire, WireError};
@@ -173,14 +173,7 @@ impl TryFrom<pb::ReserveRequest> for Reservation {
         Ok(Self {
             alloc_id: r.alloc_id,
             access_key: r.access_key,
-            ranges: r
-                .ranges
-                .into_iter()
-                .map(|r| Range {
-                    alloc_offset: r.alloc_offset,
-                    len: r.len,
-                })
-                .collect(),
+            ranges: r.ranges.into_iter().map(range).collect(),
             record: r
                 .record
                 .ok_or(WireError::Missing("the allocation record"))?
@@ -198,14 +191,7 @@ impl From<Reservation> for pb::ReserveRequest {
         Self {
             alloc_id: r.alloc_id,
             access_key: r.access_key,
-            ranges: r
-                .ranges
-                .into_iter()
-                .map(|r| pb::Range {
-                    alloc_offset: r.alloc_offset,
-                    len: r.len,
-                })
-                .collect(),
+            ranges: r.ranges.into_iter().map(wire_range).collect(),
             record: Some(r.record.into()),
             fabric: fabric_wire(r.fabric),
             gpu: r.gpu,
@@ -299,34 +285,64 @@ impl From<Reserved> for pb::ReserveReply {
 impl TryFrom<pb::SetCopiesRequest> for SetCopies {
     type Error = WireError;
     fn try_from(r: pb::SetCopiesRequest) -> Result<Self, WireError> {
-        if r.replicas.len() >= MAX_REPLICAS as usize
+        let ranges: usize = r.replicas.iter().map(|s| s.ranges.len()).sum();
+        if ranges > oncilla_model::alloc::MAX_EXTENTS
             || r.promote.len() > oncilla_model::alloc::MAX_EXTENTS
         {
-            return Err(
-                Invalid::Replicas(u32::try_from(r.replicas.len()).unwrap_or(u32::MAX)).into(),
-            );
+            return Err(Invalid::Extents(ranges.max(r.promote.len())).into());
         }
-        if r.replicas
+        let mut replicas: Vec<ReplicaShare> = Vec::with_capacity(r.replicas.len());
+        for s in r.replicas {
+            let share = ReplicaShare {
+                data_addr: s.data_addr,
+                ranges: s.ranges.into_iter().map(range).collect(),
+            };
+            let ordered = share.ranges.windows(2).all(|w| {
+                w[0].alloc_offset
+                    .checked_add(w[0].len)
+                    .is_some_and(|end| end <= w[1].alloc_offset)
+            });
+            if share.data_addr.is_empty()
+                || share.data_addr.len() > MAX_ADDR
+                || share.ranges.is_empty()
+                || !ordered
+                || share
+                    .ranges
+                    .iter()
+                    .any(|g| g.len == 0 || g.alloc_offset.checked_add(g.len).is_none())
+                || replicas.iter().any(|o| o.data_addr == share.data_addr)
+            {
+                return Err(Invalid::Copies.into());
+            }
+            replicas.push(share);
+        }
+        if r.fill
             .iter()
-            .any(|a| a.is_empty() || a.len() > MAX_ADDR)
-            || r.fill.iter().any(|a| !r.replicas.contains(a))
+            .any(|a| !replicas.iter().any(|s| s.data_addr == *a))
         {
             return Err(Invalid::Copies.into());
         }
         Ok(Self {
             alloc_id: r.alloc_id,
-            promote: r
-                .promote
-                .into_iter()
-                .map(|g| Range {
-                    alloc_offset: g.alloc_offset,
-                    len: g.len,
-                })
-                .collect(),
-            replicas: r.replicas,
+            promote: r.promote.into_iter().map(range).collect(),
+            replicas,
             fill: r.fill,
             generation: r.generation,
         })
+    }
+}
+
+fn range(g: pb::Range) -> Range {
+    Range {
+        alloc_offset: g.alloc_offset,
+        len: g.len,
+    }
+}
+
+fn wire_range(g: Range) -> pb::Range {
+    pb::Range {
+        alloc_offset: g.alloc_offset,
+        len: g.len,
     }
 }
 
@@ -334,15 +350,15 @@ impl From<SetCopies> for pb::SetCopiesRequest {
     fn from(s: SetCopies) -> Self {
         Self {
             alloc_id: s.alloc_id,
-            promote: s
-                .promote
+            promote: s.promote.into_iter().map(wire_range).collect(),
+            replicas: s
+                .replicas
                 .into_iter()
-                .map(|g| pb::Range {
-                    alloc_offset: g.alloc_offset,
-                    len: g.len,
+                .map(|r| pb::ReplicaShare {
+                    data_addr: r.data_addr,
+                    ranges: r.ranges.into_iter().map(wire_range).collect(),
                 })
                 .collect(),
-            replicas: s.replicas,
             fill: s.fill,
             generation: s.generation,
         }

@@ -308,18 +308,36 @@ proptest! {
         prop_assert_eq!(back, replies);
     }
 
-    /// Copy changes survive the wire; more replicas than an allocation
-    /// can have, or an empty address, are refused.
+    /// Copy changes survive the wire; a replica named twice, an empty
+    /// address, a replica of no bytes, ranges out of order or
+    /// overlapping, more ranges than an allocation has extents, or a fill
+    /// of a stranger is refused.
     #[test]
     fn copy_changes_round_trip(c in set_copies()) {
         let w = wire(&pb::SetCopiesRequest::from(c.clone()));
         prop_assert_eq!(SetCopies::try_from(w.clone()), Ok(c));
-        let mut many = w.clone();
-        many.replicas = vec!["n:1".into(); MAX_REPLICAS as usize];
-        prop_assert!(SetCopies::try_from(many).is_err());
-        let mut empty = w.clone();
-        empty.replicas = vec![String::new()];
-        prop_assert!(SetCopies::try_from(empty).is_err());
+        let share = |addr: &str, ranges: &[(u64, u64)]| pb::ReplicaShare {
+            data_addr: addr.into(),
+            ranges: ranges
+                .iter()
+                .map(|&(alloc_offset, len)| pb::Range { alloc_offset, len })
+                .collect(),
+        };
+        let refused = |replicas: Vec<pb::ReplicaShare>| {
+            let mut bad = w.clone();
+            bad.fill.clear();
+            bad.replicas = replicas;
+            SetCopies::try_from(bad).is_err()
+        };
+        prop_assert!(refused(vec![share("n:1", &[(0, 1)]), share("n:1", &[(5, 1)])]));
+        prop_assert!(refused(vec![share("", &[(0, 1)])]));
+        prop_assert!(refused(vec![share("n:1", &[])]));
+        prop_assert!(refused(vec![share("n:1", &[(0, 0)])]));
+        prop_assert!(refused(vec![share("n:1", &[(10, 5), (0, 5)])]));
+        prop_assert!(refused(vec![share("n:1", &[(0, 10), (5, 10)])]));
+        prop_assert!(refused(vec![share("n:1", &[(u64::MAX, 2)])]));
+        let lots: Vec<(u64, u64)> = (0..=oncilla_model::alloc::MAX_EXTENTS as u64).map(|i| (i * 2, 1)).collect();
+        prop_assert!(refused(vec![share("n:1", &lots)]));
         let mut stranger = w;
         stranger.fill = vec!["not-a-replica:1".into()];
         prop_assert!(SetCopies::try_from(stranger).is_err());

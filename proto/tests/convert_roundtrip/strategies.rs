@@ -616,19 +616,50 @@ pub(super) fn endpoints() -> impl Strategy<Value = Endpoint> {
         })
 }
 
-/// A copy change: promoted ranges and the replicas left.
+/// A replica of some of a primary's bytes: ranges in order, never
+/// overlapping, none empty.
+pub(super) fn replica_shares() -> impl Strategy<Value = ReplicaShare> {
+    (node_names(), vec((any::<u32>(), 1..=u32::MAX), 1..4)).prop_map(|(addr, gaps)| {
+        let mut at = 0u64;
+        let ranges = gaps
+            .into_iter()
+            .map(|(gap, len)| {
+                let r = Range {
+                    alloc_offset: at + u64::from(gap),
+                    len: u64::from(len),
+                };
+                at = r.alloc_offset + r.len;
+                r
+            })
+            .collect();
+        ReplicaShare {
+            data_addr: addr,
+            ranges,
+        }
+    })
+}
+
+/// A copy change: promoted ranges and the replicas left (distinct).
 pub(super) fn set_copies() -> impl Strategy<Value = SetCopies> {
     (
         0..=MAX_ID,
         vec(ranges(), 0..3),
-        vec(node_names(), 0..MAX_REPLICAS as usize),
+        vec(replica_shares(), 0..4),
         any::<u64>(),
     )
-        .prop_map(|(alloc_id, promote, replicas, generation)| SetCopies {
-            alloc_id,
-            promote,
-            fill: replicas.iter().take(1).cloned().collect(),
-            replicas,
-            generation,
+        .prop_map(|(alloc_id, promote, mut replicas, generation)| {
+            let mut seen = std::collections::BTreeSet::new();
+            replicas.retain(|r| seen.insert(r.data_addr.clone()));
+            SetCopies {
+                alloc_id,
+                promote,
+                fill: replicas
+                    .iter()
+                    .take(1)
+                    .map(|r| r.data_addr.clone())
+                    .collect(),
+                replicas,
+                generation,
+            }
         })
 }

@@ -63,6 +63,12 @@ fn choose<'a>(
 /// The shares of copies 1 to `copies - 1` (each as `primary` is laid out,
 /// share by share), with room counted after the primary's shares.
 ///
+/// Each copy's shares go to distinct nodes (a node holds one share of a
+/// copy), found as a matching: a share whose nodes are all taken by the
+/// copy's earlier shares moves one of them to another node (with shares
+/// on every node, only a rotation fits, which taking nodes in order can
+/// miss).
+///
 /// # Errors
 /// [`CoreError::CapacityExhausted`] when some share has no node left that
 /// holds no copy of it and has room, said with the nodes' free room.
@@ -74,37 +80,119 @@ pub fn replicas(
     let by_name: BTreeMap<&str, &Candidate> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     // Room left on each node once what is already planned is taken.
     let mut free: BTreeMap<&str, u64> = nodes.iter().map(|n| (n.name.as_str(), n.room())).collect();
-    let take = |free: &mut BTreeMap<&str, u64>, node: &str, bytes: u64| {
-        if let (Some(f), Some(n)) = (free.get_mut(node), by_name.get(node)) {
-            *f = f.saturating_sub(round_up(bytes, n.page.max(1)));
-        }
-    };
     for p in primary {
-        take(&mut free, &p.node, p.bytes());
+        if let (Some(f), Some(n)) = (free.get_mut(p.node.as_str()), by_name.get(p.node.as_str())) {
+            *f = f.saturating_sub(round_up(p.bytes(), n.page.max(1)));
+        }
     }
     // For each primary share, the nodes holding a copy of it so far.
     let mut holders: Vec<Vec<&str>> = primary.iter().map(|p| vec![p.node.as_str()]).collect();
     let mut out = Vec::new();
     for _ in 1..copies {
-        let mut copy: Vec<Planned> = Vec::with_capacity(primary.len());
-        for (p, held) in primary.iter().zip(&mut holders) {
-            // One share of a copy per node: a node reserves each copy's
-            // ranges once, as the primary's.
-            let taken: Vec<&str> = copy.iter().map(|c| c.node.as_str()).collect();
-            let bytes = p.bytes();
-            let chosen = choose(bytes, held, &taken, nodes, &free);
-            let chosen = chosen.ok_or_else(|| no_room(p, held, nodes, &free))?;
-            take(&mut free, &chosen.name, bytes);
-            held.push(chosen.name.as_str());
-            copy.push(Planned {
-                node: chosen.name.clone(),
+        let mut m = Matching {
+            shares: primary,
+            held: &holders,
+            nodes,
+            free,
+            owner: BTreeMap::new(),
+        };
+        for i in 0..primary.len() {
+            if !m.place(i, &mut Vec::new()) {
+                return Err(no_room(&primary[i], &holders[i], nodes, &m.free));
+            }
+        }
+        let Matching {
+            owner, free: left, ..
+        } = m;
+        free = left;
+        let mut copy: Vec<Planned> = primary
+            .iter()
+            .map(|p| Planned {
+                node: String::new(),
                 ranges: p.ranges.clone(),
                 gpu: None,
-            });
+            })
+            .collect();
+        for (node, i) in owner {
+            copy[i].node = node.to_string();
+            holders[i].push(node);
         }
         out.push(copy);
     }
     Ok(out)
+}
+
+/// One copy's shares being given distinct nodes.
+struct Matching<'a, 'h> {
+    shares: &'a [Planned],
+    /// Per share, the nodes holding a copy of it already.
+    held: &'h [Vec<&'a str>],
+    nodes: &'a [Candidate],
+    free: BTreeMap<&'a str, u64>,
+    /// Node -> the share of this copy it takes.
+    owner: BTreeMap<&'a str, usize>,
+}
+
+impl<'a> Matching<'a, '_> {
+    /// Gives share `i` a node (the rules' best first), moving the share
+    /// that has it to another node where needed, through nodes not in
+    /// `seen`; whether it found one.
+    fn place(&mut self, i: usize, seen: &mut Vec<&'a str>) -> bool {
+        let bytes = self.shares[i].bytes();
+        let held = &self.held[i];
+        let need = |n: &Candidate| round_up(bytes, n.page.max(1));
+        // Room on `n` were its share of this copy (if any) elsewhere.
+        let room = |m: &Self, n: &Candidate| {
+            let back = m
+                .owner
+                .get(n.name.as_str())
+                .map_or(0, |&j| round_up(m.shares[j].bytes(), n.page.max(1)));
+            m.free.get(n.name.as_str()).copied().unwrap_or(0) + back
+        };
+        let zones: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|n| held.contains(&n.name.as_str()) && !n.zone.is_empty())
+            .map(|n| n.zone.as_str())
+            .collect();
+        let new_zone = |n: &Candidate| !n.zone.is_empty() && !zones.contains(&n.zone.as_str());
+        let mut order: Vec<&'a Candidate> = self
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.placeable() && !held.contains(&n.name.as_str()) && need(n) <= room(self, n)
+            })
+            .collect();
+        order.sort_by(|a, b| {
+            new_zone(b)
+                .cmp(&new_zone(a))
+                .then_with(|| room(self, b).cmp(&room(self, a)))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        for n in order {
+            let name = n.name.as_str();
+            if seen.contains(&name) {
+                continue;
+            }
+            seen.push(name);
+            let before = self.owner.get(name).copied();
+            if let Some(j) = before {
+                if !self.place(j, seen) {
+                    continue;
+                }
+                let back = round_up(self.shares[j].bytes(), n.page.max(1));
+                if let Some(f) = self.free.get_mut(name) {
+                    *f += back;
+                }
+            }
+            if let Some(f) = self.free.get_mut(name) {
+                *f = f.saturating_sub(need(n));
+            }
+            self.owner.insert(name, i);
+            return true;
+        }
+        false
+    }
 }
 
 fn no_room(
@@ -220,6 +308,36 @@ mod tests {
         let copies = replicas(&two, 2, &nodes).unwrap();
         assert_eq!(copies[0][0].node, "b");
         assert_eq!(copies[0][1].node, "a");
+    }
+
+    #[test]
+    fn shares_on_every_node_take_each_other_in_a_rotation() {
+        // Taking the roomiest node share by share gives a's replica b and
+        // b's a, and leaves c's nowhere: the matching moves one along.
+        for n in 3..=5 {
+            let nodes: Vec<Candidate> = (0..n)
+                .map(|i| node(&format!("n{i}"), "", 64 * MIB))
+                .collect();
+            let primary: Vec<Planned> = (0..n)
+                .map(|i| share(&format!("n{i}"), &[(i as u64 * MIB, MIB)]))
+                .collect();
+            for copies in 2..=n.min(3) {
+                let out = replicas(&primary, copies as u32, &nodes).unwrap();
+                for (c, copy) in out.iter().enumerate() {
+                    let mut on: Vec<&str> = copy.iter().map(|p| p.node.as_str()).collect();
+                    on.sort_unstable();
+                    on.dedup();
+                    assert_eq!(on.len(), n, "copy {}: one share per node: {copy:?}", c + 1);
+                }
+                for (i, p) in primary.iter().enumerate() {
+                    let mut of: Vec<&str> = out.iter().map(|c| c[i].node.as_str()).collect();
+                    of.push(p.node.as_str());
+                    of.sort_unstable();
+                    of.dedup();
+                    assert_eq!(of.len(), copies, "share {i}: {out:?}");
+                }
+            }
+        }
     }
 
     #[test]

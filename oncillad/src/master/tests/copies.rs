@@ -48,7 +48,13 @@ async fn a_lost_replica_leaves_the_record_and_the_primary_copies_to_the_rest() {
     let (addr, refill) = &told[1];
     assert_eq!(addr, "a:1");
     assert_eq!(refill.fill.len(), 1, "{refill:?}");
-    assert_eq!(refill.replicas, refill.fill);
+    let addrs: Vec<&String> = refill.replicas.iter().map(|r| &r.data_addr).collect();
+    assert_eq!(addrs, refill.fill.iter().collect::<Vec<_>>());
+    assert_eq!(
+        refill.replicas[0].ranges.iter().map(|r| r.len).sum::<u64>(),
+        10_000,
+        "every byte"
+    );
     let seen = m.allocation(&by_id(a.id)).unwrap();
     assert_eq!(seen.health, Health::Healthy, "{:?}", seen.health_notes);
     assert_eq!(seen.copy_extents(1).map(|e| e.len).sum::<u64>(), 10_000);
@@ -143,9 +149,9 @@ async fn a_lost_primary_gives_way_to_its_replica() {
 }
 
 #[tokio::test]
-async fn a_replica_on_a_node_with_a_primary_share_is_not_promoted() {
-    // Primary shares on a and b; b's replica can only go to a (c holds
-    // a's replica, and a node takes one share of a copy).
+async fn a_replica_on_a_node_with_a_primary_share_is_promoted_beside_it() {
+    // Primary shares on a and b; one's replica can only go to the other
+    // (c holds one replica, and a node takes one share of a copy).
     let link = FakeLink::default();
     let m = master(link.clone()).await;
     m.register(join("c", 1 << 20)).await.unwrap();
@@ -158,22 +164,81 @@ async fn a_replica_on_a_node_with_a_primary_share_is_not_promoted() {
             .filter(|e| e.node == node)
             .map(|e| e.copy)
             .collect();
+        copies.sort_unstable();
         copies.dedup();
         copies
     };
-    assert_eq!((on("a"), on("b"), on("c")), (vec![0, 1], vec![0], vec![1]));
-    let mut fresh = join("b", 1 << 20);
+    // x holds its primary share and p's replica.
+    let (x, p) = if on("a") == [0, 1] {
+        ("a", "b")
+    } else {
+        ("b", "a")
+    };
+    assert_eq!((on(x), on(p), on("c")), (vec![0, 1], vec![0], vec![1]));
+    let of = |node: &str, copy: u32| -> Vec<(u64, u64)> {
+        let mut r: Vec<(u64, u64)> = a
+            .all_extents()
+            .filter(|e| e.node == node && e.copy == copy)
+            .map(|e| (e.alloc_offset, e.len))
+            .collect();
+        r.sort_unstable();
+        r
+    };
+    let (x_own, p_own) = (of(x, 0), of(p, 0));
+    let mut fresh = join(p, 1 << 20);
     fresh.incarnation = 2;
     m.register(fresh).await.unwrap();
-    // b's primary extents stay (lost), not merged into a's share; its
-    // bytes are still read from the replica on a.
+    // x holds every byte as primary now: its own, and p's from its
+    // replica of them.
     let seen = m.allocation(&by_id(a.id)).unwrap();
-    let primaries: Vec<&str> = seen.extents.iter().map(|e| e.node.as_str()).collect();
-    assert!(primaries.contains(&"b"), "{seen:?}");
+    assert!(seen.extents.iter().all(|e| e.node == x), "{seen:?}");
+    assert_eq!(seen.extents.iter().map(|e| e.len).sum::<u64>(), 20_000);
     assert_eq!(seen.health, Health::Degraded, "{:?}", seen.health_notes);
     assert!(
-        seen.health_notes[0].starts_with("copy 0: b restarted"),
+        seen.health_notes
+            .iter()
+            .any(|n| n.contains("under-replicated")),
         "{:?}",
         seen.health_notes
     );
+    m.tick().await;
+    let told = link.copies_set.lock().unwrap().clone();
+    let (addr, change) = told.last().expect("x is told");
+    assert_eq!(*addr, format!("{x}:1"));
+    let promoted: Vec<(u64, u64)> = change
+        .promote
+        .iter()
+        .map(|r| (r.alloc_offset, r.len))
+        .collect();
+    let sum = |r: &[(u64, u64)]| r.iter().map(|g| g.1).sum::<u64>();
+    assert_eq!(sum(&promoted), sum(&p_own));
+    assert!(promoted
+        .iter()
+        .all(|&(o, l)| p_own.iter().any(|&(po, pl)| o <= po && po + pl <= o + l)));
+    // Its writes to its own bytes still go to c; p's bytes have no
+    // replica until one is made.
+    assert_eq!(change.replicas.len(), 1, "{change:?}");
+    assert_eq!(change.replicas[0].data_addr, "c:2");
+    let c_ranges: u64 = change.replicas[0].ranges.iter().map(|r| r.len).sum();
+    assert_eq!(c_ranges, sum(&x_own));
+    // The copy made again is of p's bytes only, on the one node that
+    // holds none of the allocation (p, empty since it restarted), and x
+    // keeps c for its own.
+    m.refill().await;
+    let told = link.copies_set.lock().unwrap().clone();
+    let (addr, refill) = told.last().unwrap();
+    assert_eq!(*addr, format!("{x}:1"));
+    assert_eq!(refill.fill, [format!("{p}:2")], "{refill:?}");
+    let by_addr = |addr: &str| {
+        refill
+            .replicas
+            .iter()
+            .find(|r| r.data_addr == addr)
+            .map(|r| r.ranges.iter().map(|g| g.len).sum::<u64>())
+    };
+    assert_eq!(by_addr("c:2"), Some(c_ranges));
+    assert_eq!(by_addr(&format!("{p}:2")), Some(20_000 - c_ranges));
+    let seen = m.allocation(&by_id(a.id)).unwrap();
+    assert_eq!(seen.health, Health::Healthy, "{:?}", seen.health_notes);
+    assert_eq!(seen.copy_extents(1).map(|e| e.len).sum::<u64>(), 20_000);
 }

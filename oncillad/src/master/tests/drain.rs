@@ -84,7 +84,13 @@ async fn a_drained_node_takes_nothing_new_and_its_allocations_move() {
         .iter()
         .find(|(addr, c)| *addr == format!("{primary}:1") && c.alloc_id == twice.id)
         .expect("the replicated allocation's new primary is promoted");
-    assert_eq!(to_primary.1.replicas, [format!("{replica}:2")]);
+    let addrs: Vec<&str> = to_primary
+        .1
+        .replicas
+        .iter()
+        .map(|r| r.data_addr.as_str())
+        .collect();
+    assert_eq!(addrs, [format!("{replica}:2")]);
 
     // Its room moved with it.
     let used = |n: &str| {
