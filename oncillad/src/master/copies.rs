@@ -224,6 +224,7 @@ impl<L: AgentLink> Master<L> {
                 }) else {
                     continue;
                 };
+                let missing = held_alike(a, &primary, &missing);
                 // Never a node that holds any of it: a failed fill releases
                 // the whole allocation there.
                 let held: Vec<&str> = a.all_extents().map(|e| e.node.as_str()).collect();
@@ -454,7 +455,9 @@ fn primaries(a: &Allocation) -> Vec<String> {
 }
 
 /// The replicas of the bytes `primary` holds as primary: per other node
-/// holding a copy of some of them, which.
+/// holding a copy of some of them, which (a range per copy's run of
+/// bytes, never merged across copies: a copy is stamped per copy
+/// number, so none may span two).
 pub(super) fn replicas_of(a: &Allocation, primary: &str) -> Vec<ReplicaShare> {
     let ranges = merged(a.extents.iter().filter(|e| e.node == primary));
     let mut nodes: Vec<(&str, &str)> = a
@@ -468,10 +471,62 @@ pub(super) fn replicas_of(a: &Allocation, primary: &str) -> Vec<ReplicaShare> {
     nodes
         .into_iter()
         .map(|(node, addr)| {
-            let held = merged(a.replicas.iter().filter(|e| e.node == node));
-            replica_share(addr, &intersect(&held, &ranges))
+            let mut held = Vec::new();
+            for copy in a.replica_copies() {
+                let of_copy = merged(
+                    a.replicas
+                        .iter()
+                        .filter(|e| e.node == node && e.copy == copy),
+                );
+                held.extend(intersect(&of_copy, &ranges));
+            }
+            held.sort_unstable();
+            replica_share(addr, &held)
         })
         .collect()
+}
+
+/// The part of `missing` (bytes `primary` holds as primary) whose other
+/// copies are held by the same nodes as its first byte's: a new copy of
+/// them takes writes from one primary whichever copy is promoted when
+/// `primary` dies (a node takes copies of one copy number from one
+/// primary only: they are stamped per copy).
+fn held_alike(a: &Allocation, primary: &str, missing: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let by_copy: Vec<Vec<&Extent>> = a
+        .replica_copies()
+        .into_iter()
+        .map(|c| a.copy_extents(c).collect())
+        .collect();
+    let holders = |offset: u64| -> Vec<Option<&str>> {
+        by_copy
+            .iter()
+            .map(|extents| {
+                let i = extents.partition_point(|e| e.alloc_offset <= offset);
+                i.checked_sub(1)
+                    .map(|i| extents[i])
+                    .filter(|e| offset < e.alloc_offset + e.len)
+                    .map(|e| e.node.as_str())
+            })
+            .collect()
+    };
+    let Some(&(first, _)) = missing.first() else {
+        return Vec::new();
+    };
+    let Some(start) = a
+        .extents
+        .iter()
+        .find(|e| e.node == primary && e.alloc_offset <= first && first < e.alloc_offset + e.len)
+        .map(|e| e.alloc_offset)
+    else {
+        return Vec::new();
+    };
+    let like = holders(start);
+    let alike = merged(
+        a.extents
+            .iter()
+            .filter(|e| e.node == primary && holders(e.alloc_offset) == like),
+    );
+    intersect(missing, &alike)
 }
 
 /// A replica at `addr` of `ranges`.
@@ -574,7 +629,61 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 #[cfg(test)]
 mod range_tests {
-    use super::{intersect, subtract};
+    use super::{held_alike, intersect, replicas_of, subtract};
+    use oncilla_model::alloc::{Allocation, Extent};
+    use oncilla_model::{Fabric, Kind};
+
+    fn extent(node: &str, alloc_offset: u64, len: u64, copy: u32) -> Extent {
+        Extent {
+            node: node.into(),
+            alloc_offset,
+            len,
+            pool_offset: 0,
+            data_addr: format!("{node}:2"),
+            fabric: Fabric::Tcp,
+            agent_addr: format!("{node}:1"),
+            gpu: None,
+            rdma: Vec::new(),
+            copy,
+        }
+    }
+
+    /// p holds its own bytes [0, 100) and bytes it took over [100, 200);
+    /// copy 1 of each is on a and n, copy 2 of both is missing.
+    fn took_over() -> Allocation {
+        let mut a = Allocation::new(1, 200, Kind::RemoteHost);
+        a.extents = vec![extent("p", 0, 100, 0), extent("p", 100, 100, 0)];
+        a.replicas = vec![extent("a", 0, 100, 1), extent("n", 100, 100, 1)];
+        a
+    }
+
+    #[test]
+    fn a_new_copy_is_of_bytes_whose_other_copies_are_held_alike() {
+        let a = took_over();
+        // Were p to die, [0, 100) goes to a and [100, 200) to n: one new
+        // copy 2 of both would take copies from two primaries.
+        assert_eq!(held_alike(&a, "p", &[(0, 200)]), [(0, 100)]);
+        assert_eq!(held_alike(&a, "p", &[(150, 50)]), [(150, 50)]);
+        assert!(held_alike(&a, "p", &[]).is_empty());
+    }
+
+    #[test]
+    fn replicas_are_named_with_their_bytes_never_merged_across_copies() {
+        let mut a = took_over();
+        // n holds copy 1 of [100, 200) and copy 2 of [0, 100): adjacent
+        // bytes of two copies, stamped apart.
+        a.replicas.push(extent("n", 0, 100, 2));
+        a.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
+        let r = replicas_of(&a, "p");
+        let ranges = |addr: &str| -> Vec<(u64, u64)> {
+            r.iter()
+                .find(|s| s.data_addr == addr)
+                .map(|s| s.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(ranges("a:2"), [(0, 100)]);
+        assert_eq!(ranges("n:2"), [(0, 100), (100, 100)]);
+    }
 
     #[test]
     fn ranges_subtract_and_intersect() {

@@ -627,6 +627,22 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             generation: 0,
         });
     }
+    // Each share's change names the primary's replicas in full: two
+    // shares of one primary (copies of bytes it took over beside its own)
+    // must each list both new copies, or the change applied second would
+    // drop the first one's.
+    let targets: Vec<(String, ReplicaShare)> = shares
+        .iter()
+        .map(|s| (s.primary.clone(), replica_share(&s.target.2, &s.ranges)))
+        .collect();
+    for s in &mut shares {
+        for (primary, target) in &targets {
+            if *primary == s.primary && !s.replicas.iter().any(|r| r.data_addr == target.data_addr)
+            {
+                s.replicas.push(target.clone());
+            }
+        }
+    }
     Ok(shares)
 }
 

@@ -13,6 +13,10 @@ use crate::pb;
 /// at most 253 bytes).
 const MAX_ADDR: usize = 261;
 
+/// Most replica nodes a copy change names for one primary (each holds
+/// some of its bytes; far past any cluster's node count here).
+const MAX_REPLICA_NODES: usize = 4096;
+
 impl TryFrom<pb::RegisterRequest> for Registration {
     type Error = WireError;
     fn try_from(r: pb::RegisterRequest) -> Result<Self, WireError> {
@@ -291,7 +295,11 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
         {
             return Err(Invalid::Extents(ranges.max(r.promote.len())).into());
         }
+        if r.replicas.len() > MAX_REPLICA_NODES {
+            return Err(Invalid::Copies.into());
+        }
         let mut replicas: Vec<ReplicaShare> = Vec::with_capacity(r.replicas.len());
+        let mut addrs = std::collections::BTreeSet::new();
         for s in r.replicas {
             let share = ReplicaShare {
                 data_addr: s.data_addr,
@@ -310,16 +318,13 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
                     .ranges
                     .iter()
                     .any(|g| g.len == 0 || g.alloc_offset.checked_add(g.len).is_none())
-                || replicas.iter().any(|o| o.data_addr == share.data_addr)
+                || !addrs.insert(share.data_addr.clone())
             {
                 return Err(Invalid::Copies.into());
             }
             replicas.push(share);
         }
-        if r.fill
-            .iter()
-            .any(|a| !replicas.iter().any(|s| s.data_addr == *a))
-        {
+        if r.fill.len() > MAX_REPLICA_NODES || r.fill.iter().any(|a| !addrs.contains(a)) {
             return Err(Invalid::Copies.into());
         }
         Ok(Self {

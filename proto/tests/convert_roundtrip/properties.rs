@@ -338,6 +338,8 @@ proptest! {
         prop_assert!(refused(vec![share("n:1", &[(u64::MAX, 2)])]));
         let lots: Vec<(u64, u64)> = (0..=oncilla_model::alloc::MAX_EXTENTS as u64).map(|i| (i * 2, 1)).collect();
         prop_assert!(refused(vec![share("n:1", &lots)]));
+        let crowd: Vec<pb::ReplicaShare> = (0..=4096).map(|i| share(&format!("n{i}:1"), &[(0, 1)])).collect();
+        prop_assert!(refused(crowd));
         let mut stranger = w;
         stranger.fill = vec!["not-a-replica:1".into()];
         prop_assert!(SetCopies::try_from(stranger).is_err());

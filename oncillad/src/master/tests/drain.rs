@@ -320,3 +320,95 @@ async fn a_restarted_master_releases_a_copy_a_move_left_unfinished() {
     assert_eq!(seen.extents.len(), 1);
     assert_eq!(seen.extents[0].node, "c");
 }
+
+#[tokio::test]
+async fn a_drained_node_with_two_copies_of_one_primary_moves_both_and_the_primary_keeps_both() {
+    // p holds its own bytes X = [0, 5000) and bytes it took over, Y =
+    // [5000, 10000), as primary; d holds copy 1 of X and copy 2 of Y
+    // (both from p), e copy 2 of X, f copy 1 of Y; t1 and t2 hold none.
+    let link = FakeLink::default();
+    let m = bare(
+        link.clone(),
+        Liveness::from_heartbeat(Duration::from_secs(60)),
+    );
+    let mut rec = Allocation::new(MAX_ID / 2, 10_000, Kind::RemoteHost);
+    rec.access_key = vec![7; KEY_LEN];
+    rec.placement.replicas = 3;
+    let extent = |node: &str, alloc_offset: u64, copy: u32| oncilla_model::alloc::Extent {
+        node: node.into(),
+        alloc_offset,
+        len: 5000,
+        pool_offset: 0,
+        data_addr: format!("{node}:2"),
+        fabric: Fabric::Tcp,
+        agent_addr: format!("{node}:1"),
+        gpu: None,
+        rdma: Vec::new(),
+        copy,
+    };
+    let part = |extents: Vec<oncilla_model::alloc::Extent>| {
+        let mut r = rec.clone();
+        let (primary, replicas) = extents.into_iter().partition(|e| e.copy == 0);
+        r.extents = primary;
+        r.replicas = replicas;
+        r
+    };
+    let held = [
+        ("p", vec![extent("p", 0, 0), extent("p", 5000, 0)]),
+        ("d", vec![extent("d", 0, 1), extent("d", 5000, 2)]),
+        ("e", vec![extent("e", 0, 2)]),
+        ("f", vec![extent("f", 5000, 1)]),
+    ];
+    for (node, extents) in held {
+        let mut r = join(node, 1 << 20);
+        r.master_incarnation = 9;
+        r.held = vec![part(extents)];
+        m.register(r).await.unwrap();
+    }
+    for node in ["t1", "t2"] {
+        m.register(join(node, 1 << 20)).await.unwrap();
+    }
+    let seen = m.allocation(&by_id(rec.id)).unwrap();
+    assert_eq!(seen.health, Health::Healthy, "{:?}", seen.health_notes);
+
+    m.drain("d", true).unwrap();
+    drain_all(&m).await;
+    let moved = m.allocation(&by_id(rec.id)).unwrap();
+    assert!(!moved.held_on("d"), "{moved:?}");
+    let on = |copy: u32, offset: u64| {
+        moved
+            .copy_extents(copy)
+            .find(|e| e.alloc_offset == offset)
+            .map(|e| e.node.clone())
+            .unwrap()
+    };
+    let (x1, y2) = (on(1, 0), on(2, 5000));
+    assert!(
+        x1.starts_with('t') && y2.starts_with('t') && x1 != y2,
+        "{moved:?}"
+    );
+    // Every change p was told while the two copies filled named both new
+    // nodes once both were asked for: the second never dropped the first.
+    let told = link.copies_set.lock().unwrap().clone();
+    let to_p: Vec<&SetCopies> = told
+        .iter()
+        .filter(|(addr, _)| addr == "p:1")
+        .map(|(_, c)| c)
+        .collect();
+    let fills: Vec<&&SetCopies> = to_p.iter().filter(|c| !c.fill.is_empty()).collect();
+    assert_eq!(fills.len(), 2, "{to_p:?}");
+    for c in fills {
+        for t in [&x1, &y2] {
+            assert!(
+                c.replicas.iter().any(|r| r.data_addr == format!("{t}:2")),
+                "a fill's change leaves out {t}: {c:?}"
+            );
+        }
+    }
+    let last = to_p.last().unwrap();
+    let addrs: Vec<&str> = last.replicas.iter().map(|r| r.data_addr.as_str()).collect();
+    assert!(
+        addrs.contains(&format!("{x1}:2").as_str()) && addrs.contains(&format!("{y2}:2").as_str()),
+        "{last:?}"
+    );
+}
