@@ -101,7 +101,7 @@ impl Allocation {
             alloc.device = Some(Arc::new(mem));
             return Ok(alloc);
         }
-        let routes = route::decide_all(&alloc.desc.extents, me, fabric, |e| data.rdma_for(e))?;
+        let mut routes = route::decide_all(&alloc.desc.extents, me, fabric, |e| data.rdma_for(e))?;
         let local: Vec<_> = alloc
             .desc
             .extents
@@ -110,18 +110,34 @@ impl Allocation {
             .filter(|(_, r)| **r == Route::Mapped)
             .map(|(e, _)| e)
             .collect();
-        alloc.routes = routes.into();
         if !local.is_empty() {
-            let mapping = Mapping::open(
+            match Mapping::open(
                 &client.socket,
                 &client.credential.current(),
                 alloc.desc.id,
                 &alloc.desc.key,
                 &local,
                 &client.staging.pins,
-            )?;
-            alloc.local = Some(Arc::new(mapping));
+            ) {
+                Ok(mapping) => alloc.local = Some(Arc::new(mapping)),
+                // The agent holds as many mappings for this user as it
+                // gives one user (each mapped handle is one): remote host
+                // memory that happens to be on this node goes over TCP, as
+                // another node's would, unless shared memory was asked
+                // for by name. Local host memory is asked for as memory
+                // to map (`localbuf`): its refusal stands.
+                Err(Error::CapacityExhausted(why))
+                    if fabric == Fabric::Auto && alloc.desc.kind != Kind::LocalHost =>
+                {
+                    tracing::debug!(id = alloc.desc.id, %why, "not mapped; its bytes go over TCP");
+                    for r in routes.iter_mut().filter(|r| **r == Route::Mapped) {
+                        *r = Route::Tcp;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
+        alloc.routes = routes.into();
         Ok(alloc)
     }
 

@@ -463,7 +463,9 @@ pub(crate) fn check_lease(d: &Descriptor, local: Option<&Mapping>) -> Result<()>
 /// turns a transport problem into the caller's.
 ///
 /// # Errors
-/// [`Error::PermissionDenied`] when the agent refuses the credential, else `fail(..)`.
+/// [`Error::PermissionDenied`] when the agent refuses the credential,
+/// [`Error::CapacityExhausted`] when it is at its bound for this user
+/// (connections), else `fail(..)`.
 pub(crate) fn greet(
     stream: &mut (impl Read + Write),
     credential: &Credential,
@@ -476,6 +478,7 @@ pub(crate) fn greet(
 pub(crate) fn dialed(e: dial::DialError, fail: impl Fn(String) -> Error) -> Error {
     match e {
         dial::DialError::Denied(msg) => Error::PermissionDenied(msg),
+        dial::DialError::Busy(msg) => Error::CapacityExhausted(msg),
         dial::DialError::Unreachable(msg) | dial::DialError::BadVersion(msg) => fail(msg),
     }
 }

@@ -19,9 +19,12 @@ pub enum DialError {
     /// Resolving, connecting, TLS or the handshake's I/O failed.
     #[error("{0}")]
     Unreachable(String),
-    /// The agent refused the secret (or had no seat).
+    /// The agent refused the secret.
     #[error("{0}")]
     Denied(String),
+    /// The agent is at its bound for this caller (no seat now).
+    #[error("{0}")]
+    Busy(String),
     /// The agent speaks another protocol version.
     #[error("{0}")]
     BadVersion(String),
@@ -82,6 +85,7 @@ pub fn greet(stream: &mut (impl Read + Write), secret: &[u8]) -> Result<(), Dial
     match code {
         Welcome::Ok => Ok(()),
         Welcome::Denied => Err(DialError::Denied(msg)),
+        Welcome::Busy => Err(DialError::Busy(msg)),
         Welcome::BadVersion => Err(DialError::BadVersion(msg)),
     }
 }

@@ -70,6 +70,10 @@ pub enum Welcome {
     Ok = 0,
     Denied = 1,
     BadVersion = 2,
+    /// The agent is at a bound for this caller (its share of connections):
+    /// not a refusal of who it is. Retry later, give back what it holds,
+    /// or go another way (a mapping's bytes are reached over TCP too).
+    Busy = 3,
 }
 
 /// Writes the client hello.
@@ -139,6 +143,7 @@ pub fn read_welcome(r: &mut impl Read) -> Result<(Welcome, String), WireError> {
     let code = match head[0] {
         0 => Welcome::Ok,
         2 => Welcome::BadVersion,
+        3 => Welcome::Busy,
         _ => Welcome::Denied,
     };
     Ok((code, msg))

@@ -112,7 +112,7 @@ pub(crate) fn accept<S: Timed + std::os::fd::AsFd, P>(
         }
         Err(why) => {
             refused(HelloRefusal::NoSeat);
-            wire::write_welcome(&mut stream, Welcome::Denied, why)?;
+            wire::write_welcome(&mut stream, Welcome::Busy, why)?;
             Ok(None)
         }
     }

@@ -161,6 +161,10 @@ fn dial_source(pulls: &Pulls, secret: &[u8], addr: &str) -> Result<Outbound, Ref
                 Status::Internal,
                 format!("pull source {addr} refused the connection: {msg}"),
             ),
+            DialError::Busy(msg) => (
+                Status::Busy,
+                format!("pull source {addr} is at its bound for this agent: {msg}"),
+            ),
             DialError::Unreachable(msg) | DialError::BadVersion(msg) => (
                 Status::Internal,
                 format!("pull source {addr} unreachable: {msg}"),

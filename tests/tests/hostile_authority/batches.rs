@@ -118,3 +118,36 @@ fn batches_are_bounded_and_act_only_for_their_own_session() {
     assert_eq!(c.allocation_count(), before, "a refused batch made nothing");
     c.still_serves();
 }
+
+/// A batch of same-node allocations past the user's share of map
+/// connections (each mapped handle holds one): before, `alloc_many` of
+/// 256 while the process held one local allocation failed whole with
+/// "too many map connections from this user" (README's own example).
+/// Now the handles past the share are not mapped and their bytes go over
+/// TCP; every one holds its own bytes.
+#[test]
+fn a_batch_of_local_allocations_past_the_map_share_goes_over_tcp() {
+    let limit = support::raise_nofile(4096);
+    if limit < 1024 {
+        println!("skipped: {limit} descriptors; the batch maps 256 allocations");
+        return;
+    }
+    let c = Cluster::start(2, "32MiB");
+    let ocm = c.client(0);
+    let first = ocm.alloc(4096, Kind::RemoteHost).unwrap();
+    assert_eq!(first.fabrics(), [Fabric::Shm], "placed here and mapped");
+    let made = ocm
+        .alloc_many(&AllocSpec::new(4096, Kind::RemoteHost), 256)
+        .unwrap();
+    assert_eq!(made.len(), 256);
+    let over_tcp = made.iter().filter(|a| a.fabrics() == [Fabric::Tcp]).count();
+    assert!(over_tcp >= 1, "every handle mapped past the share");
+    for (i, a) in made.iter().enumerate() {
+        a.copy_in(0, &[i as u8; 4096]).unwrap();
+    }
+    for (i, a) in made.iter().enumerate() {
+        let mut back = [0u8; 4096];
+        a.copy_out(0, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == i as u8), "allocation {i}");
+    }
+}
