@@ -14,14 +14,15 @@
 #
 # Usage: deploy/install-c.sh [PREFIX [LIBDIR]]
 #   PREFIX  where to install (default /usr/local)
-#   LIBDIR  where cargo left the libraries (default target/release; the
-#           tests install a debug build from target/debug/deps)
+#   LIBDIR  where cargo left the libraries (default $CARGO_TARGET_DIR/release
+#           or target/release; the tests install a debug build from
+#           target/debug/deps)
 # For a PREFIX pkg-config does not search, also export
 #   PKG_CONFIG_PATH=PREFIX/lib/pkgconfig  and  LD_LIBRARY_PATH=PREFIX/lib
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 prefix=${1:-/usr/local}
-from=${2:-$root/target/release}
+from=${2:-${CARGO_TARGET_DIR:-$root/target}/release}
 for f in liboncilla.so liboncilla.a liboncillamem.so; do
   [ -f "$from/$f" ] || {
     echo "$from/$f missing: run cargo build --release -p oncilla-capi -p oncillamem first" >&2
@@ -58,3 +59,15 @@ PC
 pc oncilla oncilla "Oncilla managed global address space: allocate cluster memory and copy to and from it"
 pc oncillamem oncillamem "The original Oncilla runtime's API (oncillamem.h) over an Oncilla cluster"
 echo "installed oncilla.h, oncillamem.h, liboncilla.so.$version (.so.$abi, .so) and .a, liboncillamem.so.$version (.so.$abi, .so), oncilla.pc and oncillamem.pc under $prefix"
+# The dynamic linker finds a new library in a directory it searches only
+# once its cache knows it: refreshed here where that is the case (as
+# root), else said.
+if [ "$prefix" = /usr ] || grep -rqsxF "$prefix/lib" /etc/ld.so.conf /etc/ld.so.conf.d/; then
+  if [ "$(id -u)" = 0 ]; then
+    ldconfig
+  else
+    echo "run ldconfig as root, so programs find liboncilla.so.$abi in $prefix/lib"
+  fi
+else
+  echo "programs find the libraries with LD_LIBRARY_PATH=$prefix/lib (pkg-config with PKG_CONFIG_PATH=$prefix/lib/pkgconfig)"
+fi

@@ -23,13 +23,14 @@ esac
 
 cd "$root"
 cargo build --release -p ocmctl -p oncillad -p oncilla-capi -p oncillamem
-prefix=$root/target/c-prefix
+target=${CARGO_TARGET_DIR:-$root/target}
+prefix=$target/c-prefix
 deploy/install-c.sh "$prefix" >/dev/null
-out=target/release/c-examples
+out=$target/release/c-examples
 mkdir -p "$out"
 "${CC:-cc}" -std=c11 -O2 -pthread -Wall -Wextra -Werror -pedantic \
   -I examples/c -o "$out/$prog" "examples/c/$prog.c" \
   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs oncilla) \
   -Wl,-rpath,"$prefix/lib"
-exec target/release/ocmctl run --agents "${AGENTS:-3}" --capacity "${CAPACITY:-640MiB}" \
+exec "$target/release/ocmctl" run --agents "${AGENTS:-3}" --capacity "${CAPACITY:-640MiB}" \
   -- "$out/$prog" "$@"

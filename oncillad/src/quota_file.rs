@@ -38,6 +38,12 @@ pub enum QuotaFileError {
     Mode { path: String, mode: u32 },
     #[error("quota file {path} is owned by uid {owner}, not by this user (uid {me}) or root")]
     Owner { path: String, owner: u32, me: u32 },
+    #[error("quota file {path}: its directory {dir} {why}; every change is written there (create it: install -d -m 700 {dir})")]
+    Directory {
+        path: String,
+        dir: String,
+        why: &'static str,
+    },
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -97,6 +103,23 @@ pub fn load(path: &Path) -> Result<Quotas, QuotaFileError> {
         path: shown(),
         source,
     };
+    // Every change is a new file renamed onto it: found out here, not at
+    // the first `ocmctl quota set`.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let unusable = |why| QuotaFileError::Directory {
+        path: shown(),
+        dir: dir.display().to_string(),
+        why,
+    };
+    if !dir.is_dir() {
+        return Err(unusable("does not exist"));
+    }
+    if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_err() {
+        return Err(unusable("is not writable by this user"));
+    }
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Quotas::default()),
@@ -174,6 +197,8 @@ mod tests {
         let path = dir.join("quotas.toml");
         let _ = std::fs::remove_file(&path);
         assert_eq!(load(&path).unwrap(), Quotas::default(), "missing is none");
+        let e = load(&dir.join("no-such-dir/quotas.toml")).unwrap_err().to_string();
+        assert!(e.contains("does not exist") && e.contains("install -d"), "{e}");
         let mut q = Quotas::default();
         q.default.bytes = Some(1 << 30);
         q.users.insert(
