@@ -31,8 +31,6 @@ mkdir -p "$out/bin" "$out/python"
 install -m 755 target/release/oncillad target/release/ocmctl "$out/bin/"
 strip "$out/bin/"*
 deploy/install-c.sh "$out" target/release >/dev/null
-strip --strip-unneeded "$out"/lib/*.so.*.*
-strip --strip-debug "$out/lib/liboncilla.a"
 # Relocatable: the prefix is where the .pc file lies, two levels up.
 sed -i 's|^prefix=.*|prefix=${pcfiledir}/../..|' "$out"/lib/pkgconfig/*.pc
 
