@@ -196,11 +196,23 @@ impl Pending {
     /// The first failure of any copy, as the blocking copies report them
     /// (the other copies still ran to their end).
     pub fn wait(self) -> Result<Vec<Vec<u8>>> {
-        let (outcome, buffers) = self
-            .client
-            .rt
-            .block_on(self.task)
-            .map_err(|e| Error::Internal(format!("batch task failed: {e}")))?;
-        outcome.map(|()| buffers)
+        let client = Arc::clone(&self.client);
+        client.rt.block_on(self)
+    }
+}
+
+/// Async code awaits a batch instead of waiting for it: `ocm.submit(batch).await`.
+impl std::future::Future for Pending {
+    type Output = Result<Vec<Vec<u8>>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.task).poll(cx).map(|joined| {
+            let (outcome, buffers) =
+                joined.map_err(|e| Error::Internal(format!("batch task failed: {e}")))?;
+            outcome.map(|()| buffers)
+        })
     }
 }

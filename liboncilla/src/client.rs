@@ -21,6 +21,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::error::{Error, Result};
 use crate::fabric::DataPath;
 use crate::options::Options;
+use crate::runtime::OwnRuntime;
 use crate::spec::{AllocSpec, Fabric};
 use crate::staging::Staging;
 
@@ -28,7 +29,7 @@ use crate::staging::Staging;
 /// handles, the allocations and the batches of the session, so the session
 /// lasts as long as any of them.
 pub(crate) struct Client {
-    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) rt: OwnRuntime,
     pub(crate) socket: PathBuf,
     /// The session's credential (from the agent at open): what its copies
     /// present to agents; the cluster token is never needed after open.
@@ -60,12 +61,14 @@ impl Client {
     /// [`Error::AgentUnreachable`], [`Error::PermissionDenied`] for a wrong token
     /// (an application without one is admitted by the socket's permissions).
     pub(crate) fn connect(opts: Options) -> Result<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("oncilla-client")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start runtime: {e}")))?;
+        let rt = OwnRuntime::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("oncilla-client")
+                .enable_all()
+                .build()
+                .map_err(|e| Error::Internal(format!("cannot start runtime: {e}")))?,
+        );
         let socket = opts.socket.clone();
         let unreachable = |reason: String| Error::AgentUnreachable {
             path: socket.display().to_string(),
@@ -179,9 +182,10 @@ impl Client {
     /// Runs a session call; while the master is in its recovery window
     /// (just started, agents re-registering), waits it out (bounded, one
     /// log line saying why) instead of failing.
-    fn call<'a, T, Fut>(&'a self, f: impl Fn(&'a calls::Session) -> Fut) -> Result<T>
+    fn call<'a, T, Fut>(&'a self, f: impl Fn(&'a calls::Session) -> Fut + Sync) -> Result<T>
     where
-        Fut: std::future::Future<Output = std::result::Result<T, CallError>>,
+        T: Send,
+        Fut: std::future::Future<Output = std::result::Result<T, CallError>> + Send,
     {
         if self.is_closed() {
             return Err(Error::InvalidArgument(format!(

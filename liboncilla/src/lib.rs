@@ -56,6 +56,7 @@ mod map;
 mod operator;
 mod options;
 mod route;
+mod runtime;
 mod session;
 mod spec;
 mod staging;

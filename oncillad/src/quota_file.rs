@@ -197,8 +197,13 @@ mod tests {
         let path = dir.join("quotas.toml");
         let _ = std::fs::remove_file(&path);
         assert_eq!(load(&path).unwrap(), Quotas::default(), "missing is none");
-        let e = load(&dir.join("no-such-dir/quotas.toml")).unwrap_err().to_string();
-        assert!(e.contains("does not exist") && e.contains("install -d"), "{e}");
+        let e = load(&dir.join("no-such-dir/quotas.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("does not exist") && e.contains("install -d"),
+            "{e}"
+        );
         let mut q = Quotas::default();
         q.default.bytes = Some(1 << 30);
         q.users.insert(

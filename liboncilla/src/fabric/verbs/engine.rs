@@ -80,7 +80,7 @@ pub struct VerbsFabric {
     tls: Option<ClientTls>,
     /// Runs `ConnectVerbs` calls; `None` when it could not start (then
     /// `host` says so).
-    rt: Option<tokio::runtime::Runtime>,
+    rt: Option<crate::runtime::OwnRuntime>,
     /// Queue pair slots by agent address, one per local device.
     conns: Mutex<HashMap<String, Vec<Slot>>>,
     /// Nodes tried so far: `None` when verbs reaches them, else why not.
@@ -116,7 +116,8 @@ impl VerbsFabric {
             .map_err(|e| {
                 probe.note = Some(format!("cannot start the connection runtime: {e}"));
             })
-            .ok();
+            .ok()
+            .map(crate::runtime::OwnRuntime::new);
         let odp = probe.devices.iter().all(|d| d.odp);
         let bounce = probe
             .devices
@@ -461,19 +462,17 @@ impl VerbsFabric {
         .map_err(|e| unreachable(e.to_string()))?;
         let client = calls::Agent::new(channel);
         let port_index = u32::try_from(dev).unwrap_or(0);
+        let endpoint = qp.endpoint();
         let reply = rt
             .block_on(async {
-                tokio::time::timeout(
-                    CONNECT_TIMEOUT,
-                    client.connect_verbs(&qp.endpoint(), port_index),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(format!(
-                        "no answer in {CONNECT_TIMEOUT:?}"
-                    ))
-                    .into())
-                })
+                tokio::time::timeout(CONNECT_TIMEOUT, client.connect_verbs(&endpoint, port_index))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "no answer in {CONNECT_TIMEOUT:?}"
+                        ))
+                        .into())
+                    })
             })
             .map_err(|e| match e {
                 CallError::Rpc(s) if s.code() == tonic::Code::FailedPrecondition => {
