@@ -38,12 +38,8 @@ pub enum QuotaFileError {
     Mode { path: String, mode: u32 },
     #[error("quota file {path} is owned by uid {owner}, not by this user (uid {me}) or root")]
     Owner { path: String, owner: u32, me: u32 },
-    #[error("quota file {path}: its directory {dir} {why}; every change is written there (create it: install -d -m 700 {dir})")]
-    Directory {
-        path: String,
-        dir: String,
-        why: &'static str,
-    },
+    #[error("quota file {path}: its directory {dir} does not exist; every change is written there (create it: install -d -m 700 {dir})")]
+    NoDirectory { path: String, dir: String },
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -109,16 +105,21 @@ pub fn load(path: &Path) -> Result<Quotas, QuotaFileError> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let unusable = |why| QuotaFileError::Directory {
-        path: shown(),
-        dir: dir.display().to_string(),
-        why,
-    };
     if !dir.is_dir() {
-        return Err(unusable("does not exist"));
+        return Err(QuotaFileError::NoDirectory {
+            path: shown(),
+            dir: dir.display().to_string(),
+        });
     }
-    if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_err() {
-        return Err(unusable("is not writable by this user"));
+    // A file kept read-only on purpose (a mounted ConfigMap) still loads:
+    // only changes fail, so this is said now, not refused. Effective ids
+    // and capabilities, as the write would have them.
+    if nix::unistd::eaccess(dir, nix::unistd::AccessFlags::W_OK).is_err() {
+        tracing::warn!(
+            path = %shown(),
+            dir = %dir.display(),
+            "the quota file's directory is not writable by this daemon: quotas load, and `ocmctl quota set` will fail"
+        );
     }
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,

@@ -317,7 +317,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_house_is_refused_after_the_token() {
+    fn a_full_house_is_answered_busy_after_the_token() {
         let (mut server, mut client) = UnixStream::pair().unwrap();
         client
             .write_all(&hello(wire::VERSION, token().as_bytes()))
@@ -335,7 +335,7 @@ mod tests {
         let (code, msg) = wire::read_welcome(&mut client).unwrap();
         assert_eq!(
             (code, msg.as_str()),
-            (Welcome::Denied, "too many data connections")
+            (Welcome::Busy, "too many data connections")
         );
     }
 
