@@ -630,23 +630,9 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod range_tests {
     use super::{held_alike, intersect, replicas_of, subtract};
-    use oncilla_model::alloc::{Allocation, Extent};
-    use oncilla_model::{Fabric, Kind};
-
-    fn extent(node: &str, alloc_offset: u64, len: u64, copy: u32) -> Extent {
-        Extent {
-            node: node.into(),
-            alloc_offset,
-            len,
-            pool_offset: 0,
-            data_addr: format!("{node}:2"),
-            fabric: Fabric::Tcp,
-            agent_addr: format!("{node}:1"),
-            gpu: None,
-            rdma: Vec::new(),
-            copy,
-        }
-    }
+    use crate::master::tests::extent;
+    use oncilla_model::alloc::Allocation;
+    use oncilla_model::Kind;
 
     /// p holds its own bytes [0, 100) and bytes it took over [100, 200);
     /// copy 1 of each is on a and n, copy 2 of both is missing.

@@ -26,6 +26,28 @@ mod leave;
 mod parts;
 mod users;
 
+/// `len` bytes at `alloc_offset` of copy `copy` on `node` (its agent at
+/// `node:1`, its data port at `node:2`), over TCP.
+pub(super) fn extent(
+    node: &str,
+    alloc_offset: u64,
+    len: u64,
+    copy: u32,
+) -> oncilla_model::alloc::Extent {
+    oncilla_model::alloc::Extent {
+        node: node.into(),
+        alloc_offset,
+        len,
+        pool_offset: 0,
+        data_addr: format!("{node}:2"),
+        fabric: Fabric::Tcp,
+        agent_addr: format!("{node}:1"),
+        gpu: None,
+        rdma: Vec::new(),
+        copy,
+    }
+}
+
 fn node(name: &str, cap: u64) -> NodeInfo {
     NodeInfo {
         name: name.into(),

@@ -271,18 +271,7 @@ async fn a_restarted_master_releases_a_copy_a_move_left_unfinished() {
     );
     let mut rec = Allocation::new(MAX_ID / 2, 10_000, Kind::RemoteHost);
     rec.access_key = vec![7; KEY_LEN];
-    let extent = |node: &str, copy: u32| oncilla_model::alloc::Extent {
-        node: node.into(),
-        alloc_offset: 0,
-        len: 10_000,
-        pool_offset: 0,
-        data_addr: format!("{node}:2"),
-        fabric: Fabric::Tcp,
-        agent_addr: format!("{node}:1"),
-        gpu: None,
-        rdma: Vec::new(),
-        copy,
-    };
+    let extent = |node: &str, copy: u32| extent(node, 0, 10_000, copy);
     let mut on_b = rec.clone();
     on_b.replicas = vec![extent("b", 1)];
     let mut on_a = rec.clone();
@@ -334,18 +323,7 @@ async fn a_drained_node_with_two_copies_of_one_primary_moves_both_and_the_primar
     let mut rec = Allocation::new(MAX_ID / 2, 10_000, Kind::RemoteHost);
     rec.access_key = vec![7; KEY_LEN];
     rec.placement.replicas = 3;
-    let extent = |node: &str, alloc_offset: u64, copy: u32| oncilla_model::alloc::Extent {
-        node: node.into(),
-        alloc_offset,
-        len: 5000,
-        pool_offset: 0,
-        data_addr: format!("{node}:2"),
-        fabric: Fabric::Tcp,
-        agent_addr: format!("{node}:1"),
-        gpu: None,
-        rdma: Vec::new(),
-        copy,
-    };
+    let extent = |node: &str, alloc_offset: u64, copy: u32| extent(node, alloc_offset, 5000, copy);
     let part = |extents: Vec<oncilla_model::alloc::Extent>| {
         let mut r = rec.clone();
         let (primary, replicas) = extents.into_iter().partition(|e| e.copy == 0);
