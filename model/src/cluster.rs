@@ -135,14 +135,20 @@ impl ReplicaShare {
         }
     }
 
-    /// The parts of `[offset, offset + len)` this replica holds, in order.
-    pub fn part_of(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let end = offset.saturating_add(len);
-        self.ranges.iter().filter_map(move |r| {
-            let from = offset.max(r.alloc_offset);
-            let until = end.min(r.alloc_offset.saturating_add(r.len));
-            (from < until).then(|| (from, until - from))
-        })
+    /// The parts of `ranges` (each `(offset, len)`) this replica holds, in
+    /// their order, one per range of its own: a part never spans two of
+    /// its ranges (they may be of two copies, each stamped apart).
+    pub fn parts_of(&self, ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+        let mut parts = Vec::new();
+        for (offset, len) in ranges {
+            let end = offset.saturating_add(len);
+            parts.extend(self.ranges.iter().filter_map(|r| {
+                let from = offset.max(r.alloc_offset);
+                let until = end.min(r.alloc_offset.saturating_add(r.len));
+                (from < until).then(|| (from, until - from))
+            }));
+        }
+        parts
     }
 }
 

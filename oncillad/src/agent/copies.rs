@@ -141,11 +141,12 @@ impl Agent {
         // holds (`fill` sends them).
         for addr in &c.fill {
             let Some(owed) = order.replica(addr).map(|r| {
-                cur.extents
-                    .iter()
-                    .filter(|e| e.copy == 0)
-                    .flat_map(|e| r.part_of(e.alloc_offset, e.len).collect::<Vec<_>>())
-                    .collect::<Vec<_>>()
+                r.parts_of(
+                    cur.extents
+                        .iter()
+                        .filter(|e| e.copy == 0)
+                        .map(|e| (e.alloc_offset, e.len)),
+                )
             }) else {
                 continue;
             };

@@ -19,7 +19,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncilla_model::cluster::ReplicaShare;
 use oncilla_net::credential::{NodeKeys, REPLICATOR};
 use oncilla_net::tls::tunnel::DataStream;
 use oncilla_net::tls::ClientTls;
@@ -91,8 +90,8 @@ impl Replicator {
         let mut failed = Vec::new();
         for replica in &order.replicas.clone() {
             let addr = &replica.data_addr;
-            let mut pending = held_by(replica, order.take_missed(addr, MISSED_PER_WRITE));
-            pending.extend(replica.part_of(offset, len));
+            let mut pending = order.take_missed(addr, MISSED_PER_WRITE);
+            pending.extend(replica.parts_of([(offset, len)]));
             if pending.is_empty() {
                 continue;
             }
@@ -260,10 +259,10 @@ pub fn fill(
             .ok_or("the allocation is gone")?;
         let copying = Arc::clone(&held.copying);
         let mut order = copying.order();
-        let Some(replica) = order.replica(addr).cloned() else {
+        if order.replica(addr).is_none() {
             return Err(format!("{addr} is no longer a replica of it"));
-        };
-        let piece = held_by(&replica, order.take_missed(addr, FILL_PIECE));
+        }
+        let piece = order.take_missed(addr, FILL_PIECE);
         if piece.is_empty() {
             return Ok(sent);
         }
@@ -282,17 +281,6 @@ pub fn fill(
         };
         sent += r.send_or_miss(&to, &mut order, &piece)?;
     }
-}
-
-/// The parts of `ranges` (missed ranges: merged past a bound, they may
-/// span bytes the replica does not hold) that `replica` holds, one per
-/// range of it, so no copy spans two of its ranges (they may be of two
-/// copies, each stamped apart).
-fn held_by(replica: &ReplicaShare, ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    ranges
-        .into_iter()
-        .flat_map(|(offset, len)| replica.part_of(offset, len).collect::<Vec<_>>())
-        .collect()
 }
 
 /// Where one copy goes: which allocation, from which memory, to which
@@ -366,24 +354,4 @@ fn exchange(out: &mut Outbound, req: &Request, stamp: Stamp, data: Shared<'_>) -
         "refused: {}",
         String::from_utf8_lossy(&msg)
     )))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::held_by;
-    use oncilla_model::cluster::{Range, ReplicaShare};
-
-    #[test]
-    fn missed_ranges_are_sent_only_where_the_replica_holds_bytes() {
-        let range = |alloc_offset, len| Range { alloc_offset, len };
-        let r = ReplicaShare::of("r:1", &[range(0, 10), range(10, 10), range(40, 10)]);
-        // Missed ranges merged past their bound span a gap (bytes of
-        // this primary another replica holds) and two adjacent ranges.
-        assert_eq!(held_by(&r, vec![(0, 100)]), [(0, 10), (10, 10), (40, 10)]);
-        assert_eq!(
-            held_by(&r, vec![(5, 10), (45, 100)]),
-            [(5, 5), (10, 5), (45, 5)]
-        );
-        assert!(held_by(&r, vec![(20, 20)]).is_empty());
-    }
 }

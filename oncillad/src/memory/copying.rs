@@ -128,7 +128,8 @@ impl Order {
     }
 
     /// Takes at most `budget` bytes of the ranges `replica` missed (a range
-    /// past it is split), leaving the rest noted.
+    /// past it is split), leaving the rest noted; returns the parts of
+    /// them the replica holds.
     pub fn take_missed(&mut self, replica: &str, budget: u64) -> Vec<(u64, u64)> {
         let Some(list) = self.missed.get_mut(replica) else {
             return Vec::new();
@@ -150,7 +151,13 @@ impl Order {
         if list.is_empty() {
             self.missed.remove(replica);
         }
-        taken
+        // Merged past their bound, missed ranges may span bytes the
+        // replica does not hold (another replica's, of a node that took
+        // over another's bytes): only what it holds is sent.
+        match self.replica(replica) {
+            Some(r) => r.parts_of(taken),
+            None => taken,
+        }
     }
 
     /// Begins again as a new primary (a replica promoted here): a new
@@ -171,17 +178,13 @@ impl Order {
             let Some(r) = replicas.iter().find(|r| r.data_addr == addr) else {
                 continue;
             };
-            for (offset, len) in ranges {
-                for (o, l) in r.part_of(offset, len) {
-                    self.miss(&addr, o, l);
-                }
+            for (o, l) in r.parts_of(ranges) {
+                self.miss(&addr, o, l);
             }
         }
         for r in &replicas {
-            for &(offset, len) in resend {
-                for (o, l) in r.part_of(offset, len) {
-                    self.miss(&r.data_addr, o, l);
-                }
+            for (o, l) in r.parts_of(resend.iter().copied()) {
+                self.miss(&r.data_addr, o, l);
             }
         }
         self.replicas = replicas;
@@ -278,6 +281,27 @@ mod tests {
         assert_eq!(o.replicas, [all("b:1")]);
         assert!(!o.missed.contains_key("a:1"));
         assert_eq!(o.missed["b:1"], [(100, 50)]);
+    }
+
+    #[test]
+    fn missed_ranges_are_taken_only_where_the_replica_holds_bytes() {
+        let c = Copying::default();
+        let mut o = c.order();
+        let range = |alloc_offset, len| Range { alloc_offset, len };
+        let r = ReplicaShare::of("r:1", &[range(0, 10), range(10, 10), range(40, 10)]);
+        o.copy_to(vec![r], &[]);
+        // Missed ranges merged past their bound span a gap (bytes of
+        // this primary another replica holds) and two adjacent ranges.
+        o.miss("r:1", 0, 100);
+        assert_eq!(
+            o.take_missed("r:1", u64::MAX),
+            [(0, 10), (10, 10), (40, 10)]
+        );
+        o.miss("r:1", 5, 10);
+        o.miss("r:1", 45, 100);
+        assert_eq!(o.take_missed("r:1", u64::MAX), [(5, 5), (10, 5), (45, 5)]);
+        o.miss("r:1", 20, 20);
+        assert!(o.take_missed("r:1", u64::MAX).is_empty());
     }
 
     #[test]
