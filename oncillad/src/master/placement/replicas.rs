@@ -30,8 +30,7 @@ pub fn refill<'a>(
 }
 
 /// The node for a copy of `bytes` held on `held` already, in a copy whose
-/// shares are on `taken`: up, holding none of it, room for it, a zone that
-/// holds none of it first, then the most room.
+/// shares are on `taken`: the best of [`ranked`] not taken.
 fn choose<'a>(
     bytes: u64,
     held: &[&str],
@@ -39,25 +38,42 @@ fn choose<'a>(
     nodes: &'a [Candidate],
     free: &BTreeMap<&str, u64>,
 ) -> Option<&'a Candidate> {
+    let room = |n: &Candidate| free.get(n.name.as_str()).copied().unwrap_or(0);
+    ranked(bytes, held, nodes, room)
+        .into_iter()
+        .find(|n| !taken.contains(&n.name.as_str()))
+}
+
+/// The nodes that may take a copy of `bytes` held on `held` already, best
+/// first: placeable, holding none of it, `room` for it, a zone that holds
+/// none of it first, then the most room, then by name.
+fn ranked<'a>(
+    bytes: u64,
+    held: &[&str],
+    nodes: &'a [Candidate],
+    room: impl Fn(&Candidate) -> u64,
+) -> Vec<&'a Candidate> {
     let zones: Vec<&str> = nodes
         .iter()
         .filter(|n| held.contains(&n.name.as_str()) && !n.zone.is_empty())
         .map(|n| n.zone.as_str())
         .collect();
     let new_zone = |n: &Candidate| !n.zone.is_empty() && !zones.contains(&n.zone.as_str());
-    let room = |n: &Candidate| free.get(n.name.as_str()).copied().unwrap_or(0);
-    nodes
+    let mut order: Vec<&Candidate> = nodes
         .iter()
         .filter(|n| {
-            n.placeable() && !held.contains(&n.name.as_str()) && !taken.contains(&n.name.as_str())
+            n.placeable()
+                && !held.contains(&n.name.as_str())
+                && round_up(bytes, n.page.max(1)) <= room(n)
         })
-        .filter(|n| round_up(bytes, n.page.max(1)) <= room(n))
-        .max_by(|a, b| {
-            new_zone(a)
-                .cmp(&new_zone(b))
-                .then_with(|| room(a).cmp(&room(b)))
-                .then_with(|| b.name.cmp(&a.name))
-        })
+        .collect();
+    order.sort_by(|a, b| {
+        new_zone(b)
+            .cmp(&new_zone(a))
+            .then_with(|| room(b).cmp(&room(a)))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    order
 }
 
 /// The shares of copies 1 to `copies - 1` (each as `primary` is laid out,
@@ -139,36 +155,16 @@ impl<'a> Matching<'a, '_> {
     /// `seen`; whether it found one.
     fn place(&mut self, i: usize, seen: &mut Vec<&'a str>) -> bool {
         let bytes = self.shares[i].bytes();
-        let held = &self.held[i];
         let need = |n: &Candidate| round_up(bytes, n.page.max(1));
         // Room on `n` were its share of this copy (if any) elsewhere.
-        let room = |m: &Self, n: &Candidate| {
-            let back = m
+        let room = |n: &Candidate| {
+            let back = self
                 .owner
                 .get(n.name.as_str())
-                .map_or(0, |&j| round_up(m.shares[j].bytes(), n.page.max(1)));
-            m.free.get(n.name.as_str()).copied().unwrap_or(0) + back
+                .map_or(0, |&j| round_up(self.shares[j].bytes(), n.page.max(1)));
+            self.free.get(n.name.as_str()).copied().unwrap_or(0) + back
         };
-        let zones: Vec<&str> = self
-            .nodes
-            .iter()
-            .filter(|n| held.contains(&n.name.as_str()) && !n.zone.is_empty())
-            .map(|n| n.zone.as_str())
-            .collect();
-        let new_zone = |n: &Candidate| !n.zone.is_empty() && !zones.contains(&n.zone.as_str());
-        let mut order: Vec<&'a Candidate> = self
-            .nodes
-            .iter()
-            .filter(|n| {
-                n.placeable() && !held.contains(&n.name.as_str()) && need(n) <= room(self, n)
-            })
-            .collect();
-        order.sort_by(|a, b| {
-            new_zone(b)
-                .cmp(&new_zone(a))
-                .then_with(|| room(self, b).cmp(&room(self, a)))
-                .then_with(|| a.name.cmp(&b.name))
-        });
+        let order = ranked(bytes, &self.held[i], self.nodes, room);
         for n in order {
             let name = n.name.as_str();
             if seen.contains(&name) {
