@@ -269,7 +269,6 @@ impl<L: AgentLink> Master<L> {
             .or_default()
             .push(Filling {
                 node: job.target.0.clone(),
-                data_addr: job.target.2.clone(),
                 ranges: job.share.ranges.clone(),
             });
         tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.share.bytes(), "re-creating a lost copy");
@@ -365,8 +364,11 @@ pub(super) fn queue(
         .into_iter()
         .flatten()
     {
-        if !replicas.iter().any(|r| r.data_addr == f.data_addr) {
-            replicas.push(replica_share(&f.data_addr, &f.ranges));
+        let Some(addr) = st.nodes.get(&f.node).map(|n| n.info.data_addr.as_str()) else {
+            continue;
+        };
+        if !replicas.iter().any(|r| r.data_addr == addr) {
+            replicas.push(replica_share(addr, &f.ranges));
         }
     }
     let generation = st.next_copies_generation();
@@ -398,29 +400,39 @@ fn promote(a: &mut Allocation, node: &str) -> Vec<(String, Vec<Range>)> {
     if lost.is_empty() {
         return Vec::new();
     }
+    // Look-ups, not scans: a striped allocation has tens of thousands of
+    // extents, and this runs under the lock. `lost` is in order.
     let inside = |e: &Extent| {
-        lost.iter()
-            .any(|&(o, l)| e.alloc_offset >= o && e.alloc_offset + e.len <= o + l)
+        let i = lost.partition_point(|&(o, _)| o <= e.alloc_offset);
+        i.checked_sub(1)
+            .is_some_and(|i| e.alloc_offset + e.len <= lost[i].0 + lost[i].1)
     };
-    let mut up: Vec<usize> = Vec::new();
-    let mut covered: Vec<(u64, u64)> = Vec::new();
-    for c in a.replica_copies() {
-        for (i, e) in a.replicas.iter().enumerate() {
-            let span = [(e.alloc_offset, e.len)];
-            if e.copy == c && inside(e) && subtract(&span, &covered) == span {
-                up.push(i);
-                covered.push((e.alloc_offset, e.len));
-                covered.sort_unstable();
-            }
+    // The lowest copy's extents first; `covered` (start -> end, never
+    // overlapping) says whether an extent's bytes were taken already.
+    let mut by_copy: Vec<usize> = (0..a.replicas.len()).collect();
+    by_copy.sort_by_key(|&i| a.replicas[i].copy);
+    let mut up = vec![false; a.replicas.len()];
+    let mut covered: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in by_copy {
+        let e = &a.replicas[i];
+        let end = e.alloc_offset + e.len;
+        let free = covered
+            .range(..end)
+            .next_back()
+            .is_none_or(|(_, &until)| until <= e.alloc_offset);
+        if inside(e) && free {
+            up[i] = true;
+            covered.insert(e.alloc_offset, end);
         }
     }
+    let covered: Vec<(u64, u64)> = covered.into_iter().map(|(o, end)| (o, end - o)).collect();
     if !subtract(&lost, &covered).is_empty() {
         return Vec::new();
     }
-    let mut taken = Vec::with_capacity(up.len());
+    let mut taken = Vec::new();
     let mut rest = Vec::with_capacity(a.replicas.len());
-    for (i, e) in std::mem::take(&mut a.replicas).into_iter().enumerate() {
-        if up.contains(&i) {
+    for (e, up) in std::mem::take(&mut a.replicas).into_iter().zip(up) {
+        if up {
             taken.push(Extent { copy: 0, ..e });
         } else {
             rest.push(e);

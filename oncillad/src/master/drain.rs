@@ -228,7 +228,6 @@ impl<L: AgentLink> Master<L> {
                     .or_default()
                     .push(Filling {
                         node: s.target.0.clone(),
-                        data_addr: s.target.2.clone(),
                         ranges: s.ranges.clone(),
                     });
             }

@@ -91,9 +91,8 @@ pub(super) struct State {
 /// A copy being made of some of a primary's bytes.
 #[derive(Debug, Clone)]
 pub struct Filling {
-    /// The node receiving it, and its data address.
+    /// The node receiving it.
     pub node: String,
-    pub data_addr: String,
     /// Which of the primary's bytes it gets (merged, in order).
     pub ranges: Vec<(u64, u64)>,
 }
