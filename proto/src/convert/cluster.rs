@@ -177,7 +177,7 @@ impl TryFrom<pb::ReserveRequest> for Reservation {
         Ok(Self {
             alloc_id: r.alloc_id,
             access_key: r.access_key,
-            ranges: r.ranges.into_iter().map(range).collect(),
+            ranges: r.ranges.into_iter().map(Into::into).collect(),
             record: r
                 .record
                 .ok_or(WireError::Missing("the allocation record"))?
@@ -195,7 +195,7 @@ impl From<Reservation> for pb::ReserveRequest {
         Self {
             alloc_id: r.alloc_id,
             access_key: r.access_key,
-            ranges: r.ranges.into_iter().map(wire_range).collect(),
+            ranges: r.ranges.into_iter().map(Into::into).collect(),
             record: Some(r.record.into()),
             fabric: fabric_wire(r.fabric),
             gpu: r.gpu,
@@ -303,7 +303,7 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
         for s in r.replicas {
             let share = ReplicaShare {
                 data_addr: s.data_addr,
-                ranges: s.ranges.into_iter().map(range).collect(),
+                ranges: s.ranges.into_iter().map(Into::into).collect(),
             };
             let ordered = share.ranges.windows(2).all(|w| {
                 w[0].alloc_offset
@@ -329,7 +329,7 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
         }
         Ok(Self {
             alloc_id: r.alloc_id,
-            promote: r.promote.into_iter().map(range).collect(),
+            promote: r.promote.into_iter().map(Into::into).collect(),
             replicas,
             fill: r.fill,
             generation: r.generation,
@@ -337,17 +337,21 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
     }
 }
 
-fn range(g: pb::Range) -> Range {
-    Range {
-        alloc_offset: g.alloc_offset,
-        len: g.len,
+impl From<pb::Range> for Range {
+    fn from(g: pb::Range) -> Self {
+        Self {
+            alloc_offset: g.alloc_offset,
+            len: g.len,
+        }
     }
 }
 
-fn wire_range(g: Range) -> pb::Range {
-    pb::Range {
-        alloc_offset: g.alloc_offset,
-        len: g.len,
+impl From<Range> for pb::Range {
+    fn from(g: Range) -> Self {
+        Self {
+            alloc_offset: g.alloc_offset,
+            len: g.len,
+        }
     }
 }
 
@@ -355,13 +359,13 @@ impl From<SetCopies> for pb::SetCopiesRequest {
     fn from(s: SetCopies) -> Self {
         Self {
             alloc_id: s.alloc_id,
-            promote: s.promote.into_iter().map(wire_range).collect(),
+            promote: s.promote.into_iter().map(Into::into).collect(),
             replicas: s
                 .replicas
                 .into_iter()
                 .map(|r| pb::ReplicaShare {
                     data_addr: r.data_addr,
-                    ranges: r.ranges.into_iter().map(wire_range).collect(),
+                    ranges: r.ranges.into_iter().map(Into::into).collect(),
                 })
                 .collect(),
             fill: s.fill,
