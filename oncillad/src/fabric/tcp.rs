@@ -649,12 +649,7 @@ impl Connection {
             );
             return self.refuse(req, Status::OutOfBounds, &msg);
         };
-        let copy = held.extents[span.start].copy;
         let stamp = (stamp.sender, stamp.seq);
-        if !applied.admits(copy, stamp) {
-            self.recv.skip(&self.stream, req.len)?;
-            return self.ack_write();
-        }
         let end = req.offset + req.len;
         for e in &held.extents[span] {
             let Backing::Pool(m) = &e.memory else {
@@ -666,13 +661,20 @@ impl Connection {
             let Some(n) = to.checked_sub(from).and_then(|n| usize::try_from(n).ok()) else {
                 return Err(io::Error::other("a replica span outside its extents").into());
             };
+            // Never an older copy, nor one from a replaced primary, in
+            // this extent (each extent apart: its bytes may come from
+            // another primary than its neighbour's).
+            if !applied.admits(e.alloc_offset, stamp) {
+                self.recv.skip(&self.stream, n as u64)?;
+                continue;
+            }
             // SAFETY: [from, to) lies inside extent `e` (clamped to it),
             // whose memory `held` keeps mapped until this function ends;
             // pool memory is only ever touched through raw pointers.
             let into = unsafe { Shared::new(m.ptr(e.at + (from - e.alloc_offset)), n) };
             self.recv.read_into_by(&self.stream, into, deadline(n))?;
+            applied.landed(e.alloc_offset, stamp);
         }
-        applied.landed(copy, stamp);
         drop(applied);
         let len = usize::try_from(req.len).unwrap_or(0);
         self.metrics.write.served(len);

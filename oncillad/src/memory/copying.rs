@@ -49,46 +49,62 @@ impl Default for Copying {
     }
 }
 
-/// Most primaries a replica copy remembers having replaced.
+/// Most primaries a replica extent remembers having replaced.
 const MAX_RETIRED: usize = 8;
 
-/// Per replica copy held here (one share of each copy per node): the
-/// stamp of the last copy applied, and the primaries it no longer takes
-/// copies from. Held while a copy lands, so copies land one at a time.
+/// Per replica extent held here (named by its first byte in the
+/// allocation): the stamp of the last copy applied, and the primaries it
+/// no longer takes copies from. Per extent, not per copy: a node may hold
+/// replica shares of one copy from two primaries (a copy re-created
+/// beside another share), and one primary's copies must not retire the
+/// other's. Held while a copy lands, so copies land one at a time.
 #[derive(Debug, Default)]
 pub struct Applied {
-    /// Per copy: the sender (a primary agent's incarnation) and sequence
+    /// Per extent: the sender (a primary agent's stamp) and sequence
     /// number of the last copy that landed.
-    last: BTreeMap<u32, (u64, u64)>,
-    retired: BTreeMap<u32, Vec<u64>>,
+    last: BTreeMap<u64, (u64, u64)>,
+    retired: BTreeMap<u64, Vec<u64>>,
 }
 
 impl Applied {
     /// Whether a copy stamped `(sender, seq)` (the wire's `Stamp`) may land
-    /// in replica copy `copy`: a later
-    /// one from the primary it last took one from, or the first from a new
-    /// primary (a replica promoted in place of a lost one), never one from
-    /// a primary that was replaced or one older than what landed.
-    pub fn admits(&self, copy: u32, (sender, seq): (u64, u64)) -> bool {
-        if self.retired.get(&copy).is_some_and(|r| r.contains(&sender)) {
+    /// in the replica extent starting at `extent`: a later one from the
+    /// primary it last took one from, or the first from a new primary (a
+    /// replica promoted in place of a lost one), never one from a primary
+    /// that was replaced or one older than what landed.
+    pub fn admits(&self, extent: u64, (sender, seq): (u64, u64)) -> bool {
+        if self
+            .retired
+            .get(&extent)
+            .is_some_and(|r| r.contains(&sender))
+        {
             return false;
         }
-        match self.last.get(&copy) {
+        match self.last.get(&extent) {
             Some(&(last_sender, last_seq)) if last_sender == sender => seq > last_seq,
             _ => true,
         }
     }
 
-    /// A copy stamped `(sender, seq)` landed in replica copy `copy`.
-    pub fn landed(&mut self, copy: u32, (sender, seq): (u64, u64)) {
-        if let Some((old, _)) = self.last.insert(copy, (sender, seq)) {
+    /// A copy stamped `(sender, seq)` landed in the replica extent starting
+    /// at `extent`.
+    pub fn landed(&mut self, extent: u64, (sender, seq): (u64, u64)) {
+        if let Some((old, _)) = self.last.insert(extent, (sender, seq)) {
             if old != sender {
-                let retired = self.retired.entry(copy).or_default();
+                let retired = self.retired.entry(extent).or_default();
                 retired.push(old);
                 if retired.len() > MAX_RETIRED {
                     retired.remove(0);
                 }
             }
+        }
+    }
+
+    /// Forgets the extents starting at `extents` (this node let go of them).
+    pub fn forget(&mut self, extents: impl IntoIterator<Item = u64>) {
+        for e in extents {
+            self.last.remove(&e);
+            self.retired.remove(&e);
         }
     }
 }
@@ -244,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replica_takes_copies_in_order_and_never_from_a_replaced_primary() {
+    fn a_replica_extent_takes_copies_in_order_and_never_from_a_replaced_primary() {
         let mut a = Applied::default();
         let (p, q) = (7, 9);
         assert!(a.admits(1, (p, 1)));
@@ -252,11 +268,20 @@ mod tests {
         assert!(!a.admits(1, (p, 5)), "again");
         assert!(!a.admits(1, (p, 4)), "older");
         assert!(a.admits(1, (p, 6)));
-        assert!(a.admits(2, (q, 1)), "another copy");
-        // A promoted primary takes over copy 1: the old one is refused.
+        assert!(a.admits(2, (q, 1)), "another extent");
+        // A promoted primary takes over extent 1: the old one is refused.
         assert!(a.admits(1, (q, 1)));
         a.landed(1, (q, 1));
         assert!(!a.admits(1, (p, 99)));
+        // Extents of two primaries here (a copy re-created beside another
+        // share): neither retires the other.
+        let (r, s) = (11, 13);
+        a.landed(100, (r, 1));
+        a.landed(200, (s, 1));
+        assert!(a.admits(100, (r, 2)) && a.admits(200, (s, 2)));
+        // Let go of, then held again: a new primary's copies land.
+        a.forget([1]);
+        assert!(a.admits(1, (p, 1)));
     }
 
     #[test]
