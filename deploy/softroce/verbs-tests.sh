@@ -58,7 +58,7 @@ filter=${1:-}
 # works only in the default namespace on this kernel).
 # replicas: replicated allocations are reached over TCP only (never
 # registered for RDMA), so the guest would run them as the host does.
-HOST_ONLY="async_callers hostile_data hostile_input hostile_capi hostile_master hostile_memory operate ocmctl ocmctl_unix metrics tls c_abi netns election replicas"
+HOST_ONLY="async_callers crowded hostile_data hostile_input hostile_capi hostile_master hostile_memory operate ocmctl ocmctl_unix metrics tls c_abi netns election replicas"
 GUEST="cluster verbs property copies sharing failure hostile_authority mapping drain"
 # Every suite of tests/ (from cargo's metadata, nothing built) is either run
 # here or named above, so a new one is not left out unnoticed.

@@ -87,6 +87,10 @@ pub enum Invalid {
     ReplicasKind(Kind),
     #[error("a replicated allocation is reached over TCP (every write goes through its primary, which copies it to the replicas); it cannot use {0}")]
     ReplicasFabric(Fabric),
+    #[error(
+        "byte ranges must each hold a byte, end before 2^64, and come in order without overlapping"
+    )]
+    Ranges,
     /// The zone label as [`echo`] quotes it.
     #[error("zone {0} is not a label: a letter or digit first, then letters, digits, '.', '_' and '-', at most {max} bytes", max = crate::node::MAX_ZONE)]
     Zone(String),

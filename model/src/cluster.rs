@@ -98,6 +98,24 @@ pub struct Range {
     pub len: u64,
 }
 
+impl Range {
+    /// Whether `ranges` each hold a byte, end before 2^64, and come in
+    /// order without overlapping (as every list of ranges on the wire must).
+    pub fn in_order(ranges: &[Range]) -> bool {
+        let mut end = 0u64;
+        for (i, r) in ranges.iter().enumerate() {
+            let Some(e) = r.alloc_offset.checked_add(r.len) else {
+                return false;
+            };
+            if r.len == 0 || (i > 0 && r.alloc_offset < end) {
+                return false;
+            }
+            end = e;
+        }
+        true
+    }
+}
+
 /// The master asking an agent to hold ranges of an allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
@@ -113,6 +131,38 @@ pub struct Reservation {
     /// The primary's replicas: the data addresses it copies every write
     /// of these ranges to (empty for a replica or one copy).
     pub replicas: Vec<String>,
+}
+
+/// The master asking an agent to let go of an allocation's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Release {
+    pub alloc_id: u64,
+    /// Only these bytes, in order and never overlapping (a new copy given
+    /// up on a node that keeps other bytes of the allocation); empty:
+    /// everything the agent holds of it.
+    pub ranges: Vec<Range>,
+}
+
+impl Release {
+    /// Everything the agent holds of `alloc_id`.
+    pub fn all(alloc_id: u64) -> Self {
+        Self {
+            alloc_id,
+            ranges: Vec::new(),
+        }
+    }
+
+    /// Only `ranges` (`(offset, len)`, in order, never overlapping) of
+    /// `alloc_id`.
+    pub fn part(alloc_id: u64, ranges: &[(u64, u64)]) -> Self {
+        Self {
+            alloc_id,
+            ranges: ranges
+                .iter()
+                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                .collect(),
+        }
+    }
 }
 
 /// One replica of the bytes a node holds as primary: its data address and
@@ -169,6 +219,20 @@ pub struct SetCopies {
     /// across master restarts. The agent keeps the replicas of the latest
     /// change it applied, whatever order changes arrive in.
     pub generation: u64,
+}
+
+impl SetCopies {
+    /// Whether each replica is named once, by an address, with bytes in
+    /// order, and every fill is of one of them (what an agent may apply).
+    pub fn well_formed(&self) -> bool {
+        let mut addrs = std::collections::BTreeSet::new();
+        self.replicas.iter().all(|s| {
+            !s.data_addr.is_empty()
+                && !s.ranges.is_empty()
+                && Range::in_order(&s.ranges)
+                && addrs.insert(s.data_addr.as_str())
+        }) && self.fill.iter().all(|a| addrs.contains(a.as_str()))
+    }
 }
 
 /// Where an agent put part of a reserved range.

@@ -109,7 +109,10 @@ fn release_as(c: &Cluster, i: usize, term: u64) -> Result<(), tonic::Status> {
         .unwrap();
     rt.block_on(async {
         let mut a = client::agent(client::lazy(&addr, &c.token, None).unwrap());
-        let mut req = tonic::Request::new(pb::ReleaseRequest { alloc_id: 1 << 50 });
+        let mut req = tonic::Request::new(pb::ReleaseRequest {
+            alloc_id: 1 << 50,
+            ranges: Vec::new(),
+        });
         client::set_term(&mut req, term);
         a.release(req).await.map(|_| ())
     })

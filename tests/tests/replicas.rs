@@ -268,56 +268,6 @@ fn a_lost_copy_is_recreated_while_writes_go_on_and_a_lost_primary_gives_way() {
     assert!(back == pattern(size, seed + 1));
 }
 
-/// Asserts, waiting for it with a bound, that the master's accounts and
-/// every live agent's agree: per node, the bytes the master placed there,
-/// the bytes of the recorded extents of every copy there, and the agent's
-/// own count of pool bytes in use and of allocations it holds.
-fn accounts_agree(c: &Cluster) {
-    use oncilla_model::node::NodeState;
-    use oncilla_proto::{client, pb};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut last = String::new();
-    let agree = Cluster::eventually(BOUND, || {
-        let m = c.master().unwrap();
-        let allocs = m.allocations().unwrap();
-        let mut differ = Vec::new();
-        for n in m.nodes().unwrap() {
-            if n.state != NodeState::Up {
-                continue;
-            }
-            let name = &n.info.name;
-            let recorded: u64 = allocs
-                .iter()
-                .flat_map(Allocation::all_extents)
-                .filter(|e| &e.node == name)
-                .map(|e| e.len)
-                .sum();
-            let holding = allocs.iter().filter(|a| a.held_on(name)).count();
-            let agent = rt
-                .block_on(async {
-                    let channel = client::lazy(&n.info.agent_addr, &c.token, None).unwrap();
-                    client::agent(channel).status(pb::StatusRequest {}).await
-                })
-                .unwrap()
-                .into_inner();
-            let pool_used = agent.pool.map_or(0, |p| p.used);
-            let agent_holds = agent.allocations as usize;
-            if (n.used, pool_used, agent_holds) != (recorded, recorded, holding) {
-                differ.push(format!(
-                    "{name}: master placed {}, records {recorded} in {holding} allocations, agent uses {pool_used} in {agent_holds}",
-                    n.used
-                ));
-            }
-        }
-        last = differ.join("; ");
-        differ.is_empty()
-    });
-    assert!(agree, "accounts differ: {last}");
-}
-
 /// The loss: a 256 MiB allocation with two copies, two processes
 /// writing halves of three quarters of it and a third reading the last
 /// quarter, and the replica's node killed with SIGKILL mid-run. No call
@@ -480,7 +430,7 @@ fn a_replica_killed_under_writers_and_readers_costs_no_call_and_no_byte() {
     let h = on_primary.attach(name).unwrap();
     check(&h, "the primary");
     drop((h, on_primary));
-    accounts_agree(&c);
+    c.accounts_agree();
     // ...and from the re-created copy alone, once the primary is gone.
     c.kill_agent(1);
     check(&reader, "the re-created copy");
@@ -712,5 +662,5 @@ fn a_node_holding_a_primary_share_takes_over_another_and_gives_both_up() {
     let rec = record(&c, id);
     assert!(!rec.held_on(&x), "{rec:?}");
     assert_eq!(whole(&rec, 0), size as u64, "{rec:?}");
-    accounts_agree(&c);
+    c.accounts_agree();
 }

@@ -12,6 +12,7 @@ mod copies;
 pub mod cpu;
 mod fresh;
 pub mod membership;
+mod release;
 mod sessions;
 
 pub use membership::MasterPort;
@@ -435,34 +436,10 @@ impl Agent {
         }
     }
 
-    /// Forgets `alloc_id` and tells local processes mapping it. The memory
-    /// goes to the refiller when the returned entry, every in-flight copy
-    /// and every local mapping of it are gone.
-    pub fn release(&self, alloc_id: u64) -> Option<Arc<Held>> {
-        let held = self.held.remove(&alloc_id).map(|(_, h)| h);
-        if let Some(h) = &held {
-            h.release();
-        }
-        self.leases.revoke(alloc_id);
-        held
-    }
-
     /// Whether the master has this node drained, as it last said.
     pub fn set_draining(&self, draining: bool) {
         if self.draining.swap(draining, Ordering::SeqCst) != draining {
             tracing::info!(draining, "the master changed this node's drain");
-        }
-    }
-
-    /// Releases each of `ids` (the master no longer knows them).
-    pub fn release_all(&self, ids: &[u64]) {
-        for &id in ids {
-            if self.release(id).is_some() {
-                tracing::info!(
-                    alloc_id = id,
-                    "released a stray allocation at the master's word"
-                );
-            }
         }
     }
 

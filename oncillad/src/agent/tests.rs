@@ -105,6 +105,47 @@ fn reserve_and_release() {
     assert!(a.release(1).is_none());
 }
 
+/// A copy given up on a node that keeps other bytes of the allocation:
+/// only its extents go, and their memory; a range through an extent is
+/// refused; the last bytes take the allocation with them.
+#[test]
+fn part_of_an_allocation_goes_and_the_rest_stays() {
+    let a = agent();
+    let key = [3; KEY_LEN];
+    a.reserve(res(1, &key, &[(0, 8192)], rec(), Fabric::Auto))
+        .unwrap();
+    let mut copy = res(1, &key, &[(8192, 4096), (16384, 4096)], rec(), Fabric::Auto);
+    copy.copy = 1;
+    a.reserve(copy).unwrap();
+    assert_eq!(a.pool().stats().used, 4 * 4096);
+    let Err(err) = a.release_part(1, &[(4096, 8192)]) else {
+        panic!("a range through an extent was taken");
+    };
+    assert!(err.to_string().contains("cuts through"), "{err}");
+    assert_eq!(a.pool().stats().used, 4 * 4096, "nothing went");
+    assert!(a.release_part(1, &[(1 << 30, 1)]).unwrap().is_none());
+    assert!(a.release_part(9, &[(0, 1)]).unwrap().is_none());
+
+    let was = a
+        .release_part(1, &[(8192, 4096), (16384, 4096)])
+        .unwrap()
+        .unwrap();
+    drop(was);
+    assert_eq!(a.pool().stats().used, 2 * 4096);
+    let kept = Arc::clone(a.held.get(&1).unwrap().value());
+    assert!(kept
+        .extents
+        .iter()
+        .all(|e| e.copy == 0 && e.alloc_offset < 8192));
+    assert_eq!(kept.extents.iter().map(|e| e.len).sum::<u64>(), 8192);
+    drop(kept);
+
+    let was = a.release_part(1, &[(0, 8192)]).unwrap().unwrap();
+    drop(was);
+    assert!(a.held_ids().is_empty());
+    assert_eq!(a.pool().stats().used, 0);
+}
+
 #[test]
 fn splits_over_slabs_into_pieces() {
     let a = agent();

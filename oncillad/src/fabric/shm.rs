@@ -247,6 +247,17 @@ fn serve_one(
                     Some(_) if ok.at != 0 || extent.len != req.len => {
                         Err((Status::OutOfBounds, "map whole extents only".to_string()))
                     }
+                    // A copy being made here takes writes only from its
+                    // primary's agent.
+                    Some(_) if extent.copy != 0 => Err((
+                        Status::NotPrimary,
+                        format!(
+                            "bytes {}..{} of allocation {} are a replica here: it is copied, not mapped",
+                            req.offset,
+                            req.offset.saturating_add(req.len),
+                            req.alloc_id
+                        ),
+                    )),
                     Some(m) => match m.files() {
                         None => Err((
                             Status::OutOfBounds,

@@ -9,7 +9,7 @@ use oncilla_proto::pb::{self, agent_server};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use oncilla_model::cluster::{Reservation, Reserved, SetCopies};
+use oncilla_model::cluster::{Release, Reservation, Reserved, SetCopies};
 
 use super::{checked, reply};
 use crate::agent::Agent;
@@ -131,13 +131,23 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         self.admit_master(&req, "releasing pool memory")?;
-        let id = req.into_inner().alloc_id;
+        let r: Release = checked(req.into_inner())?;
+        let id = r.alloc_id;
+        let released = if r.ranges.is_empty() {
+            self.agent.release(id)
+        } else {
+            let ranges: Vec<(u64, u64)> =
+                r.ranges.iter().map(|g| (g.alloc_offset, g.len)).collect();
+            self.agent
+                .release_part(id, &ranges)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+        };
         // The extents go to the refiller once the last in-flight copy using
         // them is done; nothing here waits for that. Device memory is freed
         // when the entry drops, and cuMemFree waits for the device: off the
         // executor.
-        if let Some(held) = self.agent.release(id) {
-            tracing::debug!(alloc_id = id, "released");
+        if let Some(held) = released {
+            tracing::debug!(alloc_id = id, part = !r.ranges.is_empty(), "released");
             drop(tokio::task::spawn_blocking(move || drop(held)));
         }
         Ok(Response::new(pb::ReleaseReply {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use oncilla_model::cluster::{
-    Heartbeat, HeartbeatReply, Registered, Registration, Reservation, Reserved, SetCopies,
+    Heartbeat, HeartbeatReply, Registered, Registration, Release, Reservation, Reserved, SetCopies,
 };
 use oncilla_model::node::PoolUsage;
 use oncilla_net::auth::Token;
@@ -109,8 +109,8 @@ impl AgentLink for GrpcAgentLink {
             .map_err(|s| failed("agent", addr, s))
     }
 
-    async fn release(&self, addr: &str, alloc_id: u64) -> Result<Option<PoolUsage>, LinkError> {
-        let mut req = self.fenced(addr, pb::ReleaseRequest { alloc_id })?;
+    async fn release(&self, addr: &str, r: Release) -> Result<Option<PoolUsage>, LinkError> {
+        let mut req = self.fenced(addr, pb::ReleaseRequest::from(r))?;
         let mut c = self.client(addr)?;
         // Best effort: a holder that misses it releases on its next
         // heartbeat, so a free never waits long for a sick node.

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use oncilla_model::alloc::{
     AllocSpec, Allocation, Extent, Invalid, KEY_LEN, MAX_BATCH, MAX_EXTENTS, MAX_ID,
 };
-use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Piece, Range, Reservation};
+use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Piece, Range, Release, Reservation};
 use oncilla_model::fabric::{self, Memory, Rdma};
 use oncilla_model::node::PoolUsage;
 use oncilla_model::quota::{self, Charge};
@@ -357,7 +357,7 @@ impl<L: AgentLink> Master<L> {
         let mut releases = Vec::new();
         for p in pending {
             for (_, addr, _) in &p.targets {
-                releases.push(self.link.release(addr, p.alloc.id));
+                releases.push(self.link.release(addr, Release::all(p.alloc.id)));
             }
         }
         // A batch's worth of releases, a bounded number in flight at once.

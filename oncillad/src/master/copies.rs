@@ -11,7 +11,10 @@
 //! (`recovery.rs`). Instead, [`Master::refill`] re-creates it on another
 //! node: reserves the share there, has the primary's agent send it the
 //! whole share (agent to agent, never through a client), and only then
-//! lists it, so no reader sees a copy that is still filling.
+//! lists it, so no reader sees a copy that is still filling. That node
+//! may hold other bytes of the allocation (in a small cluster every node
+//! does), never these: a failed copy gives back only its own bytes
+//! (`give_back.rs`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,6 +24,7 @@ use oncilla_model::cluster::{Piece, Range, ReplicaShare, Reservation, SetCopies}
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
+use super::give_back::barred;
 use super::placement::{self, Planned};
 use super::state::{charge_of, Filling, State};
 use super::{AgentLink, LinkError, Master};
@@ -148,7 +152,7 @@ impl<L: AgentLink> Master<L> {
             Err(e) => {
                 tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not reserve a new copy; trying again later");
                 self.end_refill(&job);
-                let _ = self.link.release(&job.target.1, job.alloc_id).await;
+                self.give_back_copy(&job).await;
                 return;
             }
         };
@@ -162,7 +166,7 @@ impl<L: AgentLink> Master<L> {
         if let Err(e) = self.link.set_copies(&job.primary_agent, change).await {
             tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not fill a new copy; trying again later");
             self.end_refill(&job);
-            let _ = self.link.release(&job.target.1, job.alloc_id).await;
+            self.give_back_copy(&job).await;
             // The primary may have taken the new replica before failing:
             // it is told its replicas again.
             let mut st = self.lock();
@@ -182,8 +186,15 @@ impl<L: AgentLink> Master<L> {
             let secs = started.elapsed().as_secs_f64();
             tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.share.bytes(), secs, "copy re-created");
         } else {
-            let _ = self.link.release(&job.target.1, job.alloc_id).await;
+            self.give_back_copy(&job).await;
         }
+    }
+
+    /// The new copy's node lets go of it (and of nothing else it holds).
+    async fn give_back_copy(&self, job: &Refill) {
+        let (node, agent, _) = &job.target;
+        self.give_back(node, agent, job.alloc_id, &job.share.ranges)
+            .await;
     }
 
     /// Picks the next missing copy and holds room for it.
@@ -225,16 +236,17 @@ impl<L: AgentLink> Master<L> {
                     continue;
                 };
                 let missing = held_alike(a, &primary, &missing);
-                // Never a node that holds any of it: a failed fill releases
-                // the whole allocation there.
-                let held: Vec<&str> = a.all_extents().map(|e| e.node.as_str()).collect();
-                let taken: Vec<&str> = a.copy_extents(copy).map(|e| e.node.as_str()).collect();
+                // Any node but one that holds, gets or owes these bytes:
+                // one holding other bytes of the allocation takes them
+                // beside its own (a failed fill gives back only these).
+                let barred = barred(&st, a, &missing);
+                let barred: Vec<&str> = barred.iter().map(String::as_str).collect();
                 let share = Planned {
                     node: primary.clone(),
                     ranges: missing,
                     gpu: None,
                 };
-                let Some(target) = placement::refill(&share, &held, &taken, &candidates) else {
+                let Some(target) = placement::refill(&share, &barred, &candidates) else {
                     continue;
                 };
                 let (Some(p), Some(t)) = (st.nodes.get(&primary), st.nodes.get(&target.name))
@@ -242,7 +254,10 @@ impl<L: AgentLink> Master<L> {
                     continue;
                 };
                 let mut replicas = replicas_of(a, &primary);
-                replicas.push(replica_share(&t.info.data_addr, &share.ranges));
+                add_replica(
+                    &mut replicas,
+                    replica_share(&t.info.data_addr, &share.ranges),
+                );
                 found = Some(Refill {
                     alloc_id: *id,
                     copy,
@@ -367,9 +382,7 @@ pub(super) fn queue(
         let Some(addr) = st.nodes.get(&f.node).map(|n| n.info.data_addr.as_str()) else {
             continue;
         };
-        if !replicas.iter().any(|r| r.data_addr == addr) {
-            replicas.push(replica_share(addr, &f.ranges));
-        }
+        add_replica(&mut replicas, replica_share(addr, &f.ranges));
     }
     let generation = st.next_copies_generation();
     let entry = st
@@ -541,6 +554,41 @@ fn held_alike(a: &Allocation, primary: &str, missing: &[(u64, u64)]) -> Vec<(u64
     intersect(missing, &alike)
 }
 
+/// Adds `share` to a primary's `replicas`: a node that is a replica of
+/// some of its bytes already (a copy made beside another) gets the new
+/// ranges in its entry, one entry per node. A range already held there
+/// adds nothing; ranges side by side stay apart (each may be of another
+/// copy).
+pub(super) fn add_replica(replicas: &mut Vec<ReplicaShare>, share: ReplicaShare) {
+    let Some(r) = replicas.iter_mut().find(|r| r.data_addr == share.data_addr) else {
+        replicas.push(share);
+        return;
+    };
+    for g in share.ranges {
+        let end = g.alloc_offset + g.len;
+        let inside = r
+            .ranges
+            .iter()
+            .any(|h| h.alloc_offset <= g.alloc_offset && end <= h.alloc_offset + h.len);
+        if !inside {
+            r.ranges.push(g);
+        }
+    }
+    r.ranges.sort_by_key(|g| g.alloc_offset);
+    // Overlapping ranges (none is expected) become one.
+    let mut out: Vec<Range> = Vec::with_capacity(r.ranges.len());
+    for g in r.ranges.drain(..) {
+        match out.last_mut() {
+            Some(last) if g.alloc_offset < last.alloc_offset + last.len => {
+                let end = (g.alloc_offset + g.len).max(last.alloc_offset + last.len);
+                last.len = end - last.alloc_offset;
+            }
+            _ => out.push(g),
+        }
+    }
+    r.ranges = out;
+}
+
 /// A replica at `addr` of `ranges`.
 pub(super) fn replica_share(addr: &str, ranges: &[(u64, u64)]) -> ReplicaShare {
     let ranges: Vec<Range> = ranges
@@ -551,8 +599,8 @@ pub(super) fn replica_share(addr: &str, ranges: &[(u64, u64)]) -> ReplicaShare {
 }
 
 /// The reservation of `ranges` of `a` as copy `copy` (a replica: it
-/// takes writes only from its primary) on a node that holds none of it
-/// yet, reached as `fabric` says; the record it carries is `a` without
+/// takes writes only from its primary) on a node that holds none of
+/// these bytes yet, reached as `fabric` says; the record it carries is `a` without
 /// extents, key or attachments, as agents keep it.
 pub(super) fn copy_reservation(
     a: &Allocation,
@@ -641,7 +689,7 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 #[cfg(test)]
 mod range_tests {
-    use super::{held_alike, intersect, replicas_of, subtract};
+    use super::{add_replica, held_alike, intersect, replica_share, replicas_of, subtract};
     use crate::master::tests::extent;
     use oncilla_model::alloc::Allocation;
     use oncilla_model::Kind;
@@ -681,6 +729,27 @@ mod range_tests {
         };
         assert_eq!(ranges("a:2"), [(0, 100)]);
         assert_eq!(ranges("n:2"), [(0, 100), (100, 100)]);
+    }
+
+    #[test]
+    fn a_node_that_is_a_replica_already_gets_the_new_ranges_in_its_entry() {
+        let share = |addr: &str, ranges: &[(u64, u64)]| replica_share(addr, ranges);
+        let mut replicas = vec![share("x:2", &[(0, 10)]), share("y:2", &[(10, 10)])];
+        add_replica(&mut replicas, share("x:2", &[(20, 5)]));
+        add_replica(&mut replicas, share("z:2", &[(30, 5)]));
+        // Again, or a part of one held: nothing more.
+        add_replica(&mut replicas, share("x:2", &[(20, 5), (2, 3)]));
+        assert_eq!(
+            replicas,
+            [
+                share("x:2", &[(0, 10), (20, 5)]),
+                share("y:2", &[(10, 10)]),
+                share("z:2", &[(30, 5)])
+            ]
+        );
+        // Side by side: kept apart.
+        add_replica(&mut replicas, share("y:2", &[(20, 5)]));
+        assert_eq!(replicas[1], share("y:2", &[(10, 10), (20, 5)]));
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! A move is made before anything is broken. For each share the drained
 //! node holds (its primary share of the allocation, or a replica share of
-//! another node's), a node that holds none of the allocation is reserved
-//! as one more replica and filled by the share's primary, as a lost copy
+//! another node's), a node that holds none of those bytes (it may hold
+//! others of the allocation) is reserved as one more replica and filled
+//! by the share's primary, as a lost copy
 //! is re-created (`copies.rs`): from then on every write reaches it too
 //! (an allocation with one copy gains its first replica; its agent stops
 //! its RDMA keys and refuses to move it while a process there maps it).
@@ -25,13 +26,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use oncilla_model::alloc::{Allocation, Extent};
-use oncilla_model::cluster::{Piece, Range, ReplicaShare, Reservation, SetCopies};
+use oncilla_model::cluster::{Piece, Range, Release, ReplicaShare, Reservation, SetCopies};
 use oncilla_model::node::{Drain, NodeState, NodeStatus, MAX_DRAIN_NOTE};
-use oncilla_model::size::HumanBytes;
+use oncilla_model::size::{round_up, HumanBytes};
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
-use super::copies::{copy_reservation, merged, overlaps, replica_share, replicas_of};
+use super::copies::{add_replica, copy_reservation, merged, overlaps, replica_share, replicas_of};
+use super::give_back::barred;
 use super::placement::{self, Candidate, Planned};
 use super::state::{charge_of, Filling, State};
 use super::{AgentLink, Master};
@@ -144,10 +146,8 @@ impl<L: AgentLink> Master<L> {
         let to: Vec<&str> = mv.shares.iter().map(|s| s.target.0.as_str()).collect();
         tracing::info!(alloc_id = mv.alloc_id, from = %mv.from, ?to, bytes, dropped = dropped.len(), secs = started.elapsed().as_secs_f64(), "allocation moved off a drained node");
         self.send_copies().await;
-        for (name, agent) in dropped {
-            if let Err(e) = self.link.release(&agent, mv.alloc_id).await {
-                tracing::warn!(alloc_id = mv.alloc_id, node = %name, error = %e, "could not release a new copy the move could not keep; its heartbeat will");
-            }
+        for s in dropped {
+            self.give_back_share(&mv, s).await;
         }
         true
     }
@@ -316,12 +316,22 @@ impl<L: AgentLink> Master<L> {
     /// that the new primary lacks; its clients wait out the rest.
     async fn promote_targets(&self, mv: &Move) -> Result<(), String> {
         for s in mv.shares.iter().filter(|s| s.copy == 0) {
-            let others: Vec<ReplicaShare> = s
+            let others = s
                 .replicas
                 .iter()
                 .filter(|r| r.data_addr != s.target.2)
-                .cloned()
-                .collect();
+                .cloned();
+            // The new node may be the primary of other bytes already: it
+            // keeps copying those to their replicas.
+            let (own, generation) = {
+                let mut st = self.lock();
+                let own = st
+                    .allocs
+                    .get(&mv.alloc_id)
+                    .map(|r| replicas_of(&r.alloc, &s.target.0))
+                    .unwrap_or_default();
+                (own, st.next_copies_generation())
+            };
             let change = SetCopies {
                 alloc_id: mv.alloc_id,
                 promote: s
@@ -329,9 +339,9 @@ impl<L: AgentLink> Master<L> {
                     .iter()
                     .map(|&(alloc_offset, len)| Range { alloc_offset, len })
                     .collect(),
-                replicas: others,
+                replicas: joined(own, others),
                 fill: Vec::new(),
-                generation: self.lock().next_copies_generation(),
+                generation,
             };
             self.link
                 .set_copies(&s.target.1, change)
@@ -351,7 +361,11 @@ impl<L: AgentLink> Master<L> {
     /// registration, releases it: no record lists it there).
     async fn let_go(&self, mv: &Move) {
         for attempt in 1..=RELEASE_TRIES {
-            match self.link.release(&mv.from_agent, mv.alloc_id).await {
+            match self
+                .link
+                .release(&mv.from_agent, Release::all(mv.alloc_id))
+                .await
+            {
                 Ok(_) => return,
                 Err(e) if attempt == RELEASE_TRIES => {
                     tracing::warn!(alloc_id = mv.alloc_id, node = %mv.from, error = %e, "the drained node did not confirm it let go of a moved allocation; its heartbeat will");
@@ -375,12 +389,12 @@ impl<L: AgentLink> Master<L> {
     /// promoted meanwhile, with that replica. A kept copy whose node
     /// restarted since it was reserved goes as a restarted node's copies
     /// (one that goes down later, as any down node's).
-    fn switch(&self, st: &mut State, mv: &Move) -> Vec<(String, String)> {
+    fn switch<'m>(&self, st: &mut State, mv: &'m Move) -> Vec<&'m Share> {
         let mut dropped = Vec::new();
         let Some(rec) = st.allocs.get_mut(&mv.alloc_id) else {
             for s in &mv.shares {
                 unreserve(st, s);
-                dropped.push((s.target.0.clone(), s.target.1.clone()));
+                dropped.push(s);
             }
             return dropped;
         };
@@ -428,7 +442,7 @@ impl<L: AgentLink> Master<L> {
         }
         for (s, _) in mv.shares.iter().zip(&kept).filter(|(_, k)| !**k) {
             unreserve(st, s);
-            dropped.push((s.target.0.clone(), s.target.1.clone()));
+            dropped.push(s);
         }
         Self::tell_primaries(st, mv.alloc_id);
         for (s, _) in mv.shares.iter().zip(&kept).filter(|(_, k)| **k) {
@@ -482,11 +496,15 @@ impl<L: AgentLink> Master<L> {
 
     async fn release_targets(&self, mv: &Move) {
         for s in &mv.shares {
-            if let Err(e) = self.link.release(&s.target.1, mv.alloc_id).await {
-                // Its next heartbeat reply releases it (no record lists it).
-                tracing::warn!(alloc_id = mv.alloc_id, node = %s.target.0, error = %e, "could not release an unfinished copy; its heartbeat will");
-            }
+            self.give_back_share(mv, s).await;
         }
+    }
+
+    /// Share `s`'s new node lets go of its copy (and of nothing else it
+    /// holds).
+    async fn give_back_share(&self, mv: &Move, s: &Share) {
+        let (node, agent, _) = &s.target;
+        self.give_back(node, agent, mv.alloc_id, &s.ranges).await;
     }
 
     /// How the node is shown, with what it still holds when it is being
@@ -544,8 +562,8 @@ impl Share {
 }
 
 /// Where each share `from` holds of `a` goes: a node that holds none of
-/// it (nor another of its shares' new copies), placeable, with room, in
-/// another zone first; or why it cannot move now.
+/// its bytes (it may hold others of the allocation), placeable, with
+/// room, in another zone first; or why it cannot move now.
 fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<Vec<Share>, String> {
     let id = a.id;
     if a.all_extents().any(|e| e.gpu.is_some()) {
@@ -553,11 +571,12 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             "allocation {id} is GPU memory; only host memory moves to another node"
         ));
     }
+    // Room as it is, less what earlier shares of this move take.
+    let mut nodes = nodes.to_vec();
     let mut by_copy: BTreeMap<u32, Vec<&Extent>> = BTreeMap::new();
     for e in a.all_extents().filter(|e| e.node == from) {
         by_copy.entry(e.copy).or_default().push(e);
     }
-    let mut held: Vec<String> = a.all_extents().map(|e| e.node.clone()).collect();
     let mut shares = Vec::new();
     for (copy, extents) in by_copy {
         let ranges = merged(extents.iter().copied());
@@ -590,21 +609,28 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
             ranges: ranges.clone(),
             gpu: None,
         };
-        let refs: Vec<&str> = held.iter().map(String::as_str).collect();
-        let Some(to) = placement::refill(&share, &refs, &[], nodes) else {
+        // Any node but one that holds, gets or owes these bytes (the
+        // drained node among them); several shares may go to one node.
+        let barred = barred(st, a, &ranges);
+        let refs: Vec<&str> = barred.iter().map(String::as_str).collect();
+        let Some(to) = placement::refill(&share, &refs, &nodes).map(|c| c.name.clone()) else {
             return Err(format!(
-                "no node that holds none of allocation {id} has room for {} of it",
+                "no node that holds none of these bytes of allocation {id} has room for {} of them",
                 HumanBytes(share.bytes())
             ));
         };
-        let (Some(p), Some(t)) = (st.nodes.get(&primary), st.nodes.get(&to.name)) else {
+        if let Some(c) = nodes.iter_mut().find(|c| c.name == to) {
+            c.free = c
+                .free
+                .saturating_sub(round_up(share.bytes(), c.page.max(1)));
+        }
+        let (Some(p), Some(t)) = (st.nodes.get(&primary), st.nodes.get(&to)) else {
             return Err(format!(
                 "allocation {id}'s nodes changed while it was planned"
             ));
         };
-        held.push(to.name.clone());
         let mut replicas = replicas_of(a, &primary);
-        replicas.push(replica_share(&t.info.data_addr, &ranges));
+        add_replica(&mut replicas, replica_share(&t.info.data_addr, &ranges));
         let fabric = extents.first().map_or(Fabric::Tcp, |e| e.fabric);
         shares.push(Share {
             copy,
@@ -636,13 +662,22 @@ fn plan(st: &State, a: &Allocation, from: &str, nodes: &[Candidate]) -> Result<V
         .collect();
     for s in &mut shares {
         for (primary, target) in &targets {
-            if *primary == s.primary && !s.replicas.iter().any(|r| r.data_addr == target.data_addr)
-            {
-                s.replicas.push(target.clone());
+            if *primary == s.primary {
+                add_replica(&mut s.replicas, target.clone());
             }
         }
     }
     Ok(shares)
+}
+
+/// The replicas of a node's own primary bytes, `own`, with those of bytes
+/// it takes over, `more`: one entry per replica.
+fn joined(own: Vec<ReplicaShare>, more: impl Iterator<Item = ReplicaShare>) -> Vec<ReplicaShare> {
+    let mut all = own;
+    for r in more {
+        add_replica(&mut all, r);
+    }
+    all
 }
 
 /// Ends a move's hold on its shares; the room held on the new nodes goes

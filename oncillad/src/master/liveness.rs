@@ -27,11 +27,12 @@ impl<L: AgentLink> Master<L> {
 
     /// Logs every node whose state changed since the last call, drops the
     /// copies of replicated allocations on nodes that went down, and tells
-    /// agents the copy changes they still miss (call it about once per
-    /// heartbeat interval).
+    /// agents the copy changes they still miss and the bytes they must
+    /// still let go of (call it about once per heartbeat interval).
     pub async fn tick(&self) {
         self.log_states();
         self.send_copies().await;
+        self.send_give_backs().await;
     }
 
     fn log_states(&self) {

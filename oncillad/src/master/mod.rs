@@ -24,6 +24,7 @@
 mod allocate;
 mod copies;
 mod drain;
+mod give_back;
 mod leave;
 pub mod liveness;
 mod node;
@@ -43,7 +44,7 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use oncilla_model::cluster::{Reservation, Reserved, SetCopies};
+use oncilla_model::cluster::{Release, Reservation, Reserved, SetCopies};
 use oncilla_model::node::PoolUsage;
 
 use crate::error::{CoreError, LinkError};
@@ -61,12 +62,12 @@ pub trait AgentLink: Send + Sync + 'static {
         addr: &str,
         reqs: Vec<Reservation>,
     ) -> impl Future<Output = Result<Vec<Reserved>, LinkError>> + Send;
-    /// Releases everything the agent holds of `alloc_id`; returns the
-    /// agent's pool usage when it said.
+    /// Releases what the agent holds of an allocation (all of it, or some
+    /// of its bytes); returns the agent's pool usage when it said.
     fn release(
         &self,
         addr: &str,
-        alloc_id: u64,
+        release: Release,
     ) -> impl Future<Output = Result<Option<PoolUsage>, LinkError>> + Send;
     /// Changes a replicated allocation's copies on the agent at `addr`
     /// (promoted ranges, its primary share's replicas).

@@ -11,10 +11,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use oncilla_model::alloc::{Allocation, Health, Owner};
+use oncilla_model::alloc::{Allocation, Extent, Health, Owner};
 use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration};
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
+use super::copies::merged;
+use super::give_back::owe;
 use super::node::{unix_ms, Node, Seen, SessionsSeen};
 use super::state::{charge_of, Record, State};
 use super::{AgentLink, Master};
@@ -176,13 +178,25 @@ impl<L: AgentLink> Master<L> {
         for record in &req.held {
             let id = record.id;
             st.next_id = st.next_id.max(id.saturating_add(1));
-            if unfinished_move(st, &name, record) {
+            let stripped;
+            let record = if unfinished_move(st, &name, record) {
                 // A new copy of an allocation with one copy that a master
                 // was still moving when it stopped: its node still holds
                 // the allocation, and this copy may lack its latest writes.
-                release.push(id);
-                continue;
-            }
+                // The node keeps any primary bytes of its own.
+                if record.extents.is_empty() {
+                    release.push(id);
+                    continue;
+                }
+                owe(st, &name, id, &merged(record.replicas.iter()));
+                stripped = Allocation {
+                    replicas: Vec::new(),
+                    ..record.clone()
+                };
+                &stripped
+            } else {
+                record
+            };
             if let Some(rec) = st.allocs.get_mut(&id) {
                 if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
@@ -194,22 +208,25 @@ impl<L: AgentLink> Master<L> {
                     // A copy this master dropped while the node was away:
                     // it may have missed writes, so it is not taken back.
                     release.push(id);
-                } else if !rec.alloc.held_on(&name) && overlaps_primary(&rec.alloc, record) {
+                } else if !rec.alloc.held_on(&name) && overlaps_primary(&rec.alloc, &record.extents)
+                {
                     // Two nodes report the same bytes as their primary: a
                     // move off a drained node was taking over when its
                     // master stopped, and no write went anywhere since (the
                     // old primary's copies were refused). The first report
-                    // stays, and its agent is told its replicas.
-                    tracing::warn!(alloc_id = id, node = %name, "node reports bytes another node holds as primary (a move cut short); releasing its copy");
-                    release.push(id);
+                    // stays, and its agent is told its replicas; the node
+                    // lets go of those bytes and keeps any others it holds.
+                    tracing::warn!(alloc_id = id, node = %name, "node reports bytes another node holds as primary (a move cut short); releasing its copy of them");
+                    let (twice, rest) = split_primary(&rec.alloc, record);
+                    if rest.all_extents().next().is_none() {
+                        release.push(id);
+                    } else {
+                        owe(st, &name, id, &merged(twice.iter()));
+                        adopt_extents(st, &name, &rest);
+                    }
                     Self::tell_primaries(st, id);
                 } else if !rec.alloc.held_on(&name) {
-                    // Counted against its user again with these extents.
-                    let before = charge_of(&rec.alloc);
-                    rec.alloc.merge_extents(record);
-                    let after = charge_of(&rec.alloc);
-                    st.recharge(before, after);
-                    took_room(st, &name, record);
+                    adopt_extents(st, &name, record);
                 } else if rec
                     .alloc
                     .all_extents()
@@ -454,13 +471,41 @@ fn unfinished_move(st: &State, name: &str, record: &Allocation) -> bool {
         && !st.filling(id).any(|to| to == name)
 }
 
-/// Whether `record`'s primary extents cover bytes `rec`'s primary
-/// extents already do. A primary's extents are sorted by offset and never
+/// Lists node `name`'s extents in `record` in the table's record of the
+/// same allocation, counted against its user and on the node.
+fn adopt_extents(st: &mut State, name: &str, record: &Allocation) {
+    let Some(rec) = st.allocs.get_mut(&record.id) else {
+        return;
+    };
+    let before = charge_of(&rec.alloc);
+    rec.alloc.merge_extents(record);
+    let after = charge_of(&rec.alloc);
+    st.recharge(before, after);
+    took_room(st, name, record);
+}
+
+/// `record`'s primary extents that cover bytes `rec`'s primary extents
+/// already do, and `record` without them.
+fn split_primary(rec: &Allocation, record: &Allocation) -> (Vec<Extent>, Allocation) {
+    let (twice, once): (Vec<Extent>, Vec<Extent>) = record
+        .extents
+        .iter()
+        .cloned()
+        .partition(|r| overlaps_primary(rec, std::slice::from_ref(r)));
+    let rest = Allocation {
+        extents: once,
+        ..record.clone()
+    };
+    (twice, rest)
+}
+
+/// Whether primary `extents` cover bytes `rec`'s primary extents already
+/// do. A primary's extents are sorted by offset and never
 /// overlap, so each reported extent is checked against the one extent of
 /// `rec` that starts last before its end (a binary search: a striped
 /// allocation reports tens of thousands of extents per node).
-fn overlaps_primary(rec: &Allocation, record: &Allocation) -> bool {
-    record.extents.iter().any(|r| {
+fn overlaps_primary(rec: &Allocation, extents: &[Extent]) -> bool {
+    extents.iter().any(|r| {
         let end = r.alloc_offset + r.len;
         let before = rec.extents.partition_point(|e| e.alloc_offset < end);
         before > 0 && {

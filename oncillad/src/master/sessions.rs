@@ -5,6 +5,7 @@
 
 use futures_util::future::join_all;
 use oncilla_model::alloc::{AllocRef, Allocation, Owner};
+use oncilla_model::cluster::Release;
 use oncilla_model::node::NodeState;
 
 use super::state::State;
@@ -73,7 +74,12 @@ impl<L: AgentLink> Master<L> {
     /// holder that cannot be reached drops it on its next heartbeat (it
     /// reports what it holds; the master answers with what to release).
     pub(super) async fn release_on(&self, id: u64, holders: Vec<(String, String)>) {
-        let replies = join_all(holders.iter().map(|(_, a)| self.link.release(a, id))).await;
+        let replies = join_all(
+            holders
+                .iter()
+                .map(|(_, a)| self.link.release(a, Release::all(id))),
+        )
+        .await;
         let mut st = self.lock();
         for ((node, _), r) in holders.iter().zip(replies) {
             match r {

@@ -86,6 +86,10 @@ pub(super) struct State {
     /// move failed, not tried again before then.
     pub moving: BTreeSet<u64>,
     pub move_after: BTreeMap<u64, std::time::Instant>,
+    /// Bytes nodes must let go of while they keep other bytes of the same
+    /// allocation, per (allocation, node), until their agents confirm
+    /// (`give_back.rs`).
+    pub owed: BTreeMap<(u64, String), Vec<(u64, u64)>>,
 }
 
 /// A copy being made of some of a primary's bytes.
@@ -124,6 +128,14 @@ impl State {
         of_alloc(&self.refilling, id)
             .flatten()
             .map(|f| f.node.as_str())
+    }
+
+    /// The nodes that still owe allocation `id` a give-back.
+    pub fn owing(&self, id: u64) -> impl Iterator<Item = &str> {
+        self.owed
+            .range((id, String::new())..)
+            .take_while(move |((owed, _), _)| *owed == id)
+            .map(|((_, node), _)| node.as_str())
     }
 
     pub fn new() -> Self {

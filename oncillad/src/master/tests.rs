@@ -19,6 +19,7 @@ use crate::error::CoreError;
 use fake_link::FakeLink;
 
 mod batch;
+mod beside;
 mod copies;
 mod drain;
 mod fake_link;

@@ -57,6 +57,27 @@ impl Keys {
         drop(mrs);
     }
 
+    /// Invalidates now the keys of registrations that lie inside one of
+    /// `spans` (`(address, length)`: memory this allocation lets go of
+    /// while it keeps the rest here).
+    pub fn revoke_within(&self, spans: &[(u64, u64)]) {
+        let inside = |mr: &Mr| {
+            spans
+                .iter()
+                .any(|&(at, len)| mr.addr >= at && mr.addr.saturating_add(mr.len) <= at + len)
+        };
+        let mut mrs = lock(&self.mrs);
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *mrs)
+            .into_iter()
+            .partition(|(_, mr)| inside(mr));
+        *mrs = kept;
+        drop(mrs);
+        if let Some(r) = &self.retired {
+            r.note(gone.iter().map(|(port, mr)| (*port, mr.rkey())));
+        }
+        drop(gone);
+    }
+
     /// Takes `other`'s keys into these (an allocation that grows on this
     /// node keeps the keys it had).
     pub fn absorb(&self, other: &Keys) {

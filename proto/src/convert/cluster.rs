@@ -2,8 +2,8 @@
 
 use oncilla_model::alloc::{Allocation, Invalid, MAX_BATCH, MAX_REPLICAS};
 use oncilla_model::cluster::{
-    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, ReplicaShare, Reservation,
-    Reserved, SessionReport, SetCopies,
+    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Release, ReplicaShare,
+    Reservation, Reserved, SessionReport, SetCopies,
 };
 
 use super::{fabric, fabric_wire, WireError};
@@ -298,42 +298,55 @@ impl TryFrom<pb::SetCopiesRequest> for SetCopies {
         if r.replicas.len() > MAX_REPLICA_NODES {
             return Err(Invalid::Copies.into());
         }
-        let mut replicas: Vec<ReplicaShare> = Vec::with_capacity(r.replicas.len());
-        let mut addrs = std::collections::BTreeSet::new();
-        for s in r.replicas {
-            let share = ReplicaShare {
-                data_addr: s.data_addr,
-                ranges: s.ranges.into_iter().map(Into::into).collect(),
-            };
-            let ordered = share.ranges.windows(2).all(|w| {
-                w[0].alloc_offset
-                    .checked_add(w[0].len)
-                    .is_some_and(|end| end <= w[1].alloc_offset)
-            });
-            if share.data_addr.is_empty()
-                || share.data_addr.len() > MAX_ADDR
-                || share.ranges.is_empty()
-                || !ordered
-                || share
-                    .ranges
-                    .iter()
-                    .any(|g| g.len == 0 || g.alloc_offset.checked_add(g.len).is_none())
-                || !addrs.insert(share.data_addr.clone())
-            {
-                return Err(Invalid::Copies.into());
-            }
-            replicas.push(share);
-        }
-        if r.fill.len() > MAX_REPLICA_NODES || r.fill.iter().any(|a| !addrs.contains(a)) {
+        if r.fill.len() > MAX_REPLICA_NODES
+            || r.replicas.iter().any(|s| s.data_addr.len() > MAX_ADDR)
+        {
             return Err(Invalid::Copies.into());
+        }
+        let c = Self {
+            alloc_id: r.alloc_id,
+            promote: r.promote.into_iter().map(Into::into).collect(),
+            replicas: r
+                .replicas
+                .into_iter()
+                .map(|s| ReplicaShare {
+                    data_addr: s.data_addr,
+                    ranges: s.ranges.into_iter().map(Into::into).collect(),
+                })
+                .collect(),
+            fill: r.fill,
+            generation: r.generation,
+        };
+        if !c.well_formed() {
+            return Err(Invalid::Copies.into());
+        }
+        Ok(c)
+    }
+}
+
+impl TryFrom<pb::ReleaseRequest> for Release {
+    type Error = WireError;
+    fn try_from(r: pb::ReleaseRequest) -> Result<Self, WireError> {
+        if r.ranges.len() > oncilla_model::alloc::MAX_EXTENTS {
+            return Err(Invalid::Extents(r.ranges.len()).into());
+        }
+        let ranges: Vec<Range> = r.ranges.into_iter().map(Into::into).collect();
+        if !Range::in_order(&ranges) {
+            return Err(Invalid::Ranges.into());
         }
         Ok(Self {
             alloc_id: r.alloc_id,
-            promote: r.promote.into_iter().map(Into::into).collect(),
-            replicas,
-            fill: r.fill,
-            generation: r.generation,
+            ranges,
         })
+    }
+}
+
+impl From<Release> for pb::ReleaseRequest {
+    fn from(r: Release) -> Self {
+        Self {
+            alloc_id: r.alloc_id,
+            ranges: r.ranges.into_iter().map(Into::into).collect(),
+        }
     }
 }
 

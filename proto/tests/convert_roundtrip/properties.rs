@@ -345,6 +345,29 @@ proptest! {
         prop_assert!(SetCopies::try_from(stranger).is_err());
     }
 
+    /// Releases survive the wire; ranges empty, out of order, overlapping,
+    /// past 2^64 or more than an allocation has extents are refused.
+    #[test]
+    fn releases_round_trip(r in releases()) {
+        let w = wire(&pb::ReleaseRequest::from(r.clone()));
+        prop_assert_eq!(Release::try_from(w.clone()), Ok(r));
+        let refused = |ranges: &[(u64, u64)]| {
+            let mut bad = w.clone();
+            bad.ranges = ranges
+                .iter()
+                .map(|&(alloc_offset, len)| pb::Range { alloc_offset, len })
+                .collect();
+            Release::try_from(bad).is_err()
+        };
+        prop_assert!(refused(&[(0, 0)]));
+        prop_assert!(refused(&[(10, 5), (0, 5)]));
+        prop_assert!(refused(&[(0, 10), (5, 10)]));
+        prop_assert!(refused(&[(u64::MAX, 2)]));
+        let lots: Vec<(u64, u64)> = (0..=oncilla_model::alloc::MAX_EXTENTS as u64).map(|i| (i * 2, 1)).collect();
+        prop_assert!(refused(&lots));
+        prop_assert!(!refused(&[(0, 5), (5, 5)]));
+    }
+
     /// A reservation without its record, or with an unknown fabric, is
     /// refused.
     #[test]

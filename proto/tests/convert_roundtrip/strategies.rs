@@ -619,10 +619,17 @@ pub(super) fn endpoints() -> impl Strategy<Value = Endpoint> {
 /// A replica of some of a primary's bytes: ranges in order, never
 /// overlapping, none empty.
 pub(super) fn replica_shares() -> impl Strategy<Value = ReplicaShare> {
-    (node_names(), vec((any::<u32>(), 1..=u32::MAX), 1..4)).prop_map(|(addr, gaps)| {
+    (node_names(), ordered_ranges(1..4)).prop_map(|(addr, ranges)| ReplicaShare {
+        data_addr: addr,
+        ranges,
+    })
+}
+
+/// `count` ranges in order, never overlapping, none empty.
+fn ordered_ranges(count: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Range>> {
+    vec((any::<u32>(), 1..=u32::MAX), count).prop_map(|gaps| {
         let mut at = 0u64;
-        let ranges = gaps
-            .into_iter()
+        gaps.into_iter()
             .map(|(gap, len)| {
                 let r = Range {
                     alloc_offset: at + u64::from(gap),
@@ -631,12 +638,13 @@ pub(super) fn replica_shares() -> impl Strategy<Value = ReplicaShare> {
                 at = r.alloc_offset + r.len;
                 r
             })
-            .collect();
-        ReplicaShare {
-            data_addr: addr,
-            ranges,
-        }
+            .collect()
     })
+}
+
+/// A release of an allocation: all of it, or some of its bytes.
+pub(super) fn releases() -> impl Strategy<Value = Release> {
+    (0..=MAX_ID, ordered_ranges(0..4)).prop_map(|(alloc_id, ranges)| Release { alloc_id, ranges })
 }
 
 /// A copy change: promoted ranges and the replicas left (distinct).

@@ -91,6 +91,7 @@ fn a_session_credential_reaches_only_its_own_session() {
         let (code, msg) = refused(
             a.release(pb::ReleaseRequest {
                 alloc_id: theirs.id(),
+                ranges: Vec::new(),
             })
             .await,
         );
@@ -314,6 +315,7 @@ fn a_node_credential_acts_only_as_its_node() {
         let (code, msg) = refused(
             a.release(pb::ReleaseRequest {
                 alloc_id: theirs.id(),
+                ranges: Vec::new(),
             })
             .await,
         );

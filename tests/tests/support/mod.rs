@@ -426,6 +426,57 @@ impl Cluster {
         cond()
     }
 
+    /// Asserts, waiting for it with a bound, that the master's accounts and
+    /// every live agent's agree: per node, the bytes the master placed there,
+    /// the bytes of the recorded extents of every copy there, and the agent's
+    /// own count of pool bytes in use and of allocations it holds.
+    pub fn accounts_agree(&self) {
+        use oncilla_model::alloc::Allocation;
+        use oncilla_model::node::NodeState;
+        use oncilla_proto::{client, pb};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut last = String::new();
+        let agree = Cluster::eventually(Self::EVENT, || {
+            let m = self.master().unwrap();
+            let allocs = m.allocations().unwrap();
+            let mut differ = Vec::new();
+            for n in m.nodes().unwrap() {
+                if n.state != NodeState::Up {
+                    continue;
+                }
+                let name = &n.info.name;
+                let recorded: u64 = allocs
+                    .iter()
+                    .flat_map(Allocation::all_extents)
+                    .filter(|e| &e.node == name)
+                    .map(|e| e.len)
+                    .sum();
+                let holding = allocs.iter().filter(|a| a.held_on(name)).count();
+                let agent = rt
+                    .block_on(async {
+                        let channel = client::lazy(&n.info.agent_addr, &self.token, None).unwrap();
+                        client::agent(channel).status(pb::StatusRequest {}).await
+                    })
+                    .unwrap()
+                    .into_inner();
+                let pool_used = agent.pool.map_or(0, |p| p.used);
+                let agent_holds = agent.allocations as usize;
+                if (n.used, pool_used, agent_holds) != (recorded, recorded, holding) {
+                    differ.push(format!(
+                        "{name}: master placed {}, records {recorded} in {holding} allocations, agent uses {pool_used} in {agent_holds}",
+                        n.used
+                    ));
+                }
+            }
+            last = differ.join("; ");
+            differ.is_empty()
+        });
+        assert!(agree, "accounts differ: {last}");
+    }
+
     /// SIGKILL to the master.
     pub fn kill_master(&mut self) {
         self.0.kill_master();

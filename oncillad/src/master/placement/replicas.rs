@@ -4,7 +4,7 @@
 //! per replica. Pure, like the rest of placement; it never reserves.
 //!
 //! Rules, in order: a node never holds two copies of the same bytes, nor
-//! two shares of one copy; a node that is down gets nothing; where nodes declare zones, a copy goes
+//! (in a new allocation) two shares of one copy; a node that is down gets nothing; where nodes declare zones, a copy goes
 //! to a zone that holds no other copy of those bytes when one has room;
 //! then the node with the most room.
 
@@ -15,33 +15,20 @@ use oncilla_model::size::{round_up, HumanBytes};
 use super::{Candidate, Planned};
 use crate::error::CoreError;
 
-/// The node for one more copy of the share `share` (of copy number
-/// `copy`'s set `taken`: nodes holding a share of that copy already), when
-/// `held` (the nodes holding a copy of it) lost one: the same rules as
-/// [`replicas`], with each node's room as it is.
+/// The node for one more copy of the share `share`, when a copy of it was
+/// lost or leaves a drained node: any node but `barred` (those holding a
+/// copy of these bytes, or that may not take one now), ranked as
+/// [`replicas`] ranks them, with each node's room as it is. Unlike a new
+/// allocation's replicas, it may go to a node that holds another share
+/// of the same copy (a small cluster has no other).
 pub fn refill<'a>(
     share: &Planned,
-    held: &[&str],
-    taken: &[&str],
+    barred: &[&str],
     nodes: &'a [Candidate],
 ) -> Option<&'a Candidate> {
-    let free: BTreeMap<&str, u64> = nodes.iter().map(|n| (n.name.as_str(), n.room())).collect();
-    choose(share.bytes(), held, taken, nodes, &free)
-}
-
-/// The node for a copy of `bytes` held on `held` already, in a copy whose
-/// shares are on `taken`: the best of [`ranked`] not taken.
-fn choose<'a>(
-    bytes: u64,
-    held: &[&str],
-    taken: &[&str],
-    nodes: &'a [Candidate],
-    free: &BTreeMap<&str, u64>,
-) -> Option<&'a Candidate> {
-    let room = |n: &Candidate| free.get(n.name.as_str()).copied().unwrap_or(0);
-    ranked(bytes, held, nodes, room)
+    ranked(share.bytes(), barred, nodes, Candidate::room)
         .into_iter()
-        .find(|n| !taken.contains(&n.name.as_str()))
+        .next()
 }
 
 /// The nodes that may take a copy of `bytes` held on `held` already, best

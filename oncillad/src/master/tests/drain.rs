@@ -139,12 +139,12 @@ async fn a_move_that_cannot_reserve_leaves_the_record_and_says_why() {
     assert_eq!(link.released.load(Ordering::SeqCst), released + 1);
     // Paused: not tried again at once.
     assert!(!m.move_one().await);
-    // With no other node to go to, it waits and says so.
+    // With no other node to go to (b holds the other copy of a's bytes),
+    // it waits and says so.
     let lone = master(FakeLink::default()).await;
-    let a = lone
-        .allocate(remote(10_000, &["a", "b"], None))
-        .await
-        .unwrap();
+    let mut twice = remote(10_000, &["a"], None);
+    twice.spec.placement.replicas = 2;
+    let a = lone.allocate(twice).await.unwrap();
     lone.drain("a", true).unwrap();
     assert!(!lone.move_one().await);
     assert!(lone.allocation(&by_id(a.id)).unwrap().held_on("a"));

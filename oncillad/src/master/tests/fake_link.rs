@@ -1,12 +1,12 @@
 //! The fake agent link the master's tests run against: it reserves in
-//! pieces as a fragmented pool would, counts reservations and releases,
+//! pieces as a fragmented pool would, counts reservations and records releases,
 //! records every copy change, and fails, hangs or refuses where a test
 //! says.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use oncilla_model::cluster::{Piece, Reservation, Reserved, SetCopies};
+use oncilla_model::cluster::{Piece, Range, Release, Reservation, Reserved, SetCopies};
 use oncilla_model::node::PoolUsage;
 
 use crate::error::LinkError;
@@ -23,6 +23,8 @@ pub(super) struct FakeLink {
     pub(super) hang_on: Option<&'static str>,
     /// Who answers at an agent address (`identify`); nobody by default.
     pub(super) alive: Arc<std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>>,
+    /// Every release that got through, in order, with its agent.
+    pub(super) releases: Arc<std::sync::Mutex<Vec<(String, Release)>>>,
     /// Every `set_copies` asked, in order.
     pub(super) copies_set: Arc<std::sync::Mutex<Vec<(String, SetCopies)>>>,
     /// An agent whose releases never get through.
@@ -74,11 +76,17 @@ impl AgentLink for FakeLink {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(reqs.iter().map(|r| self.reserve_one(r)).collect())
     }
-    async fn release(&self, addr: &str, _id: u64) -> Result<Option<PoolUsage>, LinkError> {
+    async fn release(&self, addr: &str, r: Release) -> Result<Option<PoolUsage>, LinkError> {
+        if !Range::in_order(&r.ranges) {
+            return Err(LinkError::Refused(format!("invalid release: {r:?}")));
+        }
         if Some(addr) == self.release_fails_on {
             return Err(LinkError::Unreachable(format!("{addr} did not answer")));
         }
         self.released.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut all) = self.releases.lock() {
+            all.push((addr.to_string(), r));
+        }
         Ok(None)
     }
     async fn set_copies(&self, addr: &str, req: SetCopies) -> Result<(), LinkError> {
@@ -87,6 +95,11 @@ impl AgentLink for FakeLink {
                 "allocation {} is mapped by a process on this node",
                 req.alloc_id
             )));
+        }
+        // Refused as the wire refuses it (a replica named twice, ranges
+        // out of order).
+        if !req.well_formed() {
+            return Err(LinkError::Refused(format!("invalid copy change: {req:?}")));
         }
         let mut set = self.copies_set.lock().unwrap_or_else(|e| e.into_inner());
         set.push((addr.to_string(), req));

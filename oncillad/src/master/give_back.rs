@@ -1,0 +1,123 @@
+//! Bytes a node must let go of while it keeps other bytes of the same
+//! allocation: a new copy given up (a re-creation or a move that failed,
+//! or one a move's switch could not keep), or copies a registration
+//! reported that the table does not take. A heartbeat releases only
+//! allocations the master does not know at all, so these are asked at
+//! once and, when that fails, again at every tick until the agent
+//! confirms (an agent that does not hold them confirms at once, also
+//! after a restart); the node leaving ends them. While a node owes an
+//! allocation bytes, no new copy of it goes there ([`barred`]).
+//!
+//! Never holds the lock across a call to an agent.
+
+use oncilla_model::alloc::Allocation;
+use oncilla_model::cluster::Release;
+
+use super::copies::{overlaps, subtract};
+use super::state::State;
+use super::{AgentLink, Master};
+
+impl<L: AgentLink> Master<L> {
+    /// Has `node` (its agent at `agent`) let go of `ranges` of `alloc_id`
+    /// and keep the rest; owed until it confirms.
+    pub(super) async fn give_back(
+        &self,
+        node: &str,
+        agent: &str,
+        alloc_id: u64,
+        ranges: &[(u64, u64)],
+    ) {
+        if ranges.is_empty() {
+            return;
+        }
+        if let Err(e) = self
+            .link
+            .release(agent, Release::part(alloc_id, ranges))
+            .await
+        {
+            tracing::warn!(alloc_id, %node, error = %e, "could not have a node let go of a copy it keeps no more; asking again next tick");
+            owe(&mut self.lock(), node, alloc_id, ranges);
+        }
+    }
+
+    /// Asks again for every give-back not yet confirmed.
+    pub(super) async fn send_give_backs(&self) {
+        let due: Vec<Owed> = {
+            let mut st = self.lock();
+            let st = &mut *st;
+            // A node that left holds nothing any more.
+            let nodes = &st.nodes;
+            st.owed.retain(|(_, node), _| nodes.contains_key(node));
+            st.owed
+                .iter()
+                .filter_map(|((id, node), ranges)| {
+                    Some(Owed {
+                        id: *id,
+                        node: node.clone(),
+                        agent: nodes.get(node)?.info.agent_addr.clone(),
+                        ranges: ranges.clone(),
+                    })
+                })
+                .collect()
+        };
+        for o in due {
+            match self
+                .link
+                .release(&o.agent, Release::part(o.id, &o.ranges))
+                .await
+            {
+                Ok(_) => {
+                    let mut st = self.lock();
+                    // Unless more was owed meanwhile (then that goes next).
+                    let key = (o.id, o.node);
+                    if st.owed.get(&key) == Some(&o.ranges) {
+                        st.owed.remove(&key);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(alloc_id = o.id, node = %o.node, error = %e, "a node has not let go of a copy it keeps no more; asking again next tick");
+                }
+            }
+        }
+    }
+}
+
+/// A give-back to ask for again.
+struct Owed {
+    id: u64,
+    node: String,
+    agent: String,
+    ranges: Vec<(u64, u64)>,
+}
+
+/// Notes that `node` owes `alloc_id` the bytes `ranges`.
+pub(super) fn owe(st: &mut State, node: &str, alloc_id: u64, ranges: &[(u64, u64)]) {
+    let owed = st.owed.entry((alloc_id, node.to_string())).or_default();
+    owed.extend_from_slice(ranges);
+    owed.sort_unstable();
+    owed.dedup();
+}
+
+/// The nodes that may not take a new copy of `ranges` of `a`: those that
+/// hold any of these bytes (in any copy), receive a copy of any of them,
+/// or still owe the allocation a give-back (a late give-back would take
+/// the new copy with it).
+pub(super) fn barred(st: &State, a: &Allocation, ranges: &[(u64, u64)]) -> Vec<String> {
+    let mut nodes: Vec<String> = a
+        .all_extents()
+        .filter(|e| overlaps(e, ranges))
+        .map(|e| e.node.clone())
+        .collect();
+    nodes.extend(
+        st.refilling
+            .range((a.id, String::new())..)
+            .take_while(|((id, _), _)| *id == a.id)
+            .flat_map(|(_, f)| f)
+            .filter(|f| subtract(&f.ranges, ranges) != f.ranges)
+            .map(|f| f.node.clone()),
+    );
+    nodes.extend(st.owing(a.id).map(str::to_string));
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
+}
