@@ -29,8 +29,8 @@ impl Agent {
     }
 
     /// Lets go of the extents of `alloc_id` inside `ranges` (in order,
-    /// never overlapping) and keeps the others; of all of it when nothing
-    /// else is held here. Returns the entry as it was when something went
+    /// never overlapping, as the wire checks) and keeps the others; of all
+    /// of it when nothing else is held here. Returns the entry as it was when something went
     /// (its memory returns once that and every copy in flight are gone).
     ///
     /// # Errors
@@ -44,15 +44,22 @@ impl Agent {
         let Entry::Occupied(mut entry) = self.held.entry(alloc_id) else {
             return Ok(None);
         };
+        // The range that may hold extent `e`: the last one starting before
+        // its end (a binary search: `ranges` are in order, never
+        // overlapping, and a striped allocation has many extents).
+        let around = |e: &HeldExtent| {
+            let end = e.alloc_offset + e.len;
+            let before = ranges.partition_point(|&(o, _)| o < end);
+            before.checked_sub(1).map(|i| ranges[i])
+        };
         let inside = |e: &HeldExtent| {
-            ranges
-                .iter()
-                .any(|&(o, l)| o <= e.alloc_offset && e.alloc_offset + e.len <= o.saturating_add(l))
+            around(e).is_some_and(|(o, l)| {
+                o <= e.alloc_offset && e.alloc_offset + e.len <= o.saturating_add(l)
+            })
         };
         let touches = |e: &HeldExtent| {
-            ranges
-                .iter()
-                .any(|&(o, l)| o < e.alloc_offset + e.len && e.alloc_offset < o.saturating_add(l))
+            // Ranges after the one found start at or past the extent's end.
+            around(e).is_some_and(|(o, l)| e.alloc_offset < o.saturating_add(l))
         };
         let cur = Arc::clone(entry.get());
         if let Some(e) = cur.extents.iter().find(|e| touches(e) && !inside(e)) {
@@ -91,6 +98,11 @@ impl Agent {
         rest.keys.revoke_within(&spans);
         entry.insert(rest);
         drop(entry);
+        // Primary bytes a process here may map: told, it maps again what
+        // is left.
+        if gone.iter().any(|e| e.copy == 0) {
+            self.leases.revoke(alloc_id);
+        }
         // After the table's entry: a landing copy takes this lock first.
         cur.copying
             .applied()

@@ -373,17 +373,7 @@ pub(super) fn queue(
     let Some(agent) = st.nodes.get(primary).map(|n| n.info.agent_addr.clone()) else {
         return;
     };
-    for f in st
-        .refilling
-        .get(&(id, primary.to_string()))
-        .into_iter()
-        .flatten()
-    {
-        let Some(addr) = st.nodes.get(&f.node).map(|n| n.info.data_addr.as_str()) else {
-            continue;
-        };
-        add_replica(&mut replicas, replica_share(addr, &f.ranges));
-    }
+    add_filling(st, id, primary, &mut replicas);
     let generation = st.next_copies_generation();
     let entry = st
         .copies_due
@@ -399,6 +389,23 @@ pub(super) fn queue(
         generation,
     };
     *entry = (agent, change);
+}
+
+/// Adds to `replicas` (of `primary`'s bytes of allocation `id`) the
+/// copies of them being made (re-created, or moved off a drained node):
+/// each must get every write until the record lists it or it is given up.
+pub(super) fn add_filling(st: &State, id: u64, primary: &str, replicas: &mut Vec<ReplicaShare>) {
+    for f in st
+        .refilling
+        .get(&(id, primary.to_string()))
+        .into_iter()
+        .flatten()
+    {
+        let Some(addr) = st.nodes.get(&f.node).map(|n| n.info.data_addr.as_str()) else {
+            continue;
+        };
+        add_replica(replicas, replica_share(addr, &f.ranges));
+    }
 }
 
 /// Replaces the primary extents on `node` with replica extents holding
@@ -481,8 +488,7 @@ fn primaries(a: &Allocation) -> Vec<String> {
 
 /// The replicas of the bytes `primary` holds as primary: per other node
 /// holding a copy of some of them, which (a range per copy's run of
-/// bytes, never merged across copies: a copy is stamped per copy
-/// number, so none may span two).
+/// bytes, never merged across copies).
 pub(super) fn replicas_of(a: &Allocation, primary: &str) -> Vec<ReplicaShare> {
     let ranges = merged(a.extents.iter().filter(|e| e.node == primary));
     let mut nodes: Vec<(&str, &str)> = a
@@ -628,11 +634,17 @@ pub(super) fn copy_reservation(
     }
 }
 
-/// Whether extent `e` holds any byte of `ranges`.
+/// Whether extent `e` holds any byte of `ranges` (in order, never
+/// overlapping): a binary search, as a striped allocation has tens of
+/// thousands of extents and ranges.
 pub(super) fn overlaps(e: &Extent, ranges: &[(u64, u64)]) -> bool {
-    ranges
-        .iter()
-        .any(|&(o, l)| e.alloc_offset < o + l && o < e.alloc_offset + e.len)
+    let end = e.alloc_offset + e.len;
+    // The last range that starts before the extent ends.
+    let before = ranges.partition_point(|&(o, _)| o < end);
+    before > 0 && {
+        let (o, l) = ranges[before - 1];
+        o + l > e.alloc_offset
+    }
 }
 
 /// Extents' ranges, adjacent ones merged, in order.

@@ -32,7 +32,9 @@ use oncilla_model::size::{round_up, HumanBytes};
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
-use super::copies::{add_replica, copy_reservation, merged, overlaps, replica_share, replicas_of};
+use super::copies::{
+    add_filling, add_replica, copy_reservation, merged, overlaps, replica_share, replicas_of,
+};
 use super::give_back::barred;
 use super::placement::{self, Candidate, Planned};
 use super::state::{charge_of, Filling, State};
@@ -322,14 +324,16 @@ impl<L: AgentLink> Master<L> {
                 .filter(|r| r.data_addr != s.target.2)
                 .cloned();
             // The new node may be the primary of other bytes already: it
-            // keeps copying those to their replicas.
+            // keeps copying those to their replicas, the new copies of
+            // them this move is making among them.
             let (own, generation) = {
                 let mut st = self.lock();
-                let own = st
+                let mut own = st
                     .allocs
                     .get(&mv.alloc_id)
                     .map(|r| replicas_of(&r.alloc, &s.target.0))
                     .unwrap_or_default();
+                add_filling(&st, mv.alloc_id, &s.target.0, &mut own);
                 (own, st.next_copies_generation())
             };
             let change = SetCopies {

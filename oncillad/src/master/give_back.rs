@@ -12,6 +12,7 @@
 
 use oncilla_model::alloc::Allocation;
 use oncilla_model::cluster::Release;
+use oncilla_model::node::NodeState;
 
 use super::copies::{overlaps, subtract};
 use super::state::State;
@@ -45,16 +46,19 @@ impl<L: AgentLink> Master<L> {
         let due: Vec<Owed> = {
             let mut st = self.lock();
             let st = &mut *st;
-            // A node that left holds nothing any more.
+            // A node that left holds nothing any more; one that is not up
+            // is asked once it is (its 2 s deadlines would hold up the
+            // tick's copy changes).
             let nodes = &st.nodes;
             st.owed.retain(|(_, node), _| nodes.contains_key(node));
             st.owed
                 .iter()
                 .filter_map(|((id, node), ranges)| {
-                    Some(Owed {
+                    let n = nodes.get(node)?;
+                    (n.seen.state(&self.liveness).0 == NodeState::Up).then(|| Owed {
                         id: *id,
                         node: node.clone(),
-                        agent: nodes.get(node)?.info.agent_addr.clone(),
+                        agent: n.info.agent_addr.clone(),
                         ranges: ranges.clone(),
                     })
                 })

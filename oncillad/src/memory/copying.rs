@@ -49,21 +49,26 @@ impl Default for Copying {
     }
 }
 
-/// Most primaries a replica extent remembers having replaced.
-const MAX_RETIRED: usize = 8;
+/// Most replaced primaries a replica remembers per allocation.
+const MAX_RETIRED: usize = 16;
 
-/// Per replica extent held here (named by its first byte in the
-/// allocation): the stamp of the last copy applied, and the primaries it
-/// no longer takes copies from. Per extent, not per copy: a node may hold
-/// replica shares of one copy from two primaries (a copy re-created
-/// beside another share), and one primary's copies must not retire the
-/// other's. Held while a copy lands, so copies land one at a time.
+/// A replica's side of one allocation here: per replica extent (named by
+/// its first byte in the allocation) the stamp of the last copy applied,
+/// and the primaries it no longer takes copies from. Stamps are per
+/// extent, not per copy: a node may hold replica shares of one copy from
+/// two primaries (a copy re-created beside another share), and one
+/// primary's copies must not pass for the other's. A primary is retired
+/// for the whole allocation once another sender wrote an extent it wrote
+/// last (a replica promoted in its place, or its own node's new sender
+/// after a promotion): a replaced primary never sends again, so a stale
+/// copy of its is refused in every extent, also those it never wrote.
+/// Held while a copy lands, so copies land one at a time.
 #[derive(Debug, Default)]
 pub struct Applied {
     /// Per extent: the sender (a primary agent's stamp) and sequence
     /// number of the last copy that landed.
     last: BTreeMap<u64, (u64, u64)>,
-    retired: BTreeMap<u64, Vec<u64>>,
+    retired: Vec<u64>,
 }
 
 impl Applied {
@@ -73,11 +78,7 @@ impl Applied {
     /// replica promoted in place of a lost one), never one from a primary
     /// that was replaced or one older than what landed.
     pub fn admits(&self, extent: u64, (sender, seq): (u64, u64)) -> bool {
-        if self
-            .retired
-            .get(&extent)
-            .is_some_and(|r| r.contains(&sender))
-        {
+        if self.retired.contains(&sender) {
             return false;
         }
         match self.last.get(&extent) {
@@ -90,11 +91,10 @@ impl Applied {
     /// at `extent`.
     pub fn landed(&mut self, extent: u64, (sender, seq): (u64, u64)) {
         if let Some((old, _)) = self.last.insert(extent, (sender, seq)) {
-            if old != sender {
-                let retired = self.retired.entry(extent).or_default();
-                retired.push(old);
-                if retired.len() > MAX_RETIRED {
-                    retired.remove(0);
+            if old != sender && !self.retired.contains(&old) {
+                self.retired.push(old);
+                if self.retired.len() > MAX_RETIRED {
+                    self.retired.remove(0);
                 }
             }
         }
@@ -104,7 +104,6 @@ impl Applied {
     pub fn forget(&mut self, extents: impl IntoIterator<Item = u64>) {
         for e in extents {
             self.last.remove(&e);
-            self.retired.remove(&e);
         }
     }
 }
@@ -269,19 +268,23 @@ mod tests {
         assert!(!a.admits(1, (p, 4)), "older");
         assert!(a.admits(1, (p, 6)));
         assert!(a.admits(2, (q, 1)), "another extent");
-        // A promoted primary takes over extent 1: the old one is refused.
+        // A promoted primary takes over extent 1: the old one is refused,
+        // there and in an extent it never wrote.
         assert!(a.admits(1, (q, 1)));
         a.landed(1, (q, 1));
         assert!(!a.admits(1, (p, 99)));
+        assert!(!a.admits(3, (p, 99)));
         // Extents of two primaries here (a copy re-created beside another
         // share): neither retires the other.
         let (r, s) = (11, 13);
         a.landed(100, (r, 1));
         a.landed(200, (s, 1));
-        assert!(a.admits(100, (r, 2)) && a.admits(200, (s, 2)));
+        a.landed(100, (r, 2));
+        a.landed(200, (s, 2));
+        assert!(a.admits(100, (r, 3)) && a.admits(200, (s, 3)));
         // Let go of, then held again: a new primary's copies land.
-        a.forget([1]);
-        assert!(a.admits(1, (p, 1)));
+        a.forget([200]);
+        assert!(a.admits(200, (q, 2)));
     }
 
     #[test]

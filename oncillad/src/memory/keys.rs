@@ -22,7 +22,9 @@ pub const RETIRED_KEPT: usize = 1 << 16;
 /// them first).
 pub struct Keys {
     mrs: std::sync::Mutex<Vec<(usize, Mr)>>,
-    retired: Option<std::sync::Arc<Retired>>,
+    /// Where revoked keys are remembered; set by the first registration
+    /// (its own or one it absorbs).
+    retired: std::sync::OnceLock<std::sync::Arc<Retired>>,
 }
 
 impl Keys {
@@ -30,7 +32,7 @@ impl Keys {
     pub fn none() -> Keys {
         Keys {
             mrs: std::sync::Mutex::new(Vec::new()),
-            retired: None,
+            retired: std::sync::OnceLock::new(),
         }
     }
 
@@ -39,7 +41,7 @@ impl Keys {
     pub(crate) fn remembered_in(retired: std::sync::Arc<Retired>) -> Keys {
         Keys {
             mrs: std::sync::Mutex::new(Vec::new()),
-            retired: Some(retired),
+            retired: std::sync::OnceLock::from(retired),
         }
     }
 
@@ -51,7 +53,7 @@ impl Keys {
     /// Invalidates every key now; later calls do nothing.
     pub fn revoke(&self) {
         let mrs = std::mem::take(&mut *lock(&self.mrs));
-        if let Some(r) = &self.retired {
+        if let Some(r) = self.retired.get() {
             r.note(mrs.iter().map(|(port, mr)| (*port, mr.rkey())));
         }
         drop(mrs);
@@ -72,17 +74,21 @@ impl Keys {
             .partition(|(_, mr)| inside(mr));
         *mrs = kept;
         drop(mrs);
-        if let Some(r) = &self.retired {
+        if let Some(r) = self.retired.get() {
             r.note(gone.iter().map(|(port, mr)| (*port, mr.rkey())));
         }
         drop(gone);
     }
 
     /// Takes `other`'s keys into these (an allocation that grows on this
-    /// node keeps the keys it had).
+    /// node keeps the keys it had), and where revoked keys are remembered
+    /// (so keys revoked later are still never handed out again soon).
     pub fn absorb(&self, other: &Keys) {
         let moved = std::mem::take(&mut *lock(&other.mrs));
         lock(&self.mrs).extend(moved);
+        if let Some(r) = other.retired.get() {
+            let _ = self.retired.set(std::sync::Arc::clone(r));
+        }
     }
 
     /// Drops the registrations on port `port` (its device went away);

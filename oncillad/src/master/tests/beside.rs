@@ -203,3 +203,57 @@ async fn a_restarted_master_keeps_a_nodes_bytes_and_takes_back_an_unfinished_mov
     m.tick().await;
     assert_eq!(link.releases.lock().unwrap().len(), 1);
 }
+
+/// a holds its bytes A and a copy of b's B; b holds B and a copy of c's C;
+/// c holds C and a copy of A. Draining a sends A to b (c holds a copy of
+/// it) and a's copy of B to c: b, promoted for A, must go on copying its
+/// own B to c, the copy this move is making, or writes b acknowledges
+/// until the switch would never reach it.
+#[tokio::test]
+async fn a_promoted_node_keeps_copying_its_own_bytes_to_the_copy_being_made() {
+    let link = FakeLink::default();
+    let m = bare(
+        link.clone(),
+        Liveness::from_heartbeat(Duration::from_secs(60)),
+    );
+    let mut rec = Allocation::new(MAX_ID / 3, 3 * SHARE, Kind::RemoteHost);
+    rec.access_key = vec![7; KEY_LEN];
+    rec.placement.replicas = 2;
+    let (a, b, c) = (0, SHARE, 2 * SHARE);
+    let held = [
+        ("a", extent("a", a, SHARE, 0), extent("a", b, SHARE, 1)),
+        ("b", extent("b", b, SHARE, 0), extent("b", c, SHARE, 1)),
+        ("c", extent("c", c, SHARE, 0), extent("c", a, SHARE, 1)),
+    ];
+    for (node, primary, replica) in held {
+        let mut r = join(node, 1 << 20);
+        r.master_incarnation = 9;
+        let mut part = rec.clone();
+        part.extents = vec![primary];
+        part.replicas = vec![replica];
+        r.held = vec![part];
+        m.register(r).await.unwrap();
+    }
+    m.drain("a", true).unwrap();
+    assert!(m.move_one().await);
+    let moved = m.allocation(&by_id(rec.id)).unwrap();
+    assert!(!moved.held_on("a"), "{moved:?}");
+    assert_eq!(moved.health, Health::Healthy, "{:?}", moved.health_notes);
+    every_byte(&moved, 2, "a");
+    let told = link.copies_set.lock().unwrap().clone();
+    let (_, promoted) = told
+        .iter()
+        .find(|(addr, c)| addr == "b:1" && !c.promote.is_empty())
+        .expect("b took over a's bytes");
+    let to_c = promoted
+        .replicas
+        .iter()
+        .find(|r| r.data_addr == "c:2")
+        .expect("b copies to c");
+    assert!(
+        to_c.ranges
+            .iter()
+            .any(|g| g.alloc_offset <= b && b + SHARE <= g.alloc_offset + g.len),
+        "b's own bytes are not copied to their new copy on c: {promoted:?}"
+    );
+}
