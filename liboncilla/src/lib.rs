@@ -17,8 +17,11 @@
 //! # Threads and resources
 //! [`Oncilla`] is `Send + Sync` and cheap to clone; copies from several
 //! threads run concurrently. The library runs a one-thread async runtime of
-//! its own, so it must not be called from inside another async runtime's
-//! worker (use `spawn_blocking`). Allocations are freed when dropped, and
+//! its own; its calls block the calling thread, also inside another async
+//! runtime (they work there, holding that worker). Async code uses
+//! [`AsyncOncilla`] instead, whose calls are futures that leave the
+//! executor's threads free (a batch's [`Pending`] is one too).
+//! Allocations are freed when dropped, and
 //! every allocation of the session is freed when the process exits, even
 //! by a crash; persistent allocations live until freed explicitly.
 //!
@@ -43,6 +46,7 @@
 
 mod affinity;
 mod allocation;
+mod asynchronous;
 mod batch;
 mod between;
 mod client;
@@ -63,6 +67,7 @@ mod staging;
 
 pub use affinity::{Affinity, AffinityError};
 pub use allocation::Allocation;
+pub use asynchronous::{AsyncOncilla, MAX_CALLS_IN_FLIGHT};
 pub use batch::{Batch, Pending};
 pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};

@@ -38,8 +38,8 @@ impl Oncilla {
 
     /// Connects to the agent at `opts.socket` and opens a session.
     ///
-    /// Must not be called from inside an async runtime: the library runs
-    /// its own small one and blocks the calling thread.
+    /// Blocks the calling thread (the library runs a small runtime of its
+    /// own); from async code, [`crate::AsyncOncilla::connect_with`] does not.
     ///
     /// # Errors
     /// [`crate::Error::AgentUnreachable`], [`crate::Error::PermissionDenied`]

@@ -3,13 +3,15 @@
 //! awaits a batch and drops every handle and the session inside its
 //! runtime. Before, the first call panicked ("Cannot start a runtime from
 //! within a runtime"), and so did a handle dropped there (its free blocks
-//! on the session's runtime).
+//! on the session's runtime). Then the async API (`AsyncOncilla`: every
+//! call a future) does the same on both tokio flavours and on an executor
+//! that is not tokio's.
 
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
-use liboncilla::{AllocSpec, Batch, Kind, Oncilla, Options};
+use liboncilla::{AllocSpec, AsyncOncilla, Batch, Kind, Oncilla, Options};
 use support::Cluster;
 
 async fn app(opts: Options) {
@@ -53,6 +55,81 @@ fn the_blocking_api_works_inside_a_tokio_runtime_and_batches_are_futures() {
         .build()
         .unwrap();
     multi.block_on(async { tokio::spawn(app(opts())).await.unwrap() });
+    assert_eq!(c.allocation_count(), 0, "every allocation freed");
+    c.still_serves();
+}
+
+/// The async API end to end: every call a future, copies included.
+async fn async_app(opts: Options) {
+    let ocm = AsyncOncilla::connect_with(opts).await.unwrap();
+    let far = ocm
+        .alloc_with(&AllocSpec::new(1 << 20, Kind::RemoteHost).on_nodes(["node-1"]))
+        .await
+        .unwrap();
+    ocm.write(&far, 4096, vec![5u8; 8192]).await.unwrap();
+    let back = ocm.read(&far, 4096, 8192).await.unwrap();
+    assert!(back.iter().all(|&b| b == 5));
+    let named = ocm
+        .alloc_with(&AllocSpec::new(4096, Kind::RemoteHost).named("async-shared"))
+        .await
+        .unwrap();
+    ocm.write(&named, 0, vec![3u8; 4096]).await.unwrap();
+    let again = ocm.attach("async-shared").await.unwrap();
+    assert_eq!(ocm.read(&again, 0, 4096).await.unwrap(), vec![3u8; 4096]);
+    drop(again);
+    let err = ocm.attach("no-such-allocation").await.unwrap_err();
+    assert!(matches!(err, liboncilla::Error::NotFound(_)), "{err}");
+    let many = ocm
+        .alloc_many(&AllocSpec::new(4096, Kind::RemoteHost), 8)
+        .await
+        .unwrap();
+    assert_eq!(many.len(), 8);
+    for a in many {
+        ocm.free(a).await.unwrap();
+    }
+    ocm.free(named).await.unwrap();
+    ocm.free(far).await.unwrap();
+    ocm.close();
+}
+
+/// Polls `fut` to its end on this thread, parking between wake-ups: an
+/// executor that is not tokio's.
+fn park_on<F: std::future::Future>(fut: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+#[test]
+fn the_async_api_runs_on_tokio_and_on_any_executor() {
+    let c = Cluster::start(2, "32MiB");
+    let opts = || Options::new(c.socket(0), c.token.clone());
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    current.block_on(async_app(opts()));
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    multi.block_on(async { tokio::spawn(async_app(opts())).await.unwrap() });
+    park_on(async_app(opts()));
     assert_eq!(c.allocation_count(), 0, "every allocation freed");
     c.still_serves();
 }
