@@ -378,17 +378,27 @@ impl Drop for Allocation {
         if self.done || self.client.is_closed() {
             return;
         }
-        let outcome = if self.desc.owner.is_none() {
-            self.client.detach_id(self.desc.id)
-        } else {
-            self.client.free_id(self.desc.id, false)
-        };
-        match outcome {
-            // Freed by someone else already: nothing left to do.
-            Ok(()) | Err(Error::NotFound(_)) => {}
-            Err(e) => {
-                tracing::warn!(id = self.desc.id, error = %e, "cannot release allocation on drop")
+        let (client, id) = (Arc::clone(&self.client), self.desc.id);
+        let persistent = self.desc.owner.is_none();
+        let release = move || {
+            let outcome = if persistent {
+                client.detach_id(id)
+            } else {
+                client.free_id(id, false)
+            };
+            match outcome {
+                // Freed by someone else already: nothing left to do.
+                Ok(()) | Err(Error::NotFound(_)) => {}
+                Err(e) => tracing::warn!(id, error = %e, "cannot release allocation on drop"),
             }
+        };
+        // Dropped in async code: released in the background of the
+        // session's runtime, so no executor thread waits for the master
+        // (a session that ends first releases it with everything else).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            drop(self.client.rt.spawn_blocking(release));
+        } else {
+            release();
         }
     }
 }

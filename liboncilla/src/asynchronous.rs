@@ -1,18 +1,22 @@
 //! The session for async code: [`AsyncOncilla`] offers [`Oncilla`]'s calls
 //! as futures that leave the caller's executor free while they wait.
 //!
-//! A control call (connect, allocate, attach, free) runs [`Oncilla`]'s
-//! blocking call on a thread of its own and is awaited through a oneshot
-//! channel; at most [`MAX_CALLS_IN_FLIGHT`] run at once per session, the
-//! rest wait their turn without holding a thread. Copies are batches run
-//! on the session's runtime ([`Pending`]). The futures need no runtime of
+//! A control call (connect, allocate, attach, free, or any blocking call
+//! through [`AsyncOncilla::call`]) runs [`Oncilla`]'s blocking call on a
+//! thread of its own and is awaited through a oneshot channel; at most
+//! [`MAX_CALLS_IN_FLIGHT`] threads run at once per session, the rest wait
+//! their turn without holding a thread. `write` and `read` are batches
+//! run on the session's runtime ([`Pending`]): like any batch, they try
+//! the copies as the handle was opened first (a replicated allocation's
+//! primary) and fail over as batches do. A handle dropped in async code
+//! is released in the background of the session's runtime. The futures need no runtime of
 //! the caller's: tokio's (either flavour) or any other executor will do.
 //! This module only hands calls over; what they do is [`Oncilla`]'s, and
 //! it never blocks the thread that polls it.
 
 use std::sync::Arc;
 
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 
 use crate::allocation::Allocation;
 use crate::batch::{Batch, Pending};
@@ -42,7 +46,6 @@ pub const MAX_CALLS_IN_FLIGHT: usize = 64;
 #[derive(Clone)]
 pub struct AsyncOncilla {
     ocm: Oncilla,
-    calls: Arc<Semaphore>,
 }
 
 impl AsyncOncilla {
@@ -60,7 +63,7 @@ impl AsyncOncilla {
     /// # Errors
     /// As [`Oncilla::connect_with`].
     pub async fn connect_with(opts: Options) -> Result<Self> {
-        let ocm = off_thread(move || Oncilla::connect_with(opts)).await?;
+        let ocm = off_thread(move || Oncilla::connect_with(opts), drop, ()).await?;
         Ok(Self::from(ocm))
     }
 
@@ -93,13 +96,20 @@ impl AsyncOncilla {
         self.alloc_with(&AllocSpec::new(size, kind)).await
     }
 
-    /// Allocates as `spec` says.
+    /// Allocates as `spec` says. Cancelled (the future dropped), an
+    /// allocation the call made anyway is freed, also a named one.
     ///
     /// # Errors
     /// As [`Oncilla::alloc_with`].
     pub async fn alloc_with(&self, spec: &AllocSpec) -> Result<Allocation> {
         let spec = spec.clone();
-        self.run(move |ocm| ocm.alloc_with(&spec)).await
+        self.run(
+            move |ocm| ocm.alloc_with(&spec),
+            |a: Allocation| {
+                let _ = a.free();
+            },
+        )
+        .await
     }
 
     /// Makes `count` allocations as `spec` says, together, all or none.
@@ -108,7 +118,8 @@ impl AsyncOncilla {
     /// As [`Oncilla::alloc_many`].
     pub async fn alloc_many(&self, spec: &AllocSpec, count: usize) -> Result<Vec<Allocation>> {
         let spec = spec.clone();
-        self.run(move |ocm| ocm.alloc_many(&spec, count)).await
+        self.run(move |ocm| ocm.alloc_many(&spec, count), drop)
+            .await
     }
 
     /// Attaches the persistent allocation called `name`.
@@ -117,7 +128,7 @@ impl AsyncOncilla {
     /// As [`Oncilla::attach`].
     pub async fn attach(&self, name: &str) -> Result<Allocation> {
         let name = name.to_string();
-        self.run(move |ocm| ocm.attach(&name)).await
+        self.run(move |ocm| ocm.attach(&name), drop).await
     }
 
     /// Attaches the persistent allocation with this id.
@@ -125,16 +136,34 @@ impl AsyncOncilla {
     /// # Errors
     /// As [`Oncilla::attach`].
     pub async fn attach_id(&self, id: u64) -> Result<Allocation> {
-        self.run(move |ocm| ocm.attach_id(id)).await
+        self.run(move |ocm| ocm.attach_id(id), drop).await
     }
 
-    /// Frees `alloc` and says how it went (dropping it frees it too, in
-    /// the background of the session).
+    /// Frees `alloc` and says how it went. Dropping a handle in async code
+    /// releases it too, in the background of the session (a persistent
+    /// one is detached, not freed); so does a free cancelled before it
+    /// ran.
     ///
     /// # Errors
     /// As [`Allocation::free`].
     pub async fn free(&self, alloc: Allocation) -> Result<()> {
-        self.run(move |_| alloc.free()).await
+        self.run(move |_| alloc.free(), drop).await
+    }
+
+    /// Runs any blocking call of the session (a copy between allocations,
+    /// a mapping, [`Allocation::force_free`]) on a thread of its own, in
+    /// turn with the other calls; `f` owns what it uses (hand handles
+    /// back in its result). What it returns is dropped there if the
+    /// future was dropped first.
+    ///
+    /// # Errors
+    /// `f`'s; [`Error::Internal`] if it panicked.
+    pub async fn call<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Oncilla) -> Result<T> + Send + 'static,
+    {
+        self.run(f, drop).await
     }
 
     /// Writes `data` at `offset` of `alloc`.
@@ -166,57 +195,62 @@ impl AsyncOncilla {
     }
 
     /// Runs the blocking call `f` on a thread of its own once this session
-    /// has fewer than [`MAX_CALLS_IN_FLIGHT`] calls running.
-    async fn run<T, F>(&self, f: F) -> Result<T>
+    /// has fewer than [`MAX_CALLS_IN_FLIGHT`] calls running; `undo` gets
+    /// its result when nobody awaits it any more.
+    async fn run<T, F, U>(&self, f: F, undo: U) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Oncilla) -> Result<T> + Send + 'static,
+        U: FnOnce(T) + Send + 'static,
     {
-        let turn = Arc::clone(&self.calls)
+        let calls = Arc::clone(&self.ocm.client.async_calls);
+        let turn = calls
             .acquire_owned()
             .await
             .map_err(|_| Error::Internal("the session's call bound was closed".into()))?;
         let ocm = self.ocm.clone();
-        // The thread holds the turn: a future dropped before its call
-        // ended frees no turn while the call still runs.
-        off_thread(move || {
-            let _turn = turn;
-            f(&ocm)
-        })
-        .await
+        off_thread(move || f(&ocm), undo, turn).await
     }
 }
 
 impl From<Oncilla> for AsyncOncilla {
-    /// The same session, for async code.
+    /// The same session, for async code (its calls share the session's
+    /// bound, however many times it is converted).
     fn from(ocm: Oncilla) -> Self {
-        Self {
-            ocm,
-            calls: Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT)),
-        }
+        Self { ocm }
     }
 }
 
 /// Runs `f` on a new thread and awaits its result, holding no thread of
-/// the caller's meanwhile.
-async fn off_thread<T, F>(f: F) -> Result<T>
+/// the caller's meanwhile. The thread keeps `turn` until it is done with
+/// the result: handed over, or given to `undo` (the future was dropped).
+async fn off_thread<T, F, U, P>(f: F, undo: U, turn: P) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
+    U: FnOnce(T) + Send + 'static,
+    P: Send + 'static,
 {
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("oncilla-call".into())
         .spawn(move || {
-            // The receiver may be gone (the future was dropped): the call
-            // still ran; its result (an allocation's handle) drops here,
-            // which frees what it made.
-            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+                let why = p
+                    .downcast_ref::<&str>()
+                    .map(ToString::to_string)
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Error::Internal(format!("the call panicked: {why}"))
+            });
+            if let Err(Ok(Ok(unsent))) = tx.send(out) {
+                undo(unsent);
+            }
+            drop(turn);
         })
         .map_err(|e| Error::Internal(format!("cannot start a thread for the call: {e}")))?;
     match rx.await {
-        Ok(Ok(out)) => out,
-        Ok(Err(_)) => Err(Error::Internal("the call panicked".into())),
+        Ok(out) => out?,
         Err(_) => Err(Error::Internal(
             "the call's thread ended without an answer".into(),
         )),

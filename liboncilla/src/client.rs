@@ -52,6 +52,9 @@ pub(crate) struct Client {
     /// its handles goes, not the first. Held across the attach and detach
     /// calls, so one never overtakes the other.
     attached: Mutex<HashMap<u64, usize>>,
+    /// Turns of the async API's calls (`asynchronous.rs`), shared by every
+    /// handle of the session.
+    pub(crate) async_calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl Client {
@@ -154,6 +157,9 @@ impl Client {
             holder: Mutex::new(Some(holder)),
             closed: AtomicBool::new(false),
             attached: Mutex::default(),
+            async_calls: Arc::new(tokio::sync::Semaphore::new(
+                crate::asynchronous::MAX_CALLS_IN_FLIGHT,
+            )),
         })
     }
 

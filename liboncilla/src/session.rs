@@ -24,7 +24,7 @@ use crate::spec::AllocSpec;
 /// A session with the cluster. Cheap to clone; thread-safe.
 #[derive(Clone)]
 pub struct Oncilla {
-    client: Arc<Client>,
+    pub(crate) client: Arc<Client>,
 }
 
 impl Oncilla {
