@@ -40,24 +40,40 @@ async fn app(opts: Options) {
     drop(ocm);
 }
 
-#[test]
-fn the_blocking_api_works_inside_a_tokio_runtime_and_batches_are_futures() {
-    let c = Cluster::start(2, "32MiB");
-    let opts = || Options::new(c.socket(0), c.token.clone());
+/// Runs `app` on a current-thread runtime, then spawned on a
+/// multi-thread one; returns the current-thread runtime for more.
+fn on_both_flavours<F, Fut>(app: F) -> tokio::runtime::Runtime
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    current.block_on(app(opts()));
+    current.block_on(app());
     let multi = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    multi.block_on(async { tokio::spawn(app(opts())).await.unwrap() });
-    // Handles dropped in async code are released in the background.
+    multi.block_on(async { tokio::spawn(app()).await.unwrap() });
+    current
+}
+
+/// Asserts every allocation is freed, waiting for it with a bound:
+/// handles dropped in async code are released in the background.
+fn all_freed(c: &Cluster) {
     let freed = Cluster::eventually(Cluster::EVENT, || c.allocation_count() == 0);
     assert!(freed, "{} allocations left", c.allocation_count());
+}
+
+#[test]
+fn the_blocking_api_works_inside_a_tokio_runtime_and_batches_are_futures() {
+    let c = Cluster::start(2, "32MiB");
+    let opts = || Options::new(c.socket(0), c.token.clone());
+    on_both_flavours(|| app(opts()));
+    all_freed(&c);
     c.still_serves();
 }
 
@@ -150,25 +166,13 @@ fn park_on<F: std::future::Future>(fut: F) -> F::Output {
 fn the_async_api_runs_on_tokio_and_on_any_executor() {
     let c = Cluster::start(2, "32MiB");
     let opts = || Options::new(c.socket(0), c.token.clone());
-    let current = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    current.block_on(async_app(opts()));
-    let multi = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    multi.block_on(async { tokio::spawn(async_app(opts())).await.unwrap() });
+    let current = on_both_flavours(|| async_app(opts()));
     park_on(async_app(opts()));
     current.block_on(cancelled(opts()));
     let gone = Cluster::eventually(Cluster::EVENT, || {
         !c.ocmctl(&["show", "async-cancelled"]).status.success()
     });
     assert!(gone, "a cancelled call left its named allocation behind");
-    // Handles dropped in async code are released in the background.
-    let freed = Cluster::eventually(Cluster::EVENT, || c.allocation_count() == 0);
-    assert!(freed, "{} allocations left", c.allocation_count());
+    all_freed(&c);
     c.still_serves();
 }
