@@ -26,6 +26,7 @@ use oncilla_model::Fabric;
 use super::allocate::check_pieces;
 use super::give_back::barred;
 use super::placement::{self, Planned};
+use super::ranges::{intersect, merged, overlaps, subtract};
 use super::state::{charge_of, Filling, State};
 use super::{AgentLink, LinkError, Master};
 
@@ -634,74 +635,9 @@ pub(super) fn copy_reservation(
     }
 }
 
-/// Whether extent `e` holds any byte of `ranges` (in order, never
-/// overlapping): a binary search, as a striped allocation has tens of
-/// thousands of extents and ranges.
-pub(super) fn overlaps(e: &Extent, ranges: &[(u64, u64)]) -> bool {
-    let end = e.alloc_offset + e.len;
-    // The last range that starts before the extent ends.
-    let before = ranges.partition_point(|&(o, _)| o < end);
-    before > 0 && {
-        let (o, l) = ranges[before - 1];
-        o + l > e.alloc_offset
-    }
-}
-
-/// Extents' ranges, adjacent ones merged, in order.
-pub(super) fn merged<'a>(extents: impl Iterator<Item = &'a Extent>) -> Vec<(u64, u64)> {
-    let mut r: Vec<(u64, u64)> = extents.map(|e| (e.alloc_offset, e.len)).collect();
-    r.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (o, l) in r {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == o => last.1 += l,
-            _ => out.push((o, l)),
-        }
-    }
-    out
-}
-
-/// The bytes of `ranges` outside `minus` (both in order, never
-/// overlapping), in order.
-pub(super) fn subtract(ranges: &[(u64, u64)], minus: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(offset, len) in ranges {
-        let (mut at, end) = (offset, offset + len);
-        for &(o, l) in minus {
-            if o >= end || o + l <= at {
-                continue;
-            }
-            if o > at {
-                out.push((at, o - at));
-            }
-            at = at.max(o + l);
-        }
-        if at < end {
-            out.push((at, end - at));
-        }
-    }
-    out
-}
-
-/// The bytes in both `a` and `b` (both in order, never overlapping), in
-/// order.
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for &(o, l) in a {
-        for &(p, m) in b {
-            let (from, until) = (o.max(p), (o + l).min(p + m));
-            if from < until {
-                out.push((from, until - from));
-            }
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
 #[cfg(test)]
 mod range_tests {
-    use super::{add_replica, held_alike, intersect, replica_share, replicas_of, subtract};
+    use super::{add_replica, held_alike, replica_share, replicas_of};
     use crate::master::tests::extent;
     use oncilla_model::alloc::Allocation;
     use oncilla_model::Kind;
@@ -762,19 +698,5 @@ mod range_tests {
         // Side by side: kept apart.
         add_replica(&mut replicas, share("y:2", &[(20, 5)]));
         assert_eq!(replicas[1], share("y:2", &[(10, 10), (20, 5)]));
-    }
-
-    #[test]
-    fn ranges_subtract_and_intersect() {
-        let a = [(0, 100), (200, 100)];
-        assert_eq!(subtract(&a, &[(50, 200)]), [(0, 50), (250, 50)]);
-        assert_eq!(
-            subtract(&a, &[(0, 10), (20, 10), (200, 100)]),
-            [(10, 10), (30, 70)]
-        );
-        assert_eq!(subtract(&a, &[]), a);
-        assert!(subtract(&a, &[(0, 300)]).is_empty());
-        assert_eq!(intersect(&a, &[(50, 200)]), [(50, 50), (200, 50)]);
-        assert!(intersect(&a, &[(100, 100)]).is_empty());
     }
 }

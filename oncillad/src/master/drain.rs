@@ -32,11 +32,10 @@ use oncilla_model::size::{round_up, HumanBytes};
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
-use super::copies::{
-    add_filling, add_replica, copy_reservation, merged, overlaps, replica_share, replicas_of,
-};
+use super::copies::{add_filling, add_replica, copy_reservation, replica_share, replicas_of};
 use super::give_back::barred;
 use super::placement::{self, Candidate, Planned};
+use super::ranges::{merged, overlaps};
 use super::state::{charge_of, Filling, State};
 use super::{AgentLink, Master};
 use crate::error::{CoreError, LinkError};

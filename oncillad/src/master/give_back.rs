@@ -2,7 +2,8 @@
 //! allocation: a new copy given up (a re-creation or a move that failed,
 //! or one a move's switch could not keep), or copies a registration
 //! reported that the table does not take. A heartbeat releases only
-//! allocations the master does not know at all, so these are asked at
+//! whole allocations (those the record lists nothing of on that node), so
+//! these are asked at
 //! once and, when that fails, again at every tick until the agent
 //! confirms (an agent that does not hold them confirms at once, also
 //! after a restart); the node leaving ends them. While a node owes an
@@ -14,7 +15,7 @@ use oncilla_model::alloc::Allocation;
 use oncilla_model::cluster::Release;
 use oncilla_model::node::NodeState;
 
-use super::copies::{overlaps, subtract};
+use super::ranges::{overlaps, subtract};
 use super::state::State;
 use super::{AgentLink, Master};
 

@@ -30,6 +30,7 @@ pub mod liveness;
 mod node;
 pub mod placement;
 mod quotas;
+mod ranges;
 mod recovery;
 pub mod refusals;
 pub mod seat;

@@ -15,9 +15,9 @@ use oncilla_model::alloc::{Allocation, Extent, Health, Owner};
 use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration};
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
-use super::copies::merged;
 use super::give_back::owe;
 use super::node::{unix_ms, Node, Seen, SessionsSeen};
+use super::ranges::merged;
 use super::state::{charge_of, Record, State};
 use super::{AgentLink, Master};
 use crate::error::CoreError;
