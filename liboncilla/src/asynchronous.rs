@@ -8,8 +8,10 @@
 //! their turn without holding a thread. `write` and `read` are batches
 //! run on the session's runtime ([`Pending`]): like any batch, they try
 //! the copies as the handle was opened first (a replicated allocation's
-//! primary) and fail over as batches do. A handle dropped in async code
-//! is released in the background of the session's runtime. The futures need no runtime of
+//! primary) and fail over as batches do. A handle dropped inside a tokio
+//! runtime is released in the background of the session's runtime; on
+//! another executor its drop waits for the master ([`AsyncOncilla::free`]
+//! does not). The futures need no runtime of
 //! the caller's: tokio's (either flavour) or any other executor will do.
 //! This module only hands calls over; what they do is [`Oncilla`]'s, and
 //! it never blocks the thread that polls it.
@@ -139,10 +141,10 @@ impl AsyncOncilla {
         self.run(move |ocm| ocm.attach_id(id), drop).await
     }
 
-    /// Frees `alloc` and says how it went. Dropping a handle in async code
-    /// releases it too, in the background of the session (a persistent
-    /// one is detached, not freed); so does a free cancelled before it
-    /// ran.
+    /// Frees `alloc` and says how it went. Dropping a handle inside a
+    /// tokio runtime releases it too, in the background of the session (a
+    /// persistent one is detached, not freed); so does a free cancelled
+    /// before it ran.
     ///
     /// # Errors
     /// As [`Allocation::free`].
