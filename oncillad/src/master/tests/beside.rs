@@ -9,6 +9,7 @@ use oncilla_model::alloc::Extent;
 use oncilla_model::cluster::Release;
 
 use super::*;
+use crate::master::ranges::merged;
 
 const SHARE: u64 = 8192;
 
@@ -134,28 +135,8 @@ async fn a_copy_that_cannot_be_filled_is_given_back_by_its_bytes() {
     assert_eq!(released.len(), 1, "{released:?}");
     let (to, r) = &released[0];
     assert_ne!(to, "a:1");
-    let a_bytes: Vec<Range> = single
-        .extents
-        .iter()
-        .filter(|e| e.node == "a")
-        .map(|e| Range {
-            alloc_offset: e.alloc_offset,
-            len: e.len,
-        })
-        .collect();
-    assert_eq!(r, &Release::part(single.id, &merge(&a_bytes)));
-}
-
-/// Adjacent ranges joined.
-fn merge(ranges: &[Range]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for g in ranges {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == g.alloc_offset => last.1 += g.len,
-            _ => out.push((g.alloc_offset, g.len)),
-        }
-    }
-    out
+    let a_bytes = merged(single.extents.iter().filter(|e| e.node == "a"));
+    assert_eq!(r, &Release::part(single.id, &a_bytes));
 }
 
 #[tokio::test]
