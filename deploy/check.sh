@@ -17,6 +17,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A run builds from scratch: incremental caches would only take disk (a
+# third of target/). The disk itself is shown first, so a run that runs
+# out of it says so at the top.
+export CARGO_INCREMENTAL=0
+mkdir -p target
+echo "check.sh: $(df -h --output=avail target | tail -1 | tr -d ' ') free on target/'s filesystem; a whole run writes about 9 GiB there"
+
 steps=()
 current=""
 # step NAME COMMAND...: runs the command as the named step, timed.

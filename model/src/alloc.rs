@@ -411,6 +411,12 @@ pub struct Extent {
     /// Which copy of the bytes it holds: 0 the primary (every write goes
     /// to it), 1 and up the replicas it copies each write to.
     pub copy: u32,
+    /// A new copy's extent that its agent has not yet heard is whole: it
+    /// was reserved to be filled from a live copy (re-created or moved),
+    /// and the master that listed it has not confirmed it. Only agents'
+    /// reports set it; a new master never takes such an extent as a copy
+    /// (its fill may have been cut short with the master that ran it).
+    pub filling: bool,
 }
 
 /// Whether every byte of an allocation is still there.

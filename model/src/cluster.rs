@@ -72,6 +72,8 @@ pub struct Heartbeat {
     pub ended_sessions: Vec<String>,
     /// The version of the peer list the agent holds.
     pub peers_version: u64,
+    /// Allocations of which the agent holds extents still `filling`.
+    pub filling: Vec<u64>,
 }
 
 /// The master's answer to a heartbeat.
@@ -89,6 +91,10 @@ pub struct HeartbeatReply {
     pub want_full: bool,
     /// The node is being drained (it says so when it registers again).
     pub draining: bool,
+    /// Of the heartbeat's `filling`, the allocations whose every extent
+    /// on the node is a whole copy the master lists there: nothing of them
+    /// is being filled there, nor owed back.
+    pub whole: Vec<u64>,
 }
 
 /// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.
@@ -131,6 +137,10 @@ pub struct Reservation {
     /// The primary's replicas: the data addresses it copies every write
     /// of these ranges to (empty for a replica or one copy).
     pub replicas: Vec<String>,
+    /// A new copy of bytes that hold data (re-created, or moved off a
+    /// drained node), filled from a live copy after this: the agent
+    /// reports its extents `filling` until the master confirms them.
+    pub fill: bool,
 }
 
 /// The master asking an agent to let go of an allocation's memory.

@@ -103,6 +103,7 @@ fn cluster() -> NodeList {
 fn extent(node: &str, alloc_offset: u64, len: u64, fabric: Fabric) -> Extent {
     Extent {
         copy: 0,
+        filling: false,
         node: node.into(),
         alloc_offset,
         len,

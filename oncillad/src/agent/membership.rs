@@ -196,6 +196,7 @@ async fn heartbeat(
     report: &mut HeldReport,
 ) -> Result<bool, LinkError> {
     let ended = agent.ended_sessions();
+    let filling = agent.filling_report();
     let reply = master
         .heartbeat(Heartbeat {
             name: agent.node().name.clone(),
@@ -204,6 +205,7 @@ async fn heartbeat(
             held: report.ids(agent),
             ended_sessions: ended.clone(),
             peers_version: agent.peers().version(),
+            filling: filling.ids.clone(),
         })
         .await;
     report.answered(reply.is_ok(), reply.as_ref().is_ok_and(|r| r.want_full));
@@ -212,6 +214,7 @@ async fn heartbeat(
         agent.ack_ended(&ended);
         agent.release_all(&reply.release);
         agent.set_draining(reply.draining);
+        agent.confirm_whole(&reply.whole, &filling);
         let peers = agent.peers();
         if reply.peers_version != peers.version() {
             peers.set(reply.peers_version, reply.peers);

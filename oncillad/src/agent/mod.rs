@@ -10,6 +10,7 @@
 
 mod copies;
 pub mod cpu;
+mod filling;
 mod fresh;
 pub mod membership;
 mod release;
@@ -77,6 +78,8 @@ pub struct Agent {
     ended_here: Arc<crate::listen::ended::Ended>,
     /// Ids reserved since the last heartbeat went through.
     fresh: fresh::Fresh,
+    /// New copies not yet confirmed whole by the master.
+    filling: filling::Filling,
 }
 
 impl Agent {
@@ -108,6 +111,7 @@ impl Agent {
             info_changed: AtomicBool::new(false),
             peers: Arc::default(),
             fresh: fresh::Fresh::default(),
+            filling: filling::Filling::default(),
         }
     }
 
@@ -209,6 +213,7 @@ impl Agent {
             gpu,
             copy,
             replicas,
+            fill,
         } = r;
         let key: [u8; KEY_LEN] = access_key.as_slice().try_into().map_err(|_| {
             CoreError::InvalidArgument(format!("access key must be {KEY_LEN} bytes"))
@@ -253,8 +258,10 @@ impl Agent {
                 self.pool_extents(&ranges, total, record.user, access, register)?
             }
         };
+        let ticket = if fill { self.filling.ticket() } else { 0 };
         for e in &mut extents {
             e.copy = copy;
+            e.filling = AtomicU64::new(ticket);
             for r in &mut e.rdma {
                 r.incarnation = self.incarnation;
             }
@@ -319,7 +326,17 @@ impl Agent {
             forget_port(&held, port);
         }
         self.fresh.note(alloc_id);
-        tracing::debug!(alloc_id, ranges = ranges.len(), total, ?gpu, "reserved");
+        if fill {
+            self.filling.note(alloc_id);
+            tracing::info!(
+                alloc_id,
+                copy,
+                bytes = total,
+                "reserved a new copy to be filled"
+            );
+        } else {
+            tracing::debug!(alloc_id, ranges = ranges.len(), total, ?gpu, "reserved");
+        }
         Ok(pieces)
     }
 
@@ -413,6 +430,7 @@ impl Agent {
                     at: used,
                     rdma,
                     copy: 0,
+                    filling: AtomicU64::new(0),
                 });
                 done += n;
                 used += n;
@@ -551,6 +569,7 @@ impl Agent {
                     gpu: x.gpu(),
                     rdma: x.rdma.clone(),
                     copy: x.copy,
+                    filling: x.filling.load(Ordering::SeqCst) != 0,
                 };
                 record.extents = primary.into_iter().map(report).collect();
                 record.replicas = replicas.into_iter().map(report).collect();
@@ -639,6 +658,7 @@ fn gpu_extent(
         at: 0,
         rdma,
         copy: 0,
+        filling: AtomicU64::new(0),
     })
 }
 

@@ -208,6 +208,7 @@ pub(super) fn res(
         gpu: None,
         copy: 0,
         replicas: Vec::new(),
+        fill: false,
     }
 }
 

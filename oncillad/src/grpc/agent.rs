@@ -105,20 +105,21 @@ impl agent_server::Agent for AgentService {
             let (replicas, table) = (self.replicas.clone(), self.agent.held());
             let started = Instant::now();
             let deadline = started + FILL_LIMIT;
-            let filled = tokio::task::spawn_blocking(move || {
-                fill(&replicas, &table, id, &addr, deadline).map(|bytes| (addr, bytes))
-            })
-            .await
-            .map_err(|e| Status::internal(format!("fill task failed: {e}")))?;
+            let to = addr.clone();
+            let filled =
+                tokio::task::spawn_blocking(move || fill(&replicas, &table, id, &to, deadline))
+                    .await
+                    .map_err(|e| Status::internal(format!("fill task failed: {e}")))?;
             match filled {
-                Ok((addr, bytes)) => {
+                Ok(bytes) => {
                     let secs = started.elapsed().as_secs_f64();
                     tracing::info!(alloc_id = id, replica = %addr, bytes, secs, mib_per_s = bytes as f64 / (1 << 20) as f64 / secs.max(1e-9), "replica filled");
                 }
                 Err(why) => {
+                    tracing::warn!(alloc_id = id, replica = %addr, %why, "could not fill a new replica");
                     return Err(Status::unavailable(format!(
                         "filling a new replica of allocation {id}: {why}"
-                    )))
+                    )));
                 }
             }
         }

@@ -435,6 +435,8 @@ impl Pending {
             gpu: p.gpu,
             copy: self.copy_of(i),
             replicas,
+            // Zeroed like every other copy of a new allocation: whole.
+            fill: false,
         }
     }
 
@@ -466,6 +468,7 @@ impl Pending {
                 gpu: p.gpu,
                 rdma: piece.rdma,
                 copy,
+                filling: false,
             }));
         }
         self.alloc.extents.sort_by_key(|e| e.alloc_offset);

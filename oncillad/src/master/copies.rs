@@ -24,7 +24,7 @@ use oncilla_model::cluster::{Piece, Range, ReplicaShare, Reservation, SetCopies}
 use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
-use super::give_back::barred;
+use super::give_back::{barred, owe};
 use super::placement::{self, Planned};
 use super::ranges::{intersect, merged, overlaps, subtract};
 use super::state::{charge_of, Filling, State};
@@ -320,6 +320,8 @@ impl<L: AgentLink> Master<L> {
                 gpu: None,
                 rdma: p.rdma,
                 copy: job.copy,
+                // Filled (its agent hears it at its next heartbeat).
+                filling: false,
             }));
         rec.alloc.replicas.sort_by_key(|e| (e.copy, e.alloc_offset));
         let after = charge_of(&rec.alloc);
@@ -343,6 +345,9 @@ impl<L: AgentLink> Master<L> {
             if let Some(n) = st.nodes.get_mut(&job.target.0) {
                 n.reserved = n.reserved.saturating_sub(n.footprint(job.share.bytes()));
             }
+            // Owed back from now on (the give-back that follows pays it):
+            // no heartbeat's reply confirms these bytes whole meanwhile.
+            owe(st, &job.target.0, job.alloc_id, &job.share.ranges);
         }
     }
 
@@ -608,7 +613,8 @@ pub(super) fn replica_share(addr: &str, ranges: &[(u64, u64)]) -> ReplicaShare {
 /// The reservation of `ranges` of `a` as copy `copy` (a replica: it
 /// takes writes only from its primary) on a node that holds none of
 /// these bytes yet, reached as `fabric` says; the record it carries is `a` without
-/// extents, key or attachments, as agents keep it.
+/// extents, key or attachments, as agents keep it. It is to be filled:
+/// the agent reports it `filling` until a heartbeat's reply confirms it.
 pub(super) fn copy_reservation(
     a: &Allocation,
     ranges: &[(u64, u64)],
@@ -632,6 +638,7 @@ pub(super) fn copy_reservation(
         gpu: None,
         copy,
         replicas: Vec::new(),
+        fill: true,
     }
 }
 

@@ -33,7 +33,7 @@ use oncilla_model::Fabric;
 
 use super::allocate::check_pieces;
 use super::copies::{add_filling, add_replica, copy_reservation, replica_share, replicas_of};
-use super::give_back::barred;
+use super::give_back::{barred, owe};
 use super::placement::{self, Candidate, Planned};
 use super::ranges::{merged, overlaps};
 use super::state::{charge_of, Filling, State};
@@ -396,7 +396,7 @@ impl<L: AgentLink> Master<L> {
         let mut dropped = Vec::new();
         let Some(rec) = st.allocs.get_mut(&mv.alloc_id) else {
             for s in &mv.shares {
-                unreserve(st, s);
+                unreserve(st, mv.alloc_id, s);
                 dropped.push(s);
             }
             return dropped;
@@ -427,6 +427,8 @@ impl<L: AgentLink> Master<L> {
                 gpu: None,
                 rdma: p.rdma.clone(),
                 copy: s.copy,
+                // Filled: the move switches only after its copies are.
+                filling: false,
             });
             if s.copy == 0 {
                 a.extents.extend(new);
@@ -444,7 +446,7 @@ impl<L: AgentLink> Master<L> {
             }
         }
         for (s, _) in mv.shares.iter().zip(&kept).filter(|(_, k)| !**k) {
-            unreserve(st, s);
+            unreserve(st, mv.alloc_id, s);
             dropped.push(s);
         }
         Self::tell_primaries(st, mv.alloc_id);
@@ -475,7 +477,7 @@ impl<L: AgentLink> Master<L> {
         {
             let mut st = self.lock();
             for s in &mv.shares {
-                unreserve(&mut st, s);
+                unreserve(&mut st, mv.alloc_id, s);
             }
             end_move(&mut st, mv);
             pause(&mut st, mv.alloc_id, &mv.from, why);
@@ -692,11 +694,15 @@ fn end_move(st: &mut State, mv: &Move) {
     }
 }
 
-/// The room held for share `s` on its new node goes back.
-fn unreserve(st: &mut State, s: &Share) {
+/// Share `s`'s new copy of allocation `id` is given up: the room held
+/// for it on its new node goes back, and its bytes are owed back from
+/// now on (no heartbeat's reply confirms them whole; the give-back that
+/// follows pays it).
+fn unreserve(st: &mut State, id: u64, s: &Share) {
     if let Some(n) = st.nodes.get_mut(&s.target.0) {
         n.reserved = n.reserved.saturating_sub(n.footprint(s.bytes()));
     }
+    owe(st, &s.target.0, id, &s.ranges);
 }
 
 /// Every extent of `a`, where it is (not how it is reached): what a move

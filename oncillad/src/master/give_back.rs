@@ -11,6 +11,8 @@
 //!
 //! Never holds the lock across a call to an agent.
 
+use std::collections::BTreeSet;
+
 use oncilla_model::alloc::Allocation;
 use oncilla_model::cluster::Release;
 use oncilla_model::node::NodeState;
@@ -32,13 +34,18 @@ impl<L: AgentLink> Master<L> {
         if ranges.is_empty() {
             return;
         }
-        if let Err(e) = self
+        // Owed from now on, not from a failure on: meanwhile no new copy
+        // goes there, and no heartbeat's reply confirms these bytes whole.
+        owe(&mut self.lock(), node, alloc_id, ranges);
+        match self
             .link
             .release(agent, Release::part(alloc_id, ranges))
             .await
         {
-            tracing::warn!(alloc_id, %node, error = %e, "could not have a node let go of a copy it keeps no more; asking again next tick");
-            owe(&mut self.lock(), node, alloc_id, ranges);
+            Ok(_) => paid(&mut self.lock(), node, alloc_id, ranges),
+            Err(e) => {
+                tracing::warn!(alloc_id, %node, error = %e, "could not have a node let go of a copy it keeps no more; asking again next tick");
+            }
         }
     }
 
@@ -51,12 +58,26 @@ impl<L: AgentLink> Master<L> {
             // is asked once it is (its 2 s deadlines would hold up the
             // tick's copy changes).
             let nodes = &st.nodes;
+            let up = |node: &str| {
+                nodes
+                    .get(node)
+                    .is_some_and(|n| n.seen.state(&self.liveness).0 == NodeState::Up)
+            };
+            // An allocation's live primaries are told their copies first:
+            // one that still copies writes to these bytes would fail them.
+            let telling: BTreeSet<u64> = st
+                .copies_due
+                .keys()
+                .filter(|(_, node)| up(node))
+                .map(|(id, _)| *id)
+                .collect();
             st.owed.retain(|(_, node), _| nodes.contains_key(node));
             st.owed
                 .iter()
+                .filter(|((id, _), _)| !telling.contains(id))
                 .filter_map(|((id, node), ranges)| {
                     let n = nodes.get(node)?;
-                    (n.seen.state(&self.liveness).0 == NodeState::Up).then(|| Owed {
+                    up(node).then(|| Owed {
                         id: *id,
                         node: node.clone(),
                         agent: n.info.agent_addr.clone(),
@@ -71,14 +92,7 @@ impl<L: AgentLink> Master<L> {
                 .release(&o.agent, Release::part(o.id, &o.ranges))
                 .await
             {
-                Ok(_) => {
-                    let mut st = self.lock();
-                    // Unless more was owed meanwhile (then that goes next).
-                    let key = (o.id, o.node);
-                    if st.owed.get(&key) == Some(&o.ranges) {
-                        st.owed.remove(&key);
-                    }
-                }
+                Ok(_) => paid(&mut self.lock(), &o.node, o.id, &o.ranges),
                 Err(e) => {
                     tracing::warn!(alloc_id = o.id, node = %o.node, error = %e, "a node has not let go of a copy it keeps no more; asking again next tick");
                 }
@@ -101,6 +115,21 @@ pub(super) fn owe(st: &mut State, node: &str, alloc_id: u64, ranges: &[(u64, u64
     owed.extend_from_slice(ranges);
     owed.sort_unstable();
     owed.dedup();
+}
+
+/// Notes that `node` let go of `ranges` of `alloc_id`: what was owed
+/// meanwhile besides stays owed.
+fn paid(st: &mut State, node: &str, alloc_id: u64, ranges: &[(u64, u64)]) {
+    let key = (alloc_id, node.to_string());
+    let Some(owed) = st.owed.get_mut(&key) else {
+        return;
+    };
+    let mut given = ranges.to_vec();
+    given.sort_unstable();
+    owed.retain(|r| !subtract(std::slice::from_ref(r), &given).is_empty());
+    if owed.is_empty() {
+        st.owed.remove(&key);
+    }
 }
 
 /// The nodes that may not take a new copy of `ranges` of `a`: those that

@@ -9,6 +9,7 @@
 //! the truth about what is still wanted. Never holds the lock across an
 //! await.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use oncilla_model::alloc::{Allocation, Extent, Health, Owner};
@@ -17,7 +18,7 @@ use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
 use super::give_back::owe;
 use super::node::{unix_ms, Node, Seen, SessionsSeen};
-use super::ranges::merged;
+use super::ranges::{merged, subtract};
 use super::state::{charge_of, Record, State};
 use super::{AgentLink, Master};
 use crate::error::CoreError;
@@ -175,28 +176,32 @@ impl<L: AgentLink> Master<L> {
         st.copies_generation = st.copies_generation.max(req.copies_generation);
         let mut release = Vec::new();
         let mut adopted = 0usize;
+        let mut primaries = Vec::new();
         for record in &req.held {
             let id = record.id;
             st.next_id = st.next_id.max(id.saturating_add(1));
-            let stripped;
-            let record = if unfinished_move(st, &name, record) {
-                // A new copy of an allocation with one copy that a master
-                // was still moving when it stopped: its node still holds
-                // the allocation, and this copy may lack its latest writes.
-                // The node keeps any primary bytes of its own.
-                if record.extents.is_empty() {
-                    release.push(id);
-                    continue;
-                }
-                owe(st, &name, id, &merged(record.replicas.iter()));
-                stripped = Allocation {
-                    replicas: Vec::new(),
-                    ..record.clone()
-                };
-                &stripped
-            } else {
-                record
-            };
+            if !record.extents.is_empty() {
+                primaries.push(id);
+            }
+            let (kept, give) = without_unconfirmed(st, &name, record);
+            let nothing_kept = kept.extents.is_empty() && kept.replicas.is_empty();
+            if !give.is_empty() {
+                // A new copy a master was filling, or a move off a drained
+                // node it had not finished, when it stopped: the copy may
+                // lack bytes or later writes. The node keeps the rest; its
+                // primaries stop copying writes to it.
+                // Given back at a tick, once the primaries known then
+                // were told (`send_give_backs`): a write they copy to it
+                // meanwhile still lands.
+                tracing::warn!(alloc_id = id, %name, ranges = give.len(), "node reports a new copy not confirmed whole; it is not taken, and given back");
+                owe(st, &name, id, &give);
+                st.retell.insert(id);
+                Self::tell_primaries(st, id);
+            }
+            if nothing_kept {
+                continue;
+            }
+            let record: &Allocation = &kept;
             if let Some(rec) = st.allocs.get_mut(&id) {
                 if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
@@ -251,6 +256,13 @@ impl<L: AgentLink> Master<L> {
         for s in &req.sessions {
             for &id in &s.attached {
                 st.attach_session(s.who.clone(), id);
+            }
+        }
+        // A primary share taken now of an allocation whose unconfirmed
+        // copy was turned down before: its agent may still copy to it.
+        for id in primaries {
+            if st.retell.contains(&id) {
+                Self::tell_primaries(st, id);
             }
         }
 
@@ -312,7 +324,8 @@ impl<L: AgentLink> Master<L> {
         // Freed, a copy the node holds that was dropped while it was away
         // (it may have missed writes), or one that moved off it (a drain
         // whose release did not get through); not one being reserved or
-        // filled there. Checked a chunk of ids at a
+        // filled there, nor one it owes back (that goes by its give-back,
+        // after the primaries were told). Checked a chunk of ids at a
         // time, the lock taken for each: a node that holds a million
         // allocations does not stop allocations for the whole list.
         let mut release = Vec::new();
@@ -320,8 +333,10 @@ impl<L: AgentLink> Master<L> {
             let st = self.lock();
             release.extend(chunk.iter().copied().filter(|&id| {
                 let refilled_here = st.filling(id).any(|to| to == req.name);
+                let owed_here = st.owing(id).any(|n| n == req.name);
                 !st.reserving.contains(&id)
                     && !refilled_here
+                    && !owed_here
                     && st
                         .allocs
                         .get(&id)
@@ -330,6 +345,18 @@ impl<L: AgentLink> Master<L> {
         }
         if !release.is_empty() {
             tracing::info!(node = %req.name, ids = ?release, "node holds allocations the master has freed; releasing them");
+        }
+        // New copies the node holds that are whole now (listed, nothing
+        // of them in flux there): the agent stops reporting them filling.
+        let mut whole = Vec::new();
+        for chunk in req.filling.chunks(HELD_PER_LOCK) {
+            let st = self.lock();
+            whole.extend(
+                chunk
+                    .iter()
+                    .copied()
+                    .filter(|&id| st.whole_on(id, &req.name)),
+            );
         }
         for s in &req.ended_sessions {
             self.end_session(s).await;
@@ -341,6 +368,7 @@ impl<L: AgentLink> Master<L> {
             peers_version,
             want_full,
             draining,
+            whole,
         }
     }
 }
@@ -461,14 +489,49 @@ fn footprint_on(alloc: &Allocation, node: &str, page: u64) -> u64 {
     per_copy.values().map(|&len| round_up(len, page)).sum()
 }
 
-/// Whether `record`, as node `name` reports it, is a new copy of an
-/// allocation with one copy that a move off a drained node had not
-/// finished (a replica's extents; this master is not making it).
-fn unfinished_move(st: &State, name: &str, record: &Allocation) -> bool {
-    let id = record.id;
-    record.placement.copies() == 1
-        && !record.replicas.is_empty()
-        && !st.filling(id).any(|to| to == name)
+/// `record`, as node `name` reports it, without the replica extents the
+/// table must not take as a copy unless it lists them there already: a
+/// new copy not confirmed whole (`Extent::filling`), and any replica of
+/// an allocation with one copy (a move off a drained node cut short).
+/// Returns the rest, and the ranges the node must give back: all of
+/// those, but ones this master is filling there now (their fill lists
+/// them when it ends).
+fn without_unconfirmed<'a>(
+    st: &State,
+    name: &str,
+    record: &'a Allocation,
+) -> (Cow<'a, Allocation>, Vec<(u64, u64)>) {
+    let one_copy = record.placement.copies() == 1;
+    if !record.replicas.iter().any(|e| e.filling || one_copy) {
+        return (Cow::Borrowed(record), Vec::new());
+    }
+    let listed: BTreeSet<(u32, u64, u64)> = st
+        .allocs
+        .get(&record.id)
+        .into_iter()
+        .flat_map(|r| r.alloc.replicas.iter())
+        .filter(|e| e.node == name)
+        .map(|e| (e.copy, e.alloc_offset, e.len))
+        .collect();
+    let (turned, kept): (Vec<Extent>, Vec<Extent>) =
+        record.replicas.iter().cloned().partition(|e| {
+            (e.filling || one_copy) && !listed.contains(&(e.copy, e.alloc_offset, e.len))
+        });
+    let mut filled_here: Vec<(u64, u64)> = st
+        .refilling
+        .range((record.id, String::new())..)
+        .take_while(|((id, _), _)| *id == record.id)
+        .flat_map(|(_, f)| f)
+        .filter(|f| f.node == name)
+        .flat_map(|f| f.ranges.iter().copied())
+        .collect();
+    filled_here.sort_unstable();
+    let give = subtract(&merged(turned.iter()), &filled_here);
+    let rest = Allocation {
+        replicas: kept,
+        ..record.clone()
+    };
+    (Cow::Owned(rest), give)
 }
 
 /// Lists node `name`'s extents in `record` in the table's record of the

@@ -90,6 +90,11 @@ pub(super) struct State {
     /// allocation, per (allocation, node), until their agents confirm
     /// (`give_back.rs`).
     pub owed: BTreeMap<(u64, String), Vec<(u64, u64)>>,
+    /// Allocations a registration reported a copy of that the table did
+    /// not take (not confirmed whole): their primaries' agents may still
+    /// copy writes to it, so each is told the record's replicas, also one
+    /// that registers later (`recovery.rs`).
+    pub retell: BTreeSet<u64>,
 }
 
 /// A copy being made of some of a primary's bytes.
@@ -128,6 +133,17 @@ impl State {
         of_alloc(&self.refilling, id)
             .flatten()
             .map(|f| f.node.as_str())
+    }
+
+    /// Whether every extent of allocation `id` on `node` is a whole copy
+    /// the record lists there: it holds some, and nothing of it is being
+    /// reserved, filled or owed back there (an agent's new copy is
+    /// confirmed so).
+    pub fn whole_on(&self, id: u64, node: &str) -> bool {
+        !self.reserving.contains(&id)
+            && self.allocs.get(&id).is_some_and(|r| r.alloc.held_on(node))
+            && !self.filling(id).any(|n| n == node)
+            && !self.owing(id).any(|n| n == node)
     }
 
     /// The nodes that still owe allocation `id` a give-back.
@@ -314,6 +330,7 @@ impl State {
         }
         self.gpu_allocs.remove(&id);
         self.replicated.remove(&id);
+        self.retell.remove(&id);
         for session in self.attachments.remove(&id).unwrap_or_default() {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.attached.remove(&id);

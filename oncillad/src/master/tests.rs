@@ -25,6 +25,7 @@ mod drain;
 mod fake_link;
 mod leave;
 mod parts;
+mod unconfirmed;
 mod users;
 
 /// `len` bytes at `alloc_offset` of copy `copy` on `node` (its agent at
@@ -46,6 +47,7 @@ pub(super) fn extent(
         gpu: None,
         rdma: Vec::new(),
         copy,
+        filling: false,
     }
 }
 

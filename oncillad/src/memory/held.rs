@@ -6,6 +6,7 @@
 //! the last clone drops. This module never talks to the network.
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -58,11 +59,21 @@ pub struct HeldExtent {
     /// Which copy of the allocation's bytes it holds (0: the primary,
     /// which takes writes; a replica takes them only from its primary).
     pub copy: u32,
+    /// 0: a whole copy. Otherwise the ticket of the reservation that made
+    /// it a new copy to be filled, until the master confirms it
+    /// (`agent::filling`).
+    pub filling: AtomicU64,
 }
 
 impl HeldExtent {
-    /// The same memory as copy `copy` (a replica promoted to primary).
+    /// The same memory as copy `copy` (a replica promoted to primary: the
+    /// master promotes only a whole copy, so it is confirmed).
     pub fn as_copy(&self, copy: u32) -> Self {
+        let filling = if copy == 0 {
+            0
+        } else {
+            self.filling.load(Ordering::SeqCst)
+        };
         Self {
             alloc_offset: self.alloc_offset,
             len: self.len,
@@ -70,6 +81,7 @@ impl HeldExtent {
             at: self.at,
             rdma: self.rdma.clone(),
             copy,
+            filling: AtomicU64::new(filling),
         }
     }
 
@@ -255,6 +267,7 @@ mod tests {
                     at: 0,
                     rdma: Vec::new(),
                     copy: 0,
+                    filling: AtomicU64::new(0),
                 }),
                 Arc::new(HeldExtent {
                     alloc_offset: 300,
@@ -265,6 +278,7 @@ mod tests {
                     at: 0,
                     rdma: Vec::new(),
                     copy: 0,
+                    filling: AtomicU64::new(0),
                 }),
             ],
             record: Allocation::new(0, 400, oncilla_model::Kind::RemoteHost),

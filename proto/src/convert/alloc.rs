@@ -178,6 +178,7 @@ impl TryFrom<pb::Extent> for Extent {
             gpu: e.gpu,
             rdma: e.rdma.into_iter().map(Into::into).collect(),
             copy: e.copy,
+            filling: e.filling,
         })
     }
 }
@@ -195,6 +196,7 @@ impl From<Extent> for pb::Extent {
             gpu: e.gpu,
             rdma: e.rdma.into_iter().map(Into::into).collect(),
             copy: e.copy,
+            filling: e.filling,
         }
     }
 }

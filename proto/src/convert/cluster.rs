@@ -115,6 +115,7 @@ impl From<pb::HeartbeatRequest> for Heartbeat {
             held: h.held,
             ended_sessions: h.ended_sessions,
             peers_version: h.peers_version,
+            filling: h.filling,
         }
     }
 }
@@ -128,6 +129,7 @@ impl From<Heartbeat> for pb::HeartbeatRequest {
             held: h.held,
             ended_sessions: h.ended_sessions,
             peers_version: h.peers_version,
+            filling: h.filling,
         }
     }
 }
@@ -141,6 +143,7 @@ impl From<pb::HeartbeatReply> for HeartbeatReply {
             peers_version: h.peers_version,
             want_full: h.want_full,
             draining: h.draining,
+            whole: h.whole,
         }
     }
 }
@@ -154,6 +157,7 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
             peers_version: h.peers_version,
             want_full: h.want_full,
             draining: h.draining,
+            whole: h.whole,
         }
     }
 }
@@ -186,6 +190,7 @@ impl TryFrom<pb::ReserveRequest> for Reservation {
             gpu: r.gpu,
             copy: r.copy,
             replicas: r.replicas,
+            fill: r.fill,
         })
     }
 }
@@ -201,6 +206,7 @@ impl From<Reservation> for pb::ReserveRequest {
             gpu: r.gpu,
             copy: r.copy,
             replicas: r.replicas,
+            fill: r.fill,
         }
     }
 }

@@ -155,12 +155,23 @@ pub(super) fn extents() -> impl Strategy<Value = Extent> {
         fabrics(),
         text(),
         option::of(any::<u32>()),
-        vec(rdma_regions(), 0..3),
+        (vec(rdma_regions(), 0..3), any::<bool>()),
     )
         .prop_map(
-            |(node, alloc_offset, len, pool_offset, data_addr, fabric, agent_addr, gpu, rdma)| {
+            |(
+                node,
+                alloc_offset,
+                len,
+                pool_offset,
+                data_addr,
+                fabric,
+                agent_addr,
+                gpu,
+                (rdma, filling),
+            )| {
                 Extent {
                     copy: 0,
+                    filling,
                     node,
                     alloc_offset,
                     len,
@@ -465,15 +476,17 @@ pub(super) fn heartbeats() -> impl Strategy<Value = Heartbeat> {
         vec(1..=MAX_ID, 0..4),
         vec(text(), 0..3),
         any::<u64>(),
+        vec(1..=MAX_ID, 0..4),
     )
         .prop_map(
-            |(name, pool, incarnation, held, ended_sessions, peers_version)| Heartbeat {
+            |(name, pool, incarnation, held, ended_sessions, peers_version, filling)| Heartbeat {
                 name,
                 pool,
                 incarnation,
                 held,
                 ended_sessions,
                 peers_version,
+                filling,
             },
         )
 }
@@ -486,15 +499,17 @@ pub(super) fn heartbeat_replies() -> impl Strategy<Value = HeartbeatReply> {
         any::<u64>(),
         any::<bool>(),
         any::<bool>(),
+        vec(1..=MAX_ID, 0..4),
     )
         .prop_map(
-            |(known, release, peers, peers_version, want_full, draining)| HeartbeatReply {
+            |(known, release, peers, peers_version, want_full, draining, whole)| HeartbeatReply {
                 known,
                 release,
                 peers,
                 peers_version,
                 want_full,
                 draining,
+                whole,
             },
         )
 }
@@ -512,10 +527,15 @@ pub(super) fn reservations() -> impl Strategy<Value = Reservation> {
         vec(ranges(), 0..4),
         fabrics(),
         option::of(any::<u32>()),
-        (0..MAX_REPLICAS, vec(node_names(), 0..MAX_REPLICAS as usize)),
+        (
+            0..MAX_REPLICAS,
+            vec(node_names(), 0..MAX_REPLICAS as usize),
+            any::<bool>(),
+        ),
     )
         .prop_map(
-            |(record, access_key, ranges, fabric, gpu, (copy, replicas))| Reservation {
+            |(record, access_key, ranges, fabric, gpu, (copy, replicas, fill))| Reservation {
+                fill,
                 // A replica's reservation names no replicas.
                 replicas: if copy == 0 { replicas } else { Vec::new() },
                 copy,

@@ -3,6 +3,8 @@
 //! (fill first, then the drained node lets go, then the record and the
 //! primaries change), and a move that fails leaves the record as it was.
 
+use oncilla_model::cluster::Release;
+
 use super::*;
 
 /// Moves until nothing is left to try (bounded).
@@ -263,10 +265,12 @@ async fn a_refused_move_changes_nothing_and_is_shown() {
 async fn a_restarted_master_releases_a_copy_a_move_left_unfinished() {
     // Node b reports the replica a move was filling when the master
     // stopped (copy 1 of an allocation with one copy); node a still holds
-    // the allocation. The new master keeps a's and releases b's, whichever
+    // the allocation. The new master keeps a's and has b give its back
+    // (at the next tick, after a is told to stop copying to it), whichever
     // registers first.
+    let link = FakeLink::default();
     let m = bare(
-        FakeLink::default(),
+        link.clone(),
         Liveness::from_heartbeat(Duration::from_secs(60)),
     );
     let mut rec = Allocation::new(MAX_ID / 2, 10_000, Kind::RemoteHost);
@@ -282,12 +286,23 @@ async fn a_restarted_master_releases_a_copy_a_move_left_unfinished() {
     let mut a = join("a", 1 << 20);
     a.master_incarnation = 9;
     a.held = vec![on_a.clone()];
-    assert_eq!(m.register(b).await.unwrap().release, [rec.id]);
+    assert!(m.register(b).await.unwrap().release.is_empty());
     assert!(m.register(a).await.unwrap().release.is_empty());
     let seen = m.allocation(&by_id(rec.id)).unwrap();
     assert_eq!(seen.extents.len(), 1);
     assert_eq!(seen.extents[0].node, "a");
     assert!(seen.replicas.is_empty());
+    m.tick().await;
+    let told = link.copies_set.lock().unwrap().clone();
+    assert!(
+        told.iter()
+            .any(|(to, c)| to == "a:1" && c.alloc_id == rec.id && c.replicas.is_empty()),
+        "{told:?}"
+    );
+    assert_eq!(
+        link.releases.lock().unwrap().clone(),
+        [("b:1".to_string(), Release::part(rec.id, &[(0, 10_000)]))]
+    );
 
     // Both report the bytes as their primary (the move's new node took
     // over as the master stopped): the first stays, the second goes.

@@ -31,6 +31,8 @@ pub(super) struct FakeLink {
     pub(super) release_fails_on: Option<&'static str>,
     /// An agent that refuses to let an allocation move.
     pub(super) cannot_move_on: Option<&'static str>,
+    /// Every reservation of a new copy to fill, with its agent.
+    pub(super) fills: Arc<std::sync::Mutex<Vec<(String, Reservation)>>>,
 }
 
 impl FakeLink {
@@ -74,6 +76,12 @@ impl AgentLink for FakeLink {
             std::future::pending::<()>().await;
         }
         self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut fills = self.fills.lock().unwrap_or_else(|e| e.into_inner());
+        fills.extend(
+            reqs.iter()
+                .filter(|r| r.fill)
+                .map(|r| (addr.to_string(), r.clone())),
+        );
         Ok(reqs.iter().map(|r| self.reserve_one(r)).collect())
     }
     async fn release(&self, addr: &str, r: Release) -> Result<Option<PoolUsage>, LinkError> {

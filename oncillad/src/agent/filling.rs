@@ -1,0 +1,170 @@
+//! The new copies this node holds that the master has not yet confirmed
+//! whole. A reservation to be filled from a live copy
+//! (`Reservation::fill`: a copy re-created, or moved off a drained node)
+//! stamps its extents with a ticket; they are reported `filling` when the
+//! agent registers, so a new master never takes them as a copy (the fill
+//! may have been cut short with the master that ran it), until a
+//! heartbeat's reply names their allocation `whole`. A reply confirms
+//! only extents reserved before its heartbeat was sent: a reservation that
+//! overtook the reply is not what the master looked at.
+//!
+//! Never decides anything: the master confirms, and only it gives back a
+//! copy that is not confirmed.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::Agent;
+
+/// Tickets and the allocations holding extents stamped with one.
+#[derive(Debug)]
+pub struct Filling {
+    /// The next ticket (tickets start at 1: 0 is a whole copy).
+    next: AtomicU64,
+    /// Allocations that may hold stamped extents (pruned when reported).
+    ids: Mutex<BTreeSet<u64>>,
+}
+
+impl Default for Filling {
+    fn default() -> Self {
+        Self {
+            next: AtomicU64::new(1),
+            ids: Mutex::default(),
+        }
+    }
+}
+
+impl Filling {
+    /// A ticket for a new copy being reserved.
+    pub fn ticket(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Notes that `alloc_id` holds stamped extents, once they are in the
+    /// table (a report that sees the note sees them, so it never forgets
+    /// an allocation whose extents are on their way).
+    pub fn note(&self, alloc_id: u64) {
+        self.ids().insert(alloc_id);
+    }
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What a heartbeat reports of the copies being filled here: the
+/// allocations, and the first ticket it does not cover.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FillingReport {
+    pub ids: Vec<u64>,
+    pub before: u64,
+}
+
+impl Agent {
+    /// The allocations holding extents not yet confirmed whole, for the
+    /// next heartbeat (those that hold none any more are forgotten).
+    pub fn filling_report(&self) -> FillingReport {
+        // The ticket first: an extent stamped after it is not covered.
+        let before = self.filling.next.load(Ordering::SeqCst);
+        let mut ids = self.filling.ids();
+        ids.retain(|id| self.has_filling(*id));
+        FillingReport {
+            ids: ids.iter().copied().collect(),
+            before,
+        }
+    }
+
+    /// The master answered a heartbeat that carried `report`: the extents
+    /// of the allocations it names `whole` that were stamped before the
+    /// heartbeat are whole copies.
+    pub fn confirm_whole(&self, whole: &[u64], report: &FillingReport) {
+        for &id in whole {
+            let Some(held) = self.held.get(&id).map(|e| Arc::clone(e.value())) else {
+                continue;
+            };
+            let mut confirmed = 0usize;
+            for e in &held.extents {
+                let ticket = e.filling.load(Ordering::SeqCst);
+                if ticket != 0
+                    && ticket < report.before
+                    && e.filling
+                        .compare_exchange(ticket, 0, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
+                    confirmed += 1;
+                }
+            }
+            if confirmed > 0 {
+                tracing::debug!(
+                    alloc_id = id,
+                    extents = confirmed,
+                    "new copy confirmed whole"
+                );
+            }
+        }
+    }
+
+    /// Whether allocation `id` holds an extent here not yet confirmed.
+    fn has_filling(&self, id: u64) -> bool {
+        self.held.get(&id).is_some_and(|e| {
+            e.value()
+                .extents
+                .iter()
+                .any(|x| x.filling.load(Ordering::SeqCst) != 0)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncilla_model::alloc::KEY_LEN;
+    use oncilla_model::Fabric;
+
+    use crate::agent::tests::{agent_of, rec, res};
+
+    /// Which of allocation 1's extents the agent reports filling, by offset.
+    fn reported(a: &crate::agent::Agent) -> Vec<(u64, bool)> {
+        let (reg, _) = a.registration();
+        reg.held
+            .iter()
+            .flat_map(|h| h.all_extents())
+            .map(|e| (e.alloc_offset, e.filling))
+            .collect()
+    }
+
+    #[test]
+    fn a_new_copy_is_reported_filling_until_a_reply_to_a_later_heartbeat_confirms_it() {
+        let a = agent_of(16);
+        let copy = |at: u64, fill: bool| {
+            let mut r = res(1, &[9; KEY_LEN], &[(at, 4096)], rec(), Fabric::Tcp);
+            r.copy = 1;
+            r.fill = fill;
+            r
+        };
+        // A copy of a new allocation is whole from the start (zeroed).
+        a.reserve(copy(0, false)).unwrap();
+        assert!(a.filling_report().ids.is_empty());
+        a.reserve(copy(4096, true)).unwrap();
+        assert_eq!(reported(&a), [(0, false), (4096, true)]);
+        let sent = a.filling_report();
+        assert_eq!(sent.ids, [1]);
+        // A second fill reserved after that heartbeat went out.
+        a.reserve(copy(8192, true)).unwrap();
+        // A reply naming another allocation confirms nothing.
+        a.confirm_whole(&[2], &sent);
+        assert_eq!(reported(&a), [(0, false), (4096, true), (8192, true)]);
+        // The reply to it confirms what it covered, not the later fill.
+        a.confirm_whole(&[1], &sent);
+        assert_eq!(reported(&a), [(0, false), (4096, false), (8192, true)]);
+        let next = a.filling_report();
+        assert_eq!(next.ids, [1]);
+        a.confirm_whole(&[1], &next);
+        assert_eq!(reported(&a), [(0, false), (4096, false), (8192, false)]);
+        assert!(a.filling_report().ids.is_empty(), "forgotten once whole");
+        // Released before its confirmation: not reported.
+        a.reserve(copy(12288, true)).unwrap();
+        a.release_part(1, &[(12288, 4096)]).unwrap();
+        assert!(a.filling_report().ids.is_empty());
+    }
+}
