@@ -4,9 +4,10 @@
 //! own agent and `--agents` agents); for each number of clients and each
 //! batch size, every client (a thread with a session of its own, all
 //! starting together) makes `--allocs` 4 KiB remote allocations, each call
-//! on the next agent in turn, and holds them; then all free them (one
-//! `free` each). One row per case: allocations per second, the p50/p99 of
-//! one call, frees per second and the master's CPU while allocating.
+//! on the next agent in turn, and holds them; then all free them, in calls
+//! of the same size (`free` each, or `free_many`). One row per case:
+//! allocations per second, the p50/p99 of one call, frees per second and
+//! the master's CPU while allocating.
 //!
 //! `--daemons PATH` runs the cluster's daemons from another `oncillad`
 //! (an earlier build): the same clients against it, for before and after
@@ -41,7 +42,8 @@ pub struct RateArgs {
     /// Clients allocating at once, repeatable [default: 1 4 16].
     #[arg(long = "clients", value_name = "N")]
     clients: Vec<usize>,
-    /// Allocations per call, repeatable (1: `alloc`; more: `alloc_many`)
+    /// Allocations per call, repeatable (1: `alloc` and `free`; more:
+    /// `alloc_many` and `free_many`)
     /// [default: 1 64].
     #[arg(long = "batch", value_name = "N")]
     batch: Vec<usize>,
@@ -221,6 +223,16 @@ fn case(
                         }
                     }
                     freeing.wait();
+                    if batch > 1 && failed.is_none() {
+                        for chunk in held.chunks_mut(batch) {
+                            if let Err(e) = ocm.free_many(chunk) {
+                                // The rest are freed one by one as they drop.
+                                let why = format!("free_many: {e}");
+                                failed = Some(why.chars().take(80).collect());
+                                break;
+                            }
+                        }
+                    }
                     drop(held);
                     (call_us, failed)
                 })

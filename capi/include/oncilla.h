@@ -216,12 +216,6 @@ int ocm_alloc_many(const struct ocm_params_t *params, size_t count, ocm_alloc_t 
 // `name` is NULL or a NUL-terminated string readable for the call.
 ocm_alloc_t ocm_attach(const char *name);
 
-// Frees `a`. The handle is invalid afterwards, whatever the outcome: on
-// `OCM_E_BUSY` (a named allocation other processes are attached to) the
-// allocation stays in the cluster for them. A copy still running on the
-// handle in another thread finishes first.
-int ocm_free(ocm_alloc_t a);
-
 // Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`,
 // any pair of kinds; returns when the bytes are in place.
 int ocm_copy(ocm_alloc_t dst,
@@ -270,6 +264,29 @@ int ocm_last_error(void);
 // The full message of this thread's last failure ("" after a success),
 // valid until this thread's next call into liboncilla.
 const char *ocm_last_error_message(void);
+
+// Frees `a`. The handle is invalid afterwards, whatever the outcome: on
+// `OCM_E_BUSY` (a named allocation other processes are attached to) the
+// allocation stays in the cluster for them. A copy still running on the
+// handle in another thread finishes first.
+int ocm_free(ocm_alloc_t a);
+
+// Frees the `n` allocations of `allocs` together: one call to the
+// master, which frees all of them or, when one may not be freed
+// (`OCM_E_BUSY`: a named allocation other processes are attached to),
+// none. As with `ocm_free`, every handle is invalid afterwards, whatever
+// the outcome: where the batch is refused, each is let go of on its own
+// (one this process made is freed, a named one is detached and stays
+// for the processes attached). `n` is 1 to 256, each handle once;
+// otherwise, or for a NULL or misaligned `allocs`, `OCM_E_INVALID`
+// (`OCM_E_BAD_HANDLE` for a handle that is not live), and no handle is
+// touched. A copy still running on a handle in another thread finishes
+// first, and that allocation is freed after it, alone.
+//
+// # Safety
+// `allocs` is NULL, misaligned, or holds `n` handles, readable for the
+// call.
+int ocm_free_many(const ocm_alloc_t *allocs, size_t n);
 
 // Maps `a` into this process and stores its first byte's address in
 // `*ptr`. Remote memory is fetched in 64 KiB blocks as it is touched

@@ -33,6 +33,8 @@ pub use liboncilla::ffi::ocm_status_t;
 use liboncilla::ffi::{aligned, bytes, bytes_mut, guard, invalid, outcome, text, Fail};
 use liboncilla::{AllocSpec, Allocation, Fabric, Kind, Oncilla, OwnedMapping, Policy};
 
+mod free;
+pub use free::{ocm_free, ocm_free_many};
 mod map;
 pub use map::{ocm_flush, ocm_invalidate, ocm_map, ocm_unmap};
 
@@ -554,39 +556,6 @@ pub unsafe extern "C" fn ocm_attach(name: *const c_char) -> ocm_alloc_t {
         // SAFETY: as the caller promises.
         let name = unsafe { text(name, "name")? };
         file(session()?.attach(name)?)
-    })
-}
-
-/// Frees `a`. The handle is invalid afterwards, whatever the outcome: on
-/// `OCM_E_BUSY` (a named allocation other processes are attached to) the
-/// allocation stays in the cluster for them. A copy still running on the
-/// handle in another thread finishes first.
-#[no_mangle]
-pub extern "C" fn ocm_free(a: ocm_alloc_t) -> c_int {
-    status(|| {
-        let h = with_context(|c| c.allocs.remove(&(a as usize)).ok_or_else(|| bad_handle(a)))?;
-        match Arc::try_unwrap(h) {
-            Ok(h) => {
-                let Handle { mapped, alloc, .. } = h;
-                // Unmapped first: its dirty blocks go back before the
-                // memory does (pointless but harmless), and no mapping
-                // outlives its allocation.
-                if let Some(m) = mapped.into_inner().unwrap_or_else(|e| e.into_inner()) {
-                    if let Err(e) = m.unmap() {
-                        tracing::warn!(error = %e, "ocm_free of a mapped allocation");
-                    }
-                }
-                match Arc::try_unwrap(alloc) {
-                    Ok(alloc) => Ok(alloc.free()?),
-                    // Unreachable: the mapping's share went with it. Were
-                    // it not, the last share frees the allocation as it
-                    // drops.
-                    Err(_) => Ok(()),
-                }
-            }
-            // Another thread is copying: the last one to finish frees it.
-            Err(_) => Ok(()),
-        }
     })
 }
 

@@ -59,7 +59,7 @@ filter=${1:-}
 # replicas: replicated allocations are reached over TCP only (never
 # registered for RDMA), so the guest would run them as the host does.
 HOST_ONLY="async_callers crowded hostile_data hostile_input hostile_capi hostile_master hostile_memory operate ocmctl ocmctl_unix metrics tls c_abi netns election replicas"
-GUEST="cluster verbs property copies sharing failure hostile_authority mapping drain"
+GUEST="cluster batches verbs property copies sharing failure hostile_authority mapping drain"
 # Every suite of tests/ (from cargo's metadata, nothing built) is either run
 # here or named above, so a new one is not left out unnoticed.
 for name in $(cargo metadata --no-deps --format-version 1 | python3 -c '

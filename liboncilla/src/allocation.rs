@@ -39,7 +39,7 @@ pub struct Allocation {
     /// Its way through a lost node or a move (shared with its batches).
     pub(crate) failover: Arc<Failover>,
     /// Freed or detached already.
-    done: bool,
+    pub(crate) done: bool,
 }
 
 impl std::fmt::Debug for Allocation {
@@ -363,7 +363,7 @@ impl Allocation {
 
     /// Marks the handle done (its drop frees and detaches nothing) and lets
     /// go of the mapping and the device memory.
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.done = true;
         self.local = None;
         self.device = None;

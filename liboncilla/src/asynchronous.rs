@@ -152,6 +152,23 @@ impl AsyncOncilla {
         self.run(move |_| alloc.free(), drop).await
     }
 
+    /// Frees `allocs` together, all or none. Refused, or cancelled before
+    /// it ran, the handles are dropped there: each is released as dropping
+    /// it releases it (freed, or detached when persistent).
+    ///
+    /// # Errors
+    /// As [`Oncilla::free_many`].
+    pub async fn free_many(&self, allocs: Vec<Allocation>) -> Result<()> {
+        self.run(
+            move |ocm| {
+                let mut allocs = allocs;
+                ocm.free_many(&mut allocs)
+            },
+            drop,
+        )
+        .await
+    }
+
     /// Runs any blocking call of the session (a copy between allocations,
     /// a mapping, [`Allocation::force_free`]) on a thread of its own, in
     /// turn with the other calls; `f` owns what it uses (hand handles

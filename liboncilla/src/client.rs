@@ -264,6 +264,16 @@ impl Client {
         self.call(|s| s.free(&self.session_id, &alloc, force))
     }
 
+    /// Frees `ids` together, all or none.
+    pub(crate) fn free_many(&self, ids: &[u64]) -> Result<()> {
+        if ids.is_empty() || ids.len() > MAX_BATCH as usize {
+            return Err(Error::InvalidArgument(
+                Invalid::FreeCount(ids.len() as u64).to_string(),
+            ));
+        }
+        self.call(|s| s.free_many(&self.session_id, ids))
+    }
+
     /// One handle of attached allocation `id` is done: the session
     /// detaches once it was the last.
     pub(crate) fn detach_id(&self, id: u64) -> Result<()> {

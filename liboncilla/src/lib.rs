@@ -73,6 +73,7 @@ pub use descriptor::{Descriptor, Extent};
 pub use error::{Error, Result};
 pub use fabric::{streams_for, STREAM_MIN};
 pub use map::{MapOptions, MapStats, Mapped, OwnedMapping, MAX_BLOCK};
+pub use oncilla_model::alloc::MAX_BATCH;
 /// The cluster token and CA an [`Operator`] and [`Options`] take: re-exported
 /// so applications need no other crate of the workspace.
 pub use oncilla_net::auth::{Token, TokenError};

@@ -17,7 +17,7 @@ use crate::batch::{self, Batch, Pending};
 use crate::client::Client;
 use crate::descriptor::Kind;
 use crate::device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::spec::AllocSpec;
 
@@ -92,6 +92,43 @@ impl Oncilla {
         Allocation::open(&self.client, record, fabric)
     }
 
+    /// Frees `allocs` together: one call to the master, which checks and
+    /// removes them all in one step and releases them with one call per
+    /// agent, so many small frees cost a fraction of as many calls to
+    /// [`Allocation::free`]. All or none: when one may not be freed
+    /// (another process is attached to a persistent one, say), none is and
+    /// every handle stays as it was. Once freed, the handles are inert
+    /// (copies fail; dropping them does nothing).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for none or more than
+    /// [`MAX_BATCH`](oncilla_model::alloc::MAX_BATCH) handles, one
+    /// allocation twice, or a handle of another session;
+    /// [`Error::NotFound`] for a handle freed already; otherwise as
+    /// [`Allocation::free`], for the first refused.
+    pub fn free_many(&self, allocs: &mut [Allocation]) -> Result<()> {
+        let mut ids = Vec::with_capacity(allocs.len());
+        for a in allocs.iter() {
+            let id = a.descriptor().id;
+            if !Arc::ptr_eq(&a.client, &self.client) {
+                return Err(Error::InvalidArgument(format!(
+                    "allocation {id} was opened by another session; free it there"
+                )));
+            }
+            if a.done {
+                return Err(Error::NotFound(format!(
+                    "no such allocation: {id} was freed through this handle"
+                )));
+            }
+            ids.push(id);
+        }
+        self.client.free_many(&ids)?;
+        for a in allocs {
+            a.finish();
+        }
+        Ok(())
+    }
+
     /// Makes `count` allocations as `spec` says, together: one call to the
     /// master, which places them all in one step and reserves them with
     /// one call per agent, so many small allocations cost a fraction of
@@ -119,9 +156,8 @@ impl Oncilla {
                     // this one (unless its half-built handle did) and the
                     // rest are freed here (a failure to free is the
                     // session's to clean up when it ends).
-                    for id in std::iter::once(id).chain(records.map(|r| r.id)) {
-                        let _ = self.client.free_id(id, false);
-                    }
+                    let rest: Vec<u64> = std::iter::once(id).chain(records.map(|r| r.id)).collect();
+                    let _ = self.client.free_many(&rest);
                     return Err(e);
                 }
             }

@@ -65,6 +65,10 @@ pub enum Invalid {
     BatchCount(u64),
     #[error("a batch makes a session's own allocations: named and persistent ones are made one at a time")]
     BatchPersistent,
+    #[error("a batch frees 1 to {MAX_BATCH} allocations, not {0}")]
+    FreeCount(u64),
+    #[error("allocation {0} is named twice in one batch to free")]
+    FreeTwice(u64),
     #[error("memory kind not given (local or remote host, local or remote GPU)")]
     NoKind,
     #[error("local GPU memory lives in the asking process and ends with it: it cannot be named or persistent, and only a session can ask for it (use remote-gpu)")]

@@ -91,10 +91,19 @@ pub struct HeartbeatReply {
     pub want_full: bool,
     /// The node is being drained (it says so when it registers again).
     pub draining: bool,
-    /// Of the heartbeat's `filling`, the allocations whose every extent
-    /// on the node is a whole copy the master lists there: nothing of them
-    /// is being filled there, nor owed back.
-    pub whole: Vec<u64>,
+    /// Of the heartbeat's `filling`, the allocations with nothing being
+    /// reserved, filled or owed back on the node, each with the bytes the
+    /// master lists there (merged, in order): the agent's extents inside
+    /// them are whole copies.
+    pub whole: Vec<Listed>,
+}
+
+/// The bytes of an allocation the master lists on one node (any copy),
+/// merged and in order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Listed {
+    pub alloc_id: u64,
+    pub ranges: Vec<Range>,
 }
 
 /// Bytes `[alloc_offset, alloc_offset + len)` of an allocation.
@@ -298,6 +307,43 @@ impl AllocateRequest {
     /// an operator makes do.
     pub fn persistent(&self) -> bool {
         self.spec.outlives_session() || self.requester.is_none()
+    }
+}
+
+/// Allocations one caller frees together (`free_many`): 1 to
+/// [`MAX_BATCH`] distinct ids, checked and removed from the table in one
+/// hold of the master's lock, all or none, and released with one call
+/// per agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeBatch {
+    ids: Vec<u64>,
+}
+
+impl FreeBatch {
+    /// A checked batch, in the order given.
+    ///
+    /// # Errors
+    /// [`Invalid::FreeCount`] outside 1 to [`MAX_BATCH`]; [`Invalid::Id`]
+    /// for an id above [`MAX_ID`](crate::alloc::MAX_ID) (or 0);
+    /// [`Invalid::FreeTwice`] for an id given twice.
+    pub fn new(ids: Vec<u64>) -> Result<Self, Invalid> {
+        if ids.is_empty() || ids.len() > MAX_BATCH as usize {
+            return Err(Invalid::FreeCount(ids.len() as u64));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for &id in &ids {
+            if id == 0 || id > crate::alloc::MAX_ID {
+                return Err(Invalid::Id(id));
+            }
+            if !seen.insert(id) {
+                return Err(Invalid::FreeTwice(id));
+            }
+        }
+        Ok(Self { ids })
+    }
+
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
     }
 }
 

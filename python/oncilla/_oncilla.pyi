@@ -118,6 +118,11 @@ class Session:
         ``kind`` together: one call to the master, all or none. Each is an
         allocation of its own, placed and reached as ``alloc`` says; none is
         named or persistent (those are made one at a time)."""
+    def free_many(self, allocs: Sequence[Allocation]) -> None:
+        """Frees 1 to 256 of this session's allocations together: one call
+        to the master, all or none. When one may not be freed (views of it
+        alive, mapped, another process attached), none is and every handle
+        stays open; once freed, each is closed."""
     def attach(self, alloc: Union[str, int]) -> Allocation:
         """Attaches a persistent allocation by name or id."""
     def copy(self, dst: Allocation, dst_offset: int, src: Allocation, src_offset: int, n: int) -> None:

@@ -151,6 +151,34 @@ impl Allocation {
     /// Frees (`force`) or detaches, or only closes the handle when views
     /// were handed out.
     fn release(&self, py: Python<'_>, how: Release) -> PyResult<()> {
+        let views = self.views.load(Ordering::Acquire) > 0 || self.pinned.load(Ordering::Acquire);
+        if views && how == Release::Close && self.mappings.load(Ordering::Acquire) == 0 {
+            self.closed.store(true, Ordering::Release);
+            return Ok(());
+        }
+        let inner = self.take()?;
+        let persistent = inner.descriptor().owner.is_none();
+        let (outcome, inner) = py.allow_threads(move || {
+            let mut inner = inner;
+            let outcome = match how {
+                Release::Free => inner.try_free(false),
+                Release::ForceFree => inner.try_free(true),
+                Release::Close if persistent => return (inner.detach(), None),
+                Release::Close => inner.try_free(false),
+            };
+            (outcome, Some(inner))
+        });
+        self.settle(outcome, inner)
+    }
+
+    /// The handle, taken out to be freed or detached (here, or with
+    /// others by `Oncilla.free_many`): refused while it is mapped, has
+    /// views, or is being copied on another thread. Hand it back with
+    /// [`Self::settle`].
+    ///
+    /// # Errors
+    /// `InUse`; `NotFound` once freed or detached through this object.
+    pub fn take(&self) -> PyResult<liboncilla::Allocation> {
         if self.mappings.load(Ordering::Acquire) > 0 {
             return Err(err(Class::InUse, format!(
                 "allocation {} is mapped (Allocation.map): unmap() the mapping, or let it and its views go, first",
@@ -158,10 +186,6 @@ impl Allocation {
             )));
         }
         if self.views.load(Ordering::Acquire) > 0 || self.pinned.load(Ordering::Acquire) {
-            if how == Release::Close {
-                self.closed.store(true, Ordering::Release);
-                return Ok(());
-            }
             return Err(err(Class::InUse, format!(
                 "allocation {} has views (NumPy, memoryview, DLPack, cuda_view) that are still alive, or handed out its own __cuda_array_interface__ (cuda_view() gives one that ends); free it once they are gone, or leave its `with` block (it is then released with this object)",
                 self.desc.id
@@ -174,28 +198,35 @@ impl Allocation {
         let Some(arc) = slot.take() else {
             return Err(self.gone());
         };
-        let mut inner = match Arc::try_unwrap(arc) {
-            Ok(inner) => inner,
+        match Arc::try_unwrap(arc) {
+            Ok(inner) => {
+                self.releasing.store(true, Ordering::Release);
+                Ok(inner)
+            }
             Err(arc) => {
                 *slot = Some(arc);
-                return Err(err(Class::InUse, format!(
+                Err(err(Class::InUse, format!(
                     "allocation {} is being copied on another thread; free it once that copy returns",
                     self.desc.id
-                )));
+                )))
             }
-        };
-        self.releasing.store(true, Ordering::Release);
-        drop(slot);
-        let persistent = inner.descriptor().owner.is_none();
-        let (outcome, inner) = py.allow_threads(move || {
-            let outcome = match how {
-                Release::Free => inner.try_free(false),
-                Release::ForceFree => inner.try_free(true),
-                Release::Close if persistent => return (inner.detach(), None),
-                Release::Close => inner.try_free(false),
-            };
-            (outcome, Some(inner))
-        });
+        }
+    }
+
+    /// The handle [`Self::take`] gave, back unchanged (a batch it was in
+    /// was refused): usable again.
+    pub fn restore(&self, inner: liboncilla::Allocation) {
+        *self.lock() = Some(Arc::new(inner));
+        self.releasing.store(false, Ordering::Release);
+    }
+
+    /// A free or detach of the handle [`Self::take`] gave ended with
+    /// `outcome`; `inner` is the handle where it is still open.
+    pub fn settle(
+        &self,
+        outcome: liboncilla::Result<()>,
+        inner: Option<liboncilla::Allocation>,
+    ) -> PyResult<()> {
         let result = match outcome {
             Ok(()) => {
                 self.closed.store(true, Ordering::Release);

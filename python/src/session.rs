@@ -172,6 +172,54 @@ impl Session {
             .collect())
     }
 
+    /// Frees the allocations in `allocs` together (one call to the master,
+    /// one per agent), all or none: when one may not be freed (views of
+    /// it alive, mapped, another process attached), none is and every
+    /// handle stays open. 1 to 256 of this session's handles, each once.
+    fn free_many(&self, py: Python<'_>, allocs: Vec<Py<Allocation>>) -> PyResult<()> {
+        let mut seen: Vec<*mut pyo3::ffi::PyObject> = allocs.iter().map(Py::as_ptr).collect();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(crate::errors::err(
+                crate::errors::Class::InvalidArgument,
+                "an allocation is given twice to free_many",
+            ));
+        }
+        let objects: Vec<&Allocation> = allocs.iter().map(|a| a.get()).collect();
+        let mut taken = Vec::with_capacity(objects.len());
+        for a in &objects {
+            match a.take() {
+                Ok(inner) => taken.push(inner),
+                Err(e) => {
+                    // Nothing was freed: the handles taken go back.
+                    for (a, inner) in objects.iter().zip(taken) {
+                        a.restore(inner);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let session = self.inner.clone();
+        let (outcome, taken) = py.allow_threads(move || {
+            let mut taken = taken;
+            (session.free_many(&mut taken), taken)
+        });
+        match outcome {
+            Ok(()) => {
+                for a in &objects {
+                    a.settle(Ok(()), None)?;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                for (a, inner) in objects.iter().zip(taken) {
+                    a.restore(inner);
+                }
+                Err(to_py(e))
+            }
+        }
+    }
+
     /// Attaches a persistent allocation by name (`str`) or id (`int`).
     fn attach(&self, py: Python<'_>, alloc: &Bound<'_, PyAny>) -> PyResult<Allocation> {
         let session = self.inner.clone();

@@ -455,9 +455,22 @@ def test_alloc_many_makes_distinct_allocations_all_or_none(ocm, cluster):
     for count in (0, 257):
         with pytest.raises(oncilla.InvalidArgument):
             ocm.alloc_many(4096, count)
-    for a in made:
-        a.free()
+    # Freed together, all or none: a handle with a live view refuses the
+    # whole batch and every handle stays open.
+    local = ocm.alloc(4096, "local-host")
+    view = local.view()
+    with pytest.raises(oncilla.InUse):
+        ocm.free_many(made + [local])
+    assert {a.id for a in made} | {local.id} <= allocation_ids(cluster)
+    assert made[0].copy_out(0, 4096) == pattern(4096, 0)
+    del view
+    gc.collect()
+    with pytest.raises(oncilla.InvalidArgument):
+        ocm.free_many([made[0], made[0]])
+    ocm.free_many(made + [local])
     assert allocation_ids(cluster) == before
+    with pytest.raises(oncilla.NotFound):
+        made[0].copy_out(0, 1)
 
 
 def show_json(cluster, ident: int) -> dict:

@@ -195,8 +195,18 @@ static int basic(void) {
     CHECK(ocm_alloc_many(&huge, 2, untouched) == OCM_E_NO_MEMORY, "a batch past the cluster");
     CHECK(untouched[0] == (ocm_alloc_t)0x11 && untouched[1] == (ocm_alloc_t)0x22,
           "a refused batch leaves out as it was");
-    for (int i = 0; i < BATCH; i++) CHECK(ocm_free(many[i]) == OCM_OK, "free batch %d", i);
-    printf("ok batch: 64 distinct allocations in one call, refusals leave nothing\n");
+    /* Freed together: bad batches touch no handle, then one call frees all. */
+    CHECK(ocm_free_many(many, 0) == OCM_E_INVALID, "free_many of none");
+    CHECK(ocm_free_many(many, 257) == OCM_E_INVALID, "free_many of 257");
+    CHECK(ocm_free_many(NULL, 2) == OCM_E_INVALID, "free_many of NULL");
+    ocm_alloc_t twice[2] = {many[0], many[0]};
+    CHECK(ocm_free_many(twice, 2) == OCM_E_INVALID, "free_many of one handle twice");
+    ocm_alloc_t forged[2] = {many[0], (ocm_alloc_t)0x22};
+    CHECK(ocm_free_many(forged, 2) == OCM_E_BAD_HANDLE, "free_many with a forged handle");
+    CHECK(ocm_copy_out(many[0], 0, back, 4096) == OCM_OK, "a refused free_many left the handle live");
+    CHECK(ocm_free_many(many, BATCH) == OCM_OK, "free_many: %s", ocm_last_error_message());
+    CHECK(ocm_copy_out(many[1], 0, back, 1) == OCM_E_BAD_HANDLE, "a handle freed by free_many");
+    printf("ok batch: 64 distinct allocations in one call and freed in one, refusals leave nothing\n");
   }
 
   for (int i = 0; i < n; i++) CHECK(ocm_free(allocs[i]) == OCM_OK, "free");

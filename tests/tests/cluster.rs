@@ -144,58 +144,6 @@ fn freed_memory_never_reaches_the_next_tenant() {
     }
 }
 
-/// `alloc_many` makes whole, distinct allocations in one call, and is all
-/// or none: a batch the cluster cannot hold leaves nothing behind, and a
-/// bad batch is refused before anything is made.
-#[test]
-fn batches_of_allocations_are_whole_distinct_and_all_or_none() {
-    let c = Cluster::start(2, "8MiB");
-    let ocm = c.client(0);
-    // On the other node: each allocation on this one would be mapped here
-    // through a connection of its own. Few, small ones: every allocation
-    // is registered with each RDMA port, slow under emulation.
-    let spec = AllocSpec::new(4096, Kind::RemoteHost).on_nodes(["node-1"]);
-    let made = ocm.alloc_many(&spec, 64).unwrap();
-    assert_eq!(made.len(), 64);
-    let mut ids: Vec<u64> = made.iter().map(|a| a.id()).collect();
-    ids.dedup();
-    assert_eq!(ids.len(), 64, "ids repeat");
-    assert_eq!(c.allocation_count(), 64);
-    // Each holds its own bytes.
-    for (i, a) in made.iter().enumerate() {
-        a.copy_in(0, &bytes(4096, i as u8)).unwrap();
-    }
-    for (i, a) in made.iter().enumerate() {
-        let mut back = vec![0u8; 4096];
-        a.copy_out(0, &mut back).unwrap();
-        assert!(
-            back == bytes(4096, i as u8),
-            "allocation {i} lost its bytes"
-        );
-    }
-    // Two of 4 MiB, past what the 8 MiB pool has left: refused whole,
-    // nothing made.
-    let half = AllocSpec::new(4 << 20, Kind::RemoteHost).on_nodes(["node-1"]);
-    let err = ocm.alloc_many(&half, 2).unwrap_err();
-    assert!(matches!(err, Error::CapacityExhausted(_)), "{err}");
-    assert_eq!(c.allocation_count(), 64);
-    // Refused before anything is asked: no count, too many, a name.
-    for (spec, count) in [
-        (spec.clone(), 0),
-        (spec.clone(), 257),
-        (spec.clone().named("batch"), 2),
-        (spec.clone().persistent(), 2),
-    ] {
-        let err = ocm.alloc_many(&spec, count).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    }
-    // Each is freed on its own, as any allocation; then the whole pool is
-    // there again for one batch.
-    drop(made);
-    assert_eq!(c.allocation_count(), 0);
-    assert_eq!(ocm.alloc_many(&half, 2).unwrap().len(), 2);
-}
-
 #[test]
 fn errors_say_what_went_wrong() {
     let c = Cluster::start(2, "8MiB");

@@ -15,6 +15,8 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use oncilla_model::cluster::{Listed, Range};
+
 use super::Agent;
 
 /// Tickets and the allocations holding extents stamped with one.
@@ -75,19 +77,38 @@ impl Agent {
         }
     }
 
-    /// The master answered a heartbeat that carried `report`: the extents
-    /// of the allocations it names `whole` that were stamped before the
-    /// heartbeat are whole copies.
-    pub fn confirm_whole(&self, whole: &[u64], report: &FillingReport) {
-        for &id in whole {
+    /// The master answered a heartbeat that carried `report`: of the
+    /// allocations it names `whole`, the extents stamped before the
+    /// heartbeat that lie inside the bytes it lists on this node are
+    /// whole copies (an extent it does not list stays unconfirmed: a
+    /// reservation that came after the master gave it up, say). A list
+    /// out of order is ignored.
+    pub fn confirm_whole(&self, whole: &[Listed], report: &FillingReport) {
+        for listed in whole {
+            let id = listed.alloc_id;
+            if !Range::in_order(&listed.ranges) {
+                tracing::warn!(
+                    alloc_id = id,
+                    "the master listed bytes out of order; not confirmed"
+                );
+                continue;
+            }
             let Some(held) = self.held.get(&id).map(|e| Arc::clone(e.value())) else {
                 continue;
+            };
+            let inside = |offset: u64, len: u64| {
+                let i = listed.ranges.partition_point(|g| g.alloc_offset <= offset);
+                i.checked_sub(1).is_some_and(|i| {
+                    let g = &listed.ranges[i];
+                    offset + len <= g.alloc_offset + g.len
+                })
             };
             let mut confirmed = 0usize;
             for e in &held.extents {
                 let ticket = e.filling.load(Ordering::SeqCst);
                 if ticket != 0
                     && ticket < report.before
+                    && inside(e.alloc_offset, e.len)
                     && e.filling
                         .compare_exchange(ticket, 0, Ordering::SeqCst, Ordering::SeqCst)
                         .is_ok()
@@ -119,6 +140,7 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use oncilla_model::alloc::KEY_LEN;
+    use oncilla_model::cluster::{Listed, Range};
     use oncilla_model::Fabric;
 
     use crate::agent::tests::{agent_of, rec, res};
@@ -131,6 +153,17 @@ mod tests {
             .flat_map(|h| h.all_extents())
             .map(|e| (e.alloc_offset, e.filling))
             .collect()
+    }
+
+    /// The master's word that allocation 1's bytes `ranges` are listed here.
+    fn listed(ranges: &[(u64, u64)]) -> Vec<Listed> {
+        vec![Listed {
+            alloc_id: 1,
+            ranges: ranges
+                .iter()
+                .map(|&(alloc_offset, len)| Range { alloc_offset, len })
+                .collect(),
+        }]
     }
 
     #[test]
@@ -151,15 +184,20 @@ mod tests {
         assert_eq!(sent.ids, [1]);
         // A second fill reserved after that heartbeat went out.
         a.reserve(copy(8192, true)).unwrap();
-        // A reply naming another allocation confirms nothing.
-        a.confirm_whole(&[2], &sent);
+        // A reply naming another allocation confirms nothing, nor one
+        // listing other bytes, nor one whose list is out of order.
+        let mut other = listed(&[(0, 12288)]);
+        other[0].alloc_id = 2;
+        a.confirm_whole(&other, &sent);
+        a.confirm_whole(&listed(&[(0, 4096)]), &sent);
+        a.confirm_whole(&listed(&[(4096, 4096), (0, 4096)]), &sent);
         assert_eq!(reported(&a), [(0, false), (4096, true), (8192, true)]);
         // The reply to it confirms what it covered, not the later fill.
-        a.confirm_whole(&[1], &sent);
+        a.confirm_whole(&listed(&[(0, 12288)]), &sent);
         assert_eq!(reported(&a), [(0, false), (4096, false), (8192, true)]);
         let next = a.filling_report();
         assert_eq!(next.ids, [1]);
-        a.confirm_whole(&[1], &next);
+        a.confirm_whole(&listed(&[(0, 12288)]), &next);
         assert_eq!(reported(&a), [(0, false), (4096, false), (8192, false)]);
         assert!(a.filling_report().ids.is_empty(), "forgotten once whole");
         // Released before its confirmation: not reported.

@@ -9,6 +9,7 @@ use oncilla_proto::pb::{self, agent_server};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use oncilla_model::alloc::{Invalid, MAX_BATCH};
 use oncilla_model::cluster::{Release, Reservation, Reserved, SetCopies};
 
 use super::{checked, reply};
@@ -150,6 +151,33 @@ impl agent_server::Agent for AgentService {
         if let Some(held) = released {
             tracing::debug!(alloc_id = id, part = !r.ranges.is_empty(), "released");
             drop(tokio::task::spawn_blocking(move || drop(held)));
+        }
+        Ok(Response::new(pb::ReleaseReply {
+            pool: Some(self.agent.usage().into()),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(count = req.get_ref().alloc_ids.len()))]
+    async fn release_many(
+        &self,
+        req: Request<pb::ReleaseManyRequest>,
+    ) -> Result<Response<pb::ReleaseReply>, Status> {
+        self.admit_master(&req, "releasing pool memory")?;
+        let ids = req.into_inner().alloc_ids;
+        if ids.is_empty() || ids.len() > MAX_BATCH as usize {
+            return Err(Status::invalid_argument(format!(
+                "invalid request: {}",
+                Invalid::FreeCount(ids.len() as u64)
+            )));
+        }
+        // As one release each; what goes is dropped off the executor.
+        let released: Vec<_> = ids
+            .iter()
+            .filter_map(|&id| self.agent.release(id))
+            .collect();
+        if !released.is_empty() {
+            tracing::debug!(count = released.len(), "released a batch");
+            drop(tokio::task::spawn_blocking(move || drop(released)));
         }
         Ok(Response::new(pb::ReleaseReply {
             pool: Some(self.agent.usage().into()),

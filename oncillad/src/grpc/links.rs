@@ -121,6 +121,21 @@ impl AgentLink for GrpcAgentLink {
             .map_err(|s| failed("agent", addr, s))
     }
 
+    async fn release_many(
+        &self,
+        addr: &str,
+        ids: Vec<u64>,
+    ) -> Result<Option<PoolUsage>, LinkError> {
+        let mut req = self.fenced(addr, pb::ReleaseManyRequest { alloc_ids: ids })?;
+        let mut c = self.client(addr)?;
+        // Best effort, as one release.
+        req.set_timeout(RELEASE_TIMEOUT);
+        c.release_many(req)
+            .await
+            .map(|r| r.into_inner().pool.map(Into::into))
+            .map_err(|s| failed("agent", addr, s))
+    }
+
     async fn set_copies(&self, addr: &str, req: SetCopies) -> Result<(), LinkError> {
         // A fill moves a whole share before the answer.
         let timeout = if req.fill.is_empty() {
@@ -250,6 +265,16 @@ impl MasterLink {
         self.call(|mut c| {
             let req = req.clone();
             async move { c.free(req).await }
+        })
+        .await
+        .map(|_| ())
+        .map_err(|(addr, s)| self.wrap(&addr, s))
+    }
+
+    pub async fn free_many(&self, req: pb::FreeManyRequest) -> Result<(), Status> {
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.free_many(req).await }
         })
         .await
         .map(|_| ())

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use oncilla_model::alloc::{check_node_name, AllocSpec, Owner};
-use oncilla_model::cluster::{AllocateBatch, AllocateRequest, Registration};
+use oncilla_model::cluster::{AllocateBatch, AllocateRequest, FreeBatch, Registration};
 use oncilla_net::credential::Authenticate;
 use oncilla_proto::client;
 use oncilla_proto::convert::{alloc_ref, quota_setting, WireError};
@@ -149,6 +149,24 @@ impl master_server::Master for MasterService {
         let uid = who.and_then(|o| o.uid);
         let (core, tenure) = self.core()?;
         let out = core.free(&target, &r.session_id, uid, r.force).await;
+        still(tenure.as_ref())?;
+        out?;
+        Ok(Response::new(pb::FreeReply {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(count = req.get_ref().ids.len()))]
+    async fn free_many(
+        &self,
+        req: Request<pb::FreeManyRequest>,
+    ) -> Result<Response<pb::FreeReply>, Status> {
+        let caller = Caller::of(&req)?;
+        let r = req.into_inner();
+        let batch = FreeBatch::new(r.ids).map_err(invalid)?;
+        let who: Option<Owner> = r.requester.map(Into::into);
+        caller.for_requester(who.as_ref(), &r.session_id, "free")?;
+        let uid = who.and_then(|o| o.uid);
+        let (core, tenure) = self.core()?;
+        let out = core.free_many(&batch, &r.session_id, uid).await;
         still(tenure.as_ref())?;
         out?;
         Ok(Response::new(pb::FreeReply {}))

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use oncilla_model::cluster::FreeBatch;
 use oncilla_net::credential::{self, Authenticate, Principal};
 use oncilla_proto::pb::session_server::SessionServer;
 use oncilla_proto::pb::{self, session_server};
@@ -204,6 +205,26 @@ impl session_server::Session for SessionService {
         let (session, id) = (r.session_id.clone(), r.alloc.as_ref().map_or(0, |a| a.id));
         self.master.free(r).await?;
         self.agent.note_attached(&session, id, false);
+        Ok(Response::new(pb::FreeReply {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(session = %req.get_ref().session_id, count = req.get_ref().ids.len()))]
+    async fn free_many(
+        &self,
+        req: Request<pb::FreeManyRequest>,
+    ) -> Result<Response<pb::FreeReply>, Status> {
+        acting_for(&req, &req.get_ref().session_id)?;
+        let mut r = req.into_inner();
+        let ids = FreeBatch::new(r.ids.clone())
+            .map_err(|e| Status::invalid_argument(format!("invalid request: {e}")))?
+            .ids()
+            .to_vec();
+        r.requester = Some(self.requester(&r.session_id)?);
+        let session = r.session_id.clone();
+        self.master.free_many(r).await?;
+        for id in ids {
+            self.agent.note_attached(&session, id, false);
+        }
         Ok(Response::new(pb::FreeReply {}))
     }
 

@@ -105,7 +105,17 @@ impl<L: AgentLink> Master<L> {
     /// is logged and asked again at the next call.
     pub(super) async fn send_copies(&self) {
         let due: Vec<((u64, String), (String, SetCopies))> = {
-            let st = self.lock();
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            // A node that holds no primary bytes of the allocation any more
+            // (its share moved, or the allocation is gone) has nothing to
+            // copy: its change is dropped, not asked forever.
+            let allocs = &st.allocs;
+            st.copies_due.retain(|(id, node), _| {
+                allocs
+                    .get(id)
+                    .is_some_and(|r| r.alloc.extents.iter().any(|e| e.node == *node))
+            });
             st.copies_due
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
@@ -167,11 +177,12 @@ impl<L: AgentLink> Master<L> {
         if let Err(e) = self.link.set_copies(&job.primary_agent, change).await {
             tracing::warn!(alloc_id = job.alloc_id, node = %job.target.0, error = %e, "could not fill a new copy; trying again later");
             self.end_refill(&job);
-            self.give_back_copy(&job).await;
             // The primary may have taken the new replica before failing:
-            // it is told its replicas again.
-            let mut st = self.lock();
-            Self::tell_primaries(&mut st, job.alloc_id);
+            // it is told its replicas again, before the copy goes (a write
+            // it copies there meanwhile still lands).
+            Self::tell_primaries(&mut self.lock(), job.alloc_id);
+            self.send_copies().await;
+            self.give_back_copy(&job).await;
             return;
         }
         let listed = {
@@ -187,6 +198,7 @@ impl<L: AgentLink> Master<L> {
             let secs = started.elapsed().as_secs_f64();
             tracing::info!(alloc_id = job.alloc_id, copy = job.copy, node = %job.target.0, bytes = job.share.bytes(), secs, "copy re-created");
         } else {
+            self.send_copies().await;
             self.give_back_copy(&job).await;
         }
     }

@@ -109,12 +109,22 @@ struct Owed {
     ranges: Vec<(u64, u64)>,
 }
 
-/// Notes that `node` owes `alloc_id` the bytes `ranges`.
+/// Notes that `node` owes `alloc_id` the bytes `ranges`: kept in order,
+/// overlapping and adjacent ranges one (as a release must name them).
 pub(super) fn owe(st: &mut State, node: &str, alloc_id: u64, ranges: &[(u64, u64)]) {
     let owed = st.owed.entry((alloc_id, node.to_string())).or_default();
     owed.extend_from_slice(ranges);
     owed.sort_unstable();
-    owed.dedup();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(owed.len());
+    for &(o, l) in owed.iter() {
+        match out.last_mut() {
+            Some(last) if o <= last.0 + last.1 => {
+                last.1 = (o + l).max(last.0 + last.1) - last.0;
+            }
+            _ => out.push((o, l)),
+        }
+    }
+    *owed = out;
 }
 
 /// Notes that `node` let go of `ranges` of `alloc_id`: what was owed
@@ -126,7 +136,7 @@ fn paid(st: &mut State, node: &str, alloc_id: u64, ranges: &[(u64, u64)]) {
     };
     let mut given = ranges.to_vec();
     given.sort_unstable();
-    owed.retain(|r| !subtract(std::slice::from_ref(r), &given).is_empty());
+    *owed = subtract(owed, &given);
     if owed.is_empty() {
         st.owed.remove(&key);
     }

@@ -70,6 +70,14 @@ pub trait AgentLink: Send + Sync + 'static {
         addr: &str,
         release: Release,
     ) -> impl Future<Output = Result<Option<PoolUsage>, LinkError>> + Send;
+    /// Releases everything the agent holds of each of `ids` (1 to
+    /// [`oncilla_model::alloc::MAX_BATCH`] allocations freed); returns
+    /// the agent's pool usage when it said.
+    fn release_many(
+        &self,
+        addr: &str,
+        ids: Vec<u64>,
+    ) -> impl Future<Output = Result<Option<PoolUsage>, LinkError>> + Send;
     /// Changes a replicated allocation's copies on the agent at `addr`
     /// (promoted ranges, its primary share's replicas).
     fn set_copies(

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use oncilla_model::alloc::{Allocation, Extent, Health, Owner};
-use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Registered, Registration};
+use oncilla_model::cluster::{Heartbeat, HeartbeatReply, Listed, Range, Registered, Registration};
 use oncilla_model::node::{NodeInfo, NodeState, PoolUsage};
 
 use super::give_back::owe;
@@ -202,10 +202,16 @@ impl<L: AgentLink> Master<L> {
                 continue;
             }
             let record: &Allocation = &kept;
+            // This master is making a copy there (a refill, or a move whose
+            // new copies may be its primary already): it lists what it
+            // keeps when that ends.
+            let filled_here = st.filling(id).any(|to| to == name);
             if let Some(rec) = st.allocs.get_mut(&id) {
                 if !oncilla_model::secret::ct_eq(&rec.alloc.access_key, &record.access_key) {
                     tracing::error!(alloc_id = id, node = %name, "node holds another allocation under an id this master reused (it came back after the recovery window); releasing the node's copy");
                     release.push(id);
+                } else if filled_here && !rec.alloc.held_on(&name) {
+                    // Nothing to take or release: the copy is in flight.
                 } else if !rec.alloc.held_on(&name)
                     && rec.alloc.placement.copies() > 1
                     && !rec.adopted
@@ -346,17 +352,21 @@ impl<L: AgentLink> Master<L> {
         if !release.is_empty() {
             tracing::info!(node = %req.name, ids = ?release, "node holds allocations the master has freed; releasing them");
         }
-        // New copies the node holds that are whole now (listed, nothing
-        // of them in flux there): the agent stops reporting them filling.
+        // New copies the node holds that are whole now (the bytes the
+        // record lists there, nothing of them in flux): the agent stops
+        // reporting its extents inside them filling.
         let mut whole = Vec::new();
         for chunk in req.filling.chunks(HELD_PER_LOCK) {
             let st = self.lock();
-            whole.extend(
-                chunk
-                    .iter()
-                    .copied()
-                    .filter(|&id| st.whole_on(id, &req.name)),
-            );
+            whole.extend(chunk.iter().filter_map(|&id| {
+                st.listed_on(id, &req.name).map(|on| Listed {
+                    alloc_id: id,
+                    ranges: on
+                        .into_iter()
+                        .map(|(alloc_offset, len)| Range { alloc_offset, len })
+                        .collect(),
+                })
+            }));
         }
         for s in &req.ended_sessions {
             self.end_session(s).await;

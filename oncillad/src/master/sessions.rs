@@ -3,9 +3,11 @@
 //! asking session arrives as an id checked by the edge; this module never
 //! parses.
 
+use std::collections::BTreeMap;
+
 use futures_util::future::join_all;
-use oncilla_model::alloc::{AllocRef, Allocation, Owner};
-use oncilla_model::cluster::Release;
+use oncilla_model::alloc::{AllocRef, Allocation, Owner, MAX_BATCH};
+use oncilla_model::cluster::FreeBatch;
 use oncilla_model::node::NodeState;
 
 use super::state::State;
@@ -31,57 +33,76 @@ impl<L: AgentLink> Master<L> {
         force: bool,
     ) -> Result<(), CoreError> {
         self.check_serving()?;
-        let (id, holders) = {
+        let freed = {
             let mut st = self.lock();
             let id = st.resolve(target)?;
-            let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
-            if let Some(owner) = &rec.alloc.owner {
-                if !session.is_empty() && owner.session_id != session {
-                    // Never the owner's session id: it names the session
-                    // to whoever can present it.
-                    return Err(CoreError::PermissionDenied(format!(
-                        "allocation {id} belongs to another session"
-                    )));
-                }
-            } else if let Some(user) = rec.alloc.user {
-                if !session.is_empty() && uid != Some(user) {
-                    return Err(CoreError::PermissionDenied(format!(
-                        "allocation {id} was made by another user (uid {user}); only that user or an operator may free it"
-                    )));
-                }
-            }
-            let others: Vec<String> = st
-                .attached_to(id)
-                .into_iter()
-                .filter(|a| a.session_id != session)
-                .map(ToString::to_string)
-                .collect();
-            if !others.is_empty() && !force {
-                return Err(CoreError::InUse {
-                    id,
-                    by: others.join(", "),
-                });
-            }
+            may_free(&st, id, session, uid, force)?;
             let holders = st.remove(id);
-            (id, self.live_holders(&st, holders))
+            vec![(id, self.live_holders(&st, holders))]
         };
-        self.release_on(id, holders).await;
+        let id = freed[0].0;
+        self.release_freed(freed).await;
         tracing::info!(alloc_id = id, force, "freed");
         Ok(())
     }
 
-    /// Tells every holder to release `id` and records their pool usage. A
-    /// holder that cannot be reached drops it on its next heartbeat (it
-    /// reports what it holds; the master answers with what to release).
-    pub(super) async fn release_on(&self, id: u64, holders: Vec<(String, String)>) {
-        let replies = join_all(
-            holders
+    /// Frees a batch together: checked as [`Self::free`] checks one
+    /// (without `force`) and removed from the table in one hold of the
+    /// lock, all or none, then released with one call per agent.
+    ///
+    /// # Errors
+    /// As [`Self::free`], for the first id refused; nothing is freed then.
+    pub async fn free_many(
+        &self,
+        batch: &FreeBatch,
+        session: &str,
+        uid: Option<u32>,
+    ) -> Result<(), CoreError> {
+        self.check_serving()?;
+        let freed: Vec<(u64, Vec<(String, String)>)> = {
+            let mut st = self.lock();
+            for &id in batch.ids() {
+                may_free(&st, id, session, uid, false)?;
+            }
+            batch
+                .ids()
                 .iter()
-                .map(|(_, a)| self.link.release(a, Release::all(id))),
-        )
+                .map(|&id| {
+                    let holders = st.remove(id);
+                    (id, self.live_holders(&st, holders))
+                })
+                .collect()
+        };
+        self.release_freed(freed).await;
+        tracing::info!(count = batch.ids().len(), "freed a batch");
+        Ok(())
+    }
+
+    /// Tells the holders of freed allocations to release them, one call
+    /// per agent for up to [`MAX_BATCH`] of them (agents at once), and
+    /// records their pool usage. A holder that cannot be reached drops
+    /// them on its next heartbeat (it reports what it holds; the master
+    /// answers with what to release).
+    pub(super) async fn release_freed(&self, freed: Vec<(u64, Vec<(String, String)>)>) {
+        let mut by_agent: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+        for (id, holders) in freed {
+            for holder in holders {
+                by_agent.entry(holder).or_default().push(id);
+            }
+        }
+        let replies = join_all(by_agent.iter().map(|((_, addr), ids)| async move {
+            let mut last = Ok(None);
+            for chunk in ids.chunks(MAX_BATCH as usize) {
+                last = self.link.release_many(addr, chunk.to_vec()).await;
+                if last.is_err() {
+                    break;
+                }
+            }
+            last
+        }))
         .await;
         let mut st = self.lock();
-        for ((node, _), r) in holders.iter().zip(replies) {
+        for (((node, _), ids), r) in by_agent.iter().zip(replies) {
             match r {
                 Ok(pool) => {
                     if let Some(n) = st.nodes.get_mut(node) {
@@ -89,7 +110,7 @@ impl<L: AgentLink> Master<L> {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(alloc_id = id, node = %node, error = %e, "agent did not confirm release; its next heartbeat reconciles it");
+                    tracing::warn!(node = %node, allocations = ids.len(), error = %e, "agent did not confirm a release; its next heartbeat reconciles it");
                 }
             }
         }
@@ -180,9 +201,7 @@ impl<L: AgentLink> Master<L> {
                 .collect()
         };
         let n = u32::try_from(freed.len()).unwrap_or(u32::MAX);
-        for (id, holders) in freed {
-            self.release_on(id, holders).await;
-        }
+        self.release_freed(freed).await;
         if n > 0 {
             tracing::info!(
                 session,
@@ -205,4 +224,49 @@ impl<L: AgentLink> Master<L> {
             })
             .collect()
     }
+}
+
+/// Whether the asking `session` (of user `uid`; empty for operators) may
+/// free allocation `id`: a session frees only its own, or a persistent one
+/// its user made; one other processes are attached to only with `force`.
+///
+/// # Errors
+/// [`CoreError::NoSuchAllocation`]; [`CoreError::PermissionDenied`];
+/// [`CoreError::InUse`].
+fn may_free(
+    st: &State,
+    id: u64,
+    session: &str,
+    uid: Option<u32>,
+    force: bool,
+) -> Result<(), CoreError> {
+    let rec = st.allocs.get(&id).ok_or(CoreError::NoSuchAllocation(id))?;
+    if let Some(owner) = &rec.alloc.owner {
+        if !session.is_empty() && owner.session_id != session {
+            // Never the owner's session id: it names the session to
+            // whoever can present it.
+            return Err(CoreError::PermissionDenied(format!(
+                "allocation {id} belongs to another session"
+            )));
+        }
+    } else if let Some(user) = rec.alloc.user {
+        if !session.is_empty() && uid != Some(user) {
+            return Err(CoreError::PermissionDenied(format!(
+                "allocation {id} was made by another user (uid {user}); only that user or an operator may free it"
+            )));
+        }
+    }
+    let others: Vec<String> = st
+        .attached_to(id)
+        .into_iter()
+        .filter(|a| a.session_id != session)
+        .map(ToString::to_string)
+        .collect();
+    if !others.is_empty() && !force {
+        return Err(CoreError::InUse {
+            id,
+            by: others.join(", "),
+        });
+    }
+    Ok(())
 }

@@ -135,15 +135,19 @@ impl State {
             .map(|f| f.node.as_str())
     }
 
-    /// Whether every extent of allocation `id` on `node` is a whole copy
-    /// the record lists there: it holds some, and nothing of it is being
-    /// reserved, filled or owed back there (an agent's new copy is
-    /// confirmed so).
-    pub fn whole_on(&self, id: u64, node: &str) -> bool {
-        !self.reserving.contains(&id)
-            && self.allocs.get(&id).is_some_and(|r| r.alloc.held_on(node))
-            && !self.filling(id).any(|n| n == node)
-            && !self.owing(id).any(|n| n == node)
+    /// The bytes of allocation `id` the record lists on `node` (merged,
+    /// in order), when nothing of it is being reserved, filled or owed
+    /// back there: an agent's new copy inside them is confirmed whole.
+    pub fn listed_on(&self, id: u64, node: &str) -> Option<Vec<(u64, u64)>> {
+        if self.reserving.contains(&id)
+            || self.filling(id).any(|n| n == node)
+            || self.owing(id).any(|n| n == node)
+        {
+            return None;
+        }
+        let rec = self.allocs.get(&id)?;
+        let on = super::ranges::merged(rec.alloc.all_extents().filter(|e| e.node == node));
+        (!on.is_empty()).then_some(on)
     }
 
     /// The nodes that still owe allocation `id` a give-back.

@@ -152,6 +152,22 @@ impl Session {
         Ok(())
     }
 
+    /// Frees `ids` (1 to 256, distinct) together, all or none: the
+    /// session's own, or persistent ones it may free that no other
+    /// process is attached to.
+    ///
+    /// # Errors
+    /// [`CallError`].
+    pub async fn free_many(&self, session_id: &str, ids: &[u64]) -> Result<(), CallError> {
+        let req = pb::FreeManyRequest {
+            session_id: session_id.to_string(),
+            ids: ids.to_vec(),
+            requester: None,
+        };
+        self.0.clone().free_many(req).await?;
+        Ok(())
+    }
+
     /// Allocation `id` as the master describes it now (the session owns
     /// it or is attached to it).
     ///

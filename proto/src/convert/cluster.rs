@@ -2,8 +2,8 @@
 
 use oncilla_model::alloc::{Allocation, Invalid, MAX_BATCH, MAX_REPLICAS};
 use oncilla_model::cluster::{
-    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Release, ReplicaShare,
-    Reservation, Reserved, SessionReport, SetCopies,
+    Heartbeat, HeartbeatReply, Listed, Piece, Range, Registered, Registration, Release,
+    ReplicaShare, Reservation, Reserved, SessionReport, SetCopies,
 };
 
 use super::{fabric, fabric_wire, WireError};
@@ -143,7 +143,7 @@ impl From<pb::HeartbeatReply> for HeartbeatReply {
             peers_version: h.peers_version,
             want_full: h.want_full,
             draining: h.draining,
-            whole: h.whole,
+            whole: h.whole.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -157,7 +157,7 @@ impl From<HeartbeatReply> for pb::HeartbeatReply {
             peers_version: h.peers_version,
             want_full: h.want_full,
             draining: h.draining,
-            whole: h.whole,
+            whole: h.whole.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -389,6 +389,24 @@ impl From<SetCopies> for pb::SetCopiesRequest {
                 .collect(),
             fill: s.fill,
             generation: s.generation,
+        }
+    }
+}
+
+impl From<pb::Listed> for Listed {
+    fn from(l: pb::Listed) -> Self {
+        Self {
+            alloc_id: l.alloc_id,
+            ranges: l.ranges.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<Listed> for pb::Listed {
+    fn from(l: Listed) -> Self {
+        Self {
+            alloc_id: l.alloc_id,
+            ranges: l.ranges.into_iter().map(Into::into).collect(),
         }
     }
 }

@@ -15,8 +15,8 @@ use oncilla_model::alloc::{
     Owner, Placement, RdmaRegion, KEY_LEN, MAX_ALLOCATION, MAX_BATCH, MAX_ID, MAX_REPLICAS,
 };
 use oncilla_model::cluster::{
-    Heartbeat, HeartbeatReply, Piece, Range, Registered, Registration, Release, ReplicaShare,
-    Reservation, Reserved, SessionReport, SetCopies,
+    Heartbeat, HeartbeatReply, Listed, Piece, Range, Registered, Registration, Release,
+    ReplicaShare, Reservation, Reserved, SessionReport, SetCopies,
 };
 use oncilla_model::node::{
     AgentStatus, Drain, GpuDevice, NodeInfo, NodeList, NodeState, NodeStatus, PoolUsage, RdmaPort,

@@ -499,7 +499,11 @@ pub(super) fn heartbeat_replies() -> impl Strategy<Value = HeartbeatReply> {
         any::<u64>(),
         any::<bool>(),
         any::<bool>(),
-        vec(1..=MAX_ID, 0..4),
+        vec(
+            (1..=MAX_ID, vec(ranges(), 0..4))
+                .prop_map(|(alloc_id, ranges)| Listed { alloc_id, ranges }),
+            0..4,
+        ),
     )
         .prop_map(
             |(known, release, peers, peers_version, want_full, draining, whole)| HeartbeatReply {

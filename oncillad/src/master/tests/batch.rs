@@ -1,8 +1,9 @@
-//! Batches (`allocate_many`): one call per agent, every allocation whole
-//! and distinct, and nothing left behind when any part fails.
+//! Batches (`allocate_many`, `free_many`): one call per agent, every
+//! allocation whole and distinct, and nothing left behind when any part
+//! fails; frees all or none.
 
 use oncilla_model::alloc::MAX_BATCH;
-use oncilla_model::cluster::AllocateBatch;
+use oncilla_model::cluster::{AllocateBatch, FreeBatch};
 
 use super::*;
 
@@ -112,4 +113,37 @@ fn a_batch_is_a_sessions_own_and_bounded() {
         AllocateBatch::new(remote(4096, &[], None), 2).unwrap_err(),
         Invalid::BatchPersistent
     );
+}
+
+#[tokio::test]
+async fn a_batch_is_freed_in_one_call_per_agent_all_or_none() {
+    let link = FakeLink::default();
+    let m = master(link.clone()).await;
+    let made = m.allocate_many(batch(4096, &[], 100)).await.unwrap();
+    let theirs = m.allocate(remote(4096, &["a"], owner("t"))).await.unwrap();
+    let ids: Vec<u64> = made.iter().map(|a| a.id).collect();
+    // Another session's allocation in the batch: nothing is freed.
+    let mut with_theirs = ids.clone();
+    with_theirs.push(theirs.id);
+    let err = m
+        .free_many(&FreeBatch::new(with_theirs).unwrap(), "s", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CoreError::PermissionDenied(_)), "{err}");
+    assert_eq!(m.allocations().len(), 101);
+    assert_eq!(link.release_calls.load(Ordering::SeqCst), 0);
+    // Its own: one call to each agent holding some.
+    m.free_many(&FreeBatch::new(ids).unwrap(), "s", None)
+        .await
+        .unwrap();
+    assert_eq!(m.allocations().len(), 1);
+    assert_eq!(link.released.load(Ordering::SeqCst), 100);
+    assert_eq!(link.release_calls.load(Ordering::SeqCst), 2);
+    let used: u64 = m.nodes().iter().map(|n| n.used).sum();
+    assert_eq!(used, 4096, "only the other session's page is held");
+    // A bad batch never reaches the master.
+    assert!(FreeBatch::new(Vec::new()).is_err());
+    assert!(FreeBatch::new(vec![1; 2]).is_err());
+    assert!(FreeBatch::new((1..=u64::from(MAX_BATCH) + 1).collect()).is_err());
+    assert!(FreeBatch::new(vec![0]).is_err());
 }

@@ -18,6 +18,8 @@ pub(super) struct FakeLink {
     pub(super) reserved: Arc<AtomicU64>,
     pub(super) calls: Arc<AtomicU64>,
     pub(super) released: Arc<AtomicU64>,
+    /// Calls that released allocations freed (each one or a batch).
+    pub(super) release_calls: Arc<AtomicU64>,
     pub(super) fail_on: Option<&'static str>,
     /// An agent whose reservations never answer.
     pub(super) hang_on: Option<&'static str>,
@@ -94,6 +96,24 @@ impl AgentLink for FakeLink {
         self.released.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut all) = self.releases.lock() {
             all.push((addr.to_string(), r));
+        }
+        Ok(None)
+    }
+    async fn release_many(
+        &self,
+        addr: &str,
+        ids: Vec<u64>,
+    ) -> Result<Option<PoolUsage>, LinkError> {
+        if Some(addr) == self.release_fails_on {
+            return Err(LinkError::Unreachable(format!("{addr} did not answer")));
+        }
+        self.release_calls.fetch_add(1, Ordering::SeqCst);
+        self.released.fetch_add(ids.len() as u64, Ordering::SeqCst);
+        if let Ok(mut all) = self.releases.lock() {
+            all.extend(
+                ids.into_iter()
+                    .map(|id| (addr.to_string(), Release::all(id))),
+            );
         }
         Ok(None)
     }

@@ -5,7 +5,7 @@
 //! copy the table lists is confirmed whole to its agent.
 
 use oncilla_model::alloc::Extent;
-use oncilla_model::cluster::{Release, ReplicaShare};
+use oncilla_model::cluster::{Listed, Release, ReplicaShare};
 
 use super::*;
 
@@ -176,6 +176,15 @@ async fn only_a_copy_the_table_lists_with_nothing_in_flux_is_confirmed_whole() {
     };
     let m = Master { link: link_ok, ..m };
     m.tick().await;
-    assert_eq!(m.heartbeat(beat("t")).await.whole, [ID]);
-    assert_eq!(m.heartbeat(beat("p")).await.whole, [ID]);
+    let listed = |from: u64, len: u64| Listed {
+        alloc_id: ID,
+        ranges: vec![Range {
+            alloc_offset: from,
+            len,
+        }],
+    };
+    // Only the bytes the record lists there: t's copy of [SHARE, 2 SHARE),
+    // not the one of [0, SHARE) it was filling.
+    assert_eq!(m.heartbeat(beat("t")).await.whole, [listed(SHARE, SHARE)]);
+    assert_eq!(m.heartbeat(beat("p")).await.whole, [listed(0, 2 * SHARE)]);
 }
