@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 # out of it says so at the top.
 export CARGO_INCREMENTAL=0
 mkdir -p target
-echo "check.sh: $(df -h --output=avail target | tail -1 | tr -d ' ') free on target/'s filesystem; a whole run writes about 9 GiB there"
+echo "check.sh: $(df -h --output=avail target | tail -1 | tr -d ' ') free on target/'s filesystem; a whole run writes about 5.5 GiB there"
 
 steps=()
 current=""

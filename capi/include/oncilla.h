@@ -277,8 +277,9 @@ int ocm_free(ocm_alloc_t a);
 // none. As with `ocm_free`, every handle is invalid afterwards, whatever
 // the outcome: where the batch is refused, each is let go of on its own
 // (one this process made is freed, a named one is detached and stays
-// for the processes attached). `n` is 1 to 256, each handle once;
-// otherwise, or for a NULL or misaligned `allocs`, `OCM_E_INVALID`
+// for the processes attached). `n` is 1 to 256, each allocation once
+// (by one handle); otherwise, or for a NULL or misaligned `allocs`,
+// `OCM_E_INVALID`
 // (`OCM_E_BAD_HANDLE` for a handle that is not live), and no handle is
 // touched. A copy still running on a handle in another thread finishes
 // first, and that allocation is freed after it, alone.

@@ -33,8 +33,9 @@ pub extern "C" fn ocm_free(a: ocm_alloc_t) -> c_int {
 /// none. As with `ocm_free`, every handle is invalid afterwards, whatever
 /// the outcome: where the batch is refused, each is let go of on its own
 /// (one this process made is freed, a named one is detached and stays
-/// for the processes attached). `n` is 1 to 256, each handle once;
-/// otherwise, or for a NULL or misaligned `allocs`, `OCM_E_INVALID`
+/// for the processes attached). `n` is 1 to 256, each allocation once
+/// (by one handle); otherwise, or for a NULL or misaligned `allocs`,
+/// `OCM_E_INVALID`
 /// (`OCM_E_BAD_HANDLE` for a handle that is not live), and no handle is
 /// touched. A copy still running on a handle in another thread finishes
 /// first, and that allocation is freed after it, alone.
@@ -58,11 +59,17 @@ pub unsafe extern "C" fn ocm_free_many(allocs: *const ocm_alloc_t, n: usize) -> 
             if let Some(twice) = keys.windows(2).find(|w| w[0] == w[1]) {
                 return Err(invalid(format!("handle {:#x} is given twice", twice[0])));
             }
-            if let Some(&a) = given
-                .iter()
-                .find(|&&a| !c.allocs.contains_key(&(a as usize)))
-            {
-                return Err(bad_handle(a));
+            let mut ids = Vec::with_capacity(n);
+            for &a in given {
+                let h = c.allocs.get(&(a as usize)).ok_or_else(|| bad_handle(a))?;
+                ids.push(h.alloc.descriptor().id);
+            }
+            ids.sort_unstable();
+            if let Some(twice) = ids.windows(2).find(|w| w[0] == w[1]) {
+                return Err(invalid(format!(
+                    "allocation {} is given twice (two handles of it)",
+                    twice[0]
+                )));
             }
             Ok(given
                 .iter()

@@ -156,8 +156,13 @@ impl Oncilla {
                     // this one (unless its half-built handle did) and the
                     // rest are freed here (a failure to free is the
                     // session's to clean up when it ends).
-                    let rest: Vec<u64> = std::iter::once(id).chain(records.map(|r| r.id)).collect();
-                    let _ = self.client.free_many(&rest);
+                    // (`id` may be gone with its half-built handle: freed
+                    // on its own, so the batch of the rest is not refused.)
+                    let _ = self.client.free_id(id, false);
+                    let rest: Vec<u64> = records.map(|r| r.id).collect();
+                    if !rest.is_empty() {
+                        let _ = self.client.free_many(&rest);
+                    }
                     return Err(e);
                 }
             }

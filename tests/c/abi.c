@@ -253,7 +253,15 @@ static int attach(const char *name) {
   fill(data, LEN, 42);
   CHECK(ocm_copy_out(a, 0, back, LEN) == OCM_OK, "read");
   CHECK(memcmp(back, data, LEN) == 0, "the other process's bytes");
+  /* Two handles of one allocation in one batch: refused, both live. */
+  ocm_alloc_t again = ocm_attach(name);
+  CHECK(again != NULL && again != a, "a second handle of %s", name);
+  ocm_alloc_t both[2] = {a, again};
+  CHECK(ocm_free_many(both, 2) == OCM_E_INVALID, "free_many of one allocation twice");
+  CHECK(ocm_copy_out(again, 0, back, 1) == OCM_OK && ocm_copy_out(a, 0, back, 1) == OCM_OK,
+        "a refused free_many left both handles live");
   CHECK(ocm_free(a) == OCM_OK, "free from the second process");
+  CHECK(ocm_free(again) == OCM_E_NOT_FOUND, "the second handle: freed through the first");
   printf("ok attached %s from a second process and freed it\n", name);
   free(data);
   free(back);

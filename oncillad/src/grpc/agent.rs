@@ -9,8 +9,7 @@ use oncilla_proto::pb::{self, agent_server};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use oncilla_model::alloc::{Invalid, MAX_BATCH};
-use oncilla_model::cluster::{Release, Reservation, Reserved, SetCopies};
+use oncilla_model::cluster::{FreeBatch, Release, Reservation, Reserved, SetCopies};
 
 use super::{checked, reply};
 use crate::agent::Agent;
@@ -163,15 +162,11 @@ impl agent_server::Agent for AgentService {
         req: Request<pb::ReleaseManyRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         self.admit_master(&req, "releasing pool memory")?;
-        let ids = req.into_inner().alloc_ids;
-        if ids.is_empty() || ids.len() > MAX_BATCH as usize {
-            return Err(Status::invalid_argument(format!(
-                "invalid request: {}",
-                Invalid::FreeCount(ids.len() as u64)
-            )));
-        }
+        let batch = FreeBatch::new(req.into_inner().alloc_ids)
+            .map_err(|e| Status::invalid_argument(format!("invalid request: {e}")))?;
         // As one release each; what goes is dropped off the executor.
-        let released: Vec<_> = ids
+        let released: Vec<_> = batch
+            .ids()
             .iter()
             .filter_map(|&id| self.agent.release(id))
             .collect();

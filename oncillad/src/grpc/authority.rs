@@ -109,7 +109,8 @@ impl Caller {
     }
 
     /// A free, detach or attach on behalf of `who` (a node always names
-    /// one of its sessions; only an operator frees by id alone).
+    /// one of its sessions as `session_id`, and `who` is that session's
+    /// process; only an operator frees by id alone, with no session).
     pub fn for_requester(
         &self,
         who: Option<&Owner>,
@@ -117,16 +118,19 @@ impl Caller {
         what: &str,
     ) -> Result<(), Status> {
         if let Caller::Node(me) = self {
-            if session_id.is_empty() && who.is_none() {
+            if session_id.is_empty() {
                 return Err(Status::permission_denied(format!(
                     "permission denied: node {me}'s credential cannot {what} without a session; operators do that with the cluster token"
                 )));
             }
+            self.for_session(session_id, what)?;
             if let Some(who) = who {
                 self.for_owner(who, what)?;
-            }
-            if !session_id.is_empty() {
-                self.for_session(session_id, what)?;
+                if who.session_id != session_id {
+                    return Err(Status::permission_denied(format!(
+                        "permission denied: node {me}'s credential may {what} only for the session that asks"
+                    )));
+                }
             }
         }
         Ok(())
@@ -167,6 +171,24 @@ mod tests {
             n1.for_requester(None, "", "free").is_err(),
             "free by id alone"
         );
+        let own = Owner {
+            session_id: "node-1-u0-00ff00ff00ff00ff".into(),
+            node: "node-1".into(),
+            ..Owner::default()
+        };
+        assert!(
+            n1.for_requester(Some(&own), "", "free").is_err(),
+            "its own session as the requester, no session: as an operator"
+        );
+        assert!(
+            n1.for_requester(Some(&own), "node-1-u0-0000000000000001", "free")
+                .is_err(),
+            "another of its sessions than the requester's"
+        );
+        assert!(n1
+            .for_requester(Some(&own), &own.session_id, "free")
+            .is_ok());
+        assert!(n1.for_requester(None, &own.session_id, "detach").is_ok());
         assert!(Caller::Operator.for_requester(None, "", "free").is_ok());
         assert!(n1.operator("listing allocations").is_err());
         assert!(n1.as_node("node-2", "register").is_err());

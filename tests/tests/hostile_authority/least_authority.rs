@@ -240,6 +240,38 @@ fn a_node_credential_acts_only_as_its_node() {
             ),
             "free for node-0's session",
         );
+        // One of its own sessions as the requester and no session id,
+        // which the master took for an operator's free of any id.
+        let own = || {
+            Some(pb::Owner {
+                session_id: oncilla_model::alloc::session_id("node-1", Some(0), 1),
+                node: "node-1".into(),
+                ..Default::default()
+            })
+        };
+        denied(
+            refused(
+                m.free(pb::FreeRequest {
+                    alloc: target(),
+                    session_id: String::new(),
+                    force: true,
+                    requester: own(),
+                })
+                .await,
+            ),
+            "free as its own session with no session id",
+        );
+        denied(
+            refused(
+                m.free_many(pb::FreeManyRequest {
+                    session_id: String::new(),
+                    ids: vec![theirs.id()],
+                    requester: own(),
+                })
+                .await,
+            ),
+            "free_many as its own session with no session id",
+        );
         denied(
             refused(
                 m.lookup(pb::MasterLookupRequest {
