@@ -145,7 +145,7 @@ for t in "${tests[@]}"; do
     verbs) jobs+=("verbs-again rxe0 $exe --test-threads 1 $(shown verbs) ${alone[*]} $(only verbs-again)") ;;
   esac
 done
-order="cluster failure verbs hostile_authority verbs-again sharing mapping cluster-again copies drain property"
+order="cluster failure verbs hostile_authority verbs-again sharing mapping cluster-again copies batches drain property"
 for j in "${jobs[@]}"; do
   case " $order " in
     *" ${j%% *} "*) ;;
