@@ -4,12 +4,17 @@
 //! stamps its extents with a ticket; they are reported `filling` when the
 //! agent registers, so a new master never takes them as a copy (the fill
 //! may have been cut short with the master that ran it), until a
-//! heartbeat's reply names their allocation `whole`. A reply confirms
-//! only extents reserved before its heartbeat was sent: a reservation that
-//! overtook the reply is not what the master looked at.
+//! heartbeat's reply names their allocation `whole`, with the bytes the
+//! master lists on this node. A reply speaks only of extents reserved
+//! before its heartbeat was sent: a reservation that overtook the reply is
+//! not what the master looked at. Of those, the ones inside the listed
+//! bytes are whole; the others are copies the master gave up whose
+//! reservation arrived after their give-back (nothing of the allocation
+//! is being reserved, filled or owed here, or the master would not have
+//! named it), and they are let go of.
 //!
-//! Never decides anything: the master confirms, and only it gives back a
-//! copy that is not confirmed.
+//! Never decides anything: the master's reply says what is whole and,
+//! by what it leaves out, what it gave up.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,9 +85,8 @@ impl Agent {
     /// The master answered a heartbeat that carried `report`: of the
     /// allocations it names `whole`, the extents stamped before the
     /// heartbeat that lie inside the bytes it lists on this node are
-    /// whole copies (an extent it does not list stays unconfirmed: a
-    /// reservation that came after the master gave it up, say). A list
-    /// out of order is ignored.
+    /// whole copies, and those outside them copies it gave up (a late
+    /// reservation), let go of here. A list out of order is ignored.
     pub fn confirm_whole(&self, whole: &[Listed], report: &FillingReport) {
         for listed in whole {
             let id = listed.alloc_id;
@@ -104,16 +108,32 @@ impl Agent {
                 })
             };
             let mut confirmed = 0usize;
+            let mut given_up = Vec::new();
             for e in &held.extents {
                 let ticket = e.filling.load(Ordering::SeqCst);
-                if ticket != 0
-                    && ticket < report.before
-                    && inside(e.alloc_offset, e.len)
-                    && e.filling
-                        .compare_exchange(ticket, 0, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
+                if ticket == 0 || ticket >= report.before {
+                    continue;
+                }
+                if !inside(e.alloc_offset, e.len) {
+                    given_up.push((e.alloc_offset, e.len));
+                } else if e
+                    .filling
+                    .compare_exchange(ticket, 0, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
                 {
                     confirmed += 1;
+                }
+            }
+            if !given_up.is_empty() {
+                match self.release_part(id, &given_up) {
+                    Ok(_) => tracing::info!(
+                        alloc_id = id,
+                        extents = given_up.len(),
+                        "let go of a new copy the master gave up (its reservation came after its give-back)"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(alloc_id = id, error = %e, "could not let go of a copy the master gave up");
+                    }
                 }
             }
             if confirmed > 0 {
@@ -184,12 +204,11 @@ mod tests {
         assert_eq!(sent.ids, [1]);
         // A second fill reserved after that heartbeat went out.
         a.reserve(copy(8192, true)).unwrap();
-        // A reply naming another allocation confirms nothing, nor one
-        // listing other bytes, nor one whose list is out of order.
+        // A reply naming another allocation changes nothing, nor one
+        // whose list is out of order.
         let mut other = listed(&[(0, 12288)]);
         other[0].alloc_id = 2;
         a.confirm_whole(&other, &sent);
-        a.confirm_whole(&listed(&[(0, 4096)]), &sent);
         a.confirm_whole(&listed(&[(4096, 4096), (0, 4096)]), &sent);
         assert_eq!(reported(&a), [(0, false), (4096, true), (8192, true)]);
         // The reply to it confirms what it covered, not the later fill.
@@ -200,6 +219,13 @@ mod tests {
         a.confirm_whole(&listed(&[(0, 12288)]), &next);
         assert_eq!(reported(&a), [(0, false), (4096, false), (8192, false)]);
         assert!(a.filling_report().ids.is_empty(), "forgotten once whole");
+        // A copy the master gave up whose reservation came late: the
+        // reply names the allocation without its bytes, and it goes.
+        a.reserve(copy(16384, true)).unwrap();
+        let late = a.filling_report();
+        a.confirm_whole(&listed(&[(0, 12288)]), &late);
+        assert_eq!(reported(&a), [(0, false), (4096, false), (8192, false)]);
+        assert!(a.filling_report().ids.is_empty());
         // Released before its confirmation: not reported.
         a.reserve(copy(12288, true)).unwrap();
         a.release_part(1, &[(12288, 4096)]).unwrap();

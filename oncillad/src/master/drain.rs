@@ -180,7 +180,11 @@ impl<L: AgentLink> Master<L> {
         for (from, from_agent) in draining {
             let mut refused: Vec<(u64, String)> = Vec::new();
             let mut found = None;
-            for (id, rec) in &st.allocs {
+            // From where the last move off this node was found, round to
+            // it again: a drain walks the table about once, not once per
+            // move (a node among a million allocations).
+            let start = st.drain_cursor.get(&from).copied().unwrap_or(0);
+            for (id, rec) in st.allocs.range(start..).chain(st.allocs.range(..start)) {
                 if !rec.alloc.held_on(&from)
                     || st.move_after.contains_key(id)
                     || st.reserving.contains(id)
@@ -216,6 +220,8 @@ impl<L: AgentLink> Master<L> {
                 pause(&mut st, id, &from, why);
             }
             let Some(mut mv) = found else { continue };
+            st.drain_cursor
+                .insert(from.clone(), mv.alloc_id.saturating_add(1));
             for s in &mut mv.shares {
                 s.generation = st.next_copies_generation();
             }

@@ -86,6 +86,8 @@ pub(super) struct State {
     /// move failed, not tried again before then.
     pub moving: BTreeSet<u64>,
     pub move_after: BTreeMap<u64, std::time::Instant>,
+    /// Per drained node, the id its next move is looked for from.
+    pub drain_cursor: BTreeMap<String, u64>,
     /// Bytes nodes must let go of while they keep other bytes of the same
     /// allocation, per (allocation, node), until their agents confirm
     /// (`give_back.rs`).
