@@ -2,12 +2,15 @@
 //! allocation: a new copy given up (a re-creation or a move that failed,
 //! or one a move's switch could not keep), or copies a registration
 //! reported that the table does not take. A heartbeat releases only
-//! whole allocations (those the record lists nothing of on that node), so
-//! these are asked at
-//! once and, when that fails, again at every tick until the agent
-//! confirms (an agent that does not hold them confirms at once, also
-//! after a restart); the node leaving ends them. While a node owes an
-//! allocation bytes, no new copy of it goes there ([`barred`]).
+//! whole allocations (those the record lists nothing of on that node and
+//! the node does not owe back), so these are owed from the moment they
+//! are decided: asked at once where a fill was given up, at a tick where
+//! a registration reported them (once the allocation's live primaries
+//! were told their replicas), and, when that fails, again at every tick
+//! until the agent confirms (an agent that does not hold them confirms
+//! at once, also after a restart); the node leaving ends them. While a
+//! node owes an allocation bytes, no new copy of it goes there
+//! ([`barred`]), and no heartbeat's reply confirms them whole.
 //!
 //! Never holds the lock across a call to an agent.
 
