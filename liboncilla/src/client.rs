@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use oncilla_model::alloc::{AllocRef, Allocation as Record, Invalid, MAX_BATCH};
+use oncilla_model::cluster::FreeBatch;
 use oncilla_net::credential::{AttachCredential, Credential, Renewable};
 use oncilla_net::tls::ClientTls;
 use oncilla_proto::calls::{self, CallError};
@@ -264,14 +265,12 @@ impl Client {
         self.call(|s| s.free(&self.session_id, &alloc, force))
     }
 
-    /// Frees `ids` together, all or none.
+    /// Frees `ids` together, all or none (checked as the agent checks
+    /// them before anything is asked).
     pub(crate) fn free_many(&self, ids: &[u64]) -> Result<()> {
-        if ids.is_empty() || ids.len() > MAX_BATCH as usize {
-            return Err(Error::InvalidArgument(
-                Invalid::FreeCount(ids.len() as u64).to_string(),
-            ));
-        }
-        self.call(|s| s.free_many(&self.session_id, ids))
+        let batch =
+            FreeBatch::new(ids.to_vec()).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        self.call(|s| s.free_many(&self.session_id, batch.ids()))
     }
 
     /// One handle of attached allocation `id` is done: the session

@@ -215,14 +215,12 @@ impl session_server::Session for SessionService {
     ) -> Result<Response<pb::FreeReply>, Status> {
         acting_for(&req, &req.get_ref().session_id)?;
         let mut r = req.into_inner();
-        let ids = FreeBatch::new(r.ids.clone())
-            .map_err(|e| Status::invalid_argument(format!("invalid request: {e}")))?
-            .ids()
-            .to_vec();
+        let batch = FreeBatch::new(r.ids.clone())
+            .map_err(|e| Status::invalid_argument(format!("invalid request: {e}")))?;
         r.requester = Some(self.requester(&r.session_id)?);
         let session = r.session_id.clone();
         self.master.free_many(r).await?;
-        for id in ids {
+        for &id in batch.ids() {
             self.agent.note_attached(&session, id, false);
         }
         Ok(Response::new(pb::FreeReply {}))

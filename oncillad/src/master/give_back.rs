@@ -156,10 +156,7 @@ pub(super) fn barred(st: &State, a: &Allocation, ranges: &[(u64, u64)]) -> Vec<S
         .map(|e| e.node.clone())
         .collect();
     nodes.extend(
-        st.refilling
-            .range((a.id, String::new())..)
-            .take_while(|((id, _), _)| *id == a.id)
-            .flat_map(|(_, f)| f)
+        st.fills(a.id)
             .filter(|f| subtract(&f.ranges, ranges) != f.ranges)
             .map(|f| f.node.clone()),
     );

@@ -338,11 +338,7 @@ impl<L: AgentLink> Master<L> {
         for chunk in req.held.chunks(HELD_PER_LOCK) {
             let st = self.lock();
             release.extend(chunk.iter().copied().filter(|&id| {
-                let refilled_here = st.filling(id).any(|to| to == req.name);
-                let owed_here = st.owing(id).any(|n| n == req.name);
-                !st.reserving.contains(&id)
-                    && !refilled_here
-                    && !owed_here
+                !st.in_flux(id, &req.name)
                     && st
                         .allocs
                         .get(&id)
@@ -528,10 +524,7 @@ fn without_unconfirmed<'a>(
             (e.filling || one_copy) && !listed.contains(&(e.copy, e.alloc_offset, e.len))
         });
     let mut filled_here: Vec<(u64, u64)> = st
-        .refilling
-        .range((record.id, String::new())..)
-        .take_while(|((id, _), _)| *id == record.id)
-        .flat_map(|(_, f)| f)
+        .fills(record.id)
         .filter(|f| f.node == name)
         .flat_map(|f| f.ranges.iter().copied())
         .collect();

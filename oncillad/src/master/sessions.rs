@@ -33,14 +33,12 @@ impl<L: AgentLink> Master<L> {
         force: bool,
     ) -> Result<(), CoreError> {
         self.check_serving()?;
-        let freed = {
+        let (id, freed) = {
             let mut st = self.lock();
             let id = st.resolve(target)?;
             may_free(&st, id, session, uid, force)?;
-            let holders = st.remove(id);
-            vec![(id, self.live_holders(&st, holders))]
+            (id, vec![self.remove_freed(&mut st, id)])
         };
-        let id = freed[0].0;
         self.release_freed(freed).await;
         tracing::info!(alloc_id = id, force, "freed");
         Ok(())
@@ -67,10 +65,7 @@ impl<L: AgentLink> Master<L> {
             batch
                 .ids()
                 .iter()
-                .map(|&id| {
-                    let holders = st.remove(id);
-                    (id, self.live_holders(&st, holders))
-                })
+                .map(|&id| self.remove_freed(&mut st, id))
                 .collect()
         };
         self.release_freed(freed).await;
@@ -194,10 +189,7 @@ impl<L: AgentLink> Master<L> {
             let mut st = self.lock();
             st.end_session(session)
                 .into_iter()
-                .map(|id| {
-                    let holders = st.remove(id);
-                    (id, self.live_holders(&st, holders))
-                })
+                .map(|id| self.remove_freed(&mut st, id))
                 .collect()
         };
         let n = u32::try_from(freed.len()).unwrap_or(u32::MAX);
@@ -212,17 +204,18 @@ impl<L: AgentLink> Master<L> {
         n
     }
 
-    /// The holders worth telling to release now: those that are up. The
-    /// others learn it from the reply to their next heartbeat.
-    fn live_holders(&self, st: &State, holders: Vec<(String, String)>) -> Vec<(String, String)> {
-        holders
-            .into_iter()
-            .filter(|(node, _)| {
-                st.nodes
-                    .get(node)
-                    .is_some_and(|n| n.seen.state(&self.liveness).0 == NodeState::Up)
-            })
-            .collect()
+    /// Removes allocation `id` from the table; returns it with the holders
+    /// worth telling to release it (for [`Self::release_freed`]): those
+    /// that are up. The others learn it from the reply to their next
+    /// heartbeat.
+    fn remove_freed(&self, st: &mut State, id: u64) -> (u64, Vec<(String, String)>) {
+        let mut holders = st.remove(id);
+        holders.retain(|(node, _)| {
+            st.nodes
+                .get(node)
+                .is_some_and(|n| n.seen.state(&self.liveness).0 == NodeState::Up)
+        });
+        (id, holders)
     }
 }
 

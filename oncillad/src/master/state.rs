@@ -129,22 +129,30 @@ impl State {
         of_alloc(&self.copies_due, id).next().is_some()
     }
 
-    /// The nodes a copy of allocation `id` is being made on (re-created,
-    /// or moved off a drained node).
+    /// The copies of allocation `id` being made (re-created, or moved off
+    /// a drained node), of every primary's bytes.
+    pub fn fills(&self, id: u64) -> impl Iterator<Item = &Filling> {
+        of_alloc(&self.refilling, id).flatten()
+    }
+
+    /// The nodes a copy of allocation `id` is being made on.
     pub fn filling(&self, id: u64) -> impl Iterator<Item = &str> {
-        of_alloc(&self.refilling, id)
-            .flatten()
-            .map(|f| f.node.as_str())
+        self.fills(id).map(|f| f.node.as_str())
+    }
+
+    /// Whether allocation `id` is in flux on `node`: being reserved, a
+    /// copy of it being made there, or bytes of it owed back from there.
+    pub fn in_flux(&self, id: u64, node: &str) -> bool {
+        self.reserving.contains(&id)
+            || self.filling(id).any(|n| n == node)
+            || self.owing(id).any(|n| n == node)
     }
 
     /// The bytes of allocation `id` the record lists on `node` (merged,
-    /// in order), when nothing of it is being reserved, filled or owed
-    /// back there: an agent's new copy inside them is confirmed whole.
+    /// in order), when it is not in flux there: an agent's new copy
+    /// inside them is confirmed whole.
     pub fn listed_on(&self, id: u64, node: &str) -> Option<Vec<(u64, u64)>> {
-        if self.reserving.contains(&id)
-            || self.filling(id).any(|n| n == node)
-            || self.owing(id).any(|n| n == node)
-        {
+        if self.in_flux(id, node) {
             return None;
         }
         let rec = self.allocs.get(&id)?;
