@@ -7,13 +7,7 @@
 mod support;
 
 use liboncilla::{AllocSpec, Error, Kind};
-use support::Cluster;
-
-fn bytes(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
+use support::{bytes, Cluster};
 
 /// `alloc_many` makes whole, distinct allocations in one call, and is all
 /// or none: a batch the cluster cannot hold leaves nothing behind, and a

@@ -10,13 +10,7 @@ use std::time::Duration;
 use liboncilla::Operator;
 use liboncilla::{AllocSpec, Error, Fabric, Kind, Oncilla, Options};
 use oncilla_net::auth::Token;
-use support::Cluster;
-
-fn bytes(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
+use support::{bytes, Cluster};
 
 #[test]
 fn kinds_place_where_asked_and_copies_roundtrip() {

@@ -12,15 +12,9 @@
 mod support;
 
 use liboncilla::{AllocSpec, Allocation, Fabric, Kind, Oncilla};
-use support::{get, sample, Cluster};
+use support::{bytes, get, sample, Cluster};
 
 const AGENTS: [&str; 3] = ["node-0", "node-1", "node-2"];
-
-fn bytes(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
 
 /// Bytes the agents' TCP data servers counted for `op`, summed over all.
 fn moved(c: &Cluster, op: &str) -> u64 {

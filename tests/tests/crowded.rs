@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use liboncilla::{AllocSpec, Allocation, Kind};
-use support::Cluster;
+use support::{pattern, Cluster};
 
 const MIB: usize = 1 << 20;
 const NODES: [&str; 3] = ["node-0", "node-1", "node-2"];
@@ -23,12 +23,6 @@ const NODES: [&str; 3] = ["node-0", "node-1", "node-2"];
 const BOUND: Duration = Duration::from_secs(60);
 /// Most rounds one load thread makes (it stops earlier when told).
 const MAX_ROUNDS: u32 = 10_000;
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)).to_le_bytes()[2])
-        .collect()
-}
 
 /// The master's record of allocation `id`.
 fn record(c: &Cluster, id: u64) -> oncilla_model::alloc::Allocation {

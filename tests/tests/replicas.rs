@@ -14,18 +14,12 @@ use std::time::{Duration, Instant};
 use liboncilla::{AllocSpec, Error, Kind, MapOptions};
 use oncilla_model::alloc::{Allocation, KEY_LEN};
 use oncilla_net::wire::{Op, Request, Status};
-use support::Cluster;
+use support::{pattern, Cluster};
 
 const MIB: usize = 1 << 20;
 /// How long a node's loss may take to settle: failure detection, a tick,
 /// on a loaded machine.
 const BOUND: Duration = Duration::from_secs(30);
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)).to_le_bytes()[2])
-        .collect()
-}
 
 /// The allocation named `name` as the master records it (copies included).
 fn record(c: &Cluster, id: u64) -> Allocation {

@@ -539,6 +539,22 @@ impl Cluster {
     }
 }
 
+/// `n` bytes that change with `seed` and along the buffer (a copy that
+/// lands at the wrong offset or from another buffer shows).
+pub fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// `len` bytes of a pattern `seed` picks, with no short period (a page
+/// copied to the wrong place shows).
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)).to_le_bytes()[2])
+        .collect()
+}
+
 /// One HTTP/1.1 GET; the status code and the body (code 0: nothing
 /// listens there yet).
 pub fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
