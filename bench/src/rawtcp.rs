@@ -11,7 +11,10 @@
 //! ```
 //!
 //! It serves benchmarks only: the server holds no data and checks nothing
-//! but the header, and never runs inside a daemon. Its buffer is a plain
+//! but the header, and never runs inside a daemon. It moves bytes as a
+//! plain program does (`read_exact` and `write_all` on the stream), not
+//! through Oncilla's receive path, so what that path does better (its
+//! low-water mark, `oncilla_net::wire::lowat`) shows against it. Its buffer is a plain
 //! heap buffer, or (`ServerMemory::Slab`) memory made exactly as an agent
 //! makes a pool slab ([`crate::pages`]), to tell what pool memory costs from what Oncilla's own
 //! code costs.
@@ -20,7 +23,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use oncilla_net::wire::sock::{self, RecvBuf};
+use oncilla_net::wire::sock;
 
 use crate::pages::SharedPages;
 
@@ -109,15 +112,15 @@ pub fn spawn_local(memory: ServerMemory) -> Result<String, BenchError> {
 
 fn serve_one(mut stream: TcpStream, memory: ServerMemory) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    let mut recv = RecvBuf::new(HEADER + 4096);
     let mut buffer = Buffer::new(memory)?;
     let buf = buffer.bytes();
     loop {
-        let head = match recv.header::<HEADER>(&stream, HEADER + 4096) {
-            Ok(h) => h,
+        let mut head = [0u8; HEADER];
+        match stream.read_exact(&mut head) {
+            Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
-        };
+        }
         let mut len = [0u8; 8];
         len.copy_from_slice(&head[8..16]);
         let len = u64::from_le_bytes(len);
@@ -133,7 +136,7 @@ fn serve_one(mut stream: TcpStream, memory: ServerMemory) -> std::io::Result<()>
             OP_WRITE => {
                 while left > 0 {
                     let n = left.min(buf.len());
-                    recv.read_exact(&stream, &mut buf[..n])?;
+                    stream.read_exact(&mut buf[..n])?;
                     left -= n;
                 }
                 stream.write_all(&len.to_le_bytes())?;

@@ -27,6 +27,7 @@
 //! the encoded bytes through a socket.
 
 pub mod dial;
+pub mod lowat;
 pub mod sock;
 
 use std::io::{self, Read, Write};

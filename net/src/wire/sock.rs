@@ -16,6 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{setsockopt, sockopt};
+
+use super::lowat::LowWater;
 use nix::sys::time::TimeVal;
 
 /// When a whole transfer must be over, whatever progress it makes: a peer
@@ -378,19 +380,29 @@ impl RecvBuf {
         unsafe { std::ptr::copy_nonoverlapping(self.buf[self.lo..].as_ptr(), ptr, from_buf) };
         self.lo += from_buf;
         let mut done = from_buf;
-        let mut calls = 0u32;
+        let mut short = false;
         let mut shortened = false;
+        // In parts, the receiver woken once per MiB queued where the
+        // payload is long enough (see [`LowWater`]).
+        let mut mark = LowWater::new(fd, len - done);
+        let mut stop = done;
         while done < len {
-            if let (true, Some(d)) = (calls > 0, &deadline) {
+            if done == stop {
+                stop = done + mark.step(len - done)?;
+            }
+            if let (true, Some(d)) = (short, &deadline) {
                 // The last call came back short (a slow sender).
                 shorten(fd, Direction::Receive, d)?;
                 shortened = true;
             }
-            calls += 1;
-            // SAFETY: `done < len`, so the range is inside the caller's.
-            done += retry(|| unsafe {
-                libc::recv(raw, ptr.add(done).cast(), len - done, libc::MSG_WAITALL)
+            let want = stop - done;
+            // SAFETY: `done < stop <= len`, so the range is inside the
+            // caller's.
+            let n = retry(|| unsafe {
+                libc::recv(raw, ptr.add(done).cast(), want, libc::MSG_WAITALL)
             })?;
+            short = n < want;
+            done += n;
         }
         if let (true, Some(d)) = (shortened, deadline) {
             set_timeout(fd, Direction::Receive, d.base)?;
@@ -574,5 +586,99 @@ mod tests {
         r.read_into(&b, into).unwrap();
         writer.join().unwrap();
         assert!(dst.iter().all(|&x| x == 7));
+    }
+
+    const RECV_TIMEOUT: Duration = Duration::from_secs(20);
+
+    /// A connected loopback TCP pair, the receiving end's timeout set so a
+    /// receive that would hang fails instead.
+    fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        b.set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
+        (a, b)
+    }
+
+    fn low_water_mark(s: &std::net::TcpStream) -> libc::c_int {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are live for the call and sized as passed.
+        let rc = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(s),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                std::ptr::from_mut(&mut v).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        v
+    }
+
+    #[test]
+    fn a_large_payload_in_uneven_pieces_comes_whole_and_the_mark_goes_back() {
+        let (mut a, b) = tcp_pair();
+        let len = 5 * super::super::lowat::WAKE_EVERY + 12_345;
+        let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let sent = payload.clone();
+        let writer = std::thread::spawn(move || {
+            // Uneven pieces, then a pause before the last 100,000 bytes:
+            // the receiver sleeps with less than a mark's worth due, which
+            // it must receive with the mark back at 1 or never wake.
+            let (most, tail) = sent.split_at(sent.len() - 100_000);
+            for piece in most.chunks(700_001) {
+                a.write_all(piece).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            a.write_all(tail).unwrap();
+            a.write_all(b"NEXT").unwrap();
+            a
+        });
+        let mut r = RecvBuf::new(16);
+        let mut got = vec![0u8; len];
+        let started = Instant::now();
+        r.read_exact(&b, &mut got).unwrap();
+        // Only sleeping through the socket's timeout takes this long: the
+        // tail was received with the mark still raised.
+        assert!(
+            started.elapsed() < RECV_TIMEOUT,
+            "woken by the receive timeout, not by the data"
+        );
+        assert!(got == payload, "the payload came back changed");
+        assert_eq!(low_water_mark(&b), 1, "the mark stayed raised");
+        // The next small message is read at once, not held for a MiB.
+        let next: [u8; 4] = r.header(&b, 4).unwrap();
+        assert_eq!(&next, b"NEXT");
+        drop(writer.join().unwrap());
+    }
+
+    #[test]
+    fn a_sender_that_stops_inside_a_large_payload_is_cut_by_the_deadline() {
+        let (mut a, b) = tcp_pair();
+        b.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mark = super::super::lowat::WAKE_EVERY;
+        // 3 MiB of a 4 MiB payload, then nothing, the connection open.
+        a.write_all(&vec![1u8; 3 * mark]).unwrap();
+        let mut r = RecvBuf::new(16);
+        let mut got = vec![0u8; 4 * mark];
+        let started = Instant::now();
+        let d = Deadline {
+            at: started + Duration::from_millis(800),
+            base: Duration::from_millis(300),
+        };
+        let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(low_water_mark(&b), 1, "the mark stayed raised");
+        drop(a);
     }
 }
