@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use oncilla_net::credential::{self, Principal, CLOCK_SKEW, CONNECTION_GRACE, REPLICATOR};
 use oncilla_net::tls::tunnel::{self, DataStream};
+use oncilla_net::wire::lowat;
 use oncilla_net::wire::sock::{self, RecvBuf, Shared};
 use oncilla_net::wire::{
     self, Op, Reply, Request, Source, Stamp, Status, REQUEST_LEN, SOURCE_LEN, STAMP_LEN,
@@ -176,6 +177,8 @@ fn open(
     until: Instant,
 ) -> Result<DataStream, wire::WireError> {
     tcp.set_nodelay(true)?;
+    // Read replies leave in steps the reader takes while they are in cache.
+    lowat::limit_unsent(&tcp)?;
     Ok(match tls {
         Some(config) => tunnel::accept(tcp, config, until, STALL_DEADLINE)?,
         None => DataStream::Tcp(tcp),
