@@ -14,7 +14,15 @@
 //! due after it, so the queue always reaches the mark once the peer has
 //! sent what it owes; the mark halves as the payload's end nears, and the
 //! last bytes are received with it back at 1. A peer that stops sending
-//! early is cut by the socket's receive timeout, as before.
+//! early is cut by the socket's receive timeout and the transfer's
+//! deadline, as before. Kernels before 5.11 do not wake a receiver below
+//! its mark when the receive window closes first, so there the mark is
+//! never raised. Over TLS the receive end is the tunnel's Unix socket,
+//! which wakes its reader at every write whatever the mark. Measured on
+//! loopback only: the kernel clamps the receive window to the mark while
+//! the receive buffer is smaller than twice it, until its autotuning
+//! grows the buffer, which a path with more than 1 MiB in flight may feel
+//! at a connection's start.
 //!
 //! The send side has a mark of its own, set once on each connection an
 //! agent accepts ([`limit_unsent`]): `TCP_NOTSENT_LOWAT` keeps at most
@@ -34,6 +42,7 @@
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::OnceLock;
 
 /// The most bytes a data socket keeps queued unsent before its sender
 /// sleeps (`TCP_NOTSENT_LOWAT`).
@@ -66,7 +75,7 @@ impl<'a> LowWater<'a> {
     pub fn new(fd: BorrowedFd<'a>, len: usize) -> Self {
         Self {
             fd,
-            long: len >= RAISE_FROM,
+            long: len >= RAISE_FROM && kernel_escapes_the_mark(),
             mark: 1,
         }
     }
@@ -76,8 +85,8 @@ impl<'a> LowWater<'a> {
     /// half of `rest` (a power of two, at most [`WAKE_EVERY`]) and the
     /// part leaves that many bytes due after it, so the queue always
     /// reaches the mark; near the end it is 1 and the part is all of
-    /// `rest`. A socket that refuses the option gets the same parts with
-    /// the mark at 1.
+    /// `rest`. A socket that refuses the option gets all of `rest` as one
+    /// part, the mark at 1.
     ///
     /// # Errors
     /// The `setsockopt` that puts a raised mark back to 1 failed; the
@@ -107,6 +116,30 @@ impl Drop for LowWater<'_> {
             let _ = set(self.fd, 1);
         }
     }
+}
+
+/// The first kernel that wakes a receiver below its mark when the
+/// receive window closes first (skbs whose memory outweighs their bytes,
+/// memory pressure): before it, such a receive slept until its timeout.
+const ESCAPES_FROM: (u32, u32) = (5, 11);
+
+/// Whether the running kernel is [`ESCAPES_FROM`] or later (read once).
+fn kernel_escapes_the_mark() -> bool {
+    static ESCAPES: OnceLock<bool> = OnceLock::new();
+    *ESCAPES.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .and_then(|r| release(&r))
+            .is_some_and(|v| v >= ESCAPES_FROM)
+    })
+}
+
+/// `(major, minor)` of a kernel release such as `6.18.44-fc-v595`.
+fn release(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// Limits the bytes `tcp` keeps queued unsent to [`UNSENT_MAX`].
@@ -170,6 +203,15 @@ mod tests {
         };
         assert_eq!(rc, 0);
         v
+    }
+
+    #[test]
+    fn kernel_releases_parse_to_major_and_minor() {
+        assert_eq!(release("6.18.44-fc-v595\n"), Some((6, 18)));
+        assert_eq!(release("5.10.0-28-amd64"), Some((5, 10)));
+        assert_eq!(release("4.18.0-553.el8_10.x86_64"), Some((4, 18)));
+        assert_eq!(release("garbage"), None);
+        assert!((5, 10) < ESCAPES_FROM && (6, 1) >= ESCAPES_FROM);
     }
 
     #[test]

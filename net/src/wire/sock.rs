@@ -380,7 +380,7 @@ impl RecvBuf {
         unsafe { std::ptr::copy_nonoverlapping(self.buf[self.lo..].as_ptr(), ptr, from_buf) };
         self.lo += from_buf;
         let mut done = from_buf;
-        let mut short = false;
+        let mut calls = 0u32;
         let mut shortened = false;
         // In parts, the receiver woken once per MiB queued where the
         // payload is long enough (see [`LowWater`]).
@@ -390,19 +390,18 @@ impl RecvBuf {
             if done == stop {
                 stop = done + mark.step(len - done)?;
             }
-            if let (true, Some(d)) = (short, &deadline) {
-                // The last call came back short (a slow sender).
+            if let (true, Some(d)) = (calls > 0, &deadline) {
+                // A call came back short (a slow sender) or a part ended:
+                // from here on no call may outlive the deadline.
                 shorten(fd, Direction::Receive, d)?;
                 shortened = true;
             }
-            let want = stop - done;
+            calls += 1;
             // SAFETY: `done < stop <= len`, so the range is inside the
             // caller's.
-            let n = retry(|| unsafe {
-                libc::recv(raw, ptr.add(done).cast(), want, libc::MSG_WAITALL)
+            done += retry(|| unsafe {
+                libc::recv(raw, ptr.add(done).cast(), stop - done, libc::MSG_WAITALL)
             })?;
-            short = n < want;
-            done += n;
         }
         if let (true, Some(d)) = (shortened, deadline) {
             set_timeout(fd, Direction::Receive, d.base)?;
@@ -655,7 +654,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_that_stops_inside_a_large_payload_is_cut_by_the_deadline() {
+    fn a_sender_that_stops_inside_a_large_payload_is_cut_by_the_socket_timeout() {
         let (mut a, b) = tcp_pair();
         b.set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
@@ -680,5 +679,46 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(low_water_mark(&b), 1, "the mark stayed raised");
         drop(a);
+    }
+
+    #[test]
+    fn a_sender_that_pauses_between_parts_is_cut_by_the_deadline() {
+        // Each piece lands before the socket's own timeout, and fills one
+        // of the receive's parts exactly, so no call comes back short:
+        // only the whole deadline can end it, long before the sender is
+        // done (it needs more than 3 s).
+        let (mut a, b) = tcp_pair();
+        let base = Duration::from_secs(1);
+        b.set_read_timeout(Some(base)).unwrap();
+        let mark = super::super::lowat::WAKE_EVERY;
+        let pieces = [3 * mark, mark / 2, mark / 4, mark / 8, mark / 8];
+        let total: usize = pieces.iter().sum();
+        let writer = std::thread::spawn(move || {
+            for (i, n) in pieces.into_iter().enumerate() {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_millis(800));
+                }
+                if a.write_all(&vec![3u8; n]).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut r = RecvBuf::new(16);
+        let mut got = vec![0u8; total];
+        let d = Deadline {
+            at: Instant::now() + Duration::from_millis(1200),
+            base,
+        };
+        let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{err}"
+        );
+        assert_eq!(low_water_mark(&b), 1, "the mark stayed raised");
+        drop(b);
+        writer.join().unwrap();
     }
 }

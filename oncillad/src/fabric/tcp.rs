@@ -177,8 +177,11 @@ fn open(
     until: Instant,
 ) -> Result<DataStream, wire::WireError> {
     tcp.set_nodelay(true)?;
-    // Read replies leave in steps the reader takes while they are in cache.
-    lowat::limit_unsent(&tcp)?;
+    // Read replies leave in steps the reader takes while they are in
+    // cache; a speed-up only, so a socket that refuses it still serves.
+    if let Err(e) = lowat::limit_unsent(&tcp) {
+        tracing::debug!(error = %e, "data connection keeps the kernel's unsent limit");
+    }
     Ok(match tls {
         Some(config) => tunnel::accept(tcp, config, until, STALL_DEADLINE)?,
         None => DataStream::Tcp(tcp),
