@@ -226,6 +226,10 @@ mod tests {
 
     #[test]
     fn the_receive_mark_steps_down_and_ends_at_one() {
+        if !kernel_escapes_the_mark() {
+            eprintln!("skipped: a kernel before 5.11 never raises the mark");
+            return;
+        }
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
