@@ -14,10 +14,10 @@
 //! but the header, and never runs inside a daemon. It moves bytes as a
 //! plain program does (`read_exact` and `write_all` on the stream), not
 //! through Oncilla's receive path, so what that path does better (its
-//! low-water mark, `oncilla_net::wire::lowat`) shows against it. Its buffer is a plain
-//! heap buffer, or (`ServerMemory::Slab`) memory made exactly as an agent
-//! makes a pool slab ([`crate::pages`]), to tell what pool memory costs from what Oncilla's own
-//! code costs.
+//! low-water mark, `oncilla_net::wire::lowat`) shows against it. Its
+//! buffer is a plain heap buffer, or (`ServerMemory::Slab`) memory made
+//! exactly as an agent makes a pool slab ([`crate::pages`]), to tell what
+//! pool memory costs from what Oncilla's own code costs.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};

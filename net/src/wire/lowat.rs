@@ -184,26 +184,29 @@ fn option(
     }
 }
 
+/// A socket option's value, for the tests of this module and of
+/// [`super::sock`].
+#[cfg(test)]
+pub(crate) fn option_of(tcp: &TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+    let mut v: libc::c_int = 0;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap();
+    // SAFETY: `v` and `len` are live for the call and sized as passed.
+    let rc = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            level,
+            name,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn option_of(tcp: &TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
-        let mut v: libc::c_int = 0;
-        let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap();
-        // SAFETY: `v` and `len` are live for the call and sized as passed.
-        let rc = unsafe {
-            libc::getsockopt(
-                tcp.as_raw_fd(),
-                level,
-                name,
-                std::ptr::from_mut(&mut v).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
-        v
-    }
 
     #[test]
     fn kernel_releases_parse_to_major_and_minor() {

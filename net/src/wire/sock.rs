@@ -16,9 +16,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeVal;
 
 use super::lowat::LowWater;
-use nix::sys::time::TimeVal;
 
 /// When a whole transfer must be over, whatever progress it makes: a peer
 /// that reads (or sends) a few bytes now and then restarts the socket's
@@ -600,20 +600,20 @@ mod tests {
     }
 
     fn low_water_mark(s: &std::net::TcpStream) -> libc::c_int {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `v` and `len` are live for the call and sized as passed.
-        let rc = unsafe {
-            libc::getsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(s),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                std::ptr::from_mut(&mut v).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
-        v
+        super::super::lowat::option_of(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT)
+    }
+
+    /// A receive cut short by a timeout or its deadline, its socket's mark
+    /// back at 1.
+    fn assert_cut(err: &io::Error, s: &std::net::TcpStream) {
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{err}"
+        );
+        assert_eq!(low_water_mark(s), 1, "the mark stayed raised");
     }
 
     #[test]
@@ -669,15 +669,8 @@ mod tests {
             base: Duration::from_millis(300),
         };
         let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
-        assert!(
-            matches!(
-                err.kind(),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-            ),
-            "{err}"
-        );
+        assert_cut(&err, &b);
         assert!(started.elapsed() < Duration::from_secs(5));
-        assert_eq!(low_water_mark(&b), 1, "the mark stayed raised");
         drop(a);
     }
 
@@ -710,14 +703,7 @@ mod tests {
             base,
         };
         let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
-        assert!(
-            matches!(
-                err.kind(),
-                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-            ),
-            "{err}"
-        );
-        assert_eq!(low_water_mark(&b), 1, "the mark stayed raised");
+        assert_cut(&err, &b);
         drop(b);
         writer.join().unwrap();
     }
