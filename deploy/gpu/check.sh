@@ -74,11 +74,16 @@ for pause in 0ms 100ms; do
   echo "pause $pause rc=$?"; grep -A6 "^SIZE" "$L/bench-alloc-pause-$pause.txt"; tail -1 "$L/bench-alloc-pause-$pause.txt"
 done
 
-step "bench copy (host pairs), after and before alternating"
-for who in after before; do
-  bin=$(ocmctl_of $who); [ -n "$bin" ] || continue
-  bounded 120 "$bin" bench copy --size 1MiB --size 64MiB --streams 1 --streams 4 --clients 1 > "$L/bench-copy-$who.txt" 2>&1
-  echo "$who rc=$?"; tail -20 "$L/bench-copy-$who.txt"
+step "bench copy (host pairs), after and before alternating, two rounds"
+# Issue 38's 16-core rows: 64 MiB and 1 GiB over 1 and 4 connections, and 4 clients at once, each
+# beside raw TCP in the same run; two rounds alternating builds, as this host's figures swing by 10%+.
+for round in 1 2; do
+  for who in after before; do
+    bin=$(ocmctl_of $who); [ -n "$bin" ] || continue
+    bounded 120 "$bin" bench copy --size 1MiB --size 64MiB --size 1GiB --streams 1 --streams 4 --clients 1 --clients 4 \
+      > "$L/bench-copy-$who-$round.txt" 2>&1
+    echo "$who round $round rc=$?"; tail -24 "$L/bench-copy-$who-$round.txt"
+  done
 done
 
 step "python suite"
