@@ -9,6 +9,8 @@
 #   deploy/netns-cluster.sh kill NODE               # SIGKILL the node's daemon
 #   deploy/netns-cluster.sh start NODE              # start it again (empty pool)
 #   deploy/netns-cluster.sh cut NODE | heal NODE    # unplug / replug its link
+#   deploy/netns-cluster.sh slow NODE RATE          # bytes to its data port at RATE (tc: 2mbit)
+#   deploy/netns-cluster.sh fast NODE               # undo slow
 #   deploy/netns-cluster.sh down
 #
 # Node 0 runs the master and an agent; the others run agents. With
@@ -149,6 +151,18 @@ down() {
   echo "cluster down"
 }
 
+# Bytes into node I's data port (7071) cross its link at RATE (a tc rate,
+# e.g. 2mbit); everything else (heartbeats, gRPC) keeps the full link.
+slow() {
+  local v="${P}v$1" rate=$2
+  tc qdisc replace dev "$v" root handle 1: htb default 10
+  tc class replace dev "$v" parent 1: classid 1:10 htb rate 10gbit
+  tc class replace dev "$v" parent 1: classid 1:30 htb rate "$rate" ceil "$rate"
+  tc filter replace dev "$v" parent 1: protocol ip prio 1 u32 match ip dport 7071 0xffff flowid 1:30
+}
+
+fast() { tc qdisc del dev "${P}v$1" root 2>/dev/null || true; }
+
 status() {
   ip netns list | grep "^$P" || echo "no namespaces"
   [ -f "$DIR/nodes" ] && run 0 ocmctl nodes || true
@@ -163,5 +177,7 @@ case "${1:-}" in
   start) start "$2" ;;
   cut) ip link set "${P}v$2" down ;;
   heal) ip link set "${P}v$2" up ;;
+  slow) slow "$2" "$3" ;;
+  fast) fast "$2" ;;
   *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

@@ -236,6 +236,87 @@ fn a_partitioned_node_degrades_heals_and_a_killed_one_comes_back_empty() {
 }
 
 #[test]
+fn a_write_whose_replicas_crawl_is_answered_before_the_client_gives_up() {
+    let Some(mut c) = NetnsCluster::new("s") else {
+        return;
+    };
+    // One connection: the 16 MiB write is one request, copied to both
+    // replicas before it is answered.
+    c.env.push(("ONCILLA_STREAMS", "1"));
+    c.ok(&["up", "3", "48MiB"]);
+    let id = c.ok(&[
+        "run",
+        "0",
+        "ocmctl",
+        "alloc",
+        "16MiB",
+        "--node",
+        "node-0",
+        "--replicas",
+        "3",
+    ]);
+    let id = id.trim();
+    let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 249) as u8).collect();
+    let input = c.dir.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let put = || {
+        let started = Instant::now();
+        let out = c.ocmctl(0, &["put", id, input.to_str().unwrap()]);
+        (out, started.elapsed())
+    };
+    let (out, _) = put();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The attack: both replicas' links crawl (2 Mbit/s into their data
+    // ports: 16 MiB would take over a minute each). Each replica keeps
+    // taking bytes, so no socket times out; only the copy's deadline ends it.
+    c.ok(&["slow", "1", "2mbit"]);
+    c.ok(&["slow", "2", "2mbit"]);
+    let (out, took) = put();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("a write with both replicas crawling was answered after {took:?}: {err}");
+    assert!(
+        !out.status.success(),
+        "a crawl of a minute finished: {took:?}"
+    );
+    // The primary answered (its replicas named), rather than the client
+    // giving the connection up for dead after 30 s of silence.
+    assert!(
+        err.contains("not in every replica") && !err.contains("unreachable"),
+        "the client was not answered: {err}"
+    );
+
+    // Healed, the same write lands in every copy, the missed ranges first.
+    c.ok(&["fast", "1"]);
+    c.ok(&["fast", "2"]);
+    let (out, _) = put();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let output = c.dir.join("out.bin");
+    c.ok(&[
+        "run",
+        "1",
+        "ocmctl",
+        "get",
+        id,
+        "--len",
+        &data.len().to_string(),
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read(&output).unwrap() == data, "bytes differ");
+    assert_eq!(c.health(id), "healthy");
+    c.ok(&["run", "0", "ocmctl", "free", id]);
+}
+
+#[test]
 fn three_hosts_in_namespaces() {
     let Some(c) = NetnsCluster::new("d") else {
         return;

@@ -11,6 +11,10 @@
 //! end equal to the primary. A replica that fails keeps its range in the
 //! missed list; the next write sends it again first.
 //!
+//! A client's copies end within [`COPY_WITHIN`] of its last progress (a
+//! replica not done by then keeps its range missed), so the client is
+//! answered before it gives its connection up for dead.
+//!
 //! It owns the outbound connections (one per replica address per client
 //! connection), dialing only the cluster's data addresses ([`Peers`]) and
 //! presenting the agents' replicator credential. It never decides which
@@ -36,6 +40,18 @@ use crate::peers::Peers;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A replica that makes no progress for this long fails the copy.
 const STALL: Duration = Duration::from_secs(5);
+/// How long a client's copies to all replicas may take, counted from the
+/// client's last progress (a write's last byte landing here; a pull's
+/// request, the client waiting silent through the pull). Each piece's
+/// deadline is cut to it, and no replica is dialed or sent to past it. A
+/// step begun before it passes may run its own bound past it: a dial
+/// ([`CONNECT_TIMEOUT`]), then the send's call in progress and the wait
+/// for its answer ([`STALL`] each), 13 s in all. So a write is answered
+/// within 25 s of its last byte, and a pull (which ends within 22 s,
+/// `super::pull::STALL`) within 25 s of its request: inside a client's 30
+/// s (`liboncilla`'s TCP `IO_TIMEOUT`), whatever the request's size and
+/// however many replicas crawl.
+pub const COPY_WITHIN: Duration = Duration::from_secs(12);
 /// How long a replicator credential is good for; a connection dials again
 /// with a fresh one well before.
 const CREDENTIAL_LIFETIME: u64 = 600;
@@ -73,8 +89,9 @@ struct Outbound {
 impl Replicator {
     /// Copies `[offset, offset + len)` of `held` (this node's primary
     /// ranges in it) to each of `order`'s replicas, the part each holds,
-    /// after the ranges it missed. Call it with the order lock held (`order`); with no replica
-    /// left it has nothing to do.
+    /// after the ranges it missed, all by `by` (see [`COPY_WITHIN`]). Call
+    /// it with the order lock held (`order`); with no replica left it has
+    /// nothing to do.
     ///
     /// # Errors
     /// The refusal to answer the client: the replicas that did not take
@@ -84,8 +101,8 @@ impl Replicator {
         replicas: &Replicas,
         order: &mut Order,
         (alloc_id, held): (u64, &Held),
-        offset: u64,
-        len: u64,
+        (offset, len): (u64, u64),
+        by: Instant,
     ) -> Result<(), (Status, String)> {
         let mut failed = Vec::new();
         for replica in &order.replicas.clone() {
@@ -101,6 +118,7 @@ impl Replicator {
                 addr,
                 alloc_id,
                 held,
+                by,
             };
             if let Err(why) = self.send_or_miss(&to, order, &pending) {
                 failed.push(format!("{addr}: {why}"));
@@ -190,8 +208,14 @@ impl Replicator {
             addr,
             alloc_id,
             held,
+            by,
             ..
         } = *to;
+        if Instant::now() >= by {
+            return Err(
+                "out of time: the copy's deadline passed before this replica's turn".into(),
+            );
+        }
         let now = oncilla_net::credential::unix_now();
         let kept = self
             .open
@@ -210,12 +234,12 @@ impl Replicator {
             offset,
             len: data.len() as u64,
         };
-        let result = match exchange(&mut out, &req, stamp, data) {
+        let result = match exchange(&mut out, &req, stamp, data, by) {
             // The same stamp again: whichever lands first, the other is
             // refused as no later.
-            Err(Lost::BeforeReply(_)) if !fresh => {
+            Err(Lost::BeforeReply(_)) if !fresh && Instant::now() < by => {
                 out = dial_replica(replicas, addr)?;
-                exchange(&mut out, &req, stamp, data)
+                exchange(&mut out, &req, stamp, data, by)
             }
             r => r,
         };
@@ -278,6 +302,7 @@ pub fn fill(
             addr,
             alloc_id,
             held: &held,
+            by: deadline,
         };
         sent += r.send_or_miss(&to, &mut order, &piece)?;
     }
@@ -293,6 +318,8 @@ struct To<'a> {
     addr: &'a str,
     alloc_id: u64,
     held: &'a Held,
+    /// When every piece must be over.
+    by: Instant,
 }
 
 /// How an exchange failed.
@@ -329,17 +356,31 @@ fn dial_replica(replicas: &Replicas, addr: &str) -> Result<Outbound, String> {
     })
 }
 
-/// Sends `req`, its stamp and its payload, then reads the reply.
-fn exchange(out: &mut Outbound, req: &Request, stamp: Stamp, data: Shared<'_>) -> Result<(), Lost> {
+/// Sends `req`, its stamp and its payload, then reads the reply; each
+/// step by its own deadline or `by`, whichever comes first.
+fn exchange(
+    out: &mut Outbound,
+    req: &Request,
+    stamp: Stamp,
+    data: Shared<'_>,
+    by: Instant,
+) -> Result<(), Lost> {
+    let within = |n: usize| {
+        let own = Deadline::for_transfer(n, STALL);
+        Deadline {
+            at: own.at.min(by),
+            ..own
+        }
+    };
     let n = data.len();
     let mut head = [0u8; REQUEST_LEN + STAMP_LEN];
     head[..REQUEST_LEN].copy_from_slice(&req.encode());
     head[REQUEST_LEN..].copy_from_slice(&stamp.encode());
-    sock::send_by(&out.stream, &head, data, Deadline::for_transfer(n, STALL))
+    sock::send_by(&out.stream, &head, data, within(n))
         .map_err(|e| Lost::BeforeReply(format!("connection lost: {e}")))?;
     let mut answer = [0u8; REPLY_LEN];
     out.recv
-        .read_exact_by(&out.stream, &mut answer, Deadline::for_transfer(0, STALL))
+        .read_exact_by(&out.stream, &mut answer, within(0))
         .map_err(|e| Lost::BeforeReply(format!("no answer: {e}")))?;
     let reply = Reply::decode(&answer).map_err(|e| Lost::After(e.to_string()))?;
     if reply.status == Status::Ok {
@@ -348,7 +389,7 @@ fn exchange(out: &mut Outbound, req: &Request, stamp: Stamp, data: Shared<'_>) -
     let m = usize::try_from(reply.len.min(wire::MAX_MESSAGE)).unwrap_or(0);
     let mut msg = vec![0u8; m];
     out.recv
-        .read_exact_by(&out.stream, &mut msg, Deadline::for_transfer(m, STALL))
+        .read_exact_by(&out.stream, &mut msg, within(m))
         .map_err(|e| Lost::After(format!("connection lost: {e}")))?;
     Err(Lost::Refused(format!(
         "refused: {}",

@@ -56,7 +56,7 @@ use oncilla_cuda::DeviceMem;
 
 use super::device::{self, DeviceRings, Failure, RING_WAIT};
 use super::pull::{Puller, Pulls};
-use super::replicate::{Replicas, Replicator};
+use super::replicate::{Replicas, Replicator, COPY_WITHIN};
 use super::Admission;
 use crate::listen::{AcceptBackoff, Pending, Seats, Ticket, Users};
 use crate::memory::held::{Backing, Held, HeldTable};
@@ -411,7 +411,8 @@ impl Connection {
                     return Err(e.into());
                 }
                 self.metrics.write.served(len);
-                self.ack_copied(req, &ok.held)?;
+                // The client saw progress last as its last byte landed.
+                self.ack_copied(req, &ok.held, Instant::now() + COPY_WITHIN)?;
                 self.metrics.write.took(started.elapsed());
             }
             Op::Replicate => {
@@ -429,7 +430,8 @@ impl Connection {
                 match self.puller.pull(&self.pulls, &self.secret, &src, memory) {
                     Ok(()) => {
                         self.metrics.pull.served(len);
-                        self.ack_copied(req, &ok.held)?;
+                        // The client has waited silent since it asked.
+                        self.ack_copied(req, &ok.held, started + COPY_WITHIN)?;
                         self.metrics.pull.took(started.elapsed());
                     }
                     Err((status, msg)) => {
@@ -578,8 +580,13 @@ impl Connection {
     /// Acknowledges a write (or pull) whose bytes are in place here once
     /// every replica of a replicated allocation has them too; otherwise
     /// answers why not (the replicas that failed keep the range as missed).
-    fn ack_copied(&mut self, req: &Request, held: &Held) -> Result<(), wire::WireError> {
-        match self.copy(req, held) {
+    fn ack_copied(
+        &mut self,
+        req: &Request,
+        held: &Held,
+        by: Instant,
+    ) -> Result<(), wire::WireError> {
+        match self.copy(req, held, by) {
             Ok(()) => self.ack_write(),
             Err((status, msg)) => {
                 self.metrics.refused(status);
@@ -592,22 +599,23 @@ impl Connection {
     /// replicas as it now is (or noted as missed): no byte that landed here
     /// is left out of the other copies.
     fn copy_landed(&mut self, req: &Request, held: &Held) {
-        if let Err((_, why)) = self.copy(req, held) {
+        if let Err((_, why)) = self.copy(req, held, Instant::now() + COPY_WITHIN) {
             tracing::debug!(alloc_id = req.alloc_id, %why, "a failed write's range is left for the next write to copy");
         }
     }
 
     /// Sends `req`'s range of `held` to its replicas under the order lock
-    /// (none for an allocation with one copy, unless it is moving).
-    fn copy(&mut self, req: &Request, held: &Held) -> Result<(), (Status, String)> {
+    /// (none for an allocation with one copy, unless it is moving), all of
+    /// it by `by` (see [`COPY_WITHIN`]).
+    fn copy(&mut self, req: &Request, held: &Held, by: Instant) -> Result<(), (Status, String)> {
         let copying = Arc::clone(&held.copying);
         let mut order = copying.order();
         self.replicator.copy_out(
             &self.replicas,
             &mut order,
             (req.alloc_id, held),
-            req.offset,
-            req.len,
+            (req.offset, req.len),
+            by,
         )
     }
 
