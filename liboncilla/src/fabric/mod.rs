@@ -318,7 +318,7 @@ impl DataPath {
     fn direct<'a>(&self, t: Transfer<'a>) -> std::result::Result<Result<()>, Transfer<'a>> {
         let len = t.buf.len() as u64;
         // Copies touching a mapping go the general way: the lease check.
-        if !tcp::one_request(len, self.streams) || t.target.local.is_some() {
+        if !tcp::one_request(&t.buf, self.streams) || t.target.local.is_some() {
             return Err(t);
         }
         let desc = t.target.desc;

@@ -26,8 +26,19 @@ use oncilla_net::wire::{self, dial, Op, Reply, Request, Source, Status, REPLY_LE
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 
-/// Most bytes one request moves; larger pieces are split.
-pub const CHUNK: u64 = 4 << 20;
+/// Most bytes one read or write request moves; larger pieces are split.
+/// Fewer, longer requests keep the agent's receive low-water mark raised
+/// for more of each payload (it is lowered for each payload's end), and
+/// writes of 64 MiB and more ran faster with 16 MiB than with 4 MiB
+/// (`docs/benchmarks.md`, "Requests of 16 MiB"). What a request may take
+/// to be answered does not grow with it: a write's copies to replicas end
+/// within a fixed time of its last byte (the agent's `COPY_WITHIN`).
+pub const CHUNK: u64 = 16 << 20;
+/// Most bytes one pull moves: the agent answers a pull only once all of it
+/// has come from the source, and its time budget for that is built for
+/// this size (`oncillad/src/fabric/pull.rs`, `STALL`), inside
+/// [`IO_TIMEOUT`].
+pub const PULL_CHUNK: u64 = 4 << 20;
 /// Requests in flight per connection.
 pub const WINDOW: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -363,10 +374,20 @@ fn exchange(
 /// of a copy goes over fewer connections than allowed.
 pub const STREAM_MIN: u64 = 1 << 20;
 
-/// Whether a copy of `len` bytes to one node is one request on one
-/// connection when `max` connections are allowed.
-pub(crate) fn one_request(len: u64, max: usize) -> bool {
-    len <= CHUNK && streams_for(len, max) == 1
+/// Most bytes one request for `buf` moves: [`PULL_CHUNK`] for a pull,
+/// [`CHUNK`] otherwise.
+pub(crate) fn most_per_request(buf: &IoBuf<'_>) -> u64 {
+    match buf {
+        IoBuf::Pull(_) => PULL_CHUNK,
+        IoBuf::Read(_) | IoBuf::Write(_) => CHUNK,
+    }
+}
+
+/// Whether a copy of `buf` to one node is one request on one connection
+/// when `max` connections are allowed.
+pub(crate) fn one_request(buf: &IoBuf<'_>, max: usize) -> bool {
+    let len = buf.len() as u64;
+    len <= most_per_request(buf) && streams_for(len, max) == 1
 }
 
 /// Connections a node's share of `bytes` goes over when `max` are allowed:
@@ -378,7 +399,8 @@ pub fn streams_for(bytes: u64, max: usize) -> usize {
 }
 
 /// A node's pieces as TCP work: one request each, recut so that `streams`
-/// connections share the node's `bytes` (at most [`CHUNK`] a request).
+/// connections share the node's `bytes` (at most [`most_per_request`] a
+/// request).
 pub(crate) fn work<'a>(
     pieces: Vec<super::Piece<'a>>,
     bytes: u64,
@@ -409,15 +431,19 @@ pub(crate) fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) ->
     }
 }
 
-/// Splits pieces into requests of at most [`CHUNK`] bytes, and small enough
-/// that `streams` connections each get a share of the node's `bytes`.
+/// Splits pieces into requests of at most [`most_per_request`] bytes, and
+/// small enough that `streams` connections each get a share of the node's
+/// `bytes`.
 fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<'a>> {
-    let target = CHUNK.min(bytes.div_ceil(streams as u64)).max(1);
-    if pieces.iter().all(|c| c.req.len <= target) {
+    let share = bytes.div_ceil(streams as u64);
+    let target = |buf: &IoBuf<'_>| most_per_request(buf).min(share).max(1);
+    if pieces.iter().all(|c| c.req.len <= target(&c.buf)) {
         return pieces;
     }
-    let mut out = Vec::with_capacity(usize::try_from(bytes / target).unwrap_or(0) + pieces.len());
+    let mut out =
+        Vec::with_capacity(usize::try_from(bytes / PULL_CHUNK).unwrap_or(0) + pieces.len());
     for Chunk { req, mut buf } in pieces {
+        let target = target(&buf);
         let mut at = 0;
         while at < req.len {
             let n = (req.len - at).min(target);
@@ -493,15 +519,32 @@ mod tests {
         out
     }
 
+    fn pull(len: u64) -> IoBuf<'static> {
+        IoBuf::Pull(Pull {
+            src: Source {
+                alloc_id: 2,
+                key: [0; 16],
+                offset: 0,
+                addr: "127.0.0.1:1".into(),
+            },
+            len: len as usize,
+        })
+    }
+
     #[test]
     fn only_copies_worth_one_connection_take_the_direct_path() {
-        assert!(one_request(8, 4));
-        assert!(one_request(STREAM_MIN, 4));
+        let mut buf = vec![0u8; CHUNK as usize + 1];
+        let read = |buf: &mut [u8], n: u64| one_request(&IoBuf::Read(&mut buf[..n as usize]), 4);
+        assert!(read(&mut buf, 8));
+        assert!(read(&mut buf, STREAM_MIN));
         // 4 MiB fits one request but is worth four connections.
-        assert!(!one_request(CHUNK, 4));
-        assert!(!one_request(2 * STREAM_MIN, 2));
-        assert!(one_request(CHUNK, 1));
-        assert!(!one_request(CHUNK + 1, 1));
+        assert!(!read(&mut buf, 4 << 20));
+        assert!(!one_request(&IoBuf::Write(&buf[..2 << 20]), 2));
+        assert!(one_request(&IoBuf::Write(&buf[..CHUNK as usize]), 1));
+        assert!(!one_request(&IoBuf::Write(&buf), 1));
+        // A pull is one request only up to the size its budget is built for.
+        assert!(one_request(&pull(PULL_CHUNK), 1));
+        assert!(!one_request(&pull(PULL_CHUNK + 1), 1));
     }
 
     #[test]
@@ -519,10 +562,37 @@ mod tests {
             at += c.req.len;
         }
         // Never above CHUNK, whatever the stream count.
-        let mut buf = vec![0u8; 9 << 20];
-        let out = resplit(chunks(&[9 << 20], &mut buf), 9 << 20, 1);
+        let mut buf = vec![0u8; 36 << 20];
+        let out = resplit(chunks(&[36 << 20], &mut buf), 36 << 20, 1);
         assert!(out.iter().all(|c| c.req.len <= CHUNK));
         assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn pulls_are_cut_at_their_own_limit() {
+        let n = 9 << 20;
+        let one = Chunk {
+            req: Request {
+                op: Op::Pull,
+                alloc_id: 1,
+                key: [0; 16],
+                offset: 0,
+                len: n,
+            },
+            buf: pull(n),
+        };
+        let out = resplit(vec![one], n, 1);
+        let lens: Vec<u64> = out.iter().map(|c| c.req.len).collect();
+        assert_eq!(lens, [PULL_CHUNK, PULL_CHUNK, 1 << 20]);
+        // Each piece pulls the source bytes at its own offset.
+        let offsets: Vec<u64> = out
+            .iter()
+            .map(|c| match &c.buf {
+                IoBuf::Pull(p) => p.src.offset,
+                _ => unreachable!("a pull stays a pull"),
+            })
+            .collect();
+        assert_eq!(offsets, [0, PULL_CHUNK, 2 * PULL_CHUNK]);
     }
 
     #[test]
