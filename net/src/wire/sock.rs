@@ -24,7 +24,9 @@ use super::lowat::LowWater;
 /// that reads (or sends) a few bytes now and then restarts the socket's
 /// own timeout each time, so only this bounds how long it can hold the
 /// memory the transfer names. `base` is the socket's timeout to return to
-/// after a slow transfer shortened it.
+/// after a slow transfer shortened it. A deadline nearer than `base` (one
+/// cut to a caller's own) holds from the first call on; a farther one from
+/// the first call that came back short.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline {
     pub at: Instant,
@@ -38,6 +40,12 @@ pub struct Deadline {
 pub const MIN_RATE: u64 = 1 << 20;
 
 impl Deadline {
+    /// Whether even the first call must be held to it: it is nearer than
+    /// the socket's own timeout.
+    fn near(&self) -> bool {
+        self.at.saturating_duration_since(Instant::now()) < self.base
+    }
+
     /// For a transfer of `len` bytes on a socket whose timeouts are
     /// `stall`: `stall` plus `len` at [`MIN_RATE`] from now.
     pub fn for_transfer(len: usize, stall: Duration) -> Self {
@@ -56,8 +64,9 @@ enum Direction {
     Receive,
 }
 
-/// On the slow path only (a `sendmsg` or `recv` that returned short):
-/// `TimedOut` once `deadline` has passed, else the socket's timeout for
+/// On the slow path only (a `sendmsg` or `recv` that returned short, or a
+/// deadline nearer than the socket's timeout): `TimedOut` once `deadline`
+/// has passed, else the socket's timeout for
 /// `dir` cut to the time left, so the next call cannot outlive it.
 fn shorten(fd: BorrowedFd<'_>, dir: Direction, deadline: &Deadline) -> io::Result<()> {
     let left = deadline.at.saturating_duration_since(Instant::now());
@@ -218,13 +227,15 @@ unsafe fn send_all(
     let mut first = 0;
     let mut shortened = false;
     let mut calls = 0u32;
+    let near = deadline.is_some_and(|d| d.near());
     while first < iov.len() {
         if iov[first].iov_len == 0 {
             first += 1;
             continue;
         }
-        if let (true, Some(d)) = (calls > 0, &deadline) {
-            // The last call came back short (a slow reader): from here on
+        if let (true, Some(d)) = (calls > 0 || near, &deadline) {
+            // The last call came back short (a slow reader), or the
+            // deadline is nearer than the socket's timeout: from here on
             // no call may outlive the deadline.
             shorten(fd, Direction::Send, d)?;
             shortened = true;
@@ -381,6 +392,7 @@ impl RecvBuf {
         self.lo += from_buf;
         let mut done = from_buf;
         let mut calls = 0u32;
+        let near = deadline.is_some_and(|d| d.near());
         let mut shortened = false;
         // In parts, the receiver woken once per MiB queued where the
         // payload is long enough (see [`LowWater`]).
@@ -390,9 +402,10 @@ impl RecvBuf {
             if done == stop {
                 stop = done + mark.step(len - done)?;
             }
-            if let (true, Some(d)) = (calls > 0, &deadline) {
-                // A call came back short (a slow sender) or a part ended:
-                // from here on no call may outlive the deadline.
+            if let (true, Some(d)) = (calls > 0 || near, &deadline) {
+                // A call came back short (a slow sender), a part ended, or
+                // the deadline is nearer than the socket's timeout: from
+                // here on no call may outlive the deadline.
                 shorten(fd, Direction::Receive, d)?;
                 shortened = true;
             }
@@ -672,6 +685,29 @@ mod tests {
         assert_cut(&err, &b);
         assert!(started.elapsed() < Duration::from_secs(5));
         drop(a);
+    }
+
+    #[test]
+    fn a_deadline_nearer_than_the_socket_timeout_holds_from_the_first_call() {
+        // A silent peer and a socket that waits a minute: a deadline cut
+        // to 200 ms (a caller's own budget) must end the very first call,
+        // not the socket's minute.
+        let (_a, b) = tcp_pair();
+        let base = Duration::from_secs(60);
+        b.set_read_timeout(Some(base)).unwrap();
+        let mut r = RecvBuf::new(16);
+        let mut got = vec![0u8; 4096];
+        let started = Instant::now();
+        let d = Deadline {
+            at: started + Duration::from_millis(200),
+            base,
+        };
+        let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
+        assert_cut(&err, &b);
+        assert!(
+            started.elapsed() < base / 2,
+            "the first call waited out the socket's timeout"
+        );
     }
 
     #[test]
