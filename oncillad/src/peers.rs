@@ -58,8 +58,14 @@ impl Peers {
     /// to two heartbeats for the next update (a node that joined since the
     /// last one).
     pub fn admits(&self, addr: &str) -> bool {
+        self.admits_by(addr, None)
+    }
+
+    /// [`Self::admits`], waiting no later than `by` when given.
+    pub fn admits_by(&self, addr: &str, by: Option<Instant>) -> bool {
         let mut now = self.lock();
-        let until = Instant::now() + now.wait.max(MIN_WAIT);
+        let own = Instant::now() + now.wait.max(MIN_WAIT);
+        let until = by.map_or(own, |by| own.min(by));
         loop {
             if now.addrs.contains(addr) {
                 return true;

@@ -33,9 +33,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A source that makes no progress for this long ends the pull, and every
 /// read has this plus its length at [`sock::MIN_RATE`]: with the wait for
 /// an address ([`crate::peers::MAX_WAIT`]) and the dial, a pull of 4 MiB
-/// (what clients send: their `PULL_CHUNK`) ends within 22 s, and is
-/// answered, its copies to replicas included, within 25 s
-/// ([`super::replicate::COPY_WITHIN`]): inside a client's 30 s.
+/// (what clients send: their `PULL_CHUNK`) ends within 22 s of its turn
+/// ([`super::pace::MAX_WAIT`]), and is answered within 27 s of its request,
+/// its copies to replicas included ([`super::replicate::COPY_WITHIN`]):
+/// inside a client's 30 s.
 pub const STALL: Duration = Duration::from_secs(5);
 
 /// What every pull of this agent shares: where it may dial and how, and

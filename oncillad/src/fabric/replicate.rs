@@ -36,22 +36,27 @@ use crate::memory::copying::Order;
 use crate::memory::held::{Backing, Held, HeldTable};
 use crate::peers::Peers;
 
-/// How long dialing a replica may take, TLS included.
+/// How long connecting to a replica may take (and its TLS handshake as
+/// long again).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A replica that makes no progress for this long fails the copy.
 const STALL: Duration = Duration::from_secs(5);
 /// How long a client's copies to all replicas may take, counted from the
 /// client's last progress (a write's last byte landing here; a pull's
-/// request, the client waiting silent through the pull). Each piece's
-/// deadline is cut to it, and no replica is dialed or sent to past it. A
-/// step begun before it passes may run its own bound past it: a dial
-/// ([`CONNECT_TIMEOUT`]), then the send's call in progress and the wait
-/// for its answer ([`STALL`] each), 13 s in all. So a write is answered
-/// within 25 s of its last byte, and a pull (which ends within 22 s,
-/// `super::pull::STALL`) within 25 s of its request: inside a client's 30
-/// s (`liboncilla`'s TCP `IO_TIMEOUT`), whatever the request's size and
-/// however many replicas crawl.
-pub const COPY_WITHIN: Duration = Duration::from_secs(12);
+/// request, the client waiting silent through the pull), the wait for the
+/// allocation's order lock included. Every step is held to it from its
+/// first call (a dial gets a quarter of what is left for each of its four
+/// waits), and no replica is dialed or sent to past it; what is not sent
+/// stays missed. So a write is answered within 20 s of its last byte, and a
+/// pull within 27 s of its request (its turn and the pull itself,
+/// `super::pace::MAX_WAIT` and `super::pull::STALL`, leave no time for
+/// copies past 20 s): inside a client's 30 s (`liboncilla`'s TCP
+/// `IO_TIMEOUT`), whatever the request's size and however many replicas
+/// crawl. Fills hold the order lock at most this long per piece.
+pub const COPY_WITHIN: Duration = Duration::from_secs(20);
+/// Why a replica was not sent to: the copy's deadline ([`COPY_WITHIN`], or
+/// a fill's) had passed.
+const OUT_OF_TIME: &str = "out of time: the copy's deadline passed before this replica's turn";
 /// How long a replicator credential is good for; a connection dials again
 /// with a fresh one well before.
 const CREDENTIAL_LIFETIME: u64 = 600;
@@ -212,9 +217,7 @@ impl Replicator {
             ..
         } = *to;
         if Instant::now() >= by {
-            return Err(
-                "out of time: the copy's deadline passed before this replica's turn".into(),
-            );
+            return Err(OUT_OF_TIME.into());
         }
         let now = oncilla_net::credential::unix_now();
         let kept = self
@@ -225,7 +228,7 @@ impl Replicator {
         let fresh = kept.is_none();
         let mut out = match kept {
             Some(o) => o,
-            None => dial_replica(replicas, addr)?,
+            None => dial_replica(replicas, addr, by)?,
         };
         let req = Request {
             op: Op::Replicate,
@@ -238,7 +241,7 @@ impl Replicator {
             // The same stamp again: whichever lands first, the other is
             // refused as no later.
             Err(Lost::BeforeReply(_)) if !fresh && Instant::now() < by => {
-                out = dial_replica(replicas, addr)?;
+                out = dial_replica(replicas, addr, by)?;
                 exchange(&mut out, &req, stamp, data, by)
             }
             r => r,
@@ -302,7 +305,9 @@ pub fn fill(
             addr,
             alloc_id,
             held: &held,
-            by: deadline,
+            // One piece holds the order lock (and client writes) no
+            // longer than a client's copies may take.
+            by: deadline.min(Instant::now() + COPY_WITHIN),
         };
         sent += r.send_or_miss(&to, &mut order, &piece)?;
     }
@@ -332,22 +337,37 @@ enum Lost {
     Refused(String),
 }
 
-fn dial_replica(replicas: &Replicas, addr: &str) -> Result<Outbound, String> {
-    if !replicas.peers.admits(addr) {
+/// Dials the replica at `addr`, all of it by `by`: the wait for an
+/// address not yet heard of, the connection, the TLS handshake and the
+/// greeting each get at most a quarter of what is left.
+fn dial_replica(replicas: &Replicas, addr: &str, by: Instant) -> Result<Outbound, String> {
+    if !replicas.peers.admits_by(addr, Some(by)) {
         return Err(format!(
             "{addr:?} is not the data address of any node of this cluster"
         ));
     }
+    let quarter = by.saturating_duration_since(Instant::now()) / 4;
+    if quarter.is_zero() {
+        return Err(OUT_OF_TIME.into());
+    }
+    let stall = STALL.min(quarter);
     let now = oncilla_net::credential::unix_now();
     let secret = replicas.keys.session(REPLICATOR, now + CREDENTIAL_LIFETIME);
     let stream = dial::dial(
         addr,
         replicas.tls.as_ref(),
         secret.as_bytes(),
-        CONNECT_TIMEOUT,
-        STALL,
+        CONNECT_TIMEOUT.min(quarter),
+        stall,
     )
     .map_err(|e| format!("cannot reach it: {e}"))?;
+    if stall < STALL {
+        // Kept for later copies, whose deadlines cut it as they need.
+        stream
+            .set_read_timeout(Some(STALL))
+            .and_then(|()| stream.set_write_timeout(Some(STALL)))
+            .map_err(|e| format!("cannot reach it: {e}"))?;
+    }
     Ok(Outbound {
         addr: addr.to_string(),
         stream,

@@ -407,7 +407,8 @@ impl Connection {
                 if let Err(e) = self.recv.read_into_by(&self.stream, memory, deadline(len)) {
                     // Some bytes may have landed: the replicas get the
                     // range as it now is, so the copies stay equal.
-                    self.copy_landed(req, &ok.held);
+                    // The client is gone: its copies get a whole budget.
+                    self.copy_landed(req, &ok.held, Instant::now() + COPY_WITHIN);
                     return Err(e.into());
                 }
                 self.metrics.write.served(len);
@@ -435,7 +436,9 @@ impl Connection {
                         self.metrics.pull.took(started.elapsed());
                     }
                     Err((status, msg)) => {
-                        self.copy_landed(req, &ok.held);
+                        // The client has waited since it asked: what
+                        // time is left is all the copies get.
+                        self.copy_landed(req, &ok.held, started + COPY_WITHIN);
                         self.metrics.refused(status);
                         self.fail(status, &msg)?;
                     }
@@ -598,8 +601,8 @@ impl Connection {
     /// The range of a write or pull that failed part way, sent to the
     /// replicas as it now is (or noted as missed): no byte that landed here
     /// is left out of the other copies.
-    fn copy_landed(&mut self, req: &Request, held: &Held) {
-        if let Err((_, why)) = self.copy(req, held, Instant::now() + COPY_WITHIN) {
+    fn copy_landed(&mut self, req: &Request, held: &Held, by: Instant) {
+        if let Err((_, why)) = self.copy(req, held, by) {
             tracing::debug!(alloc_id = req.alloc_id, %why, "a failed write's range is left for the next write to copy");
         }
     }
