@@ -34,6 +34,8 @@ use crate::error::{Error, Result};
 /// to be answered does not grow with it: a write's copies to replicas end
 /// within a fixed time of its last byte (the agent's `COPY_WITHIN`).
 pub const CHUNK: u64 = 16 << 20;
+/// What requests are cut in multiples of, where they are cut.
+const PAGE: u64 = 4096;
 /// Most bytes one pull moves: the agent answers a pull only once all of it
 /// has come from the source, and its time budget for that is built for
 /// this size (`oncillad/src/fabric/pull.rs`, `STALL`), inside
@@ -433,20 +435,28 @@ pub(crate) fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) ->
 
 /// Splits pieces into requests of at most [`most_per_request`] bytes, and
 /// small enough that `streams` connections each get a share of the node's
-/// `bytes`.
+/// `bytes`: equal requests per share (80 MiB over four connections goes as
+/// eight of 10 MiB, not five of 16 MiB dealt two to one connection).
 fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<'a>> {
-    let share = bytes.div_ceil(streams as u64);
-    let target = |buf: &IoBuf<'_>| most_per_request(buf).min(share).max(1);
+    let share = bytes.div_ceil(streams as u64).max(1);
+    let target = |buf: &IoBuf<'_>| share.div_ceil(share.div_ceil(most_per_request(buf)));
     if pieces.iter().all(|c| c.req.len <= target(&c.buf)) {
         return pieces;
     }
-    let mut out =
-        Vec::with_capacity(usize::try_from(bytes / PULL_CHUNK).unwrap_or(0) + pieces.len());
+    let smallest = share.div_ceil(share.div_ceil(PULL_CHUNK));
+    let mut out = Vec::with_capacity(usize::try_from(bytes / smallest).unwrap_or(0) + pieces.len());
     for Chunk { req, mut buf } in pieces {
-        let target = target(&buf);
+        // Equal parts of the piece, whole pages where they can be, none
+        // above the piece's limit (a multiple of the page).
+        let parts = req.len.div_ceil(target(&buf)).max(1);
+        let part = req
+            .len
+            .div_ceil(parts)
+            .next_multiple_of(PAGE)
+            .min(most_per_request(&buf));
         let mut at = 0;
         while at < req.len {
-            let n = (req.len - at).min(target);
+            let n = (req.len - at).min(part);
             let (head, tail) = buf.split_at(usize::try_from(n).unwrap_or(usize::MAX));
             buf = tail;
             out.push(Chunk {
@@ -569,6 +579,77 @@ mod tests {
     }
 
     #[test]
+    fn a_share_goes_in_equal_requests_so_streams_stay_balanced() {
+        let n = 80u64 << 20;
+        let mut buf = vec![0u8; n as usize];
+        let mut out = resplit(chunks(&[n], &mut buf), n, 4);
+        assert!(
+            out.iter().all(|c| c.req.len == 10 << 20),
+            "80 MiB over 4: 8 of 10 MiB"
+        );
+        let mut runs = Vec::new();
+        deal(&mut out, n, 4, |part| {
+            runs.push(part.iter().map(|c| c.req.len).sum::<u64>())
+        });
+        assert_eq!(runs, [20 << 20; 4]);
+    }
+
+    #[test]
+    fn pieces_of_mixed_kinds_are_each_cut_at_their_own_limit() {
+        let mut w = vec![0u8; 20 << 20];
+        let mut r = vec![0u8; 1 << 20];
+        let pieces = vec![
+            Chunk {
+                req: Request {
+                    op: Op::Write,
+                    alloc_id: 1,
+                    key: [0; 16],
+                    offset: 0,
+                    len: 20 << 20,
+                },
+                buf: IoBuf::Write(&w[..]),
+            },
+            Chunk {
+                req: Request {
+                    op: Op::Pull,
+                    alloc_id: 1,
+                    key: [0; 16],
+                    offset: 20 << 20,
+                    len: 9 << 20,
+                },
+                buf: pull(9 << 20),
+            },
+            Chunk {
+                req: Request {
+                    op: Op::Read,
+                    alloc_id: 1,
+                    key: [0; 16],
+                    offset: 29 << 20,
+                    len: 1 << 20,
+                },
+                buf: IoBuf::Read(&mut r[..]),
+            },
+        ];
+        let out = resplit(pieces, 30 << 20, 1);
+        let got: Vec<(Op, u64, u64)> = out
+            .iter()
+            .map(|c| (c.req.op, c.req.offset >> 20, c.req.len >> 20))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Op::Write, 0, 10),
+                (Op::Write, 10, 10),
+                (Op::Pull, 20, 3),
+                (Op::Pull, 23, 3),
+                (Op::Pull, 26, 3),
+                (Op::Read, 29, 1),
+            ]
+        );
+        w.clear();
+    }
+
+    #[test]
     fn pulls_are_cut_at_their_own_limit() {
         let n = 9 << 20;
         let one = Chunk {
@@ -583,7 +664,11 @@ mod tests {
         };
         let out = resplit(vec![one], n, 1);
         let lens: Vec<u64> = out.iter().map(|c| c.req.len).collect();
-        assert_eq!(lens, [PULL_CHUNK, PULL_CHUNK, 1 << 20]);
+        // Three equal pulls, none above PULL_CHUNK.
+        assert_eq!(lens, [3 << 20; 3]);
+        assert!(out.iter().all(|c| c.req.len <= PULL_CHUNK));
+        let starts: Vec<u64> = out.iter().map(|c| c.req.offset).collect();
+        assert_eq!(starts, [0, 3 << 20, 6 << 20]);
         // Each piece pulls the source bytes at its own offset.
         let offsets: Vec<u64> = out
             .iter()
@@ -592,7 +677,7 @@ mod tests {
                 _ => unreachable!("a pull stays a pull"),
             })
             .collect();
-        assert_eq!(offsets, [0, PULL_CHUNK, 2 * PULL_CHUNK]);
+        assert_eq!(offsets, [0, 3 << 20, 6 << 20]);
     }
 
     #[test]
