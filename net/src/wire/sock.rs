@@ -24,13 +24,16 @@ use super::lowat::LowWater;
 /// that reads (or sends) a few bytes now and then restarts the socket's
 /// own timeout each time, so only this bounds how long it can hold the
 /// memory the transfer names. `base` is the socket's timeout to return to
-/// after a slow transfer shortened it. A deadline nearer than `base` (one
-/// cut to a caller's own) holds from the first call on; a farther one from
-/// the first call that came back short.
+/// after a slow transfer shortened it. A transfer is held to it from its
+/// first call that came back short; one cut to a caller's own budget
+/// ([`Deadline::cut_to`], `from_first`) from its first call.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline {
     pub at: Instant,
     pub base: Duration,
+    /// Held from the first call: the deadline was cut nearer than the
+    /// transfer's own, maybe nearer than the socket's timeout.
+    pub from_first: bool,
 }
 
 /// The slowest a transfer's bytes may move once they start (1 MiB/s): a
@@ -40,12 +43,6 @@ pub struct Deadline {
 pub const MIN_RATE: u64 = 1 << 20;
 
 impl Deadline {
-    /// Whether even the first call must be held to it: it is nearer than
-    /// the socket's own timeout.
-    fn near(&self) -> bool {
-        self.at.saturating_duration_since(Instant::now()) < self.base
-    }
-
     /// For a transfer of `len` bytes on a socket whose timeouts are
     /// `stall`: `stall` plus `len` at [`MIN_RATE`] from now.
     pub fn for_transfer(len: usize, stall: Duration) -> Self {
@@ -53,6 +50,23 @@ impl Deadline {
         Self {
             at: Instant::now() + stall + Duration::from_millis(len / (MIN_RATE / 1000)),
             base: stall,
+            from_first: false,
+        }
+    }
+
+    /// This deadline, or `by` where that is sooner: then every call of the
+    /// transfer is held to it, the first included, so a budget nearer than
+    /// the socket's timeout is kept.
+    #[must_use]
+    pub fn cut_to(self, by: Instant) -> Self {
+        if by < self.at {
+            Self {
+                at: by,
+                from_first: true,
+                ..self
+            }
+        } else {
+            self
         }
     }
 }
@@ -65,9 +79,9 @@ enum Direction {
 }
 
 /// On the slow path only (a `sendmsg` or `recv` that returned short, or a
-/// deadline nearer than the socket's timeout): `TimedOut` once `deadline`
-/// has passed, else the socket's timeout for
-/// `dir` cut to the time left, so the next call cannot outlive it.
+/// deadline cut to a caller's budget): `TimedOut` once `deadline`
+/// has passed, else the socket's timeout for `dir` cut to the time left
+/// (at most its own), so the next call cannot outlive it.
 fn shorten(fd: BorrowedFd<'_>, dir: Direction, deadline: &Deadline) -> io::Result<()> {
     let left = deadline.at.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -76,10 +90,18 @@ fn shorten(fd: BorrowedFd<'_>, dir: Direction, deadline: &Deadline) -> io::Resul
             "transfer deadline passed: the peer is too slow",
         ));
     }
-    set_timeout(fd, dir, left.max(Duration::from_millis(1)))
+    // Never longer than the socket's own timeout either: a peer that
+    // stalls is still found out after `base`.
+    set_timeout(
+        fd,
+        dir,
+        left.min(deadline.base).max(Duration::from_millis(1)),
+    )
 }
 
 fn set_timeout(fd: BorrowedFd<'_>, dir: Direction, t: Duration) -> io::Result<()> {
+    // A zero timeval would mean "wait for ever".
+    let t = t.max(Duration::from_micros(1));
     let tv = TimeVal::new(
         i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
         i64::from(t.subsec_micros()),
@@ -227,7 +249,7 @@ unsafe fn send_all(
     let mut first = 0;
     let mut shortened = false;
     let mut calls = 0u32;
-    let near = deadline.is_some_and(|d| d.near());
+    let near = deadline.is_some_and(|d| d.from_first);
     while first < iov.len() {
         if iov[first].iov_len == 0 {
             first += 1;
@@ -235,8 +257,8 @@ unsafe fn send_all(
         }
         if let (true, Some(d)) = (calls > 0 || near, &deadline) {
             // The last call came back short (a slow reader), or the
-            // deadline is nearer than the socket's timeout: from here on
-            // no call may outlive the deadline.
+            // deadline was cut to a caller's budget: from here on no call
+            // may outlive the deadline.
             shorten(fd, Direction::Send, d)?;
             shortened = true;
         }
@@ -392,7 +414,7 @@ impl RecvBuf {
         self.lo += from_buf;
         let mut done = from_buf;
         let mut calls = 0u32;
-        let near = deadline.is_some_and(|d| d.near());
+        let near = deadline.is_some_and(|d| d.from_first);
         let mut shortened = false;
         // In parts, the receiver woken once per MiB queued where the
         // payload is long enough (see [`LowWater`]).
@@ -404,8 +426,8 @@ impl RecvBuf {
             }
             if let (true, Some(d)) = (calls > 0 || near, &deadline) {
                 // A call came back short (a slow sender), a part ended, or
-                // the deadline is nearer than the socket's timeout: from
-                // here on no call may outlive the deadline.
+                // the deadline was cut to a caller's budget: from here on
+                // no call may outlive the deadline.
                 shorten(fd, Direction::Receive, d)?;
                 shortened = true;
             }
@@ -514,6 +536,7 @@ mod tests {
         let d = Deadline {
             at: started + Duration::from_millis(800),
             base: Duration::from_millis(300),
+            from_first: false,
         };
         let err = send_by(&a, b"head", &body, d).unwrap_err();
         let took = started.elapsed();
@@ -680,6 +703,7 @@ mod tests {
         let d = Deadline {
             at: started + Duration::from_millis(800),
             base: Duration::from_millis(300),
+            from_first: false,
         };
         let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
         assert_cut(&err, &b);
@@ -698,10 +722,8 @@ mod tests {
         let mut r = RecvBuf::new(16);
         let mut got = vec![0u8; 4096];
         let started = Instant::now();
-        let d = Deadline {
-            at: started + Duration::from_millis(200),
-            base,
-        };
+        let d = Deadline::for_transfer(0, base).cut_to(started + Duration::from_millis(200));
+        assert!(d.from_first);
         let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
         assert_cut(&err, &b);
         assert!(
@@ -737,6 +759,7 @@ mod tests {
         let d = Deadline {
             at: Instant::now() + Duration::from_millis(1200),
             base,
+            from_first: false,
         };
         let err = r.read_exact_by(&b, &mut got, d).unwrap_err();
         assert_cut(&err, &b);
