@@ -438,12 +438,21 @@ pub(crate) fn request(buf: &IoBuf<'_>, d: &Descriptor, offset: u64, len: u64) ->
 /// `bytes`: equal requests per share (80 MiB over four connections goes as
 /// eight of 10 MiB, not five of 16 MiB dealt two to one connection).
 fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<'a>> {
-    let share = bytes.div_ceil(streams as u64).max(1);
-    let target = |buf: &IoBuf<'_>| share.div_ceil(share.div_ceil(most_per_request(buf)));
+    let streams = streams.max(1) as u64;
+    let share = bytes.div_ceil(streams).max(1);
+    // One connection has nothing to balance: requests as large as allowed.
+    let target = |buf: &IoBuf<'_>| {
+        let most = most_per_request(buf);
+        if streams == 1 {
+            most
+        } else {
+            share.div_ceil(share.div_ceil(most))
+        }
+    };
     if pieces.iter().all(|c| c.req.len <= target(&c.buf)) {
         return pieces;
     }
-    let smallest = share.div_ceil(share.div_ceil(PULL_CHUNK));
+    let smallest = target(&IoBuf::Write(&[])).min(PULL_CHUNK);
     let mut out = Vec::with_capacity(usize::try_from(bytes / smallest).unwrap_or(0) + pieces.len());
     for Chunk { req, mut buf } in pieces {
         // Equal parts of the piece, whole pages where they can be, none

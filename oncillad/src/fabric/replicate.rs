@@ -43,20 +43,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const STALL: Duration = Duration::from_secs(5);
 /// How long a client's copies to all replicas may take, counted from the
 /// client's last progress (a write's last byte landing here; a pull's
-/// request, the client waiting silent through the pull), the wait for the
-/// allocation's order lock included. Every step is held to it from its
-/// first call (a dial gets a quarter of what is left for each of its four
-/// waits), and no replica is dialed or sent to past it; what is not sent
-/// stays missed. So a write is answered within 20 s of its last byte, and a
-/// pull within 27 s of its request (its turn and the pull itself,
-/// `super::pace::MAX_WAIT` and `super::pull::STALL`, leave no time for
-/// copies past 20 s): inside a client's 30 s (`liboncilla`'s TCP
-/// `IO_TIMEOUT`), whatever the request's size and however many replicas
-/// crawl. Fills hold the order lock at most this long per piece.
+/// request, the client waiting silent through the pull). Every transfer
+/// is held to it from its first call, and no replica is dialed or sent to
+/// past it; what is not sent stays missed. Only a dial's greeting may run
+/// past it, by at most [`STALL`] (see `dial_replica`). So a write is
+/// answered within 25 s of its last byte, inside a client's 30 s
+/// (`liboncilla`'s TCP `IO_TIMEOUT`), whatever the request's size and
+/// however many replicas crawl; a pull's copies get what is left of its
+/// request's 20 s. Fills hold the order lock at most this long per piece.
+/// The wait for the allocation's order lock counts against it, but is not
+/// bounded by it: the lock is not fair, so a write queued behind other
+/// writers or a fill can wait longer (ARCHITECTURE.md, known limits).
 pub const COPY_WITHIN: Duration = Duration::from_secs(20);
-/// Why a replica was not sent to: the copy's deadline ([`COPY_WITHIN`], or
-/// a fill's) had passed.
-const OUT_OF_TIME: &str = "out of time: the copy's deadline passed before this replica's turn";
+/// Least time left worth starting a dial with.
+const DIAL_AT_LEAST: Duration = Duration::from_millis(10);
+/// Why a replica was not sent to, or not dialed again: the copy's deadline
+/// ([`COPY_WITHIN`], or a fill's) had passed.
+const OUT_OF_TIME: &str =
+    "out of time: the copy's deadline passed (the replica is slow or does not answer)";
 /// How long a replicator credential is good for; a connection dials again
 /// with a fresh one well before.
 const CREDENTIAL_LIFETIME: u64 = 600;
@@ -240,7 +244,11 @@ impl Replicator {
         let result = match exchange(&mut out, &req, stamp, data, by) {
             // The same stamp again: whichever lands first, the other is
             // refused as no later.
-            Err(Lost::BeforeReply(_)) if !fresh && Instant::now() < by => {
+            // Only with time for a dial: else the first failure is the
+            // one to report.
+            Err(Lost::BeforeReply(_))
+                if !fresh && by.saturating_duration_since(Instant::now()) >= 4 * DIAL_AT_LEAST =>
+            {
                 out = dial_replica(replicas, addr, by)?;
                 exchange(&mut out, &req, stamp, data, by)
             }
@@ -337,20 +345,24 @@ enum Lost {
     Refused(String),
 }
 
-/// Dials the replica at `addr`, all of it by `by`: the wait for an
-/// address not yet heard of, the connection, the TLS handshake and the
-/// greeting each get at most a quarter of what is left.
+/// Dials the replica at `addr` by `by`: an address not heard of waits no
+/// later than `by`, the connection and the TLS handshake get a quarter of
+/// what is left each, and the greeting the connection's stall time
+/// ([`STALL`], which the connection keeps for its life, TLS tunnel
+/// included).
 fn dial_replica(replicas: &Replicas, addr: &str, by: Instant) -> Result<Outbound, String> {
+    if Instant::now() >= by {
+        return Err(OUT_OF_TIME.into());
+    }
     if !replicas.peers.admits_by(addr, Some(by)) {
         return Err(format!(
             "{addr:?} is not the data address of any node of this cluster"
         ));
     }
     let quarter = by.saturating_duration_since(Instant::now()) / 4;
-    if quarter.is_zero() {
+    if quarter < DIAL_AT_LEAST {
         return Err(OUT_OF_TIME.into());
     }
-    let stall = STALL.min(quarter);
     let now = oncilla_net::credential::unix_now();
     let secret = replicas.keys.session(REPLICATOR, now + CREDENTIAL_LIFETIME);
     let stream = dial::dial(
@@ -358,16 +370,9 @@ fn dial_replica(replicas: &Replicas, addr: &str, by: Instant) -> Result<Outbound
         replicas.tls.as_ref(),
         secret.as_bytes(),
         CONNECT_TIMEOUT.min(quarter),
-        stall,
+        STALL,
     )
     .map_err(|e| format!("cannot reach it: {e}"))?;
-    if stall < STALL {
-        // Kept for later copies, whose deadlines cut it as they need.
-        stream
-            .set_read_timeout(Some(STALL))
-            .and_then(|()| stream.set_write_timeout(Some(STALL)))
-            .map_err(|e| format!("cannot reach it: {e}"))?;
-    }
     Ok(Outbound {
         addr: addr.to_string(),
         stream,
@@ -385,13 +390,7 @@ fn exchange(
     data: Shared<'_>,
     by: Instant,
 ) -> Result<(), Lost> {
-    let within = |n: usize| {
-        let own = Deadline::for_transfer(n, STALL);
-        Deadline {
-            at: own.at.min(by),
-            ..own
-        }
-    };
+    let within = |n: usize| Deadline::for_transfer(n, STALL).cut_to(by);
     let n = data.len();
     let mut head = [0u8; REQUEST_LEN + STAMP_LEN];
     head[..REQUEST_LEN].copy_from_slice(&req.encode());
