@@ -134,8 +134,13 @@ impl NetnsCluster {
 }
 
 /// Polls `cond` every 100 ms for at most 15 s.
-fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(15);
+fn eventually(cond: impl FnMut() -> bool) -> bool {
+    eventually_within(Duration::from_secs(15), cond)
+}
+
+/// Polls `cond` every 100 ms for at most `bound`.
+fn eventually_within(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
     while Instant::now() < deadline {
         if cond() {
             return true;
@@ -303,21 +308,13 @@ fn a_write_whose_replicas_crawl_is_answered_before_the_client_gives_up() {
     // (queued at 2 Mbit/s) and refuse until it has: bounded retries.
     c.ok(&["fast", "1"]);
     c.ok(&["fast", "2"]);
-    let until = Instant::now() + Duration::from_secs(90);
-    let mut tries = 0;
-    loop {
+    let mut err = String::new();
+    let landed = eventually_within(Duration::from_secs(90), || {
         let (out, _) = put();
-        tries += 1;
-        if out.status.success() {
-            break;
-        }
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            tries < 30 && Instant::now() < until,
-            "the healed write never landed in every copy: {err}"
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
+        err = String::from_utf8_lossy(&out.stderr).into_owned();
+        out.status.success()
+    });
+    assert!(landed, "the healed write never landed in every copy: {err}");
     let output = c.dir.join("out.bin");
     c.ok(&[
         "run",

@@ -441,18 +441,18 @@ fn resplit<'a>(pieces: Vec<Chunk<'a>>, bytes: u64, streams: usize) -> Vec<Chunk<
     let streams = streams.max(1) as u64;
     let share = bytes.div_ceil(streams).max(1);
     // One connection has nothing to balance: requests as large as allowed.
-    let target = |buf: &IoBuf<'_>| {
-        let most = most_per_request(buf);
+    let target_for = |most: u64| {
         if streams == 1 {
             most
         } else {
             share.div_ceil(share.div_ceil(most))
         }
     };
+    let target = |buf: &IoBuf<'_>| target_for(most_per_request(buf));
     if pieces.iter().all(|c| c.req.len <= target(&c.buf)) {
         return pieces;
     }
-    let smallest = target(&IoBuf::Write(&[])).min(PULL_CHUNK);
+    let smallest = target_for(PULL_CHUNK);
     let mut out = Vec::with_capacity(usize::try_from(bytes / smallest).unwrap_or(0) + pieces.len());
     for Chunk { req, mut buf } in pieces {
         // Equal parts of the piece, whole pages where they can be, none

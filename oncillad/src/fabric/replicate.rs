@@ -246,9 +246,7 @@ impl Replicator {
             // refused as no later.
             // Only with time for a dial: else the first failure is the
             // one to report.
-            Err(Lost::BeforeReply(_))
-                if !fresh && by.saturating_duration_since(Instant::now()) >= 4 * DIAL_AT_LEAST =>
-            {
+            Err(Lost::BeforeReply(_)) if !fresh && dial_time(by).is_some() => {
                 out = dial_replica(replicas, addr, by)?;
                 exchange(&mut out, &req, stamp, data, by)
             }
@@ -351,18 +349,14 @@ enum Lost {
 /// ([`STALL`], which the connection keeps for its life, TLS tunnel
 /// included).
 fn dial_replica(replicas: &Replicas, addr: &str, by: Instant) -> Result<Outbound, String> {
-    if Instant::now() >= by {
-        return Err(OUT_OF_TIME.into());
-    }
     if !replicas.peers.admits_by(addr, Some(by)) {
         return Err(format!(
             "{addr:?} is not the data address of any node of this cluster"
         ));
     }
-    let quarter = by.saturating_duration_since(Instant::now()) / 4;
-    if quarter < DIAL_AT_LEAST {
+    let Some(quarter) = dial_time(by) else {
         return Err(OUT_OF_TIME.into());
-    }
+    };
     let now = oncilla_net::credential::unix_now();
     let secret = replicas.keys.session(REPLICATOR, now + CREDENTIAL_LIFETIME);
     let stream = dial::dial(
@@ -379,6 +373,12 @@ fn dial_replica(replicas: &Replicas, addr: &str, by: Instant) -> Result<Outbound
         recv: RecvBuf::new(REPLY_LEN + wire::MAX_MESSAGE as usize),
         dialed: now,
     })
+}
+
+/// What each of a dial's waits may take to be over by `by`: a quarter of
+/// what is left, or `None` when that is too little to start one.
+fn dial_time(by: Instant) -> Option<Duration> {
+    Some(by.saturating_duration_since(Instant::now()) / 4).filter(|q| *q >= DIAL_AT_LEAST)
 }
 
 /// Sends `req`, its stamp and its payload, then reads the reply; each
